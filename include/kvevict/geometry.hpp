@@ -1,0 +1,133 @@
+#pragma once
+// Model geometry and token budgets. Budgets are token counts per (layer, KV head);
+// ratios are sugar that resolve to counts once the context length is known.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "errors.hpp"
+
+namespace kvevict {
+
+/// Shape of the attention stack the cache serves. GQA: n_heads query heads share
+/// n_kv_heads key/value heads in groups of group() = n_heads / n_kv_heads.
+struct Geometry {
+  int n_layers = 0;
+  int n_heads = 0;     ///< query heads H
+  int n_kv_heads = 0;  ///< key/value heads Hkv
+  int head_dim = 0;    ///< d
+
+  [[nodiscard]] int group() const { return n_heads / n_kv_heads; }
+
+  void validate() const {
+    detail::require(n_layers > 0, "geometry: n_layers = ", n_layers, ", expected > 0");
+    detail::require(n_heads > 0, "geometry: n_heads = ", n_heads, ", expected > 0");
+    detail::require(n_kv_heads > 0, "geometry: n_kv_heads = ", n_kv_heads, ", expected > 0");
+    detail::require(head_dim > 0, "geometry: head_dim = ", head_dim, ", expected > 0");
+    detail::require(n_heads % n_kv_heads == 0, "geometry: n_heads = ", n_heads,
+                    " is not a multiple of n_kv_heads = ", n_kv_heads);
+  }
+  friend bool operator==(const Geometry&, const Geometry&) = default;
+};
+
+/// Rows a cache may hold: one count per (layer, KV head). `unbounded()` is the full cache.
+class Budget {
+ public:
+  static constexpr std::size_t kUnbounded = std::numeric_limits<std::size_t>::max();
+
+  /// No limit: every appended row is kept (the full-cache reference).
+  static Budget unbounded() { return Budget(Kind::unbounded, {}, {}); }
+
+  /// The same token count for every layer and KV head.
+  static Budget uniform(long long tokens) {
+    check_count(tokens, "budget");
+    return Budget(Kind::uniform, {static_cast<std::size_t>(tokens)}, {});
+  }
+
+  /// One token count per layer (shared by that layer's KV heads).
+  static Budget per_layer(const std::vector<long long>& tokens) {
+    detail::require(!tokens.empty(), "budget: per-layer vector is empty, expected one entry per layer");
+    std::vector<std::size_t> v;
+    for (std::size_t l = 0; l < tokens.size(); ++l) {
+      check_count(tokens[l], "budget for layer ", l);
+      v.push_back(static_cast<std::size_t>(tokens[l]));
+    }
+    return Budget(Kind::per_layer, std::move(v), {});
+  }
+
+  /// One token count per (layer, KV head): tokens[layer][kv_head].
+  static Budget per_head(const std::vector<std::vector<long long>>& tokens) {
+    detail::require(!tokens.empty(), "budget: per-head table is empty, expected one row per layer");
+    std::vector<std::size_t> v;
+    std::vector<std::size_t> widths;
+    for (std::size_t l = 0; l < tokens.size(); ++l) {
+      widths.push_back(tokens[l].size());
+      for (std::size_t h = 0; h < tokens[l].size(); ++h) {
+        check_count(tokens[l][h], "budget for layer ", l, " KV head ", h);
+        v.push_back(static_cast<std::size_t>(tokens[l][h]));
+      }
+    }
+    return Budget(Kind::per_head, std::move(v), std::move(widths));
+  }
+
+  /// Sugar: a fraction of a context length, rounded to nearest, at least one token.
+  static Budget ratio(double fraction, long long context_tokens) {
+    detail::require(std::isfinite(fraction) && fraction > 0.0 && fraction <= 1.0,
+                    "budget: ratio = ", fraction, ", expected in (0, 1]");
+    detail::require(context_tokens > 0, "budget: context length = ", context_tokens,
+                    ", expected > 0");
+    auto t = static_cast<long long>(std::llround(fraction * static_cast<double>(context_tokens)));
+    return uniform(t < 1 ? 1 : t);
+  }
+
+  [[nodiscard]] bool is_unbounded() const { return kind_ == Kind::unbounded; }
+
+  /// Checks the budget against a geometry (layer count, KV heads per layer).
+  void validate(const Geometry& g) const {
+    if (kind_ == Kind::per_layer) {
+      detail::require(counts_.size() == static_cast<std::size_t>(g.n_layers),
+                      "budget: per-layer vector has ", counts_.size(), " entries, expected ",
+                      g.n_layers, " (one per layer)");
+    } else if (kind_ == Kind::per_head) {
+      detail::require(widths_.size() == static_cast<std::size_t>(g.n_layers),
+                      "budget: per-head table has ", widths_.size(), " rows, expected ",
+                      g.n_layers, " (one per layer)");
+      for (std::size_t l = 0; l < widths_.size(); ++l)
+        detail::require(widths_[l] == static_cast<std::size_t>(g.n_kv_heads),
+                        "budget: per-head table row ", l, " has ", widths_[l],
+                        " entries, expected ", g.n_kv_heads, " (one per KV head)");
+    }
+  }
+
+  /// Capacity in rows of (layer, kv_head); validate() first.
+  [[nodiscard]] std::size_t capacity(int layer, int kv_head, int n_kv_heads) const {
+    switch (kind_) {
+      case Kind::unbounded: return kUnbounded;
+      case Kind::uniform: return counts_[0];
+      case Kind::per_layer: return counts_[static_cast<std::size_t>(layer)];
+      case Kind::per_head:
+        return counts_[static_cast<std::size_t>(layer) * static_cast<std::size_t>(n_kv_heads) +
+                       static_cast<std::size_t>(kv_head)];
+    }
+    return kUnbounded;
+  }
+
+ private:
+  enum class Kind { unbounded, uniform, per_layer, per_head };
+  Budget(Kind k, std::vector<std::size_t> c, std::vector<std::size_t> w)
+      : kind_(k), counts_(std::move(c)), widths_(std::move(w)) {}
+
+  template <class... Where>
+  static void check_count(long long tokens, Where&&... where) {
+    detail::require(tokens > 0, std::forward<Where>(where)..., " = ", tokens,
+                    " tokens, expected > 0");
+  }
+
+  Kind kind_;
+  std::vector<std::size_t> counts_;
+  std::vector<std::size_t> widths_;
+};
+
+}  // namespace kvevict

@@ -1,0 +1,166 @@
+// Runtime ISA detection and dispatch for kvevict kernels.
+//
+// Every kernel exists once per level (scalar, avx2, avx512) as a template instantiation with
+// its own symbol; the untemplated entry points read active_isa() once per call (never per
+// element) and forward. CPUID is read once (function-local static); KVEVICT_ISA in the
+// environment forces a lower level; when the compiler flags already guarantee a level, the
+// corresponding runtime check is compiled out.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
+#define KVEVICT_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#else
+#define KVEVICT_X86 0
+#endif
+
+#if KVEVICT_X86 && defined(__AVX2__) && defined(__POPCNT__)
+#define KVEVICT_COMPILED_AVX2 1
+#else
+#define KVEVICT_COMPILED_AVX2 0
+#endif
+
+#if KVEVICT_X86 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VPOPCNTDQ__) && defined(__AVX512BITALG__) && KVEVICT_COMPILED_AVX2
+#define KVEVICT_COMPILED_AVX512 1
+#else
+#define KVEVICT_COMPILED_AVX512 0
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define KVEVICT_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define KVEVICT_ALWAYS_INLINE inline
+#endif
+
+#if KVEVICT_X86
+// Per-function targets: the library never needs -march, and code for a level runs only after
+// active_isa() said the CPU has it.
+#define KVEVICT_TARGET_AVX2 __attribute__((target("avx2,popcnt,bmi,bmi2")))
+#define KVEVICT_TARGET_AVX512                                                              \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vpopcntdq,avx512bitalg,avx2,popcnt," \
+                        "bmi,bmi2")))
+#endif
+
+namespace kvevict::kernels {
+
+/// Instruction-set levels, ordered: a higher level implies the lower ones.
+/// avx2   = AVX2 + POPCNT + BMI1/2 (and OS support for YMM state).
+/// avx512 = AVX-512 F, BW, VL, VPOPCNTDQ, BITALG (and OS support for ZMM/opmask state);
+///          Ice Lake, Zen 4 and later.
+enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2 };
+
+/// Returned by the argmax/argmin kernels when no row is eligible.
+inline constexpr std::size_t npos = std::numeric_limits<std::size_t>::max();
+
+/// Human-readable name of a level ("scalar", "avx2", "avx512").
+constexpr const char* isa_name(Isa isa) noexcept {
+  switch (isa) {
+    case Isa::avx512: return "avx512";
+    case Isa::avx2: return "avx2";
+    default: return "scalar";
+  }
+}
+
+namespace detail {
+
+#if KVEVICT_X86
+inline std::uint64_t read_xcr0() noexcept {
+  std::uint32_t eax = 0, edx = 0;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return (static_cast<std::uint64_t>(edx) << 32) | eax;
+}
+
+inline Isa cpuid_isa() noexcept {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return Isa::scalar;
+  const bool osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, popcnt = (c >> 23) & 1;
+  if (!osxsave || !avx || !popcnt) return Isa::scalar;
+  const std::uint64_t xcr0 = read_xcr0();
+  if ((xcr0 & 0x6) != 0x6) return Isa::scalar;  // XMM and YMM state enabled by the OS
+  if (__get_cpuid_max(0, nullptr) < 7) return Isa::scalar;
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool avx2 = (b >> 5) & 1, bmi1 = (b >> 3) & 1, bmi2 = (b >> 8) & 1;
+  if (!avx2 || !bmi1 || !bmi2) return Isa::scalar;
+  const bool f = (b >> 16) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
+  const bool bitalg = (c >> 12) & 1, vpopcntdq = (c >> 14) & 1;
+  const bool zmm_state = (xcr0 & 0xE0) == 0xE0;  // opmask, ZMM0-15 upper, ZMM16-31
+  if (f && bw && vl && bitalg && vpopcntdq && zmm_state) return Isa::avx512;
+  return Isa::avx2;
+}
+#endif
+
+/// Parses a KVEVICT_ISA value; throws std::invalid_argument on anything unknown.
+inline Isa parse_isa(std::string_view s) {
+  if (s == "scalar") return Isa::scalar;
+  if (s == "avx2") return Isa::avx2;
+  if (s == "avx512") return Isa::avx512;
+  throw std::invalid_argument("KVEVICT_ISA='" + std::string(s) +
+                              "': expected one of scalar, avx2, avx512");
+}
+
+inline Isa env_isa_cap() {
+  const char* v = std::getenv("KVEVICT_ISA");
+  if (v == nullptr || *v == '\0') return Isa::avx512;
+  return parse_isa(v);
+}
+
+}  // namespace detail
+
+/// The best level this CPU (and OS) supports. CPUID is read once per process; when the
+/// compiler flags already guarantee AVX-512 (or AVX2) the check is compiled out.
+inline Isa detected_isa() noexcept {
+#if KVEVICT_COMPILED_AVX512
+  return Isa::avx512;
+#elif KVEVICT_X86
+  static const Isa isa = detail::cpuid_isa();
+  return isa;
+#else
+  return Isa::scalar;
+#endif
+}
+
+/// The level the untemplated kernels use: min(detected_isa(), KVEVICT_ISA). The environment
+/// variable (scalar|avx2|avx512) can only lower the level; it is read once per process.
+/// Throws std::invalid_argument if KVEVICT_ISA holds an unknown value.
+inline Isa active_isa() {
+  static const Isa isa = [] {
+    const Isa cap = detail::env_isa_cap();
+    const Isa det = detected_isa();
+    return static_cast<int>(cap) < static_cast<int>(det) ? cap : det;
+  }();
+  return isa;
+}
+
+/// True when kernels pinned to `isa` may run on this CPU.
+inline bool isa_supported(Isa isa) noexcept {
+  return static_cast<int>(isa) <= static_cast<int>(detected_isa());
+}
+
+namespace detail {
+
+/// Guards the explicitly pinned template overloads: running an unsupported level would SIGILL.
+inline void require_isa(Isa isa) {
+  if (!isa_supported(isa))
+    throw std::invalid_argument(std::string("kvevict::kernels: ISA level ") + isa_name(isa) +
+                                " requested but this CPU supports at most " +
+                                isa_name(detected_isa()));
+}
+
+inline void require_nonnull(const void* p, std::size_t n, const char* what) {
+  if (p == nullptr && n > 0)
+    throw std::invalid_argument(std::string("kvevict::kernels: ") + what +
+                                " is null but n = " + std::to_string(n) + " (expected non-null)");
+}
+
+}  // namespace detail
+}  // namespace kvevict::kernels

@@ -1,0 +1,90 @@
+#pragma once
+// Pieces the policies share: protection by arrival order, per-row side columns that
+// follow their rows, and "evict the `need` lowest-ranked eligible rows".
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../policy.hpp"
+
+namespace kvevict::policies::detail {
+
+/// Sinks are the first `sinks` tokens ever appended to the layer; the recent window is
+/// the `recent` tokens that arrived just before the incoming one. Both use arrival index
+/// (seq), so they do not depend on the engine's positions or on row order.
+struct Protection {
+  std::size_t sinks = 0;
+  std::size_t recent = 0;
+  [[nodiscard]] bool is_protected(std::uint64_t seq, std::uint64_t incoming_seq) const {
+    return seq < sinks || seq + recent >= incoming_seq;
+  }
+};
+
+/// One value per live row of every (layer, KV head), moved in lockstep with the rows.
+template <class T>
+class RowColumn {
+ public:
+  void bind(const CacheShape& shape) {
+    n_kv_heads_ = shape.geometry.n_kv_heads;
+    cols_.assign(shape.capacity.size(), {});
+  }
+  std::vector<T>& of(int layer, int kv_head) { return cols_[index(layer, kv_head)]; }
+  const std::vector<T>& of(int layer, int kv_head) const { return cols_[index(layer, kv_head)]; }
+  void set(int layer, int kv_head, std::size_t row, T value) {
+    auto& c = of(layer, kv_head);
+    c.resize(row + 1);  // row is the last live row: drop stale entries beyond it
+    c[row] = std::move(value);
+  }
+  void move(int layer, int kv_head, std::size_t from, std::size_t to) {
+    auto& c = of(layer, kv_head);
+    c[to] = std::move(c[from]);
+    c.resize(from);
+  }
+
+ private:
+  std::size_t index(int layer, int kv_head) const {
+    return static_cast<std::size_t>(layer) * static_cast<std::size_t>(n_kv_heads_) +
+           static_cast<std::size_t>(kv_head);
+  }
+  int n_kv_heads_ = 1;
+  std::vector<std::vector<T>> cols_;
+};
+
+/// Appends to `out` the `need` eligible rows with the lowest (rank(row), seq) — the
+/// oldest first on equal rank — in O(n).
+template <class Scalar, class Rank, class Eligible>
+void evict_lowest(const HeadView<Scalar>& view, Rank&& rank, Eligible&& eligible,
+                  std::vector<std::uint32_t>& out, const char* policy) {
+  using Key = std::pair<decltype(rank(std::size_t{})), std::uint64_t>;
+  if (view.need == 1) {
+    std::size_t best = view.size;
+    Key best_key{};
+    for (std::size_t r = 0; r < view.size; ++r) {
+      if (!eligible(r)) continue;
+      Key k{rank(r), view.seqs[r]};
+      if (best == view.size || k < best_key) {
+        best = r;
+        best_key = k;
+      }
+    }
+    if (best == view.size)
+      throw std::logic_error(std::string("kvevict: ") + policy + ": no evictable row");
+    out.push_back(static_cast<std::uint32_t>(best));
+    return;
+  }
+  std::vector<std::pair<Key, std::uint32_t>> cand;
+  for (std::size_t r = 0; r < view.size; ++r)
+    if (eligible(r)) cand.push_back({Key{rank(r), view.seqs[r]}, static_cast<std::uint32_t>(r)});
+  if (cand.size() < view.need)
+    throw std::logic_error(std::string("kvevict: ") + policy + ": " + std::to_string(cand.size()) +
+                           " evictable rows, need " + std::to_string(view.need));
+  std::nth_element(cand.begin(), cand.begin() + static_cast<std::ptrdiff_t>(view.need - 1),
+                   cand.end());
+  for (std::size_t i = 0; i < view.need; ++i) out.push_back(cand[i].second);
+}
+
+}  // namespace kvevict::policies::detail

@@ -1,0 +1,24 @@
+#pragma once
+// FullCache: keeps every row. The reference every quality figure is measured against.
+#include "../errors.hpp"
+#include "common.hpp"
+
+namespace kvevict::policies {
+
+struct FullCache {
+  static constexpr Signals signals = Signals::none;
+  static constexpr const char* name() { return "FullCache"; }
+  [[nodiscard]] std::size_t min_capacity() const { return 1; }
+  void bind(const CacheShape& shape) {
+    for (std::size_t c : shape.capacity)
+      kvevict::detail::require(c == Budget::kUnbounded, "FullCache: budget of ", c,
+                               " tokens, expected Budget::unbounded() (FullCache never evicts)");
+  }
+  template <class S>
+  void choose_victims(const HeadView<S>&, std::vector<std::uint32_t>&) {}
+  template <class S>
+  void on_append(const HeadView<S>&, std::size_t) {}
+  void on_move(int, int, std::size_t, std::size_t) {}
+};
+
+}  // namespace kvevict::policies

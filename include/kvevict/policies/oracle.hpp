@@ -1,0 +1,32 @@
+#pragma once
+// Oracle: NOT a causal policy, a measurement ceiling. It stores every row, and at each
+// step attend() lets each KV head's queries see only the `rows` rows that carry the most
+// attention mass for the current query (summed over the group). No real policy can know
+// that before attending; the gap to it is the headroom any policy could still win.
+#include "../errors.hpp"
+#include "common.hpp"
+
+namespace kvevict::policies {
+
+struct Oracle {
+  std::size_t rows = 64;  ///< rows attended per (layer, KV head) each step
+
+  static constexpr Signals signals = Signals::none;
+  static constexpr const char* name() { return "Oracle"; }
+  [[nodiscard]] std::size_t min_capacity() const { return 1; }
+  void bind(const CacheShape& shape) {
+    kvevict::detail::require(rows > 0, "Oracle: rows = 0, expected > 0");
+    for (std::size_t c : shape.capacity)
+      kvevict::detail::require(c == Budget::kUnbounded, "Oracle: cache budget of ", c,
+                               " tokens, expected Budget::unbounded() (the Oracle stores every "
+                               "row and limits attention to `rows` instead)");
+  }
+  [[nodiscard]] std::size_t attention_limit(int, int) const { return rows; }
+  template <class S>
+  void choose_victims(const HeadView<S>&, std::vector<std::uint32_t>&) {}
+  template <class S>
+  void on_append(const HeadView<S>&, std::size_t) {}
+  void on_move(int, int, std::size_t, std::size_t) {}
+};
+
+}  // namespace kvevict::policies

@@ -1,0 +1,146 @@
+#pragma once
+// The EvictionPolicy concept: what a policy must provide to plug into KVCache, and the
+// signals it may ask for. The container pays only for the signals a policy declares.
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "geometry.hpp"
+
+namespace kvevict {
+
+/// Signals a policy may ask for. Combine with `|`.
+enum class Signals : unsigned {
+  none = 0,
+  query = 1u << 0,           ///< the G query vectors of the group at append time
+  attention = 1u << 1,       ///< attention probabilities after each step (observe hook)
+  prefill_window = 1u << 2,  ///< the prompt's queries at prefill (prefill_keep hook)
+};
+constexpr Signals operator|(Signals a, Signals b) {
+  return static_cast<Signals>(static_cast<unsigned>(a) | static_cast<unsigned>(b));
+}
+constexpr bool has(Signals set, Signals s) {
+  return (static_cast<unsigned>(set) & static_cast<unsigned>(s)) != 0;
+}
+
+/// Read-only view of one (layer, KV head) handed to a policy. Rows [0, size) are live;
+/// their order is arbitrary (swap-remove), so order-dependent rules use `seqs`.
+template <class Scalar>
+struct HeadView {
+  int layer = 0;
+  int kv_head = 0;
+  int head_dim = 0;
+  int group = 1;               ///< query heads per KV head (G)
+  std::size_t size = 0;        ///< live rows
+  std::size_t capacity = 0;    ///< rows allowed (Budget::kUnbounded for no limit)
+  std::size_t need = 0;        ///< choose_victims: the minimum number of victims required
+  const Scalar* keys = nullptr;    ///< size x head_dim, row-major
+  const Scalar* values = nullptr;  ///< size x head_dim, row-major
+  const std::int64_t* positions = nullptr;  ///< engine positions of the rows
+  const std::uint64_t* seqs = nullptr;      ///< arrival index of each row within the layer
+  std::uint64_t incoming_seq = 0;    ///< arrival index of the token being appended
+  std::int64_t incoming_position = 0;
+  const float* incoming_key = nullptr;  ///< head_dim floats; nullptr when shrinking a budget
+  const float* queries = nullptr;  ///< group x head_dim; only with Signals::query, else nullptr
+
+  [[nodiscard]] std::span<const Scalar> key(std::size_t row) const {
+    return {keys + row * static_cast<std::size_t>(head_dim), static_cast<std::size_t>(head_dim)};
+  }
+  [[nodiscard]] std::span<const Scalar> value(std::size_t row) const {
+    return {values + row * static_cast<std::size_t>(head_dim),
+            static_cast<std::size_t>(head_dim)};
+  }
+};
+
+/// Attention probabilities of one step for one (layer, KV head): `group` rows of `size`
+/// probabilities each (row r = query head kv_head * group + r), over the live rows.
+struct AttentionView {
+  int layer = 0;
+  int kv_head = 0;
+  int group = 1;
+  std::size_t size = 0;
+  const float* probs = nullptr;  ///< group x size, row-major
+
+  [[nodiscard]] float summed(std::size_t row) const {
+    float s = 0.0f;
+    for (int g = 0; g < group; ++g) s += probs[static_cast<std::size_t>(g) * size + row];
+    return s;
+  }
+};
+
+/// A whole prompt block for one (layer, KV head) at prefill, for policies that select
+/// from the full prompt at once (SnapKV, XKV, HashEvict's default). Token-major layout.
+struct PrefillView {
+  int layer = 0;
+  int kv_head = 0;
+  int head_dim = 0;
+  int group = 1;
+  int n_kv_heads = 1;
+  int n_heads = 1;
+  std::size_t tokens = 0;        ///< T
+  std::size_t capacity = 0;
+  std::int64_t first_position = 0;
+  std::uint64_t first_seq = 0;
+  const float* keys = nullptr;     ///< T x n_kv_heads x head_dim (this head: key(t))
+  const float* queries = nullptr;  ///< T x n_heads x head_dim, or nullptr
+
+  [[nodiscard]] const float* key(std::size_t t) const {
+    return keys + (t * static_cast<std::size_t>(n_kv_heads) + static_cast<std::size_t>(kv_head)) *
+                      static_cast<std::size_t>(head_dim);
+  }
+  /// Query of the g-th head of this KV head's group at token t (nullptr without queries).
+  [[nodiscard]] const float* query(std::size_t t, int g) const {
+    if (queries == nullptr) return nullptr;
+    return queries + (t * static_cast<std::size_t>(n_heads) +
+                      static_cast<std::size_t>(kv_head * group + g)) *
+                         static_cast<std::size_t>(head_dim);
+  }
+};
+
+/// Capacity of every (layer, KV head), resolved from a Budget: capacity[l * Hkv + h].
+struct CacheShape {
+  Geometry geometry;
+  std::vector<std::size_t> capacity;
+  [[nodiscard]] std::size_t at(int layer, int kv_head) const {
+    return capacity[static_cast<std::size_t>(layer) * static_cast<std::size_t>(geometry.n_kv_heads) +
+                    static_cast<std::size_t>(kv_head)];
+  }
+};
+
+/// What every policy provides. Per-row side data (scores, codes) lives in the policy and
+/// follows its row through on_append / on_move, the one relocation hook.
+///  - `signals`: which inputs the container must gather (Signals).
+///  - `name()`: for error messages and reports.
+///  - `min_capacity()`: the smallest legal capacity (protected rows + one evictable slot).
+///  - `bind(shape)`: size per-(layer, head) state; called once by the container.
+///  - `choose_victims(view, out)`: append at least view.need distinct rows of [0, size).
+///  - `on_append(view, row)`: a new row was written at `row` (view describes it).
+///  - `on_move(layer, kv_head, from, to)`: row `from` now lives at `to`.
+/// Optional hooks, detected by the container: observe(const AttentionView&) (required when
+/// signals has Signals::attention), prefill_keep(const PrefillView&, std::vector<uint32_t>&),
+/// attention_rows(...) (Oracle).
+template <class P, class Scalar = float>
+concept EvictionPolicy =
+    requires(P& p, const P& cp, const CacheShape& shape, const HeadView<Scalar>& view,
+             std::vector<std::uint32_t>& victims, std::size_t row, int layer, int head) {
+      { P::signals } -> std::convertible_to<Signals>;
+      { P::name() } -> std::convertible_to<const char*>;
+      { cp.min_capacity() } -> std::convertible_to<std::size_t>;
+      p.bind(shape);
+      p.choose_victims(view, victims);
+      p.on_append(view, row);
+      p.on_move(layer, head, row, row);
+    };
+
+namespace detail {
+template <class P>
+concept HasObserve = requires(P& p, const AttentionView& a) { p.observe(a); };
+template <class P>
+concept HasPrefillKeep = requires(P& p, const PrefillView& v, std::vector<std::uint32_t>& keep) {
+  p.prefill_keep(v, keep);
+};
+}  // namespace detail
+
+}  // namespace kvevict
