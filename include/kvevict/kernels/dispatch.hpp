@@ -42,6 +42,19 @@
 #define KVEVICT_ALWAYS_INLINE inline
 #endif
 
+// GCC 12's intrinsic headers trip -W(maybe-)uninitialized on _mm*_undefined_*() when the
+// intrinsics are inlined into target-attributed functions (GCC PR 105593); silence it locally.
+#if defined(__GNUC__) && !defined(__clang__)
+#define KVEVICT_SUPPRESS_INTRIN_WARNINGS_BEGIN                     \
+  _Pragma("GCC diagnostic push")                                   \
+      _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")       \
+          _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
+#define KVEVICT_SUPPRESS_INTRIN_WARNINGS_END _Pragma("GCC diagnostic pop")
+#else
+#define KVEVICT_SUPPRESS_INTRIN_WARNINGS_BEGIN
+#define KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
+#endif
+
 #if KVEVICT_X86
 // Per-function targets: the library never needs -march, and code for a level runs only after
 // active_isa() said the CPU has it.

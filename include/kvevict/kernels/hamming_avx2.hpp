@@ -10,6 +10,7 @@
 #include "hamming_scalar.hpp"
 
 #if KVEVICT_X86
+KVEVICT_SUPPRESS_INTRIN_WARNINGS_BEGIN
 namespace kvevict::kernels::detail::avx2 {
 
 KVEVICT_TARGET_AVX2 KVEVICT_ALWAYS_INLINE __m256i popcount_bytes(__m256i v) noexcept {
@@ -110,4 +111,5 @@ KVEVICT_TARGET_AVX2 inline unsigned block_max_plus1(const std::uint16_t* d, std:
 }
 
 }  // namespace kvevict::kernels::detail::avx2
+KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif

@@ -9,6 +9,7 @@
 #include "hamming_scalar.hpp"
 
 #if KVEVICT_X86
+KVEVICT_SUPPRESS_INTRIN_WARNINGS_BEGIN
 namespace kvevict::kernels::detail::avx512 {
 
 /// Sums adjacent qword pairs of (a, b): result lane j = a[2j]+a[2j+1] for j<4, b[..] for j>=4.
@@ -151,4 +152,5 @@ KVEVICT_TARGET_AVX512 inline unsigned block_max_plus1(const std::uint16_t* d, st
 }
 
 }  // namespace kvevict::kernels::detail::avx512
+KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif
