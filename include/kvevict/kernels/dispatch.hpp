@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
 #define KVEVICT_X86 1
@@ -173,6 +174,26 @@ inline void require_nonnull(const void* p, std::size_t n, const char* what) {
   if (p == nullptr && n > 0)
     throw std::invalid_argument(std::string("kvevict::kernels: ") + what +
                                 " is null but n = " + std::to_string(n) + " (expected non-null)");
+}
+
+/// Calls f(std::integral_constant<Isa, level>) for a runtime level.
+template <class F>
+decltype(auto) with_isa(Isa isa, F&& f) {
+  switch (isa) {
+    case Isa::avx512: return f(std::integral_constant<Isa, Isa::avx512>{});
+    case Isa::avx2: return f(std::integral_constant<Isa, Isa::avx2>{});
+    default: return f(std::integral_constant<Isa, Isa::scalar>{});
+  }
+}
+
+/// Eligibility words for rows [base, base+m) (base a multiple of 64): bit set = not protected
+/// and inside the range. prot == nullptr means nothing is protected.
+inline void eligibility_words(const std::uint64_t* prot, std::size_t base, std::size_t m,
+                              std::uint64_t* elig) noexcept {
+  const std::size_t words = (m + 63) / 64;
+  for (std::size_t w = 0; w < words; ++w)
+    elig[w] = prot ? ~prot[base / 64 + w] : ~std::uint64_t{0};
+  if (m % 64) elig[words - 1] &= (std::uint64_t{1} << (m % 64)) - 1;
 }
 
 }  // namespace detail

@@ -44,16 +44,6 @@ decltype(auto) with_width(int bits, F&& f) {
   }
 }
 
-/// Calls f(std::integral_constant<Isa, level>) for a runtime level.
-template <class F>
-decltype(auto) with_isa(Isa isa, F&& f) {
-  switch (isa) {
-    case Isa::avx512: return f(std::integral_constant<Isa, Isa::avx512>{});
-    case Isa::avx2: return f(std::integral_constant<Isa, Isa::avx2>{});
-    default: return f(std::integral_constant<Isa, Isa::scalar>{});
-  }
-}
-
 template <Isa I, int W>
 inline void distances_at(const std::uint8_t* q, const std::uint8_t* codes, std::size_t n,
                          std::uint16_t* out) noexcept {
@@ -79,13 +69,6 @@ inline unsigned block_max_plus1_at(const std::uint16_t* d, std::size_t m,
 
 // Rows per block of the fused kernels: distances of a block stay in L1 between the two steps.
 inline constexpr std::size_t kHammingBlock = 1024;
-
-inline void eligibility_words(const std::uint64_t* prot, std::size_t base, std::size_t m,
-                              std::uint64_t* elig) noexcept {
-  const std::size_t words = (m + 63) / 64;
-  for (std::size_t w = 0; w < words; ++w) elig[w] = prot ? ~prot[base / 64 + w] : ~std::uint64_t{0};
-  if (m % 64) elig[words - 1] &= (std::uint64_t{1} << (m % 64)) - 1;
-}
 
 template <Isa I, int W>
 inline std::size_t argmax_impl(const std::uint8_t* q, const std::uint8_t* codes, std::size_t n,

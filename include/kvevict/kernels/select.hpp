@@ -1,0 +1,383 @@
+// Selection kernels: counting (histogram) top-k / bottom-k over small-integer keys, float
+// top-k by sampled thresholds, and masked argmin/argmax over float scores.
+//
+// Conventions shared by every function here:
+//  - indices are std::uint32_t, so n must be < 2^32;
+//  - ties resolve to the lowest index (the selected *set* is deterministic);
+//  - `protected_bits` (nullable) holds ceil(n/64) words, bit i of word i/64 set = row i may not
+//    be chosen;
+//  - each function has an overload pinned to a level (f<Isa::avx512>(...), throws when the CPU
+//    lacks it) and one that uses active_isa().
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dispatch.hpp"
+#include "select_avx2.hpp"
+#include "select_avx512.hpp"
+#include "select_scalar.hpp"
+
+namespace kvevict::kernels {
+namespace detail {
+
+inline void check_select_args(const void* keys, std::size_t n, std::size_t k,
+                              const std::uint32_t* out) {
+  if (n > std::numeric_limits<std::uint32_t>::max())
+    throw std::invalid_argument("kvevict::kernels: n = " + std::to_string(n) +
+                                " (expected n < 2^32: indices are 32-bit)");
+  if (k > n)
+    throw std::invalid_argument("kvevict::kernels: k = " + std::to_string(k) +
+                                " exceeds n = " + std::to_string(n) + " (expected k <= n)");
+  require_nonnull(keys, n, "keys");
+  require_nonnull(out, k, "out");
+}
+
+template <Isa I, bool Top, class K>
+inline std::size_t emit_at(const K* keys, std::size_t n, K t, std::size_t take_eq, std::size_t k,
+                           std::uint32_t* out) noexcept {
+#if KVEVICT_X86
+  if constexpr (I == Isa::avx512) return avx512::emit<Top, K>(keys, n, t, take_eq, k, out);
+  if constexpr (I == Isa::avx2) return avx2::emit<Top, K>(keys, n, t, take_eq, k, out);
+#endif
+  return scalar::emit<Top, K>(keys, n, t, take_eq, k, out);
+}
+
+template <Isa I, bool Filter, class K>
+inline void hist256_at(const K* keys, std::size_t n, int shift, unsigned prefix,
+                       std::uint32_t* hist) noexcept {
+#if KVEVICT_X86
+  if constexpr (I == Isa::avx512) return avx512::hist256<Filter, K>(keys, n, shift, prefix, hist);
+  if constexpr (I == Isa::avx2) return avx2::hist256<Filter, K>(keys, n, shift, prefix, hist);
+#endif
+  scalar::hist256<Filter, K>(keys, n, shift, prefix, hist);
+}
+
+/// Given a histogram, finds the threshold bin t and how many rows equal to t to take so that
+/// (rows beyond t) + take_eq == k. Top scans from the highest bin, bottom from the lowest.
+template <bool Top>
+inline void threshold_from_histogram(const std::uint32_t* hist, std::size_t bins, std::size_t k,
+                                     std::size_t* t, std::size_t* take_eq) noexcept {
+  std::size_t cum = 0;
+  for (std::size_t j = 0; j < bins; ++j) {
+    const std::size_t b = Top ? bins - 1 - j : j;
+    if (cum + hist[b] >= k) {
+      *t = b;
+      *take_eq = k - cum;
+      return;
+    }
+    cum += hist[b];
+  }
+  *t = Top ? 0 : bins - 1;
+  *take_eq = k - cum;
+}
+
+template <Isa I, bool Top, class K>
+inline void counting_select(const K* keys, std::size_t n, std::size_t k, std::uint32_t* out) {
+  if (k == 0) return;
+  std::uint32_t hist[256];
+  std::size_t t = 0, take_eq = 0;
+  if constexpr (sizeof(K) == 1) {
+    hist256_at<I, false, K>(keys, n, 0, 0, hist);
+    threshold_from_histogram<Top>(hist, 256, k, &t, &take_eq);
+  } else {
+    // Two-level radix histogram: high byte over all keys, then low byte within the threshold
+    // bucket; three linear passes in all, no 65536-bin table to clear.
+    hist256_at<I, false, K>(keys, n, 8, 0, hist);
+    std::size_t hi = 0, take_hi = 0;
+    threshold_from_histogram<Top>(hist, 256, k, &hi, &take_hi);
+    hist256_at<I, true, K>(keys, n, 0, static_cast<unsigned>(hi), hist);
+    std::size_t lo = 0;
+    threshold_from_histogram<Top>(hist, 256, take_hi, &lo, &take_eq);
+    t = (hi << 8) | lo;
+  }
+  emit_at<I, Top, K>(keys, n, static_cast<K>(t), take_eq, k, out);
+}
+
+template <Isa I, bool Top>
+inline void counting_select_hist(const std::uint16_t* keys, std::size_t n, std::size_t k,
+                                 const std::uint32_t* hist, std::size_t bins,
+                                 std::uint32_t* out) {
+  if (k == 0) return;
+  std::size_t t = 0, take_eq = 0;
+  threshold_from_histogram<Top>(hist, bins, k, &t, &take_eq);
+  emit_at<I, Top, std::uint16_t>(keys, n, static_cast<std::uint16_t>(t), take_eq, k, out);
+}
+
+template <Isa I>
+inline std::size_t topk_pass_at(const float* s, std::size_t n, float thi, float tlo,
+                                std::uint32_t* above, std::uint32_t* mid,
+                                std::size_t* n_mid) noexcept {
+#if KVEVICT_X86
+  if constexpr (I == Isa::avx512) return avx512::topk_pass(s, n, thi, tlo, above, mid, n_mid);
+  if constexpr (I == Isa::avx2) return avx2::topk_pass(s, n, thi, tlo, above, mid, n_mid);
+#endif
+  return scalar::topk_pass(s, n, thi, tlo, above, mid, n_mid);
+}
+
+/// Per-thread scratch reused across calls, so the hot path does not allocate.
+struct TopkScratch {
+  std::vector<std::uint32_t> above, mid;
+  std::vector<std::uint64_t> keys;
+  std::vector<float> sample;
+};
+inline TopkScratch& topk_scratch() {
+  thread_local TopkScratch s;
+  return s;
+}
+
+/// Exact top-k by composite keys (score desc, NaN last, index asc): the fallback and the
+/// definition the fast path must match.
+inline void topk_exact(const float* s, std::size_t n, std::size_t k, std::uint32_t* out) {
+  auto& keys = topk_scratch().keys;
+  keys.resize(n);
+  for (std::size_t i = 0; i < n; ++i) keys[i] = topk_key(s[i], static_cast<std::uint32_t>(i));
+  std::nth_element(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(k - 1), keys.end());
+  for (std::size_t j = 0; j < k; ++j) out[j] = static_cast<std::uint32_t>(keys[j]);
+}
+
+template <Isa I>
+inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint32_t* out) {
+  if (k == 0) return;
+  if (k == n) {
+    for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::uint32_t>(i);
+    return;
+  }
+  constexpr std::size_t kSample = 1024, kMinN = 4096;
+  if (n < kMinN) return topk_exact(s, n, k, out);
+  // Stratified pseudo-random sample (fixed seed: deterministic), NaNs dropped.
+  TopkScratch& sc = topk_scratch();
+  sc.sample.clear();
+  std::uint64_t h = 0x9E3779B97F4A7C15ull;
+  for (std::size_t j = 0; j < kSample; ++j) {
+    h ^= h << 13, h ^= h >> 7, h ^= h << 17;
+    const std::size_t lo = j * n / kSample, hi = (j + 1) * n / kSample;
+    const float v = s[lo + h % (hi - lo)];
+    if (!std::isnan(v)) sc.sample.push_back(v);
+  }
+  const std::size_t ms = sc.sample.size();
+  if (ms < kSample / 2) return topk_exact(s, n, k, out);
+  // Thresholds bracketing the k-th largest: sample ranks r -/+ delta, delta = 2 sqrt(ms)
+  // (about four standard deviations of the sample rank), so the fallback is rare.
+  const auto delta = static_cast<std::ptrdiff_t>(2.0 * std::sqrt(static_cast<double>(ms)));
+  const auto r = static_cast<std::ptrdiff_t>(static_cast<double>(k) * ms / n);
+  const std::ptrdiff_t r_hi = r - delta, r_lo = r + delta;
+  auto desc = [](float a, float b) { return a > b; };
+  float thi = std::numeric_limits<float>::infinity();
+  float tlo = -std::numeric_limits<float>::infinity();
+  auto first = sc.sample.begin();
+  if (r_lo < static_cast<std::ptrdiff_t>(ms)) {
+    std::nth_element(first, first + r_lo, sc.sample.end(), desc);
+    tlo = sc.sample[static_cast<std::size_t>(r_lo)];
+  }
+  if (r_hi >= 0) {
+    std::nth_element(first, first + r_hi, first + std::min<std::ptrdiff_t>(r_lo, ms), desc);
+    thi = sc.sample[static_cast<std::size_t>(r_hi)];
+  }
+  sc.above.resize(n);
+  sc.mid.resize(n);
+  std::size_t nm = 0;
+  const std::size_t na = topk_pass_at<I>(s, n, thi, tlo, sc.above.data(), sc.mid.data(), &nm);
+  if (na > k || na + nm < k) return topk_exact(s, n, k, out);  // the sample missed
+  std::copy(sc.above.begin(), sc.above.begin() + static_cast<std::ptrdiff_t>(na), out);
+  const std::size_t need = k - na;
+  if (need == 0) return;
+  auto& keys = sc.keys;
+  keys.resize(nm);
+  for (std::size_t j = 0; j < nm; ++j) keys[j] = topk_key(s[sc.mid[j]], sc.mid[j]);
+  if (need < nm)
+    std::nth_element(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(need - 1),
+                     keys.end());
+  for (std::size_t j = 0; j < need; ++j) out[na + j] = static_cast<std::uint32_t>(keys[j]);
+}
+
+template <Isa I, bool Top>
+inline std::size_t arg_best_at(const float* s, std::size_t n, const std::uint64_t* prot) noexcept {
+  if constexpr (I == Isa::scalar) {
+    return scalar::arg_best<Top>(s, n, prot);
+  } else {
+#if KVEVICT_X86
+    // Per block of 1024: the block's best eligible value by SIMD; a block replaces the best
+    // only when strictly better (lowest index on ties); one scalar scan of the winner.
+    constexpr std::size_t kBlock = 1024;
+    std::uint64_t elig[kBlock / 64];
+    std::size_t best_base = npos;
+    float best = 0.0f;
+    for (std::size_t base = 0; base < n; base += kBlock) {
+      const std::size_t m = std::min(kBlock, n - base);
+      eligibility_words(prot, base, m, elig);
+      bool any = false;
+      float b;
+      if constexpr (I == Isa::avx512)
+        b = avx512::block_best<Top>(s + base, m, elig, &any);
+      else
+        b = avx2::block_best<Top>(s + base, m, elig, &any);
+      if (any && (best_base == npos || (Top ? b > best : b < best))) {
+        best = b;
+        best_base = base;
+      }
+    }
+    if (best_base == npos) return npos;
+    const std::size_t m = std::min(kBlock, n - best_base);
+    eligibility_words(prot, best_base, m, elig);
+    for (std::size_t i = 0; i < m; ++i)
+      if (((elig[i >> 6] >> (i & 63)) & 1u) && s[best_base + i] == best) return best_base + i;
+    return npos;  // unreachable
+#else
+    return scalar::arg_best<Top>(s, n, prot);
+#endif
+  }
+}
+
+}  // namespace detail
+
+/// k indices of the largest keys, in ascending index order: every key greater than the k-th
+/// largest value, then the lowest-indexed rows equal to it. O(n) by histogram (uint8: one
+/// counting pass; uint16: two radix-256 passes) plus one emit pass. Throws if k > n.
+template <Isa I>
+inline void counting_topk(const std::uint8_t* keys, std::size_t n, std::size_t k,
+                          std::uint32_t* out) {
+  detail::require_isa(I);
+  detail::check_select_args(keys, n, k, out);
+  detail::counting_select<I, true>(keys, n, k, out);
+}
+template <Isa I>
+inline void counting_topk(const std::uint16_t* keys, std::size_t n, std::size_t k,
+                          std::uint32_t* out) {
+  detail::require_isa(I);
+  detail::check_select_args(keys, n, k, out);
+  detail::counting_select<I, true>(keys, n, k, out);
+}
+/// k indices of the smallest keys, ascending index order, lowest indices among ties.
+template <Isa I>
+inline void counting_bottomk(const std::uint8_t* keys, std::size_t n, std::size_t k,
+                             std::uint32_t* out) {
+  detail::require_isa(I);
+  detail::check_select_args(keys, n, k, out);
+  detail::counting_select<I, false>(keys, n, k, out);
+}
+template <Isa I>
+inline void counting_bottomk(const std::uint16_t* keys, std::size_t n, std::size_t k,
+                             std::uint32_t* out) {
+  detail::require_isa(I);
+  detail::check_select_args(keys, n, k, out);
+  detail::counting_select<I, false>(keys, n, k, out);
+}
+
+namespace detail {
+inline void check_histogram(const std::uint16_t* keys, std::size_t n, const std::uint32_t* hist,
+                            std::size_t bins) {
+  if (hist == nullptr || bins == 0 || bins > 65536)
+    throw std::invalid_argument("kvevict::kernels: histogram bins = " + std::to_string(bins) +
+                                (hist ? "" : " (null)") +
+                                " (expected a non-null histogram with 1..65536 bins)");
+  std::size_t total = 0;
+  for (std::size_t b = 0; b < bins; ++b) total += hist[b];
+  if (total != n)
+    throw std::invalid_argument("kvevict::kernels: histogram counts " + std::to_string(total) +
+                                " rows but n = " + std::to_string(n) +
+                                " (expected the histogram of these keys)");
+  (void)keys;
+}
+}  // namespace detail
+
+/// counting_topk with a precomputed histogram of the keys (bins entries, every key < bins),
+/// e.g. from hamming_histogram (bins = bits + 1): one emit pass over the keys.
+template <Isa I>
+inline void counting_topk(const std::uint16_t* keys, std::size_t n, std::size_t k,
+                          const std::uint32_t* histogram, std::size_t bins, std::uint32_t* out) {
+  detail::require_isa(I);
+  detail::check_select_args(keys, n, k, out);
+  detail::check_histogram(keys, n, histogram, bins);
+  detail::counting_select_hist<I, true>(keys, n, k, histogram, bins, out);
+}
+/// counting_bottomk with a precomputed histogram (see counting_topk).
+template <Isa I>
+inline void counting_bottomk(const std::uint16_t* keys, std::size_t n, std::size_t k,
+                             const std::uint32_t* histogram, std::size_t bins,
+                             std::uint32_t* out) {
+  detail::require_isa(I);
+  detail::check_select_args(keys, n, k, out);
+  detail::check_histogram(keys, n, histogram, bins);
+  detail::counting_select_hist<I, false>(keys, n, k, histogram, bins, out);
+}
+
+// Untemplated forms at active_isa().
+template <class K>
+inline void counting_topk(const K* keys, std::size_t n, std::size_t k, std::uint32_t* out) {
+  static_assert(sizeof(K) <= 2, "counting_topk keys must be std::uint8_t or std::uint16_t");
+  detail::with_isa(active_isa(), [&](auto isa) { counting_topk<isa()>(keys, n, k, out); });
+}
+template <class K>
+inline void counting_bottomk(const K* keys, std::size_t n, std::size_t k, std::uint32_t* out) {
+  static_assert(sizeof(K) <= 2, "counting_bottomk keys must be std::uint8_t or std::uint16_t");
+  detail::with_isa(active_isa(), [&](auto isa) { counting_bottomk<isa()>(keys, n, k, out); });
+}
+inline void counting_topk(const std::uint16_t* keys, std::size_t n, std::size_t k,
+                          const std::uint32_t* histogram, std::size_t bins, std::uint32_t* out) {
+  detail::with_isa(active_isa(), [&](auto isa) {
+    counting_topk<isa()>(keys, n, k, histogram, bins, out);
+  });
+}
+inline void counting_bottomk(const std::uint16_t* keys, std::size_t n, std::size_t k,
+                             const std::uint32_t* histogram, std::size_t bins,
+                             std::uint32_t* out) {
+  detail::with_isa(active_isa(), [&](auto isa) {
+    counting_bottomk<isa()>(keys, n, k, histogram, bins, out);
+  });
+}
+
+/// Indices of the k largest scores, in unspecified order (but a deterministic set): larger
+/// score first, ties toward the lower index, -0.0 == +0.0, NaN ranks below every number (NaN
+/// rows are chosen only when fewer than k scores are numbers, lowest index first).
+/// Method: a stratified sample of 1024 scores brackets the k-th largest; one SIMD pass splits
+/// rows into "surely in" and a small band, and only the band is ordered (nth_element on
+/// (score, index) keys). Falls back to the exact method when the sample misses. Scratch
+/// memory is thread_local and reused (no allocation once warm). Throws if k > n.
+template <Isa I>
+inline void topk_indices(const float* scores, std::size_t n, std::size_t k, std::uint32_t* out) {
+  detail::require_isa(I);
+  detail::check_select_args(scores, n, k, out);
+  detail::topk_select<I>(scores, n, k, out);
+}
+inline void topk_indices(const float* scores, std::size_t n, std::size_t k, std::uint32_t* out) {
+  detail::with_isa(active_isa(), [&](auto isa) { topk_indices<isa()>(scores, n, k, out); });
+}
+
+/// Index of the largest score among unprotected rows; lowest index on ties (-0.0 == +0.0);
+/// NaN scores are never chosen; npos when n == 0 or nothing is eligible.
+template <Isa I>
+inline std::size_t argmax_masked(const float* s, std::size_t n,
+                                 const std::uint64_t* protected_bits) {
+  detail::require_isa(I);
+  detail::require_nonnull(s, n, "scores");
+  return detail::arg_best_at<I, true>(s, n, protected_bits);
+}
+inline std::size_t argmax_masked(const float* s, std::size_t n,
+                                 const std::uint64_t* protected_bits) {
+  return detail::with_isa(active_isa(),
+                          [&](auto isa) { return argmax_masked<isa()>(s, n, protected_bits); });
+}
+
+/// Index of the smallest score among unprotected rows; same tie, NaN and npos rules as
+/// argmax_masked.
+template <Isa I>
+inline std::size_t argmin_masked(const float* s, std::size_t n,
+                                 const std::uint64_t* protected_bits) {
+  detail::require_isa(I);
+  detail::require_nonnull(s, n, "scores");
+  return detail::arg_best_at<I, false>(s, n, protected_bits);
+}
+inline std::size_t argmin_masked(const float* s, std::size_t n,
+                                 const std::uint64_t* protected_bits) {
+  return detail::with_isa(active_isa(),
+                          [&](auto isa) { return argmin_masked<isa()>(s, n, protected_bits); });
+}
+
+}  // namespace kvevict::kernels

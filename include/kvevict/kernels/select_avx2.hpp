@@ -1,0 +1,71 @@
+// AVX2 selection kernels: masked argmin/argmax with 8-wide float compares; the counting and
+// partition passes reuse the portable bodies compiled for AVX2 (no compress instruction here).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "dispatch.hpp"
+#include "select_scalar.hpp"
+
+#if KVEVICT_X86
+KVEVICT_SUPPRESS_INTRIN_WARNINGS_BEGIN
+namespace kvevict::kernels::detail::avx2 {
+
+template <bool Top, class K>
+KVEVICT_TARGET_AVX2 inline std::size_t emit(const K* keys, std::size_t n, K t, std::size_t take_eq,
+                                            std::size_t k, std::uint32_t* out) noexcept {
+  return scalar::emit_body<Top, K>(keys, n, t, take_eq, k, out);
+}
+
+template <bool Filter, class K>
+KVEVICT_TARGET_AVX2 inline void hist256(const K* keys, std::size_t n, int shift, unsigned prefix,
+                                        std::uint32_t* hist) noexcept {
+  scalar::hist256_body<Filter, K>(keys, n, shift, prefix, hist);
+}
+
+KVEVICT_TARGET_AVX2 inline std::size_t topk_pass(const float* s, std::size_t n, float thi,
+                                                 float tlo, std::uint32_t* above,
+                                                 std::uint32_t* mid, std::size_t* n_mid) noexcept {
+  return scalar::topk_pass_body(s, n, thi, tlo, above, mid, n_mid);
+}
+
+/// Best eligible value (max for Top, min otherwise) of a block of m <= 1024 floats, NaN and
+/// protected lanes excluded; *any = whether some lane was eligible.
+template <bool Top>
+KVEVICT_TARGET_AVX2 inline float block_best(const float* s, std::size_t m,
+                                            const std::uint64_t* elig, bool* any) noexcept {
+  const float init = Top ? -std::numeric_limits<float>::infinity()
+                         : std::numeric_limits<float>::infinity();
+  const __m256 fill = _mm256_set1_ps(init);
+  const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  __m256 acc = fill;
+  __m256i seen = _mm256_setzero_si256();
+  std::size_t i = 0;
+  for (; i + 8 <= m; i += 8) {
+    const int byte = static_cast<int>((elig[i >> 6] >> (i & 63)) & 0xFF);
+    const __m256i e = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(byte), bits), bits);
+    const __m256 v = _mm256_loadu_ps(s + i);
+    const __m256 ok = _mm256_and_ps(_mm256_castsi256_ps(e), _mm256_cmp_ps(v, v, _CMP_ORD_Q));
+    const __m256 x = _mm256_blendv_ps(fill, v, ok);
+    acc = Top ? _mm256_max_ps(acc, x) : _mm256_min_ps(acc, x);
+    seen = _mm256_or_si256(seen, _mm256_castps_si256(ok));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  float best = init;
+  for (float v : lanes) best = Top ? (v > best ? v : best) : (v < best ? v : best);
+  bool found = !_mm256_testz_si256(seen, seen);
+  for (; i < m; ++i) {
+    if (!((elig[i >> 6] >> (i & 63)) & 1u) || s[i] != s[i]) continue;
+    found = true;
+    best = Top ? (s[i] > best ? s[i] : best) : (s[i] < best ? s[i] : best);
+  }
+  *any = found;
+  return best;
+}
+
+}  // namespace kvevict::kernels::detail::avx2
+KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
+#endif

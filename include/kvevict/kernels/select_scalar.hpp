@@ -1,0 +1,126 @@
+// Portable selection kernels and the bodies the SIMD levels reuse (compiled again under their
+// target attribute, so the compiler may vectorise them for that level).
+#pragma once
+
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "dispatch.hpp"
+
+namespace kvevict::kernels::detail {
+
+/// Order-preserving map float -> uint32 (a < b  =>  key(a) < key(b)); -0.0 maps like +0.0 so
+/// that equal scores compare equal. NaNs map above +inf or below -inf depending on sign:
+/// callers treat NaN separately.
+KVEVICT_ALWAYS_INLINE std::uint32_t float_order_key(float v) noexcept {
+  std::uint32_t u = std::bit_cast<std::uint32_t>(v);
+  if (u == 0x80000000u) u = 0;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/// Composite key sorting "better first" for top-k: larger score first, NaN after every number,
+/// lower index first among equals. Ascending order of these keys is the selection order.
+KVEVICT_ALWAYS_INLINE std::uint64_t topk_key(float v, std::uint32_t i) noexcept {
+  const std::uint32_t primary = std::isnan(v) ? 0xFFFFFFFFu : ~float_order_key(v);
+  return (static_cast<std::uint64_t>(primary) << 32) | i;
+}
+
+namespace scalar {
+
+/// Reference masked argmax (Top) / argmin (!Top): lowest index on ties, NaN and protected
+/// rows skipped, npos when nothing is eligible.
+template <bool Top>
+inline std::size_t arg_best(const float* s, std::size_t n, const std::uint64_t* prot) noexcept {
+  std::size_t best = npos;
+  float bv = 0.0f;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (prot != nullptr && ((prot[i >> 6] >> (i & 63)) & 1u)) continue;
+    const float v = s[i];
+    if (std::isnan(v)) continue;
+    if (best == npos || (Top ? v > bv : v < bv)) {
+      best = i;
+      bv = v;
+    }
+  }
+  return best;
+}
+
+/// Emits, in ascending index order, every i with key beyond t (greater for Top, smaller
+/// otherwise) and the first take_eq rows with key == t; stops after k. Returns count written.
+template <bool Top, class K>
+KVEVICT_ALWAYS_INLINE std::size_t emit_body(const K* keys, std::size_t n, K t, std::size_t take_eq,
+                                            std::size_t k, std::uint32_t* out) noexcept {
+  std::size_t pos = 0;
+  for (std::size_t i = 0; i < n && pos < k; ++i) {
+    const K v = keys[i];
+    const bool beyond = Top ? v > t : v < t;
+    const bool tie = (v == t) & (take_eq != 0);
+    take_eq -= tie;
+    out[pos] = static_cast<std::uint32_t>(i);  // pos < k here, so the slot exists
+    pos += beyond | tie;
+  }
+  return pos;
+}
+
+template <bool Top, class K>
+inline std::size_t emit(const K* keys, std::size_t n, K t, std::size_t take_eq, std::size_t k,
+                        std::uint32_t* out) noexcept {
+  return emit_body<Top, K>(keys, n, t, take_eq, k, out);
+}
+
+/// Histogram of keys >> shift restricted to keys whose (key >> (shift+8)) == prefix (when
+/// Filter), into 256 bins. Four sub-histograms hide store-to-load latency on equal keys.
+template <bool Filter, class K>
+KVEVICT_ALWAYS_INLINE void hist256_body(const K* keys, std::size_t n, int shift, unsigned prefix,
+                                        std::uint32_t* hist) noexcept {
+  std::uint32_t h[4][256] = {};
+  std::size_t i = 0;
+  if constexpr (!Filter) {
+    for (; i + 4 <= n; i += 4) {
+      ++h[0][(keys[i] >> shift) & 0xFF];
+      ++h[1][(keys[i + 1] >> shift) & 0xFF];
+      ++h[2][(keys[i + 2] >> shift) & 0xFF];
+      ++h[3][(keys[i + 3] >> shift) & 0xFF];
+    }
+  }
+  for (; i < n; ++i) {
+    const unsigned v = keys[i];
+    if (!Filter || (v >> (shift + 8)) == prefix) ++h[i & 3][(v >> shift) & 0xFF];
+  }
+  for (int b = 0; b < 256; ++b) hist[b] = h[0][b] + h[1][b] + h[2][b] + h[3][b];
+}
+
+template <bool Filter, class K>
+inline void hist256(const K* keys, std::size_t n, int shift, unsigned prefix,
+                    std::uint32_t* hist) noexcept {
+  hist256_body<Filter, K>(keys, n, shift, prefix, hist);
+}
+
+/// The partition pass of float top-k: indices with s > thi go to `above`, those with
+/// tlo <= s <= thi to `mid` (NaN to neither). Both buffers must hold n entries.
+KVEVICT_ALWAYS_INLINE std::size_t topk_pass_body(const float* s, std::size_t n, float thi, float tlo,
+                                                 std::uint32_t* above, std::uint32_t* mid,
+                                                 std::size_t* n_mid) noexcept {
+  std::size_t na = 0, nm = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float v = s[i];
+    const bool a = v > thi;
+    const bool m = !a & (v >= tlo);
+    above[na] = static_cast<std::uint32_t>(i);
+    mid[nm] = static_cast<std::uint32_t>(i);
+    na += a;
+    nm += m;
+  }
+  *n_mid = nm;
+  return na;
+}
+
+inline std::size_t topk_pass(const float* s, std::size_t n, float thi, float tlo,
+                             std::uint32_t* above, std::uint32_t* mid, std::size_t* n_mid) noexcept {
+  return topk_pass_body(s, n, thi, tlo, above, mid, n_mid);
+}
+
+}  // namespace scalar
+}  // namespace kvevict::kernels::detail
