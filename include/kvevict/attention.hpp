@@ -4,6 +4,7 @@
 // never repeated per query head.
 #include <Eigen/Core>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <span>
@@ -71,6 +72,10 @@ AttentionResult attend(Cache& cache, int layer, std::span<const float> queries,
   const std::size_t expect = static_cast<std::size_t>(g.n_heads * g.head_dim);
   detail::require(queries.size() == expect, "attend: queries has ", queries.size(),
                   " floats, expected ", expect, " (n_heads x head_dim)");
+  // A NaN query would poison every accumulated score of an attention policy for good.
+  for (std::size_t i = 0; i < queries.size(); ++i)
+    detail::require(std::isfinite(queries[i]), "attend: queries[", i, "] = ", queries[i],
+                    ", expected a finite value");
   AttentionResult r;
   r.out.setZero(g.n_heads, g.head_dim);
   r.probs.resize(static_cast<std::size_t>(g.n_kv_heads));

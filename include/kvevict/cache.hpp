@@ -129,6 +129,7 @@ class KVCache {
     const std::size_t expect = static_cast<std::size_t>(group()) * h.size;
     detail::require(probs.size() == expect, "observe: probs has ", probs.size(),
                     " floats, expected ", expect, " (group ", group(), " x size ", h.size, ")");
+    check_finite(probs, "observe: probs");
     if constexpr (has(Policy::signals, Signals::attention)) {
       static_assert(detail::HasObserve<Policy>,
                     "EvictionPolicy declares Signals::attention but has no observe(AttentionView)");
@@ -241,6 +242,9 @@ class KVCache {
 
   // A budget below what the policy protects could never make room: reject it up front.
   void check_capacities(const std::vector<std::size_t>& caps) const {
+    // set_budget must re-check what bind() checked once (FullCache/Oracle: unbounded only).
+    if constexpr (detail::HasCheckBudget<Policy>)
+      policy_.check_budget(CacheShape{shape_.geometry, caps});
     const std::size_t need = policy_.min_capacity();
     const int hkv = shape_.geometry.n_kv_heads;
     for (std::size_t i = 0; i < caps.size(); ++i)

@@ -120,7 +120,8 @@ struct CacheShape {
 ///  - `on_move(layer, kv_head, from, to)`: row `from` now lives at `to`.
 /// Optional hooks, detected by the container: observe(const AttentionView&) (required when
 /// signals has Signals::attention), prefill_keep(const PrefillView&, std::vector<uint32_t>&),
-/// attention_rows(...) (Oracle).
+/// attention_limit(layer, kv_head) (Oracle), check_budget(const CacheShape&) const (throws
+/// kvevict::Error for capacities the policy cannot serve; run on construction and set_budget).
 template <class P, class Scalar = float>
 concept EvictionPolicy =
     requires(P& p, const P& cp, const CacheShape& shape, const HeadView<Scalar>& view,
@@ -137,6 +138,8 @@ concept EvictionPolicy =
 namespace detail {
 template <class P>
 concept HasObserve = requires(P& p, const AttentionView& a) { p.observe(a); };
+template <class P>
+concept HasCheckBudget = requires(const P& p, const CacheShape& s) { p.check_budget(s); };
 template <class P>
 concept HasPrefillKeep = requires(P& p, const PrefillView& v, std::vector<std::uint32_t>& keep) {
   p.prefill_keep(v, keep);

@@ -9,7 +9,8 @@ struct FullCache {
   static constexpr Signals signals = Signals::none;
   static constexpr const char* name() { return "FullCache"; }
   [[nodiscard]] std::size_t min_capacity() const { return 1; }
-  void bind(const CacheShape& shape) {
+  void bind(const CacheShape& shape) { check_budget(shape); }
+  void check_budget(const CacheShape& shape) const {
     for (std::size_t c : shape.capacity)
       kvevict::detail::require(c == Budget::kUnbounded, "FullCache: budget of ", c,
                                " tokens, expected Budget::unbounded() (FullCache never evicts)");

@@ -14,7 +14,8 @@ struct Oracle {
   static constexpr Signals signals = Signals::none;
   static constexpr const char* name() { return "Oracle"; }
   [[nodiscard]] std::size_t min_capacity() const { return 1; }
-  void bind(const CacheShape& shape) {
+  void bind(const CacheShape& shape) { check_budget(shape); }
+  void check_budget(const CacheShape& shape) const {
     kvevict::detail::require(rows > 0, "Oracle: rows = 0, expected > 0");
     for (std::size_t c : shape.capacity)
       kvevict::detail::require(c == Budget::kUnbounded, "Oracle: cache budget of ", c,
