@@ -1,0 +1,201 @@
+#pragma once
+// The end-to-end streaming protocol (StreamingLLM's perplexity protocol; llama.cpp's
+// --kl-divergence reports the same figures): sample a token stream with the full cache,
+// then feed it one token at a time under a policy and budget and compare, position by
+// position, the policy's next-token distribution with the full cache's.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "kvevict/metrics.hpp"
+#include "kvevict/policies/full_cache.hpp"
+#include "llama2c.hpp"
+
+namespace kvevict::llama2c {
+
+/// A token stream and the full cache's logits after each of its tokens:
+/// full_logits[t * vocab .. +vocab) predicts tokens[t + 1].
+struct Stream {
+  std::vector<int> tokens;
+  std::vector<float> full_logits;
+  int vocab = 0;
+
+  [[nodiscard]] std::size_t size() const { return tokens.size(); }
+  [[nodiscard]] std::span<const float> logits(std::size_t t) const {
+    return {full_logits.data() + t * static_cast<std::size_t>(vocab),
+            static_cast<std::size_t>(vocab)};
+  }
+};
+
+struct SampleOptions {
+  int tokens = 512;           ///< stream length T, including the first token
+  float temperature = 1.0f;   ///< 0 = greedy
+  std::uint64_t seed = 0;
+  int first_token = Tokenizer::kBos;
+};
+
+namespace detail {
+// Uniform in [0, 1) from 53 random bits: the same draw on every platform, unlike
+// std::uniform_real_distribution.
+inline double uniform01(std::mt19937_64& rng) {
+  return static_cast<double>(rng() >> 11) * (1.0 / 9007199254740992.0);
+}
+
+inline int sample(std::span<const float> logits, float temperature, std::mt19937_64& rng) {
+  if (temperature == 0.0f) return static_cast<int>(metrics::argmax(logits));
+  double m = -std::numeric_limits<double>::infinity();
+  for (float x : logits) m = std::max(m, static_cast<double>(x) / temperature);
+  std::vector<double> p(logits.size());
+  double s = 0.0;
+  for (std::size_t i = 0; i < p.size(); ++i) s += p[i] = std::exp(logits[i] / temperature - m);
+  const double u = uniform01(rng) * s;
+  double c = 0.0;
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    c += p[i];
+    if (u < c) return static_cast<int>(i);
+  }
+  return static_cast<int>(p.size() - 1);  // rounding: u landed on the sum itself
+}
+}  // namespace detail
+
+/// Samples a stream with the full cache (every token is fed, BOS included; nothing stops
+/// the stream at an end-of-story token, so it may hold several stories).
+inline Stream sample_stream(const std::shared_ptr<const Model>& model, const SampleOptions& o) {
+  const Config& c = model->config();
+  kvevict::detail::require(o.tokens >= 1 && o.tokens <= c.seq_len, "sample_stream: tokens = ",
+                           o.tokens, ", expected 1..seq_len = ", c.seq_len);
+  kvevict::detail::require(std::isfinite(o.temperature) && o.temperature >= 0.0f,
+                           "sample_stream: temperature = ", o.temperature, ", expected >= 0");
+  Transformer<policies::FullCache> full(model, Budget::unbounded());
+  std::mt19937_64 rng(o.seed);
+  Stream s;
+  s.vocab = c.vocab_size;
+  s.tokens.push_back(o.first_token);
+  for (int t = 0; t < o.tokens; ++t) {
+    const auto logits = full.forward(s.tokens.back(), t);
+    s.full_logits.insert(s.full_logits.end(), logits.begin(), logits.end());
+    if (t + 1 < o.tokens) s.tokens.push_back(detail::sample(logits, o.temperature, rng));
+  }
+  return s;
+}
+
+/// The full cache's logits for a given token stream (a prompt, a dataset excerpt).
+inline Stream reference_stream(const std::shared_ptr<const Model>& model,
+                               std::span<const int> tokens) {
+  const Config& c = model->config();
+  kvevict::detail::require(!tokens.empty() && tokens.size() <= static_cast<std::size_t>(c.seq_len),
+                           "reference_stream: ", tokens.size(),
+                           " tokens, expected 1..seq_len = ", c.seq_len);
+  Transformer<policies::FullCache> full(model, Budget::unbounded());
+  Stream s;
+  s.vocab = c.vocab_size;
+  s.tokens.assign(tokens.begin(), tokens.end());
+  for (std::size_t t = 0; t < tokens.size(); ++t) {
+    const auto logits = full.forward(tokens[t], static_cast<int>(t));
+    s.full_logits.insert(s.full_logits.end(), logits.begin(), logits.end());
+  }
+  return s;
+}
+
+struct ProtocolOptions {
+  /// Leading positions left out of the means. Position 0 attends only to itself, so its
+  /// KL is 0 under any policy; the figures in docs/engine.md count every position (0).
+  std::size_t skip = 0;
+};
+
+/// Per-position figures of one stream under one policy, and their means over the
+/// counted positions [skip, T).
+struct StreamResult {
+  std::vector<double> kl;          ///< KL(full || policy) of the next-token distribution
+  std::vector<std::uint8_t> top1;  ///< 1 when both put the same token first
+  std::vector<double> nll;         ///< -log p_policy(tokens[t + 1]), t < T - 1
+  std::vector<double> nll_full;    ///< the same under the full cache
+  std::size_t skip = 0;
+
+  [[nodiscard]] std::size_t counted() const { return kl.size() > skip ? kl.size() - skip : 0; }
+};
+
+/// Feeds `stream` one token at a time into a Transformer<Policy> with `budget` and
+/// compares with the stream's full-cache logits. Policy is copied per call, so one
+/// configured instance serves many streams. (Oracle and FullCache take
+/// Budget::unbounded(); the Oracle's row count is its own `rows`.)
+template <class Policy>
+StreamResult run_stream(const std::shared_ptr<const Model>& model, const Stream& stream,
+                        const Budget& budget, Policy policy = Policy{},
+                        const ProtocolOptions& options = {}) {
+  kvevict::detail::require(stream.vocab == model->config().vocab_size, "run_stream: stream vocab ",
+                           stream.vocab, ", expected the model's ", model->config().vocab_size);
+  kvevict::detail::require(stream.full_logits.size() == stream.size() * static_cast<std::size_t>(stream.vocab),
+                           "run_stream: stream has ", stream.full_logits.size(),
+                           " full logits, expected tokens x vocab = ",
+                           stream.size() * static_cast<std::size_t>(stream.vocab));
+  Transformer<Policy> tf(model, budget, std::move(policy));
+  StreamResult r;
+  r.skip = options.skip;
+  for (std::size_t t = 0; t < stream.size(); ++t) {
+    const auto q = tf.forward(stream.tokens[t], static_cast<int>(t));
+    const auto p = stream.logits(t);
+    r.kl.push_back(metrics::kl_divergence(p, q));
+    r.top1.push_back(metrics::top1_agreement(p, q) ? 1 : 0);
+    if (t + 1 < stream.size()) {
+      const auto next = static_cast<std::size_t>(stream.tokens[t + 1]);
+      r.nll.push_back(metrics::negative_log_likelihood(q, next));
+      r.nll_full.push_back(metrics::negative_log_likelihood(p, next));
+    }
+  }
+  return r;
+}
+
+/// Figures pooled over every counted position of every stream (each token weighs the same).
+struct Summary {
+  double mean_kl = 0.0;
+  double top1 = 0.0;           ///< share of positions whose top-1 token agrees
+  double perplexity = 0.0;     ///< exp(mean NLL) under the policy
+  double perplexity_full = 0.0;
+  std::size_t positions = 0;
+};
+
+inline Summary summarize(std::span<const StreamResult> results) {
+  Summary s;
+  double kl = 0.0, top1 = 0.0, nll = 0.0, nll_full = 0.0;
+  std::size_t n = 0, n_nll = 0;
+  for (const auto& r : results) {
+    for (std::size_t t = r.skip; t < r.kl.size(); ++t) {
+      kl += r.kl[t];
+      top1 += r.top1[t];
+      ++n;
+    }
+    for (std::size_t t = r.skip; t < r.nll.size(); ++t) {
+      nll += r.nll[t];
+      nll_full += r.nll_full[t];
+      ++n_nll;
+    }
+  }
+  s.positions = n;
+  if (n > 0) {
+    s.mean_kl = kl / static_cast<double>(n);
+    s.top1 = top1 / static_cast<double>(n);
+  }
+  if (n_nll > 0) {
+    s.perplexity = std::exp(nll / static_cast<double>(n_nll));
+    s.perplexity_full = std::exp(nll_full / static_cast<double>(n_nll));
+  }
+  return s;
+}
+
+/// run_stream over several streams, summarised.
+template <class Policy>
+Summary evaluate(const std::shared_ptr<const Model>& model, std::span<const Stream> streams,
+                 const Budget& budget, const Policy& policy = Policy{},
+                 const ProtocolOptions& options = {}) {
+  std::vector<StreamResult> results;
+  for (const auto& s : streams) results.push_back(run_stream(model, s, budget, policy, options));
+  return summarize(results);
+}
+
+}  // namespace kvevict::llama2c

@@ -1,0 +1,58 @@
+#pragma once
+// Command-line plumbing shared by the llama2c demo and llama2c_e2e: where the model is,
+// and a policy chosen by name at run time, handed to a generic callable.
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <utility>
+
+#include "kvevict/errors.hpp"
+#include "kvevict/geometry.hpp"
+#include "kvevict/policies/full_cache.hpp"
+#include "kvevict/policies/h2o.hpp"
+#include "kvevict/policies/knorm.hpp"
+#include "kvevict/policies/oracle.hpp"
+#include "kvevict/policies/random.hpp"
+#include "kvevict/policies/streaming_llm.hpp"
+
+namespace kvevict::llama2c {
+
+/// The model directory: an explicit argument, else $KVEVICT_MODEL_DIR, else the shared
+/// stories260K next to the repository (when it exists), else "".
+inline std::string model_dir(const std::string& arg) {
+  if (!arg.empty()) return arg;
+  if (const char* env = std::getenv("KVEVICT_MODEL_DIR"); env != nullptr && *env != '\0') return env;
+#ifdef KVEVICT_LLAMA2C_DEFAULT_MODEL_DIR
+  if (std::filesystem::exists(KVEVICT_LLAMA2C_DEFAULT_MODEL_DIR))
+    return std::filesystem::weakly_canonical(KVEVICT_LLAMA2C_DEFAULT_MODEL_DIR).string();
+#endif
+  return "";
+}
+
+/// Protection settings the runtime-chosen policies share.
+struct PolicyKnobs {
+  std::size_t sinks = 4;        ///< StreamingLLM sinks; also Random/KNorm/H2O sinks when set
+  std::size_t h2o_recent = 10;  ///< H2O's recent window
+  std::size_t h2o_sinks = 0;
+  std::size_t random_sinks = 0;
+  std::size_t random_recent = 0;
+  std::uint64_t seed = 0;
+};
+
+/// Calls fn(policy, cache_budget) with the policy named `name` configured for `rows`
+/// rows per (layer, KV head). FullCache ignores rows; Oracle stores everything and
+/// attends to `rows`.
+template <class Fn>
+decltype(auto) with_policy(const std::string& name, std::size_t rows, const PolicyKnobs& k, Fn&& fn) {
+  const auto b = Budget::uniform(static_cast<long long>(rows));
+  if (name == "full") return fn(policies::FullCache{}, Budget::unbounded());
+  if (name == "streaming") return fn(policies::StreamingLLM{k.sinks}, b);
+  if (name == "h2o") return fn(policies::H2O(policies::H2O::Config{k.h2o_recent, k.h2o_sinks}), b);
+  if (name == "random")
+    return fn(policies::Random(policies::Random::Config{k.seed, k.random_sinks, k.random_recent}), b);
+  if (name == "knorm") return fn(policies::KNorm(policies::KNorm::Config{k.sinks, 0}), b);
+  if (name == "oracle") return fn(policies::Oracle{rows}, Budget::unbounded());
+  detail::fail("policy '", name, "', expected one of full, streaming, h2o, random, knorm, oracle");
+}
+
+}  // namespace kvevict::llama2c
