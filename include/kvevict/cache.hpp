@@ -395,9 +395,12 @@ class KVCache {
       victims.clear();
       auto& h = heads_[index(layer, kh)];
       const std::size_t cap = shape_.at(layer, kh);
-      if (h.size >= cap) {
+      std::size_t limit = cap;
+      if constexpr (detail::HasRowLimit<Policy>)
+        limit = std::min(cap, std::max<std::size_t>(policy_.row_limit(layer, kh), 1));
+      if (h.size >= limit) {
         HeadView<Scalar> view = incoming_view(layer, kh, position, keys, queries);
-        view.need = h.size - cap + 1;
+        view.need = h.size - limit + 1;
         policy_.choose_victims(view, victims);
         validate_victims(victims, view);
       }

@@ -121,7 +121,10 @@ struct CacheShape {
 /// Optional hooks, detected by the container: observe(const AttentionView&) (required when
 /// signals has Signals::attention), prefill_keep(const PrefillView&, std::vector<uint32_t>&),
 /// attention_limit(layer, kv_head) (Oracle), check_budget(const CacheShape&) const (throws
-/// kvevict::Error for capacities the policy cannot serve; run on construction and set_budget).
+/// kvevict::Error for capacities the policy cannot serve; run on construction and set_budget),
+/// row_limit(layer, kv_head) const (the policy's own, possibly changing, bound on a head's
+/// rows: an append evicts through choose_victims once the head holds min(capacity,
+/// row_limit) rows, so a policy can trigger itself under an unbounded budget, as BUZZ does).
 template <class P, class Scalar = float>
 concept EvictionPolicy =
     requires(P& p, const P& cp, const CacheShape& shape, const HeadView<Scalar>& view,
@@ -140,6 +143,10 @@ template <class P>
 concept HasObserve = requires(P& p, const AttentionView& a) { p.observe(a); };
 template <class P>
 concept HasCheckBudget = requires(const P& p, const CacheShape& s) { p.check_budget(s); };
+template <class P>
+concept HasRowLimit = requires(const P& p, int layer, int head) {
+  { p.row_limit(layer, head) } -> std::convertible_to<std::size_t>;
+};
 template <class P>
 concept HasPrefillKeep = requires(P& p, const PrefillView& v, std::vector<std::uint32_t>& keep) {
   p.prefill_keep(v, keep);
