@@ -1,0 +1,128 @@
+#pragma once
+// Observation-window importance, shared by SnapKV and XKV: the queries of the last W
+// prompt tokens attend (causally) to the whole prompt, the probabilities are summed over
+// the window and over the G query heads of a KV group, and the result is pooled along
+// positions. Only the prefix [0, T - W) is scored; the window itself is always kept.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <span>
+#include <vector>
+
+#include "../errors.hpp"
+#include "../policy.hpp"
+
+namespace kvevict::policies {
+
+enum class Pooling { avg, max };
+
+/// How importance is measured. SnapKV's paper defaults: window 32, kernel 5; XKV's
+/// (arXiv 2412.05896): window 8, kernel 7. Both use average pooling by default.
+struct ObservationConfig {
+  std::size_t window = 8;  ///< W: prompt tokens whose queries observe the rest
+  std::size_t kernel = 7;  ///< odd pooling width; 1 disables pooling
+  Pooling pooling = Pooling::avg;
+
+  void validate(const char* who) const {
+    kvevict::detail::require(window > 0, who, ": window = 0, expected > 0");
+    kvevict::detail::require(kernel % 2 == 1, who, ": pooling kernel = ", kernel,
+                             ", expected an odd width (padding kernel/2 keeps the length)");
+  }
+};
+
+/// 1-D pooling, stride 1, padding kernel/2. Average pooling counts the zero padding in
+/// the divisor (PyTorch's avg_pool1d default, which both reference codes use), so edge
+/// tokens are damped; max pooling ignores padding.
+inline void pool1d(std::span<const float> in, std::size_t kernel, Pooling pooling,
+                   std::vector<float>& out) {
+  const std::size_t n = in.size();
+  const std::size_t half = kernel / 2;
+  out.resize(n);
+  const float inv = 1.0f / static_cast<float>(kernel);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t lo = i >= half ? i - half : 0;
+    const std::size_t hi = std::min(n, i + half + 1);
+    if (pooling == Pooling::avg) {
+      float s = 0.0f;
+      for (std::size_t j = lo; j < hi; ++j) s += in[j];
+      out[i] = s * inv;
+    } else {
+      float m = in[lo];
+      for (std::size_t j = lo + 1; j < hi; ++j) m = std::max(m, in[j]);
+      out[i] = m;
+    }
+  }
+}
+
+namespace detail {
+
+/// Raw window importance of one KV head: out[j] for j < T - W is the softmax probability
+/// (float, scale 1/sqrt(d)) that window query t (T-W <= t < T, keys 0..t) of each of the
+/// G query heads puts on key j, summed over window rows and the group. Needs T > W.
+/// GQA reads the KV head's keys once for its G query heads: no K is repeated.
+inline void window_importance(const PrefillView& v, std::size_t window, std::vector<float>& out) {
+  using RowMajorF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using Strided = Eigen::Map<const RowMajorF, 0, Eigen::OuterStride<>>;
+  const std::size_t T = v.tokens;
+  const std::size_t prefix = T - window;
+  const auto d = static_cast<Eigen::Index>(v.head_dim);
+  out.assign(prefix, 0.0f);
+  // keys of this head: T rows, stride n_kv_heads * d between tokens
+  Strided keys(v.key(0), static_cast<Eigen::Index>(T), d,
+               Eigen::OuterStride<>(static_cast<Eigen::Index>(v.n_kv_heads) * d));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(v.head_dim));
+  RowMajorF logits;
+  for (std::size_t t = prefix; t < T; ++t) {
+    // the G query heads of the group are contiguous in the token's query row
+    Strided q(v.query(t, 0), v.group, d, Eigen::OuterStride<>(d));
+    const auto visible = static_cast<Eigen::Index>(t + 1);  // causal inside the window
+    logits.noalias() = q * keys.topRows(visible).transpose();
+    for (Eigen::Index g = 0; g < v.group; ++g) {
+      auto row = logits.row(g);
+      row *= scale;
+      const float m = row.maxCoeff();
+      row = (row.array() - m).exp().matrix();
+      const float inv = 1.0f / row.sum();
+      for (std::size_t j = 0; j < prefix; ++j) out[j] += row[static_cast<Eigen::Index>(j)] * inv;
+    }
+  }
+}
+
+}  // namespace detail
+
+/// Pooled observation scores of the prefix [0, T - W) of one KV head (empty if T <= W).
+inline void observation_scores(const PrefillView& v, const ObservationConfig& c,
+                               std::vector<float>& out) {
+  kvevict::detail::require(v.queries != nullptr,
+                           "observation_scores: the prefill has no queries, expected T x n_heads "
+                           "x head_dim (the observation window needs them)");
+  if (v.tokens <= c.window) {
+    out.clear();
+    return;
+  }
+  std::vector<float> raw;
+  detail::window_importance(v, c.window, raw);
+  pool1d(raw, c.kernel, c.pooling, out);
+}
+
+/// Indices of the n largest scores, larger first, ties to the lower index, returned in
+/// ascending index order. The tie rule is part of the contract (tests rely on it).
+inline std::vector<std::uint32_t> top_n_indices(std::span<const float> scores, std::size_t n) {
+  std::vector<std::uint32_t> idx(scores.size());
+  std::iota(idx.begin(), idx.end(), 0u);
+  n = std::min(n, idx.size());
+  auto better = [&](std::uint32_t a, std::uint32_t b) {
+    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+  };
+  if (n < idx.size())
+    std::nth_element(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(n), idx.end(), better);
+  idx.resize(n);
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+}  // namespace kvevict::policies
