@@ -1,0 +1,226 @@
+// Selection kernels at every supported level vs sort-based references.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "kvevict/kernels/kernels.hpp"
+
+namespace kk = kvevict::kernels;
+using kk::Isa;
+
+namespace {
+
+std::vector<Isa> levels() {
+  std::vector<Isa> v{Isa::scalar};
+  if (kk::isa_supported(Isa::avx2)) v.push_back(Isa::avx2);
+  if (kk::isa_supported(Isa::avx512)) v.push_back(Isa::avx512);
+  return v;
+}
+
+template <class F>
+auto at(Isa isa, F&& f) {
+  switch (isa) {
+    case Isa::avx512: return f(std::integral_constant<Isa, Isa::avx512>{});
+    case Isa::avx2: return f(std::integral_constant<Isa, Isa::avx2>{});
+    default: return f(std::integral_constant<Isa, Isa::scalar>{});
+  }
+}
+
+// k best under `better` with ties by lower index, returned in ascending index order.
+template <class K, class Better>
+std::vector<std::uint32_t> ref_select(const std::vector<K>& v, std::size_t k, Better better) {
+  std::vector<std::uint32_t> idx(v.size());
+  std::iota(idx.begin(), idx.end(), 0u);
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](std::uint32_t a, std::uint32_t b) { return better(v[a], v[b]); });
+  idx.resize(k);
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+bool float_better(float a, float b) {  // larger first, NaN last, -0 == +0
+  if (std::isnan(a)) return false;
+  if (std::isnan(b)) return true;
+  return a > b;
+}
+
+std::size_t ref_argbest(const std::vector<float>& s, const std::uint64_t* prot, bool top) {
+  std::size_t best = kk::npos;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (prot && ((prot[i / 64] >> (i % 64)) & 1)) continue;
+    if (std::isnan(s[i])) continue;
+    if (best == kk::npos || (top ? s[i] > s[best] : s[i] < s[best])) best = i;
+  }
+  return best;
+}
+
+const std::size_t kSizes[] = {0, 1, 2, 15, 16, 17, 63, 64, 65, 255, 1000, 4095, 4096, 4097, 33000};
+
+}  // namespace
+
+TEST_CASE("counting_topk/bottomk match a stable sort at every level", "[kernels][select]") {
+  std::mt19937_64 rng(31);
+  for (Isa isa : levels())
+    for (std::size_t n : kSizes)
+      for (int dist = 0; dist < 4; ++dist) {
+        std::vector<std::uint16_t> k16(n);
+        std::vector<std::uint8_t> k8(n);
+        for (std::size_t i = 0; i < n; ++i) {
+          std::uint64_t r = rng();
+          if (dist == 1) r %= 17;        // Hamming-like small range: many ties
+          if (dist == 2) r = 9;          // all equal
+          if (dist == 3) r = i % 2 ? 0xFFFF : 0x0100;  // extreme values, threshold on a byte edge
+          k16[i] = static_cast<std::uint16_t>(r);
+          k8[i] = static_cast<std::uint8_t>(r);
+        }
+        for (std::size_t k : {std::size_t{0}, std::size_t{1}, n / 3, n / 2, n > 0 ? n - 1 : 0, n}) {
+          if (k > n) continue;
+          INFO("isa " << kk::isa_name(isa) << " n " << n << " k " << k << " dist " << dist);
+          std::vector<std::uint32_t> out(k + 1, 0xDEADBEEF);
+          at(isa, [&](auto I) { kk::counting_topk<I()>(k16.data(), n, k, out.data()); });
+          REQUIRE(out[k] == 0xDEADBEEF);
+          out.resize(k);
+          REQUIRE(out == ref_select(k16, k, std::greater<>()));
+          out.assign(k, 0);
+          at(isa, [&](auto I) { kk::counting_bottomk<I()>(k16.data(), n, k, out.data()); });
+          REQUIRE(out == ref_select(k16, k, std::less<>()));
+          at(isa, [&](auto I) { kk::counting_topk<I()>(k8.data(), n, k, out.data()); });
+          REQUIRE(out == ref_select(k8, k, std::greater<>()));
+          at(isa, [&](auto I) { kk::counting_bottomk<I()>(k8.data(), n, k, out.data()); });
+          REQUIRE(out == ref_select(k8, k, std::less<>()));
+        }
+      }
+}
+
+TEST_CASE("counting select fed by hamming_histogram", "[kernels][select][hamming]") {
+  std::mt19937_64 rng(8);
+  for (Isa isa : levels())
+    for (int bits : {8, 16, 64, 256}) {
+      const std::size_t n = 3001;
+      std::vector<std::uint8_t> q(bits / 8), c(n * bits / 8);
+      for (auto& x : q) x = static_cast<std::uint8_t>(rng());
+      for (auto& x : c) x = static_cast<std::uint8_t>(rng());
+      std::vector<std::uint16_t> d(n);
+      std::vector<std::uint32_t> h(bits + 1);
+      kk::hamming_histogram(q.data(), c.data(), n, bits, d.data(), h.data());
+      for (std::size_t k : {std::size_t{0}, std::size_t{7}, n / 2, n}) {
+        std::vector<std::uint32_t> out(k);
+        at(isa, [&](auto I) {
+          kk::counting_topk<I()>(d.data(), n, k, h.data(), h.size(), out.data());
+        });
+        REQUIRE(out == ref_select(d, k, std::greater<>()));
+        at(isa, [&](auto I) {
+          kk::counting_bottomk<I()>(d.data(), n, k, h.data(), h.size(), out.data());
+        });
+        REQUIRE(out == ref_select(d, k, std::less<>()));
+      }
+      std::vector<std::uint32_t> out(1);
+      h[0] += 1;  // inconsistent histogram
+      REQUIRE_THROWS_WITH(kk::counting_topk(d.data(), n, 1, h.data(), h.size(), out.data()),
+                          Catch::Contains("histogram counts"));
+    }
+}
+
+TEST_CASE("topk_indices selects the k largest (ties to lower index, NaN last)",
+          "[kernels][select]") {
+  std::mt19937_64 rng(77);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (Isa isa : levels())
+    for (std::size_t n : kSizes)
+      for (int dist = 0; dist < 7; ++dist) {
+        std::vector<float> s(n);
+        std::normal_distribution<float> g;
+        for (std::size_t i = 0; i < n; ++i) {
+          switch (dist) {
+            case 0: s[i] = g(rng); break;
+            case 1: s[i] = static_cast<float>(rng() % 5); break;  // heavy ties
+            case 2: s[i] = 1.5f; break;                           // all equal
+            case 3: s[i] = static_cast<float>(i); break;          // sorted ascending
+            case 4: s[i] = rng() % 3 ? g(rng) : nan; break;       // NaNs sprinkled
+            case 5: {                                             // specials
+              const float sp[] = {inf, -inf, 0.0f, -0.0f, nan, 1.0f};
+              s[i] = sp[rng() % 6];
+              break;
+            }
+            case 6: s[i] = nan; break;  // all NaN
+          }
+        }
+        for (std::size_t k : {std::size_t{0}, std::size_t{1}, std::size_t{10}, n / 2, n - n / 10, n}) {
+          if (k > n) continue;
+          INFO("isa " << kk::isa_name(isa) << " n " << n << " k " << k << " dist " << dist);
+          std::vector<std::uint32_t> out(k + 1, 0xDEADBEEF);
+          at(isa, [&](auto I) { kk::topk_indices<I()>(s.data(), n, k, out.data()); });
+          REQUIRE(out[k] == 0xDEADBEEF);
+          out.resize(k);
+          std::sort(out.begin(), out.end());
+          REQUIRE(out == ref_select(s, k, float_better));
+        }
+      }
+}
+
+TEST_CASE("argmax_masked / argmin_masked: lowest index on ties, NaN skipped, npos",
+          "[kernels][select]") {
+  std::mt19937_64 rng(4);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (Isa isa : levels())
+    for (std::size_t n : kSizes)
+      for (int mode = 0; mode < 8; ++mode) {
+        std::vector<float> s(n);
+        for (auto& v : s) v = static_cast<float>(rng() % 50) - 25.0f;
+        std::vector<std::uint64_t> prot((n + 63) / 64 + 1, 0);
+        const std::uint64_t* p = prot.data();
+        switch (mode) {
+          case 0: p = nullptr; break;
+          case 1: for (auto& w : prot) w = rng() & rng(); break;
+          case 2: for (auto& w : prot) w = ~std::uint64_t{0}; break;  // all protected
+          case 3: for (auto& v : s) v = 2.0f; break;                  // all equal
+          case 4: for (auto& v : s) v = nan; break;                   // all NaN
+          case 5: for (auto& v : s) if (rng() % 2) v = nan; break;
+          case 6: for (auto& v : s) v = rng() % 2 ? inf : -inf; break;
+          case 7: for (auto& v : s) v = rng() % 2 ? 0.0f : -0.0f; break;
+        }
+        INFO("isa " << kk::isa_name(isa) << " n " << n << " mode " << mode);
+        const std::size_t mx = at(isa, [&](auto I) { return kk::argmax_masked<I()>(s.data(), n, p); });
+        const std::size_t mn = at(isa, [&](auto I) { return kk::argmin_masked<I()>(s.data(), n, p); });
+        REQUIRE(mx == ref_argbest(s, p, true));
+        REQUIRE(mn == ref_argbest(s, p, false));
+        if (mode == 2 || mode == 4 || n == 0) {
+          REQUIRE(mx == kk::npos);
+          REQUIRE(mn == kk::npos);
+        }
+        if ((mode == 3 || mode == 7) && n > 0) REQUIRE((mx == 0 && mn == 0));
+      }
+}
+
+TEST_CASE("argmax_masked on -inf only rows still finds an eligible row", "[kernels][select]") {
+  for (Isa isa : levels()) {
+    std::vector<float> s(3000, -std::numeric_limits<float>::infinity());
+    std::vector<std::uint64_t> prot((s.size() + 63) / 64, ~std::uint64_t{0});
+    prot[2500 / 64] &= ~(std::uint64_t{1} << (2500 % 64));
+    REQUIRE(at(isa, [&](auto I) { return kk::argmax_masked<I()>(s.data(), s.size(), prot.data()); }) == 2500);
+    REQUIRE(at(isa, [&](auto I) { return kk::argmin_masked<I()>(s.data(), s.size(), prot.data()); }) == 2500);
+  }
+}
+
+TEST_CASE("selection API rejects bad arguments with precise messages", "[kernels][select]") {
+  std::uint16_t k16[4] = {1, 2, 3, 4};
+  float s[4] = {1, 2, 3, 4};
+  std::uint32_t out[8];
+  REQUIRE_THROWS_WITH(kk::counting_topk(k16, 4, 5, out),
+                      Catch::Contains("k = 5") && Catch::Contains("n = 4"));
+  REQUIRE_THROWS_WITH(kk::topk_indices(s, 4, 9, out), Catch::Contains("k = 9"));
+  REQUIRE_THROWS_WITH(kk::topk_indices(nullptr, 4, 1, out), Catch::Contains("keys"));
+  REQUIRE_THROWS_WITH(kk::topk_indices(s, 4, 1, nullptr), Catch::Contains("out"));
+  REQUIRE_THROWS_AS(kk::argmax_masked(nullptr, 3, nullptr), std::invalid_argument);
+  REQUIRE(kk::argmin_masked(nullptr, 0, nullptr) == kk::npos);
+  REQUIRE_NOTHROW(kk::topk_indices(nullptr, 0, 0, nullptr));
+}

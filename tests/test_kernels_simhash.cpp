@@ -1,0 +1,77 @@
+// SimHashProjection: determinism, Gaussian entries, sign packing, agreement with Hamming.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "kvevict/kernels/kernels.hpp"
+
+namespace kk = kvevict::kernels;
+
+TEST_CASE("SimHash matrix is deterministic, Gaussian and prefix-stable", "[kernels][simhash]") {
+  const kk::SimHashProjection a(96, 256, 1234), b(96, 256, 1234), c(96, 256, 1235);
+  REQUIRE(a.dim() == 96);
+  REQUIRE(a.bits() == 256);
+  REQUIRE(a.matrix().rows() == 96);
+  REQUIRE(a.matrix().cols() == 256);
+  REQUIRE(a.matrix() == b.matrix());
+  REQUIRE(a.matrix() != c.matrix());
+  const double mean = a.matrix().cast<double>().mean();
+  const double var = (a.matrix().cast<double>().array() - mean).square().mean();
+  REQUIRE(std::abs(mean) < 0.05);
+  REQUIRE(std::abs(var - 1.0) < 0.05);
+  // A narrower projection with the same seed is the leading columns of a wider one.
+  const kk::SimHashProjection narrow(96, 64, 1234);
+  REQUIRE(narrow.matrix() == a.matrix().leftCols(64));
+  // First entry from the documented recipe: mt19937_64 + Box-Muller (cos branch).
+  std::mt19937_64 rng(1234);
+  const double u1 = static_cast<double>((rng() >> 11) + 1) * 0x1.0p-53;
+  const double u2 = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+  const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  REQUIRE(a.matrix()(0, 0) == static_cast<float>(z));
+}
+
+TEST_CASE("SimHash codes pack the projection signs", "[kernels][simhash]") {
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> g;
+  for (int bits : {8, 16, 32, 64, 128, 256}) {
+    const int dim = 37;
+    const std::size_t n = 300;  // crosses the internal chunk boundary
+    const kk::SimHashProjection p(dim, bits, 99);
+    std::vector<float> x(n * dim);
+    for (auto& v : x) v = g(rng);
+    std::vector<std::uint8_t> codes(n * bits / 8), one(bits / 8);
+    p.hash(x.data(), n, codes.data());
+    for (std::size_t i = 0; i < n; ++i) {
+      p.hash_one(x.data() + i * dim, one.data());
+      for (int j = 0; j < bits; ++j) {
+        double proj = 0;
+        for (int c = 0; c < dim; ++c) proj += double(x[i * dim + c]) * p.matrix()(c, j);
+        const int bit = (codes[i * bits / 8 + j / 8] >> (j % 8)) & 1;
+        if (std::abs(proj) > 1e-3) REQUIRE(bit == (proj >= 0 ? 1 : 0));
+        REQUIRE(bit == ((one[j / 8] >> (j % 8)) & 1));
+      }
+    }
+  }
+}
+
+TEST_CASE("SimHash edge cases and errors", "[kernels][simhash]") {
+  const kk::SimHashProjection p(8, 16, 1);
+  std::vector<float> zero(8, 0.0f);
+  std::uint8_t code[2] = {0, 0};
+  p.hash_one(zero.data(), code);  // projection 0 counts as set
+  REQUIRE(code[0] == 0xFF);
+  REQUIRE(code[1] == 0xFF);
+  std::vector<float> x(8, 1.0f), neg(8, -1.0f);
+  std::uint8_t cx[2], cn[2];
+  p.hash_one(x.data(), cx);
+  p.hash_one(neg.data(), cn);
+  REQUIRE(kk::hamming_distance(cx, cn, 16) == 16);  // antipodal vectors: every bit flips
+  REQUIRE_NOTHROW(p.hash(nullptr, 0, nullptr));
+  REQUIRE_THROWS_WITH(kk::SimHashProjection(0, 64, 1), Catch::Contains("dim = 0"));
+  REQUIRE_THROWS_WITH(kk::SimHashProjection(8, 24, 1), Catch::Contains("bits = 24"));
+  REQUIRE_THROWS_AS(p.hash(nullptr, 2, code), std::invalid_argument);
+}
