@@ -1,0 +1,362 @@
+#pragma once
+// HashEvict (Liu et al. 2024, arXiv 2412.16187; reference KVCacheLSH in minghui-liu/cold-compress):
+// pre-attention eviction. Every cached key keeps a b-bit SimHash code; when a head is full,
+// the incoming token is hashed and the unprotected row farthest from it in Hamming distance
+// is evicted, before attention runs, so the evicted row is never attended. Scores are fresh
+// each step, never accumulated, and no attention is needed.
+//
+// Two forms: HashMode::key hashes the new token's key (the reference code), HashMode::query
+// the current queries (the paper). The mode is a template parameter because it decides the
+// policy's compile-time signals: only the query form makes the container gather queries.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../errors.hpp"
+#include "../kernels/hamming.hpp"
+#include "../kernels/select.hpp"
+#include "../kernels/simhash.hpp"
+#include "common.hpp"
+
+namespace kvevict::policies {
+
+/// What is hashed to score the cached keys.
+enum class HashMode {
+  key,    ///< the incoming token's key (reference code)
+  query,  ///< the incoming token's queries (paper); needs Signals::query
+};
+
+/// Query mode with GQA: how the G query heads of a KV head's group are combined.
+enum class QueryCombine {
+  sum,   ///< hash each query head, sum the G Hamming distances per row
+  mean,  ///< hash the mean of the G queries, one distance per row
+};
+
+/// A prompt longer than the budget, on an empty layer.
+enum class PrefillRule {
+  keep_ends,  ///< the reference default: keep the first `sinks` and the last C - sinks tokens
+  decode,     ///< feed the overflow token by token through the decode rule
+};
+
+template <HashMode Mode = HashMode::key>
+class HashEvictSimHash {
+ public:
+  struct Config {
+    int bits = 16;            ///< b, bits per projection: 8, 16, 32, 64, 128 or 256
+    std::size_t sinks = 4;    ///< first tokens never evicted
+    std::size_t recent = 10;  ///< tokens that arrived last, never evicted
+    std::uint64_t seed = 0x6B7665766963742DULL;  ///< projections are drawn from this seed
+    int ensemble = 1;  ///< m independent projections, distances summed (m * b <= 256)
+    /// Query mode only. Mean measured better on the synthetic stream (docs/policies/hashevict.md).
+    QueryCombine combine = QueryCombine::mean;
+    PrefillRule prefill = PrefillRule::keep_ends;
+    /// Pin the Hamming/selection kernels to one ISA level (tests, benchmarks); default: the
+    /// process-wide active_isa().
+    std::optional<kernels::Isa> isa;
+  };
+
+  static constexpr HashMode mode = Mode;
+  static constexpr Signals signals = Mode == HashMode::query ? Signals::query : Signals::none;
+  static constexpr const char* name() {
+    return Mode == HashMode::query ? "HashEvictSimHash<query>" : "HashEvictSimHash<key>";
+  }
+
+  HashEvictSimHash() : HashEvictSimHash(Config{}) {}
+  explicit HashEvictSimHash(Config c) : cfg_(c) {
+    detail_check_bits(c.bits);
+    kvevict::detail::require(c.ensemble >= 1, name(), ": ensemble = ", c.ensemble,
+                             ", expected >= 1");
+    kvevict::detail::require(c.bits * c.ensemble <= 256, name(), ": ensemble x bits = ", c.ensemble,
+                             " x ", c.bits, " = ", c.ensemble * c.bits, ", expected <= 256");
+    if (c.isa)
+      kvevict::detail::require(
+          kernels::isa_supported(*c.isa), name(), ": isa = ", kernels::isa_name(*c.isa),
+          ", but this CPU supports at most ", kernels::isa_name(kernels::detected_isa()));
+    // The m codes are concatenated into one word of `width_` bits, zero-padded: the Hamming
+    // distance of concatenations is the sum of the m distances, so one kernel pass scores all.
+    width_ = 8;
+    while (width_ < c.bits * c.ensemble) width_ *= 2;
+  }
+
+  [[nodiscard]] const Config& config() const { return cfg_; }
+  /// Bytes of code stored per cached row (m * b bits rounded up to a kernel width).
+  [[nodiscard]] std::size_t code_bytes() const { return static_cast<std::size_t>(width_) / 8; }
+  /// Seed of layer `layer`'s projection: each layer draws its own, shared by its KV heads.
+  /// Ensemble member i is columns [i*b, (i+1)*b) of that projection (independent Gaussians).
+  static std::uint64_t layer_seed(std::uint64_t seed, int layer) {
+    std::uint64_t z = seed + 0x9E3779B97F4A7C15ULL * (static_cast<std::uint64_t>(layer) + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  }
+
+  [[nodiscard]] std::size_t min_capacity() const { return cfg_.sinks + cfg_.recent + 1; }
+
+  void bind(const CacheShape& shape) {
+    n_kv_heads_ = shape.geometry.n_kv_heads;
+    dim_ = shape.geometry.head_dim;
+    group_ = shape.geometry.group();
+    // Summed distances plus one must fit the uint16 scores.
+    kvevict::detail::require(group_ * width_ < 65535, name(), ": group = ", group_, " with ",
+                             width_, "-bit codes, expected group x bits < 65535");
+    projections_.clear();
+    for (int l = 0; l < shape.geometry.n_layers; ++l)
+      projections_.emplace_back(dim_, width_, layer_seed(cfg_.seed, l));
+    heads_.assign(shape.capacity.size(), HeadState{});
+  }
+
+  template <class S>
+  void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
+    HeadState& hs = head(v.layer, v.kv_head);
+    hs.prune(v.incoming_seq, prot());
+    const int ncodes = query_codes(v, hs);
+    select(hs, v.size, v.need, ncodes, out);
+  }
+
+  template <class S>
+  void on_append(const HeadView<S>& v, std::size_t row) {
+    HeadState& hs = head(v.layer, v.kv_head);
+    const std::size_t w = code_bytes();
+    hs.codes.resize((row + 1) * w);  // row is the last live row: drop stale codes beyond it
+    if (v.incoming_key != nullptr) {
+      hash_into(v.layer, v.incoming_key, hs.codes.data() + row * w);
+    } else {
+      key_buf_.resize(static_cast<std::size_t>(dim_));
+      const auto k = v.key(row);
+      for (std::size_t j = 0; j < k.size(); ++j) key_buf_[j] = static_cast<float>(k[j]);
+      hash_into(v.layer, key_buf_.data(), hs.codes.data() + row * w);
+    }
+    hs.add(v.incoming_seq, static_cast<std::uint32_t>(row), prot());
+  }
+
+  void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
+    HeadState& hs = head(layer, kv_head);
+    const std::size_t w = code_bytes();
+    std::memcpy(hs.codes.data() + to * w, hs.codes.data() + from * w, w);
+    hs.codes.resize(from * w);
+    for (auto& g : hs.guarded)
+      if (g.row == from) g.row = static_cast<std::uint32_t>(to);
+  }
+
+  /// Prefill of an empty layer. keep_ends: first `sinks` and last C - sinks tokens (the
+  /// reference's StreamingLLM-style prompt compression). decode: the set the decode rule
+  /// leaves after feeding the tokens one at a time (the container then stores them in token
+  /// order, so later ties may break differently than a token-by-token feed would).
+  void prefill_keep(const PrefillView& pv, std::vector<std::uint32_t>& keep) {
+    const std::size_t T = pv.tokens, C = pv.capacity;
+    if (T <= C) {
+      for (std::size_t t = 0; t < T; ++t) keep.push_back(static_cast<std::uint32_t>(t));
+      return;
+    }
+    if (cfg_.prefill == PrefillRule::keep_ends) {
+      const std::size_t s = std::min(cfg_.sinks, C);
+      for (std::size_t t = 0; t < s; ++t) keep.push_back(static_cast<std::uint32_t>(t));
+      for (std::size_t t = T - (C - s); t < T; ++t) keep.push_back(static_cast<std::uint32_t>(t));
+      return;
+    }
+    // Simulate the decode rule on a scratch head: tokens[r] is the token held by row r.
+    HeadState sim;
+    std::vector<std::uint32_t> tokens, victim;
+    const std::size_t w = code_bytes();
+    for (std::size_t t = 0; t < T; ++t) {
+      const std::uint64_t seq = pv.first_seq + t;
+      if (tokens.size() >= C) {
+        sim.prune(seq, prot());
+        int ncodes = 1;
+        if constexpr (Mode == HashMode::query) {
+          if (pv.queries != nullptr) {
+            // The group's G query heads are adjacent in the token's row of queries.
+            ncodes = hash_queries(pv.layer, pv.query(t, 0));
+          } else {
+            qcodes_.resize(w);
+            hash_into(pv.layer, pv.key(t), qcodes_.data());
+          }
+        } else {
+          qcodes_.resize(w);
+          hash_into(pv.layer, pv.key(t), qcodes_.data());
+        }
+        victim.clear();
+        select(sim, tokens.size(), 1, ncodes, victim);
+        const std::size_t r = victim[0], last = tokens.size() - 1;
+        if (r != last) {
+          tokens[r] = tokens[last];
+          std::memcpy(sim.codes.data() + r * w, sim.codes.data() + last * w, w);
+          for (auto& g : sim.guarded)
+            if (g.row == last) g.row = static_cast<std::uint32_t>(r);
+        }
+        tokens.pop_back();
+      }
+      const std::size_t row = tokens.size();
+      tokens.push_back(static_cast<std::uint32_t>(t));
+      sim.codes.resize((row + 1) * w);
+      hash_into(pv.layer, pv.key(t), sim.codes.data() + row * w);
+      sim.add(seq, static_cast<std::uint32_t>(row), prot());
+    }
+    keep.insert(keep.end(), tokens.begin(), tokens.end());
+  }
+
+  /// Codes of the live rows of (layer, kv_head), code_bytes() each, in row order.
+  [[nodiscard]] const std::vector<std::uint8_t>& codes(int layer, int kv_head) const {
+    return heads_[index(layer, kv_head)].codes;
+  }
+
+ private:
+  struct Guard {
+    std::uint64_t seq;
+    std::uint32_t row;
+  };
+  // Per (layer, KV head): the code column, and the rows still protected (at most
+  // sinks + recent), so building the protection mask costs O(sinks + recent), not O(rows).
+  struct HeadState {
+    std::vector<std::uint8_t> codes;
+    std::vector<Guard> guarded;
+    std::vector<std::uint64_t> mask;  // all zero between calls
+
+    void prune(std::uint64_t incoming_seq, const detail::Protection& p) {
+      std::erase_if(guarded, [&](const Guard& g) { return !p.is_protected(g.seq, incoming_seq); });
+    }
+    // Protection only ever ends (the window slides forward), so a row unprotected for the
+    // next token stays so: keep only rows still protected when seq + 1 arrives.
+    void add(std::uint64_t seq, std::uint32_t row, const detail::Protection& p) {
+      prune(seq + 1, p);
+      if (p.is_protected(seq, seq + 1)) guarded.push_back({seq, row});
+    }
+  };
+
+  static void detail_check_bits(int bits) {
+    kvevict::detail::require(
+        bits == 8 || bits == 16 || bits == 32 || bits == 64 || bits == 128 || bits == 256,
+        "HashEvictSimHash: bits = ", bits, ", expected 8, 16, 32, 64, 128 or 256");
+  }
+  [[nodiscard]] detail::Protection prot() const { return {cfg_.sinks, cfg_.recent}; }
+  std::size_t index(int layer, int kv_head) const {
+    return static_cast<std::size_t>(layer) * static_cast<std::size_t>(n_kv_heads_) +
+           static_cast<std::size_t>(kv_head);
+  }
+  HeadState& head(int layer, int kv_head) { return heads_[index(layer, kv_head)]; }
+
+  // Code of one vector: the layer's projection, padding bits beyond m * b cleared.
+  void hash_into(int layer, const float* x, std::uint8_t* code) const {
+    projections_[static_cast<std::size_t>(layer)].hash_one(x, code);
+    clear_padding(code, 1);
+  }
+  void clear_padding(std::uint8_t* codes, std::size_t n) const {
+    const std::size_t used = static_cast<std::size_t>(cfg_.bits * cfg_.ensemble) / 8;
+    const std::size_t w = code_bytes();
+    if (used == w) return;
+    for (std::size_t i = 0; i < n; ++i) std::memset(codes + i * w + used, 0, w - used);
+  }
+  // Codes of the G queries (sum) or of their mean into qcodes_; returns how many.
+  int hash_queries(int layer, const float* queries) {
+    const std::size_t w = code_bytes(), d = static_cast<std::size_t>(dim_);
+    const auto& proj = projections_[static_cast<std::size_t>(layer)];
+    if (cfg_.combine == QueryCombine::sum || group_ == 1) {
+      qcodes_.resize(static_cast<std::size_t>(group_) * w);
+      proj.hash(queries, static_cast<std::size_t>(group_), qcodes_.data());
+      clear_padding(qcodes_.data(), static_cast<std::size_t>(group_));
+      return group_;
+    }
+    mean_.assign(d, 0.0f);
+    for (int g = 0; g < group_; ++g)
+      for (std::size_t j = 0; j < d; ++j) mean_[j] += queries[static_cast<std::size_t>(g) * d + j];
+    // Scaling by 1/G would not change a sign bit: the sum hashes like the mean.
+    qcodes_.resize(w);
+    hash_into(layer, mean_.data(), qcodes_.data());
+    return 1;
+  }
+  // What the incoming token is scored against; returns the number of query codes. Without
+  // an incoming token (set_budget shrinking) the newest cached row stands in for it.
+  template <class S>
+  int query_codes(const HeadView<S>& v, const HeadState& hs) {
+    const std::size_t w = code_bytes();
+    if constexpr (Mode == HashMode::query) {
+      if (v.queries != nullptr) return hash_queries(v.layer, v.queries);
+    }
+    qcodes_.resize(w);
+    if (v.incoming_key != nullptr) {
+      hash_into(v.layer, v.incoming_key, qcodes_.data());
+    } else {
+      const std::size_t newest =
+          static_cast<std::size_t>(std::max_element(v.seqs, v.seqs + v.size) - v.seqs);
+      std::memcpy(qcodes_.data(), hs.codes.data() + newest * w, w);
+    }
+    return 1;
+  }
+
+  template <class F>
+  decltype(auto) with_isa(F&& f) const {
+    return kernels::detail::with_isa(cfg_.isa ? *cfg_.isa : kernels::active_isa(),
+                                     std::forward<F>(f));
+  }
+
+  // Appends the `need` unprotected rows of [0, n) farthest from the ncodes query codes
+  // (distances summed over the codes); ties go to the lowest row.
+  void select(HeadState& hs, std::size_t n, std::size_t need, int ncodes,
+              std::vector<std::uint32_t>& out) {
+    const std::size_t w = code_bytes();
+    const int bits = width_;
+    const std::size_t free_rows = n - std::min(n, hs.guarded.size());
+    if (n == 0 || need > free_rows)
+      throw std::logic_error(std::string("kvevict: ") + name() + ": " + std::to_string(free_rows) +
+                             " evictable rows, need " + std::to_string(need));
+    if (ncodes == 1 && need == 1) {
+      // The common decode step: one fused distance + masked argmax pass over the codes.
+      hs.mask.resize(std::max(hs.mask.size(), (n + 63) / 64), 0);
+      for (const auto& g : hs.guarded) hs.mask[g.row >> 6] |= std::uint64_t{1} << (g.row & 63);
+      const std::size_t r = with_isa([&](auto isa) {
+        return kernels::hamming_argmax<isa()>(qcodes_.data(), hs.codes.data(), n, bits,
+                                              hs.mask.data());
+      });
+      for (const auto& g : hs.guarded) hs.mask[g.row >> 6] = 0;
+      if (r == kernels::npos)
+        throw std::logic_error(std::string("kvevict: ") + name() + ": no evictable row");
+      out.push_back(static_cast<std::uint32_t>(r));
+      return;
+    }
+    // Summed distances shifted by one, protected rows at zero: the largest are the victims.
+    score_.assign(n, 1);
+    dist_.resize(n);
+    for (int c = 0; c < ncodes; ++c) {
+      with_isa([&](auto isa) {
+        kernels::hamming_distances<isa()>(qcodes_.data() + static_cast<std::size_t>(c) * w,
+                                          hs.codes.data(), n, bits, dist_.data());
+      });
+      for (std::size_t i = 0; i < n; ++i)
+        score_[i] = static_cast<std::uint16_t>(score_[i] + dist_[i]);
+    }
+    for (const auto& g : hs.guarded) score_[g.row] = 0;
+    if (need == 1) {
+      out.push_back(static_cast<std::uint32_t>(std::max_element(score_.begin(), score_.end()) -
+                                               score_.begin()));
+      return;
+    }
+    const std::size_t base = out.size();
+    out.resize(base + need);
+    with_isa([&](auto isa) {
+      kernels::counting_topk<isa()>(score_.data(), n, need, out.data() + base);
+    });
+  }
+
+  Config cfg_;
+  int width_ = 8;  // bits per stored code: m * b rounded up to a kernel width
+  int n_kv_heads_ = 1;
+  int dim_ = 0;
+  int group_ = 1;
+  std::vector<kernels::SimHashProjection> projections_;  // one per layer
+  std::vector<HeadState> heads_;
+  // Scratch reused across steps so the decode path does not allocate once warm.
+  std::vector<std::uint8_t> qcodes_;
+  std::vector<std::uint16_t> dist_, score_;
+  std::vector<float> mean_, key_buf_;
+};
+
+using HashEvictKey = HashEvictSimHash<HashMode::key>;
+using HashEvictQuery = HashEvictSimHash<HashMode::query>;
+
+}  // namespace kvevict::policies
