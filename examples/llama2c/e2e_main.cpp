@@ -1,1 +1,135 @@
-int main() { return 0; }
+// llama2c_e2e: the end-to-end protocol on a llama2.c checkpoint, policies x budgets.
+// Samples `--streams` streams of `--tokens` tokens with the full cache, feeds each one
+// token at a time under every policy and budget, and prints markdown tables of
+// KL(full || policy) per token, top-1 agreement and perplexity.
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "e2e.hpp"
+#include "llama2c.hpp"
+#include "options.hpp"
+
+namespace {
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+void usage() {
+  std::fprintf(stderr,
+      "usage: llama2c_e2e [--model-dir DIR] [--checkpoint FILE] [--streams N] [--tokens T]\n"
+      "                   [--temperature X] [--seed S] [--budgets 16,32,64,128]\n"
+      "                   [--policies streaming,h2o,random,oracle] [--skip N] [--sinks N]\n"
+      "                   [--h2o-recent N] [--h2o-sinks N] [--random-sinks N]\n"
+      "                   [--random-recent N] [--policy-seed S]\n"
+      "Stream i is sampled with seed S + i. Model directory: --model-dir, else\n"
+      "$KVEVICT_MODEL_DIR, else ../shared/models/stories260K.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace kvevict::llama2c;
+  std::string dir, checkpoint;
+  int n_streams = 4;
+  SampleOptions sample;
+  ProtocolOptions proto;
+  std::vector<std::string> budgets = {"16", "32", "64", "128"};
+  std::vector<std::string> names = {"streaming", "h2o", "random", "oracle"};
+  PolicyKnobs knobs;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto next = [&]() -> std::string {
+        kvevict::detail::require(i + 1 < argc, "option ", a, " needs a value");
+        return argv[++i];
+      };
+      if (a == "--model-dir") dir = next();
+      else if (a == "--checkpoint") checkpoint = next();
+      else if (a == "--streams") n_streams = std::stoi(next());
+      else if (a == "--tokens") sample.tokens = std::stoi(next());
+      else if (a == "--temperature") sample.temperature = std::stof(next());
+      else if (a == "--seed") sample.seed = std::stoull(next());
+      else if (a == "--budgets") budgets = split(next());
+      else if (a == "--policies") names = split(next());
+      else if (a == "--skip") proto.skip = std::stoul(next());
+      else if (a == "--sinks") knobs.sinks = std::stoul(next());
+      else if (a == "--h2o-recent") knobs.h2o_recent = std::stoul(next());
+      else if (a == "--h2o-sinks") knobs.h2o_sinks = std::stoul(next());
+      else if (a == "--random-sinks") knobs.random_sinks = std::stoul(next());
+      else if (a == "--random-recent") knobs.random_recent = std::stoul(next());
+      else if (a == "--policy-seed") knobs.seed = std::stoull(next());
+      else if (a == "-h" || a == "--help") { usage(); return 0; }
+      else kvevict::detail::fail("unknown option '", a, "'");
+    }
+    kvevict::detail::require(n_streams >= 1, "--streams = ", n_streams, ", expected >= 1");
+    if (checkpoint.empty()) {
+      dir = model_dir(dir);
+      kvevict::detail::require(!dir.empty(), "no model: pass --checkpoint or --model-dir, or set "
+                               "KVEVICT_MODEL_DIR");
+      checkpoint = dir + "/stories260K.bin";
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto model = std::make_shared<const Model>(Model::load(checkpoint));
+    std::vector<Stream> streams;
+    const std::uint64_t seed0 = sample.seed;
+    for (int s = 0; s < n_streams; ++s) {
+      sample.seed = seed0 + static_cast<std::uint64_t>(s);
+      streams.push_back(sample_stream(model, sample));
+    }
+    struct Cell { Summary s; };
+    std::vector<std::vector<Summary>> table(budgets.size(), std::vector<Summary>(names.size()));
+    std::vector<std::string> headers(names.size());
+    for (std::size_t b = 0; b < budgets.size(); ++b)
+      for (std::size_t p = 0; p < names.size(); ++p) {
+        const std::size_t rows = std::stoul(budgets[b]);
+        table[b][p] = with_policy(names[p], rows, knobs, [&](auto pol, const kvevict::Budget& bud) {
+          headers[p] = decltype(pol)::name();
+          return evaluate(model, std::span<const Stream>(streams), bud, pol, proto);
+        });
+      }
+    const Summary full = evaluate(model, std::span<const Stream>(streams), kvevict::Budget::unbounded(),
+                                  kvevict::policies::FullCache{}, proto);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    std::printf("T = %d, %d streams (temperature %g, seeds %llu..%llu), positions counted from %zu "
+                "(%zu per policy), StreamingLLM sinks %zu, H2O recent %zu sinks %zu, Random sinks "
+                "%zu recent %zu; full-cache perplexity %.4f; %.1f s\n\n",
+                sample.tokens, n_streams, static_cast<double>(sample.temperature),
+                static_cast<unsigned long long>(seed0),
+                static_cast<unsigned long long>(seed0 + static_cast<std::uint64_t>(n_streams) - 1),
+                proto.skip, full.positions, knobs.sinks, knobs.h2o_recent, knobs.h2o_sinks,
+                knobs.random_sinks, knobs.random_recent, full.perplexity_full, secs);
+    auto print = [&](const char* title, auto get, const char* fmt) {
+      std::printf("%s\n\n| budget |", title);
+      for (const auto& h : headers) std::printf(" %s |", h.c_str());
+      std::printf("\n|---|");
+      for (std::size_t p = 0; p < names.size(); ++p) std::printf("---|");
+      std::printf("\n");
+      for (std::size_t b = 0; b < budgets.size(); ++b) {
+        std::printf("| %s |", budgets[b].c_str());
+        for (std::size_t p = 0; p < names.size(); ++p) std::printf(fmt, get(table[b][p]));
+        std::printf("\n");
+      }
+      std::printf("\n");
+    };
+    print("Mean KL(full || policy) per token, nats", [](const Summary& s) { return s.mean_kl; },
+          " %.4f |");
+    print("Top-1 agreement with the full cache", [](const Summary& s) { return s.top1; }, " %.3f |");
+    print("Perplexity of the stream under the policy", [](const Summary& s) { return s.perplexity; },
+          " %.3f |");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "llama2c_e2e: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
