@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "attention_core.hpp"
+#include "bookkeeping.hpp"
 #include "errors.hpp"
 #include "geometry.hpp"
 #include "policy.hpp"
@@ -233,25 +234,10 @@ class KVCache {
   };
 
   static std::vector<std::size_t> resolve(const Geometry& g, const Budget& b) {
-    std::vector<std::size_t> caps;
-    caps.reserve(static_cast<std::size_t>(g.n_layers * g.n_kv_heads));
-    for (int l = 0; l < g.n_layers; ++l)
-      for (int h = 0; h < g.n_kv_heads; ++h) caps.push_back(b.capacity(l, h, g.n_kv_heads));
-    return caps;
+    return detail::resolve_capacities(g, b);
   }
-
-  // A budget below what the policy protects could never make room: reject it up front.
   void check_capacities(const std::vector<std::size_t>& caps) const {
-    // set_budget must re-check what bind() checked once (FullCache/Oracle: unbounded only).
-    if constexpr (detail::HasCheckBudget<Policy>)
-      policy_.check_budget(CacheShape{shape_.geometry, caps});
-    const std::size_t need = policy_.min_capacity();
-    const int hkv = shape_.geometry.n_kv_heads;
-    for (std::size_t i = 0; i < caps.size(); ++i)
-      detail::require(caps[i] >= need, "budget for layer ", i / static_cast<std::size_t>(hkv),
-                      " KV head ", i % static_cast<std::size_t>(hkv), " = ", caps[i],
-                      " tokens, expected >= ", need, " (", Policy::name(),
-                      " protects ", need - 1, " rows and needs one slot to evict)");
+    detail::check_capacities(policy_, shape_.geometry, caps);
   }
 
   int group() const { return shape_.geometry.group(); }
@@ -317,19 +303,7 @@ class KVCache {
   }
 
   static void validate_victims(std::vector<std::uint32_t>& victims, const HeadView<Scalar>& view) {
-    // A policy bug must not corrupt the cache: check before anything moves.
-    if (victims.size() < view.need || victims.size() > view.size)
-      throw std::logic_error(std::string("kvevict: policy ") + Policy::name() + " returned " +
-                             std::to_string(victims.size()) + " victims, expected between " +
-                             std::to_string(view.need) + " and " + std::to_string(view.size));
-    std::sort(victims.begin(), victims.end(), std::greater<>());
-    for (std::size_t i = 0; i < victims.size(); ++i) {
-      if (victims[i] >= view.size || (i > 0 && victims[i] == victims[i - 1]))
-        throw std::logic_error(std::string("kvevict: policy ") + Policy::name() +
-                               " returned victim row " + std::to_string(victims[i]) +
-                               " (out of range or repeated; size " + std::to_string(view.size) +
-                               ")");
-    }
+    detail::validate_victims<Policy>(victims, view.size, view.need);
   }
 
   void reserve_rows(HeadStore& h, std::size_t rows, std::size_t cap) {
@@ -395,9 +369,7 @@ class KVCache {
       victims.clear();
       auto& h = heads_[index(layer, kh)];
       const std::size_t cap = shape_.at(layer, kh);
-      std::size_t limit = cap;
-      if constexpr (detail::HasRowLimit<Policy>)
-        limit = std::min(cap, std::max<std::size_t>(policy_.row_limit(layer, kh), 1));
+      const std::size_t limit = detail::append_limit(policy_, cap, layer, kh);
       if (h.size >= limit) {
         HeadView<Scalar> view = incoming_view(layer, kh, position, keys, queries);
         view.need = h.size - limit + 1;
@@ -447,13 +419,7 @@ class KVCache {
                      shape_.at(layer, kh), first_position, ls.next_seq, keys, queries};
       auto& kp = keep[static_cast<std::size_t>(kh)];
       policy_.prefill_keep(pv, kp);
-      std::sort(kp.begin(), kp.end());
-      if (kp.size() > pv.capacity || std::adjacent_find(kp.begin(), kp.end()) != kp.end() ||
-          (!kp.empty() && kp.back() >= tokens))
-        throw std::logic_error(std::string("kvevict: policy ") + Policy::name() +
-                               " prefill_keep returned an invalid selection of " +
-                               std::to_string(kp.size()) + " rows from " + std::to_string(tokens) +
-                               " tokens (capacity " + std::to_string(pv.capacity) + ")");
+      detail::validate_prefill_keep<Policy>(kp, tokens, pv.capacity);
       reserve_rows(heads_[index(layer, kh)], kp.size(), pv.capacity);
     }
     const std::size_t d = udim();
