@@ -9,6 +9,8 @@
 using namespace kvevict;
 using kvtest::Ledger;
 using kvtest::Rng;
+using kvtest::random_budget;
+using kvtest::random_geometry;
 using kvtest::str;
 
 namespace {
@@ -59,45 +61,6 @@ void check_promise(const Cache& cache, const Promise& pr) {
   const std::string v = promise_violation(cache, pr);
   INFO(v);
   REQUIRE(v.empty());
-}
-
-Budget random_budget(Rng& rng, const Geometry& g, std::size_t lo, std::size_t hi,
-                     std::vector<std::size_t>* caps = nullptr) {
-  auto pick = [&] { return static_cast<long long>(rng.uniform((long long)lo, (long long)hi)); };
-  std::vector<std::size_t> c;
-  const auto kind = rng.uniform(0, 2);
-  Budget b = Budget::unbounded();
-  if (kind == 0) {
-    const long long t = pick();
-    b = Budget::uniform(t);
-    c.assign(static_cast<std::size_t>(g.n_layers * g.n_kv_heads), static_cast<std::size_t>(t));
-  } else if (kind == 1) {
-    std::vector<long long> v;
-    for (int l = 0; l < g.n_layers; ++l) v.push_back(pick());
-    b = Budget::per_layer(v);
-    for (int l = 0; l < g.n_layers; ++l)
-      for (int h = 0; h < g.n_kv_heads; ++h) c.push_back(static_cast<std::size_t>(v[l]));
-  } else {
-    std::vector<std::vector<long long>> v(static_cast<std::size_t>(g.n_layers));
-    for (auto& row : v)
-      for (int h = 0; h < g.n_kv_heads; ++h) row.push_back(pick());
-    b = Budget::per_head(v);
-    for (auto& row : v)
-      for (auto x : row) c.push_back(static_cast<std::size_t>(x));
-  }
-  if (caps) *caps = c;
-  return b;
-}
-
-Geometry random_geometry(Rng& rng) {
-  Geometry g;
-  g.n_layers = static_cast<int>(rng.uniform(1, 3));
-  g.n_kv_heads = static_cast<int>(rng.uniform(1, 3));
-  const int groups[] = {1, 2, 4};
-  g.n_heads = g.n_kv_heads * groups[rng.uniform(0, 2)];
-  const int dims[] = {1, 3, 8, 16};
-  g.head_dim = dims[rng.uniform(0, 3)];
-  return g;
 }
 
 /// Runs `steps` random operations (appends with and without attention, prefills,

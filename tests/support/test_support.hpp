@@ -171,6 +171,48 @@ void check_against_ledger(const Cache& cache, const Ledger& ledger, bool check_p
   REQUIRE(v.empty());
 }
 
+/// A random budget kind (uniform, per-layer, per-head) with counts in [lo, hi]; the
+/// resolved capacity of every (layer, kv head) goes to *caps.
+inline kvevict::Budget random_budget(Rng& rng, const kvevict::Geometry& g, std::size_t lo, std::size_t hi,
+                     std::vector<std::size_t>* caps = nullptr) {
+  auto pick = [&] { return static_cast<long long>(rng.uniform((long long)lo, (long long)hi)); };
+  std::vector<std::size_t> c;
+  const auto kind = rng.uniform(0, 2);
+  kvevict::Budget b = kvevict::Budget::unbounded();
+  if (kind == 0) {
+    const long long t = pick();
+    b = kvevict::Budget::uniform(t);
+    c.assign(static_cast<std::size_t>(g.n_layers * g.n_kv_heads), static_cast<std::size_t>(t));
+  } else if (kind == 1) {
+    std::vector<long long> v;
+    for (int l = 0; l < g.n_layers; ++l) v.push_back(pick());
+    b = kvevict::Budget::per_layer(v);
+    for (int l = 0; l < g.n_layers; ++l)
+      for (int h = 0; h < g.n_kv_heads; ++h) c.push_back(static_cast<std::size_t>(v[l]));
+  } else {
+    std::vector<std::vector<long long>> v(static_cast<std::size_t>(g.n_layers));
+    for (auto& row : v)
+      for (int h = 0; h < g.n_kv_heads; ++h) row.push_back(pick());
+    b = kvevict::Budget::per_head(v);
+    for (auto& row : v)
+      for (auto x : row) c.push_back(static_cast<std::size_t>(x));
+  }
+  if (caps) *caps = c;
+  return b;
+}
+
+/// A small random geometry: 1-3 layers, 1-3 KV heads, G in {1, 2, 4}, d in {1, 3, 8, 16}.
+inline kvevict::Geometry random_geometry(Rng& rng) {
+  kvevict::Geometry g;
+  g.n_layers = static_cast<int>(rng.uniform(1, 3));
+  g.n_kv_heads = static_cast<int>(rng.uniform(1, 3));
+  const int groups[] = {1, 2, 4};
+  g.n_heads = g.n_kv_heads * groups[rng.uniform(0, 2)];
+  const int dims[] = {1, 3, 8, 16};
+  g.head_dim = dims[rng.uniform(0, 3)];
+  return g;
+}
+
 /// Positions kept in (layer, kv head), sorted.
 template <class Cache>
 std::vector<std::int64_t> sorted_positions(const Cache& cache, int layer, int kv_head) {
