@@ -65,7 +65,8 @@ Brute brute_select(const Geometry& g, const Prompt& p, int kh, std::size_t W, st
   for (long i = 0; i < static_cast<long>(P); ++i) {
     double acc = pooling == Pooling::avg ? 0.0 : -1e300;
     for (long j = i - half; j <= i + half; ++j) {
-      const double x = (j >= 0 && j < static_cast<long>(P)) ? raw[static_cast<std::size_t>(j)] : 0.0;
+      const double x =
+          (j >= 0 && j < static_cast<long>(P)) ? raw[static_cast<std::size_t>(j)] : 0.0;
       if (pooling == Pooling::avg)
         acc += x;
       else if (j >= 0 && j < static_cast<long>(P))

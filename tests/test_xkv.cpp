@@ -129,7 +129,8 @@ TEST_CASE("greedy budget mode equals the exact DP optimum", "[xkv]") {
       REQUIRE(alloc.total() == std::min(N, hi));
       double r = 0.0;
       for (int l = 0; l < L; ++l)
-        r += direct_retention(s[static_cast<std::size_t>(l)], alloc.tokens[static_cast<std::size_t>(l)]);
+        r += direct_retention(s[static_cast<std::size_t>(l)],
+                              alloc.tokens[static_cast<std::size_t>(l)]);
       REQUIRE(r == Approx(best[static_cast<std::size_t>(alloc.total())]).margin(1e-9));
       ++instances;
     }
@@ -174,7 +175,8 @@ TEST_CASE("mean R of an allocation equals a direct recomputation", "[xkv]") {
     const Allocation alloc = a.allocate(N);
     double r = 0.0;
     for (int l = 0; l < L; ++l) {
-      const double d = direct_retention(s[static_cast<std::size_t>(l)], alloc.tokens[static_cast<std::size_t>(l)]);
+      const double d = direct_retention(s[static_cast<std::size_t>(l)],
+                                        alloc.tokens[static_cast<std::size_t>(l)]);
       CHECK(a.retention(l, alloc.tokens[static_cast<std::size_t>(l)]) == Approx(d).epsilon(1e-9));
       r += d;
     }
@@ -312,8 +314,7 @@ std::vector<LayerPrompt> random_model_prompt(const Geometry& g, std::size_t T, s
 }
 }  // namespace
 
-TEST_CASE("memory after compression equals the sum of the budgets; peak of both paths",
-          "[xkv]") {
+TEST_CASE("memory after compression equals the sum of the budgets; peak of both paths", "[xkv]") {
   const Geometry g{4, 8, 2, 16};
   const std::size_t T = 256, W = 8;
   const auto prompt = random_model_prompt(g, T, 5);
@@ -336,11 +337,13 @@ TEST_CASE("memory after compression equals the sum of the budgets; peak of both 
       rows += cache.size(l, kh);
       allocated += cache.allocated_rows(l, kh);
     }
-  const std::size_t budget_rows = static_cast<std::size_t>(g.n_kv_heads) *
-                                  static_cast<std::size_t>(total + g.n_layers * static_cast<long long>(W));
+  const std::size_t budget_rows =
+      static_cast<std::size_t>(g.n_kv_heads) *
+      static_cast<std::size_t>(total + g.n_layers * static_cast<long long>(W));
   CHECK(rows == budget_rows);
   CHECK(allocated == budget_rows);
-  const std::size_t row_bytes = 2 * 16 * sizeof(float) + sizeof(std::int64_t) + sizeof(std::uint64_t);
+  const std::size_t row_bytes =
+      2 * 16 * sizeof(float) + sizeof(std::int64_t) + sizeof(std::uint64_t);
   CHECK(cache.allocated_bytes() == budget_rows * row_bytes);
 
   // deferred peak holds every layer's uncompressed K/V at once

@@ -78,8 +78,7 @@ class SnapKV {
     const detail::Protection prot{0, config_.window};
     detail::evict_lowest(
         v, [&](std::size_t r) { return sc[r]; },
-        [&](std::size_t r) { return !prot.is_protected(v.seqs[r], v.incoming_seq); }, out,
-        name());
+        [&](std::size_t r) { return !prot.is_protected(v.seqs[r], v.incoming_seq); }, out, name());
   }
 
   template <class S>

@@ -72,8 +72,9 @@ class XkvLayerAllocator {
   XkvLayerAllocator(const Geometry& g, Config c) : geometry_(g), config_(c) {
     geometry_.validate();
     observation().validate("XkvLayerAllocator");
-    kvevict::detail::require(config_.min_tokens > 0, "XkvLayerAllocator: min_tokens = ",
-                             config_.min_tokens, ", expected > 0 (a layer never gets zero)");
+    kvevict::detail::require(config_.min_tokens > 0,
+                             "XkvLayerAllocator: min_tokens = ", config_.min_tokens,
+                             ", expected > 0 (a layer never gets zero)");
     layers_.resize(static_cast<std::size_t>(g.n_layers));
   }
 
@@ -101,12 +102,20 @@ class XkvLayerAllocator {
     kvevict::detail::require(
         queries.size() == tokens * static_cast<std::size_t>(geometry_.n_heads) * d,
         "observe_layer: queries has ", queries.size(), " floats, expected ",
-        tokens * static_cast<std::size_t>(geometry_.n_heads) * d,
-        " (tokens x n_heads x head_dim)");
+        tokens * static_cast<std::size_t>(geometry_.n_heads) * d, " (tokens x n_heads x head_dim)");
     std::vector<std::vector<float>> pooled(static_cast<std::size_t>(geometry_.n_kv_heads));
     for (int kh = 0; kh < geometry_.n_kv_heads; ++kh) {
-      PrefillView v{layer, kh, geometry_.head_dim, geometry_.group(), geometry_.n_kv_heads,
-                    geometry_.n_heads, tokens, Budget::kUnbounded, 0, 0, keys.data(),
+      PrefillView v{layer,
+                    kh,
+                    geometry_.head_dim,
+                    geometry_.group(),
+                    geometry_.n_kv_heads,
+                    geometry_.n_heads,
+                    tokens,
+                    Budget::kUnbounded,
+                    0,
+                    0,
+                    keys.data(),
                     queries.data()};
       observation_scores(v, observation(), pooled[static_cast<std::size_t>(kh)]);
     }
@@ -338,8 +347,8 @@ struct Profile {
 
   /// Checks the profile against a model: layer count and positive budgets.
   void validate(const Geometry& g) const {
-    kvevict::detail::require(static_cast<int>(tokens.size()) == g.n_layers, "XKV profile: ",
-                             tokens.size(), " layers, expected ", g.n_layers,
+    kvevict::detail::require(static_cast<int>(tokens.size()) == g.n_layers,
+                             "XKV profile: ", tokens.size(), " layers, expected ", g.n_layers,
                              " (the model's n_layers): profile is for another model");
     for (std::size_t l = 0; l < tokens.size(); ++l)
       kvevict::detail::require(tokens[l] > 0, "XKV profile: layer ", l, " budget = ", tokens[l],
@@ -370,22 +379,22 @@ struct Profile {
         if (first == std::string::npos || line[first] == '#') continue;
         return std::istringstream(line);
       }
-      kvevict::detail::fail("XKV profile: truncated after line ", line_no, ", expected '",
-                            expected, "'");
+      kvevict::detail::fail("XKV profile: truncated after line ", line_no, ", expected '", expected,
+                            "'");
     };
     auto number = [&](std::istringstream& ls, const char* field) -> long long {
       long long v = 0;
       std::string tok;
-      kvevict::detail::require(static_cast<bool>(ls >> tok), "XKV profile line ", line_no,
-                               ": '", field, "' has no value, expected an integer");
+      kvevict::detail::require(static_cast<bool>(ls >> tok), "XKV profile line ", line_no, ": '",
+                               field, "' has no value, expected an integer");
       std::size_t used = 0;
       try {
         v = std::stoll(tok, &used);
       } catch (const std::exception&) {
         used = 0;
       }
-      kvevict::detail::require(used == tok.size() && used > 0, "XKV profile line ", line_no,
-                               ": ", field, " = '", tok, "', expected an integer");
+      kvevict::detail::require(used == tok.size() && used > 0, "XKV profile line ", line_no, ": ",
+                               field, " = '", tok, "', expected an integer");
       return v;
     };
     auto field = [&](const char* name) -> std::istringstream {
@@ -398,15 +407,15 @@ struct Profile {
     };
     auto no_more = [&](std::istringstream& ls) {
       std::string extra;
-      kvevict::detail::require(!(ls >> extra), "XKV profile line ", line_no,
-                               ": unexpected '", extra, "' at end of line");
+      kvevict::detail::require(!(ls >> extra), "XKV profile line ", line_no, ": unexpected '",
+                               extra, "' at end of line");
     };
     Profile p;
     {
       auto ls = field(kMagic);
       const long long version = number(ls, "version");
-      kvevict::detail::require(version == kVersion, "XKV profile: version ", version,
-                               ", expected ", kVersion);
+      kvevict::detail::require(version == kVersion, "XKV profile: version ", version, ", expected ",
+                               kVersion);
       no_more(ls);
     }
     long long layers = 0;
@@ -442,12 +451,12 @@ struct Profile {
                                  ": ", l, " budgets, expected ", layers, " (one per layer)");
         std::istringstream one(tok);
         const long long v = number(one, "budget");
-        kvevict::detail::require(v > 0, "XKV profile line ", tokens_line, ": budget of layer ",
-                                 l, " = ", v, ", expected > 0");
+        kvevict::detail::require(v > 0, "XKV profile line ", tokens_line, ": budget of layer ", l,
+                                 " = ", v, ", expected > 0");
         p.tokens.push_back(v);
       }
-      kvevict::detail::require(!(ls >> tok), "XKV profile line ", tokens_line,
-                               ": more than ", layers, " budgets, expected one per layer");
+      kvevict::detail::require(!(ls >> tok), "XKV profile line ", tokens_line, ": more than ",
+                               layers, " budgets, expected one per layer");
     }
     {
       auto ls = field("end");
@@ -489,19 +498,18 @@ struct Profile {
 class Calibrator {
  public:
   Calibrator(int n_layers, std::size_t window) : window_(window) {
-    kvevict::detail::require(n_layers > 0, "Calibrator: n_layers = ", n_layers,
-                             ", expected > 0");
+    kvevict::detail::require(n_layers > 0, "Calibrator: n_layers = ", n_layers, ", expected > 0");
     sums_.assign(static_cast<std::size_t>(n_layers), 0.0);
   }
   /// Sample prompts wanted for a task of `requests` prompts at the given fraction.
   static std::size_t samples_wanted(std::size_t requests, double fraction = 0.1) {
-    kvevict::detail::require(fraction > 0.0 && fraction <= 1.0, "Calibrator: fraction = ",
-                             fraction, ", expected in (0, 1]");
+    kvevict::detail::require(fraction > 0.0 && fraction <= 1.0, "Calibrator: fraction = ", fraction,
+                             ", expected in (0, 1]");
     return static_cast<std::size_t>(std::ceil(fraction * static_cast<double>(requests)));
   }
   void add(const Allocation& a) {
-    kvevict::detail::require(a.tokens.size() == sums_.size(), "Calibrator::add: ",
-                             a.tokens.size(), " layers, expected ", sums_.size());
+    kvevict::detail::require(a.tokens.size() == sums_.size(), "Calibrator::add: ", a.tokens.size(),
+                             " layers, expected ", sums_.size());
     for (std::size_t l = 0; l < sums_.size(); ++l) sums_[l] += static_cast<double>(a.tokens[l]);
     ++samples_;
   }
@@ -512,8 +520,7 @@ class Calibrator {
     p.window = window_;
     p.samples = samples_;
     for (double s : sums_)
-      p.tokens.push_back(std::max<long long>(
-          1, std::llround(s / static_cast<double>(samples_))));
+      p.tokens.push_back(std::max<long long>(1, std::llround(s / static_cast<double>(samples_))));
     return p;
   }
 
@@ -579,8 +586,7 @@ class DeferredXkvPrefill {
   std::size_t staged_bytes() const {
     std::size_t b = 0;
     for (const auto& s : staged_)
-      b += (s.keys.capacity() + s.values.capacity() + s.window_queries.capacity()) *
-           sizeof(float);
+      b += (s.keys.capacity() + s.values.capacity() + s.window_queries.capacity()) * sizeof(float);
     return b;
   }
 
@@ -599,8 +605,8 @@ class DeferredXkvPrefill {
       std::copy(s.window_queries.begin(), s.window_queries.end(),
                 queries.end() - static_cast<std::ptrdiff_t>(s.window_queries.size()));
       cache.prefill(l, s.first_position, s.tokens, s.keys, s.values, queries);
-      peak_ = std::max(peak_, staged_bytes() + cache.allocated_bytes() +
-                                  queries.capacity() * sizeof(float));
+      peak_ = std::max(
+          peak_, staged_bytes() + cache.allocated_bytes() + queries.capacity() * sizeof(float));
       s = Staged{};  // this layer's uncompressed rows are released
     }
     return cache;
@@ -630,8 +636,8 @@ class CalibratedXkvPrefill {
                      std::span<const float> keys, std::span<const float> values,
                      std::span<const float> queries) {
     cache_.prefill(layer, first_position, tokens, keys, values, queries);
-    peak_ = std::max(peak_, cache_.allocated_bytes() +
-                                (keys.size() + values.size()) * sizeof(float));
+    peak_ =
+        std::max(peak_, cache_.allocated_bytes() + (keys.size() + values.size()) * sizeof(float));
   }
   [[nodiscard]] Cache& cache() { return cache_; }
   [[nodiscard]] std::size_t peak_bytes() const { return peak_; }
