@@ -75,6 +75,10 @@ inline std::size_t argmax_impl(const std::uint8_t* q, const std::uint8_t* codes,
                                const std::uint64_t* prot) noexcept {
   if constexpr (I == Isa::scalar) {
     return scalar::argmax<W>(q, codes, n, prot);
+#if KVEVICT_X86
+  } else if constexpr (I == Isa::avx512 && W <= 8) {
+    return avx512::fused_argmax<W>(q, codes, n, prot);
+#endif
   } else {
     // Per block: distances into L1, then the block's eligible maximum. Only a strictly larger
     // block maximum replaces the best block, so ties resolve to the lowest index; the winning
@@ -99,6 +103,10 @@ inline std::size_t argmax_impl(const std::uint8_t* q, const std::uint8_t* codes,
     if (best == 0) return npos;
     const std::size_t m = std::min(kHammingBlock, n - best_base);
     eligibility_words(prot, best_base, m, elig);
+#if KVEVICT_X86
+    if constexpr (I == Isa::avx512) return best_base + avx512::block_find_first(best_buf, m, elig, best);
+    if constexpr (I == Isa::avx2) return best_base + avx2::block_find_first(best_buf, m, elig, best);
+#endif
     for (std::size_t i = 0; i < m; ++i)
       if (((elig[i >> 6] >> (i & 63)) & 1u) && best_buf[i] + 1u == best) return best_base + i;
     return npos;  // unreachable

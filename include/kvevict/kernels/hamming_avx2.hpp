@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <bit>
 #include <cstdint>
 
 #include "dispatch.hpp"
@@ -108,6 +109,24 @@ KVEVICT_TARGET_AVX2 inline unsigned block_max_plus1(const std::uint16_t* d, std:
   for (; i < m; ++i)
     if ((elig[i >> 6] >> (i & 63)) & 1u) best = best > d[i] + 1u ? best : d[i] + 1u;
   return best;
+}
+
+/// First i < m with elig bit set and d[i] + 1 == target, or m.
+KVEVICT_TARGET_AVX2 inline std::size_t block_find_first(const std::uint16_t* d, std::size_t m,
+                                                        const std::uint64_t* elig,
+                                                        unsigned target) noexcept {
+  const __m256i t = _mm256_set1_epi16(static_cast<short>(target - 1));
+  std::size_t i = 0;
+  for (; i + 16 <= m; i += 16) {
+    const __m256i eq = _mm256_cmpeq_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + i)), t);
+    // movemask gives two bits per 16-bit lane; pext keeps one per lane.
+    const auto lanes = static_cast<std::uint32_t>(_pext_u32(static_cast<std::uint32_t>(_mm256_movemask_epi8(eq)), 0x55555555u));
+    const auto hit = lanes & static_cast<std::uint32_t>((elig[i >> 6] >> (i & 63)) & 0xFFFF);
+    if (hit) return i + static_cast<std::size_t>(std::countr_zero(hit));
+  }
+  for (; i < m; ++i)
+    if (((elig[i >> 6] >> (i & 63)) & 1u) && d[i] + 1u == target) return i;
+  return m;
 }
 
 }  // namespace kvevict::kernels::detail::avx2

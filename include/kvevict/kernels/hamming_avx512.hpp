@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <algorithm>
+#include <bit>
 #include <cstdint>
 
 #include "dispatch.hpp"
@@ -131,6 +133,137 @@ KVEVICT_TARGET_AVX512 inline void distances(const std::uint8_t* q, const std::ui
   }
 }
 
+/// Lane view of 64 bytes of W-byte codes, W <= 8: one code per lane, so distances, masked max
+/// and equality need no cross-lane work. L lanes per vector; M is the matching mask type.
+template <int W>
+struct Lanes;
+
+template <>
+struct Lanes<1> {
+  static constexpr int L = 64;
+  using M = __mmask64;
+  KVEVICT_TARGET_AVX512 static __m512i query(const std::uint8_t* q) { return _mm512_set1_epi8(static_cast<char>(q[0])); }
+  KVEVICT_TARGET_AVX512 static __m512i load(M m, const std::uint8_t* p) { return _mm512_maskz_loadu_epi8(m, p); }
+  KVEVICT_TARGET_AVX512 static __m512i pop(__m512i x) { return _mm512_popcnt_epi8(x); }
+  KVEVICT_TARGET_AVX512 static __m512i max(__m512i a, M m, __m512i d) { return _mm512_mask_max_epu8(a, m, a, d); }
+  KVEVICT_TARGET_AVX512 static M eq(M m, __m512i d, unsigned v) { return _mm512_mask_cmpeq_epi8_mask(m, d, _mm512_set1_epi8(static_cast<char>(v))); }
+  KVEVICT_TARGET_AVX512 static unsigned hmax(__m512i a) {
+    __m256i h = _mm256_max_epu8(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
+    __m128i x = _mm_max_epu8(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    x = _mm_max_epu8(x, _mm_srli_si128(x, 8));
+    x = _mm_max_epu8(x, _mm_srli_si128(x, 4));
+    x = _mm_max_epu8(x, _mm_srli_si128(x, 2));
+    x = _mm_max_epu8(x, _mm_srli_si128(x, 1));
+    return static_cast<unsigned>(_mm_cvtsi128_si32(x) & 0xFF);
+  }
+};
+
+template <>
+struct Lanes<2> {
+  static constexpr int L = 32;
+  using M = __mmask32;
+  KVEVICT_TARGET_AVX512 static __m512i query(const std::uint8_t* q) { return _mm512_set1_epi16(static_cast<short>(scalar::load<std::uint16_t>(q))); }
+  KVEVICT_TARGET_AVX512 static __m512i load(M m, const std::uint8_t* p) { return _mm512_maskz_loadu_epi16(m, p); }
+  KVEVICT_TARGET_AVX512 static __m512i pop(__m512i x) { return _mm512_popcnt_epi16(x); }
+  KVEVICT_TARGET_AVX512 static __m512i max(__m512i a, M m, __m512i d) { return _mm512_mask_max_epu16(a, m, a, d); }
+  KVEVICT_TARGET_AVX512 static M eq(M m, __m512i d, unsigned v) { return _mm512_mask_cmpeq_epi16_mask(m, d, _mm512_set1_epi16(static_cast<short>(v))); }
+  KVEVICT_TARGET_AVX512 static unsigned hmax(__m512i a) {
+    __m256i h = _mm256_max_epu16(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
+    __m128i x = _mm_max_epu16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    x = _mm_xor_si128(x, _mm_set1_epi32(-1));  // max = ~minpos(~x)
+    return 0xFFFFu - static_cast<unsigned>(_mm_extract_epi16(_mm_minpos_epu16(x), 0));
+  }
+};
+
+template <>
+struct Lanes<4> {
+  static constexpr int L = 16;
+  using M = __mmask16;
+  KVEVICT_TARGET_AVX512 static __m512i query(const std::uint8_t* q) { return _mm512_set1_epi32(static_cast<int>(scalar::load<std::uint32_t>(q))); }
+  KVEVICT_TARGET_AVX512 static __m512i load(M m, const std::uint8_t* p) { return _mm512_maskz_loadu_epi32(m, p); }
+  KVEVICT_TARGET_AVX512 static __m512i pop(__m512i x) { return _mm512_popcnt_epi32(x); }
+  KVEVICT_TARGET_AVX512 static __m512i max(__m512i a, M m, __m512i d) { return _mm512_mask_max_epu32(a, m, a, d); }
+  KVEVICT_TARGET_AVX512 static M eq(M m, __m512i d, unsigned v) { return _mm512_mask_cmpeq_epi32_mask(m, d, _mm512_set1_epi32(static_cast<int>(v))); }
+  KVEVICT_TARGET_AVX512 static unsigned hmax(__m512i a) { return _mm512_reduce_max_epu32(a); }
+};
+
+template <>
+struct Lanes<8> {
+  static constexpr int L = 8;
+  using M = __mmask8;
+  KVEVICT_TARGET_AVX512 static __m512i query(const std::uint8_t* q) { return _mm512_set1_epi64(static_cast<long long>(scalar::load<std::uint64_t>(q))); }
+  KVEVICT_TARGET_AVX512 static __m512i load(M m, const std::uint8_t* p) { return _mm512_maskz_loadu_epi64(m, p); }
+  KVEVICT_TARGET_AVX512 static __m512i pop(__m512i x) { return _mm512_popcnt_epi64(x); }
+  KVEVICT_TARGET_AVX512 static __m512i max(__m512i a, M m, __m512i d) { return _mm512_mask_max_epu64(a, m, a, d); }
+  KVEVICT_TARGET_AVX512 static M eq(M m, __m512i d, unsigned v) { return _mm512_mask_cmpeq_epi64_mask(m, d, _mm512_set1_epi64(v)); }
+  KVEVICT_TARGET_AVX512 static unsigned hmax(__m512i a) { return static_cast<unsigned>(_mm512_reduce_max_epu64(a)); }
+};
+
+/// Fully fused Hamming + protected mask + argmax for codes of at most 64 bits: no distance is
+/// stored. Per block of 1024 rows the masked lane-wise maximum is kept in a register; a block
+/// replaces the best only when strictly larger (ties -> lowest index); the winning block is
+/// rescanned with a vector compare for its first row at the maximum.
+template <int W>
+KVEVICT_TARGET_AVX512 inline std::size_t fused_argmax(const std::uint8_t* q, const std::uint8_t* codes,
+                                                      std::size_t n,
+                                                      const std::uint64_t* prot) noexcept {
+  using V = Lanes<W>;
+  using M = typename V::M;
+  constexpr int L = V::L, kPerWord = 64 / L;
+  constexpr std::size_t kBlock = 1024;
+  const __m512i qv = V::query(q);
+  auto word = [&](std::size_t g) -> std::uint64_t {  // eligibility of rows [64g, 64g+64)
+    std::uint64_t e = prot ? ~prot[g] : ~std::uint64_t{0};
+    const std::size_t left = n - 64 * g;
+    if (left < 64) e &= (std::uint64_t{1} << left) - 1;
+    return e;
+  };
+  std::size_t best_base = static_cast<std::size_t>(-1);
+  unsigned best = 0;
+  const std::size_t full_groups = n / 64, groups = (n + 63) / 64;
+  for (std::size_t base = 0; base < n; base += kBlock) {
+    __m512i acc = _mm512_setzero_si512();
+    std::uint64_t any = 0;
+    const std::size_t g_end = std::min(groups, (base + kBlock) / 64);
+    for (std::size_t g = base / 64; g < g_end; ++g) {
+      const std::uint64_t e = word(g);
+      any |= e;
+      const std::uint8_t* p = codes + g * 64 * W;
+      if (g < full_groups) {
+        for (int v = 0; v < kPerWord; ++v) {
+          const __m512i x = _mm512_loadu_si512(p + v * 64);
+          acc = V::max(acc, static_cast<M>(e >> (v * L)), V::pop(_mm512_xor_si512(x, qv)));
+        }
+      } else {
+        const std::uint64_t valid = (std::uint64_t{1} << (n - 64 * g)) - 1;
+        for (int v = 0; v < kPerWord; ++v) {
+          const __m512i x = V::load(static_cast<M>(valid >> (v * L)), p + v * 64);
+          acc = V::max(acc, static_cast<M>(e >> (v * L)), V::pop(_mm512_xor_si512(x, qv)));
+        }
+      }
+    }
+    if (any == 0) continue;
+    const unsigned bm = V::hmax(acc);
+    if (best_base == static_cast<std::size_t>(-1) || bm > best) {
+      best = bm;
+      best_base = base;
+    }
+  }
+  if (best_base == static_cast<std::size_t>(-1)) return best_base;
+  const std::size_t g_end = std::min(groups, (best_base + kBlock) / 64);
+  for (std::size_t g = best_base / 64; g < g_end; ++g) {
+    const std::uint64_t e = word(g);
+    const std::uint64_t valid = n - 64 * g >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << (n - 64 * g)) - 1;
+    const std::uint8_t* p = codes + g * 64 * W;
+    for (int v = 0; v < kPerWord; ++v) {
+      const __m512i x = V::load(static_cast<M>(valid >> (v * L)), p + v * 64);
+      const M hit = V::eq(static_cast<M>(e >> (v * L)), V::pop(_mm512_xor_si512(x, qv)), best);
+      if (hit) return 64 * g + static_cast<std::size_t>(v * L) + static_cast<std::size_t>(std::countr_zero(static_cast<std::uint64_t>(hit)));
+    }
+  }
+  return static_cast<std::size_t>(-1);  // unreachable
+}
+
 /// Largest eligible distance plus one (0 when no lane is eligible) over m uint16 distances;
 /// `elig` holds one eligibility word per 64 rows (bit set = may be chosen).
 KVEVICT_TARGET_AVX512 inline unsigned block_max_plus1(const std::uint16_t* d, std::size_t m,
@@ -149,6 +282,21 @@ KVEVICT_TARGET_AVX512 inline unsigned block_max_plus1(const std::uint16_t* d, st
   __m128i x = _mm_max_epu16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
   x = _mm_xor_si128(x, _mm_set1_epi32(-1));
   return 0xFFFFu - static_cast<unsigned>(_mm_extract_epi16(_mm_minpos_epu16(x), 0));
+}
+
+/// First i < m with elig bit set and d[i] + 1 == target, or m.
+KVEVICT_TARGET_AVX512 inline std::size_t block_find_first(const std::uint16_t* d, std::size_t m,
+                                                          const std::uint64_t* elig,
+                                                          unsigned target) noexcept {
+  const __m512i t = _mm512_set1_epi16(static_cast<short>(target - 1));
+  for (std::size_t i = 0; i < m; i += 32) {
+    const std::size_t r = m - i < 32 ? m - i : 32;
+    const __mmask32 tail = static_cast<__mmask32>((std::uint64_t{1} << r) - 1);
+    const auto e = static_cast<__mmask32>((elig[i >> 6] >> (i & 63)) & tail);
+    const __mmask32 hit = _mm512_mask_cmpeq_epi16_mask(e, _mm512_maskz_loadu_epi16(tail, d + i), t);
+    if (hit) return i + static_cast<std::size_t>(std::countr_zero(static_cast<std::uint32_t>(hit)));
+  }
+  return m;
 }
 
 }  // namespace kvevict::kernels::detail::avx512

@@ -226,9 +226,10 @@ inline std::size_t arg_best_at(const float* s, std::size_t n, const std::uint64_
     if (best_base == npos) return npos;
     const std::size_t m = std::min(kBlock, n - best_base);
     eligibility_words(prot, best_base, m, elig);
-    for (std::size_t i = 0; i < m; ++i)
-      if (((elig[i >> 6] >> (i & 63)) & 1u) && s[best_base + i] == best) return best_base + i;
-    return npos;  // unreachable
+    if constexpr (I == Isa::avx512)
+      return best_base + avx512::find_first_eq(s + best_base, m, elig, best);
+    else
+      return best_base + avx2::find_first_eq(s + best_base, m, elig, best);
 #else
     return scalar::arg_best<Top>(s, n, prot);
 #endif

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <bit>
 #include <cstdint>
 #include <limits>
 
@@ -64,6 +65,21 @@ KVEVICT_TARGET_AVX2 inline float block_best(const float* s, std::size_t m,
   }
   *any = found;
   return best;
+}
+
+/// First i < m with elig bit set and s[i] == v (v not NaN), or m.
+KVEVICT_TARGET_AVX2 inline std::size_t find_first_eq(const float* s, std::size_t m,
+                                                     const std::uint64_t* elig, float v) noexcept {
+  const __m256 t = _mm256_set1_ps(v);
+  std::size_t i = 0;
+  for (; i + 8 <= m; i += 8) {
+    const auto eq = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(s + i), t, _CMP_EQ_OQ)));
+    const unsigned hit = eq & static_cast<unsigned>((elig[i >> 6] >> (i & 63)) & 0xFF);
+    if (hit) return i + static_cast<std::size_t>(std::countr_zero(hit));
+  }
+  for (; i < m; ++i)
+    if (((elig[i >> 6] >> (i & 63)) & 1u) && s[i] == v) return i;
+  return m;
 }
 
 }  // namespace kvevict::kernels::detail::avx2

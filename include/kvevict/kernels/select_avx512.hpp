@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <bit>
 #include <cstdint>
 #include <limits>
 
@@ -136,6 +137,19 @@ KVEVICT_TARGET_AVX512 inline float block_best(const float* s, std::size_t m,
   const __m512 acc = Top ? _mm512_max_ps(acc0, acc1) : _mm512_min_ps(acc0, acc1);
   *any = seen != 0;
   return Top ? _mm512_reduce_max_ps(acc) : _mm512_reduce_min_ps(acc);
+}
+
+/// First i < m with elig bit set and s[i] == v (v not NaN), or m.
+KVEVICT_TARGET_AVX512 inline std::size_t find_first_eq(const float* s, std::size_t m,
+                                                       const std::uint64_t* elig, float v) noexcept {
+  const __m512 t = _mm512_set1_ps(v);
+  for (std::size_t i = 0; i < m; i += 16) {
+    const std::size_t r = m - i < 16 ? m - i : 16;
+    const auto e = static_cast<__mmask16>((elig[i >> 6] >> (i & 63)) & ((1u << r) - 1));
+    const __mmask16 hit = _mm512_mask_cmp_ps_mask(e, _mm512_maskz_loadu_ps(e, s + i), t, _CMP_EQ_OQ);
+    if (hit) return i + static_cast<std::size_t>(std::countr_zero(static_cast<unsigned>(hit)));
+  }
+  return m;
 }
 
 }  // namespace kvevict::kernels::detail::avx512
