@@ -28,6 +28,8 @@ void popcount_loop_u64(const std::uint8_t* q, const std::uint8_t* codes, std::si
                        std::uint16_t* out);
 void popcount_loop_u16(const std::uint8_t* q, const std::uint8_t* codes, std::size_t n,
                        std::uint16_t* out);
+void read_write_u16(const std::uint8_t* codes, std::size_t n, std::uint16_t* out);
+void read_write_u8(const std::uint8_t* codes, std::size_t n, std::uint8_t* out);
 }  // namespace kvevict_bench_native
 
 namespace kk = kvevict::kernels;
@@ -110,6 +112,15 @@ void register_hamming(int bits, bool sweep) {
     o[0] = static_cast<std::uint16_t>(kvevict_bench_native::read_xor(c, n * bits / 8));
   });
   if (bits == 64) {
+    reg("read_write_u16_native", [](auto, auto c, auto n, auto o) {
+      kvevict_bench_native::read_write_u16(c, n, o);
+    });
+    reg("read_write_u8_native", [](auto, auto c, auto n, auto o) {
+      kvevict_bench_native::read_write_u8(c, n, reinterpret_cast<std::uint8_t*>(o));
+    });
+    reg("kvevict_dispatch_u8out", [bits](auto q, auto c, auto n, auto o) {
+      kk::hamming_distances(q, c, n, bits, reinterpret_cast<std::uint8_t*>(o));
+    });
     reg("popcount_loop_native", kvevict_bench_native::popcount_loop_u64);
     reg("popcount_loop_generic", generic_popcount_loop_u64);
   }

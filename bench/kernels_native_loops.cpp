@@ -58,4 +58,21 @@ void popcount_loop_u16(const std::uint8_t* q, const std::uint8_t* codes, std::si
   }
 }
 
+// Read every 64-bit code and write one narrow value per code, no arithmetic: the ceiling for
+// any kernel that must emit a distance per code (write traffic included).
+void read_write_u16(const std::uint8_t* codes, std::size_t n, std::uint16_t* out) {
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint64_t c;
+    std::memcpy(&c, codes + 8 * i, 8);
+    out[i] = static_cast<std::uint16_t>(c);
+  }
+}
+void read_write_u8(const std::uint8_t* codes, std::size_t n, std::uint8_t* out) {
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint64_t c;
+    std::memcpy(&c, codes + 8 * i, 8);
+    out[i] = static_cast<std::uint8_t>(c);
+  }
+}
+
 }  // namespace kvevict_bench_native

@@ -111,6 +111,31 @@ TEST_CASE("hamming_distances matches the bit reference at every level", "[kernel
         }
 }
 
+TEST_CASE("uint8 hamming_distances matches the uint16 form at every level", "[kernels][hamming]") {
+  std::mt19937_64 rng(321);
+  for (Isa isa : supported_levels())
+    for (int bits : {8, 16, 32, 64, 128})
+      for (std::size_t n : kSizes)
+        for (Fill f : {Fill::random, Fill::complement_of_query}) {
+          const int bytes = bits / 8;
+          std::vector<std::uint8_t> q(bytes), c(n * bytes + 1);
+          for (auto& x : q) x = static_cast<std::uint8_t>(rng());
+          fill_codes(rng, f, q, c, n, bytes);
+          std::vector<std::uint8_t> out(n + 1, 0xAB);
+          switch (isa) {
+            case Isa::avx512: kk::hamming_distances<Isa::avx512>(q.data(), c.data(), n, bits, out.data()); break;
+            case Isa::avx2: kk::hamming_distances<Isa::avx2>(q.data(), c.data(), n, bits, out.data()); break;
+            default: kk::hamming_distances<Isa::scalar>(q.data(), c.data(), n, bits, out.data()); break;
+          }
+          INFO("isa " << kk::isa_name(isa) << " bits " << bits << " n " << n);
+          for (std::size_t i = 0; i < n; ++i)
+            REQUIRE(out[i] == ref_distance(q.data(), c.data() + i * bytes, bits));
+          REQUIRE(out[n] == 0xAB);
+        }
+  std::uint8_t q[32] = {}, c[32] = {}, o[1];
+  REQUIRE_THROWS_WITH(kk::hamming_distances(q, c, 1, 256, o), Catch::Contains("bits = 256"));
+}
+
 TEST_CASE("hamming_distances works on unaligned codes and outputs", "[kernels][hamming]") {
   std::mt19937_64 rng(7);
   for (Isa isa : supported_levels())

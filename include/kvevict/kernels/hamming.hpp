@@ -67,6 +67,26 @@ inline unsigned block_max_plus1_at(const std::uint16_t* d, std::size_t m,
   return best;
 }
 
+template <Isa I, int W>
+inline void distances_u8_at(const std::uint8_t* q, const std::uint8_t* codes, std::size_t n,
+                            std::uint8_t* out) noexcept {
+#if KVEVICT_X86
+  if constexpr (I == Isa::avx512 && (W == 1 || W == 2 || W == 8))
+    return avx512::distances_u8<W>(q, codes, n, out);
+#endif
+  if constexpr (I == Isa::scalar) {
+    for (std::size_t i = 0; i < n; ++i)
+      out[i] = static_cast<std::uint8_t>(scalar::distance<W>(q, codes + i * W));
+  } else {
+    alignas(64) std::uint16_t buf[256];
+    for (std::size_t base = 0; base < n; base += 256) {
+      const std::size_t m = std::min<std::size_t>(256, n - base);
+      distances_at<I, W>(q, codes + base * W, m, buf);
+      for (std::size_t i = 0; i < m; ++i) out[base + i] = static_cast<std::uint8_t>(buf[i]);
+    }
+  }
+}
+
 // Rows per block of the fused kernels: distances of a block stay in L1 between the two steps.
 inline constexpr std::size_t kHammingBlock = 1024;
 
@@ -166,6 +186,28 @@ inline void hamming_distances(const std::uint8_t* query, const std::uint8_t* cod
 /// out[i] = popcount(query XOR row i) for i < n, at active_isa().
 inline void hamming_distances(const std::uint8_t* query, const std::uint8_t* codes, std::size_t n,
                               int bits, std::uint16_t* out) {
+  detail::with_isa(active_isa(), [&](auto isa) {
+    hamming_distances<isa()>(query, codes, n, bits, out);
+  });
+}
+
+/// Byte-output form for bits <= 128 (every distance fits in a byte): less write traffic than
+/// the uint16 form. Throws std::invalid_argument for bits = 256. Pinned to level I.
+template <Isa I>
+inline void hamming_distances(const std::uint8_t* query, const std::uint8_t* codes, std::size_t n,
+                              int bits, std::uint8_t* out) {
+  detail::require_isa(I);
+  detail::check_hamming_args(query, codes, n, bits);
+  if (bits > 128)
+    throw std::invalid_argument("kvevict::kernels: uint8 distances need bits <= 128, got bits = " +
+                                std::to_string(bits) + " (use the uint16 output)");
+  detail::require_nonnull(out, n, "out");
+  detail::with_width(bits, [&](auto w) { detail::distances_u8_at<I, w()>(query, codes, n, out); });
+}
+
+/// Byte-output form at active_isa().
+inline void hamming_distances(const std::uint8_t* query, const std::uint8_t* codes, std::size_t n,
+                              int bits, std::uint8_t* out) {
   detail::with_isa(active_isa(), [&](auto isa) {
     hamming_distances<isa()>(query, codes, n, bits, out);
   });

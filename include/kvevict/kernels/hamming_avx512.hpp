@@ -133,6 +133,61 @@ KVEVICT_TARGET_AVX512 inline void distances(const std::uint8_t* q, const std::ui
   }
 }
 
+/// Distances narrowed to bytes (bits <= 128, so every distance fits): a quarter (64-bit codes)
+/// of the uint16 form's write traffic, which matters once the codes stream from L2 or DRAM.
+/// Only the widths with a dedicated byte path are here; the others go through uint16 blocks.
+template <int W>
+KVEVICT_TARGET_AVX512 inline void distances_u8(const std::uint8_t* q, const std::uint8_t* codes,
+                                               std::size_t n, std::uint8_t* out) noexcept {
+  static_assert(W == 1 || W == 2 || W == 8, "dedicated byte-output widths");
+  std::size_t i = 0;
+  if constexpr (W == 1) {
+    const __m512i qv = _mm512_set1_epi8(static_cast<char>(q[0]));
+    for (; i + 64 <= n; i += 64)
+      _mm512_storeu_si512(out + i, _mm512_popcnt_epi8(_mm512_xor_si512(_mm512_loadu_si512(codes + i), qv)));
+    if (i < n) {
+      const __mmask64 m = (std::uint64_t{1} << (n - i)) - 1;
+      const __m512i c = _mm512_popcnt_epi8(_mm512_xor_si512(_mm512_maskz_loadu_epi8(m, codes + i), qv));
+      _mm512_mask_storeu_epi8(out + i, m, c);
+    }
+  } else if constexpr (W == 2) {
+    const __m512i qv = _mm512_set1_epi16(static_cast<short>(scalar::load<std::uint16_t>(q)));
+    for (; i + 32 <= n; i += 32) {
+      const __m512i c = _mm512_popcnt_epi16(_mm512_xor_si512(_mm512_loadu_si512(codes + 2 * i), qv));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi16_epi8(c));
+    }
+    if (i < n) {
+      const auto m = static_cast<__mmask32>((std::uint64_t{1} << (n - i)) - 1);
+      const __m512i c = _mm512_popcnt_epi16(_mm512_xor_si512(_mm512_maskz_loadu_epi16(m, codes + 2 * i), qv));
+      _mm512_mask_cvtepi16_storeu_epi8(out + i, m, c);
+    }
+  } else {
+    const __m512i qv = _mm512_set1_epi64(static_cast<long long>(scalar::load<std::uint64_t>(q)));
+    // After the dword->word narrowing, byte 4j+{0,1,2,3} = rows {j, 16+j, 8+j, 24+j} of each
+    // 128-bit half; the byte shuffle groups rows by four, the dword permute restores order.
+    const __m256i shuf = _mm256_setr_epi8(0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15,
+                                          0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (; i + 32 <= n; i += 32) {
+      const __m512i a = popxor64(codes + 8 * i, qv);
+      const __m512i b = popxor64(codes + 8 * i + 64, qv);
+      const __m512i c = popxor64(codes + 8 * i + 128, qv);
+      const __m512i d = popxor64(codes + 8 * i + 192, qv);
+      const __m512i ab = _mm512_or_si512(a, _mm512_slli_epi64(b, 32));
+      const __m512i cd = _mm512_or_si512(c, _mm512_slli_epi64(d, 32));
+      const __m256i w = _mm512_cvtepi32_epi16(_mm512_or_si512(ab, _mm512_slli_epi32(cd, 8)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                          _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(w, shuf), perm));
+    }
+    for (; i < n; i += 8) {
+      const std::size_t r = n - i < 8 ? n - i : 8;
+      const auto m = static_cast<__mmask8>((1u << r) - 1);
+      const __m512i c = _mm512_popcnt_epi64(_mm512_xor_si512(_mm512_maskz_loadu_epi64(m, codes + 8 * i), qv));
+      _mm512_mask_cvtepi64_storeu_epi8(out + i, m, c);
+    }
+  }
+}
+
 /// Lane view of 64 bytes of W-byte codes, W <= 8: one code per lane, so distances, masked max
 /// and equality need no cross-lane work. L lanes per vector; M is the matching mask type.
 template <int W>
