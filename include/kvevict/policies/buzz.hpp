@@ -196,15 +196,16 @@ class BuzzBeehive {
   }
   /// H2O-style accumulation: the G query heads' probabilities summed, then added.
   void observe(const AttentionView& a) {
-    auto& sc = scores_.of(a.layer, a.kv_head);
+    float* sc = scores_.of(a.layer, a.kv_head).data();
     const std::size_t n = a.size;
-    const float* p = a.probs;
-    const auto g = static_cast<std::size_t>(a.group);
-    for (std::size_t r = 0; r < n; ++r) {
-      float s = 0.0f;
-      for (std::size_t j = 0; j < g; ++j) s += p[j * n + r];
-      sc[r] += s;
+    // Group sum first, then one add per row, as the reference; row-wise passes vectorise.
+    sum_.assign(a.probs, a.probs + n);
+    float* s = sum_.data();
+    for (int j = 1; j < a.group; ++j) {
+      const float* p = a.probs + static_cast<std::size_t>(j) * n;
+      for (std::size_t r = 0; r < n; ++r) s[r] += p[r];
     }
+    for (std::size_t r = 0; r < n; ++r) sc[r] += s[r];
   }
 
   // --- inspection (tests, benchmarks, reports) -----------------------------------------
@@ -339,6 +340,7 @@ class BuzzBeehive {
   std::vector<HeadState> heads_;
   std::vector<Item> region_, fallback_;  // scratch, reused across rebuilds
   std::vector<char> victim_;
+  std::vector<float> sum_;
 };
 
 }  // namespace kvevict::policies
