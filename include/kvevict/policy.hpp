@@ -43,7 +43,8 @@ struct HeadView {
   std::uint64_t incoming_seq = 0;    ///< arrival index of the token being appended
   std::int64_t incoming_position = 0;
   const float* incoming_key = nullptr;  ///< head_dim floats; nullptr when shrinking a budget
-  const float* queries = nullptr;  ///< group x head_dim; only with Signals::query, else nullptr
+  /// group x head_dim; only with Signals::query, and nullptr when shrinking a budget.
+  const float* queries = nullptr;
 
   [[nodiscard]] std::span<const Scalar> key(std::size_t row) const {
     return {keys + row * static_cast<std::size_t>(head_dim), static_cast<std::size_t>(head_dim)};
