@@ -25,16 +25,19 @@ export OMP_NUM_THREADS=1
   --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true \
   --benchmark_min_time="$min_time" --benchmark_out="$json" --benchmark_out_format=json "$@"
 
-python3 - "$json" "$md" <<'PY'
-import json, re, sys, platform, subprocess, datetime
-jpath, mdpath = sys.argv[1], sys.argv[2]
+cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")
+cxx_version=$("$cxx" --version | head -1)
+python3 - "$json" "$md" "$cxx_version" <<'PY'
+import json, re, sys
+jpath, mdpath, cxx_version = sys.argv[1], sys.argv[2], sys.argv[3]
 data = json.load(open(jpath))
 med = {}
-for b in data["benchmarks"]:
-    if b.get("aggregate_name") != "median":
+for b in data["benchmarks"]:  # medians when repeated, else the single run
+    if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
         continue
-    name = b["run_name"]
-    med[name] = b
+    if b.get("run_type") == "iteration" and b["run_name"] in med:
+        continue
+    med[b["run_name"]] = b
 def get(name):
     return med.get(name)
 def ns_per_item(name, n):
@@ -70,8 +73,8 @@ L.append(f"- CPU: **{cpu}** (family {fam}, model {mod}; family 26 = AMD Zen 5), 
 L.append(f"- kvevict detected ISA: `{ctx.get('kvevict_detected_isa')}`, active: `{ctx.get('kvevict_active_isa')}`; "
          "the benchmark translation unit is built with **no -march flag** (runtime dispatch); only the "
          "`*_native` comparison loops (bench/kernels_native_loops.cpp) are built with `-march=native`.")
-L.append(f"- Run: {ctx.get('date')}, {ctx.get('library_build_type')} libbenchmark, compiler {platform.python_compiler() and ''}"
-         f"see CMake cache; medians of {data['benchmarks'][0].get('repetitions', '?')} repetitions, random interleaving, one process. "
+L.append(f"- Run: {ctx.get('date')}; compiler: {cxx_version}, CMAKE_BUILD_TYPE=Release; medians of "
+         f"{data['benchmarks'][0].get('repetitions', '?')} repetitions, random interleaving, one process. "
          "Times are **CPU time** (the machine is shared and loaded; wall time includes other tenants). "
          "Ratios compare figures from this same run.")
 L.append("- Reproduce: `bench/run_kernel_bench.sh` (raw JSON: bench/results/kernels.json).")
