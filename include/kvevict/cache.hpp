@@ -21,6 +21,11 @@
 
 namespace kvevict {
 
+namespace detail {
+template <class Cache>
+struct CacheAccess;  // serialize.hpp: saves and restores the private state
+}  // namespace detail
+
 /// A row leaving the cache, handed to the eviction callback before it is overwritten.
 template <class Scalar>
 struct EvictedRow {
@@ -222,6 +227,7 @@ class KVCache {
   }
 
  private:
+  friend struct detail::CacheAccess<KVCache>;
   struct HeadStore {
     std::vector<Scalar> k, v;
     std::vector<std::int64_t> pos;

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "../bytes.hpp"
 #include "../policy.hpp"
 
 namespace kvevict::policies::detail {
@@ -43,6 +44,32 @@ class RowColumn {
     auto& c = of(layer, kv_head);
     c[to] = std::move(c[from]);
     c.resize(from);
+  }
+  /// Saved state: every column (for trivially copyable T). load() requires the columns to
+  /// have the sizes they have now (the rows restored before it) and throws kvevict::Error.
+  void save(kvevict::detail::ByteWriter& w) const {
+    w.put<std::uint64_t>(cols_.size());
+    for (const auto& c : cols_) {
+      w.put<std::uint64_t>(c.size());
+      w.put_array(c.data(), c.size());
+    }
+  }
+  template <class Valid = bool (*)(const T&)>
+  void load(kvevict::detail::ByteReader& r, const char* policy, Valid valid = [](const T&) { return true; }) {
+    const auto n = r.get<std::uint64_t>("column count");
+    kvevict::detail::require(n == cols_.size(), policy, " state: ", n, " columns, expected ",
+                             cols_.size());
+    std::vector<std::vector<T>> fresh(cols_.size());
+    for (std::size_t i = 0; i < cols_.size(); ++i) {
+      const auto rows = r.get<std::uint64_t>("column rows");
+      kvevict::detail::require(rows == cols_[i].size(), policy, " state: column ", i, " has ",
+                               rows, " rows, expected ", cols_[i].size());
+      fresh[i].resize(cols_[i].size());
+      r.get_array(fresh[i].data(), fresh[i].size(), "column values");
+      for (const T& x : fresh[i])
+        kvevict::detail::require(valid(x), policy, " state: column ", i, " holds an invalid value");
+    }
+    cols_.swap(fresh);
   }
 
  private:

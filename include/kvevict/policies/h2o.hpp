@@ -3,6 +3,8 @@
 // attention. GQA: a row's score is the attention of its G query heads, summed.
 // Decision timing: the victim is chosen when the next token arrives, from the scores
 // accumulated so far, so the cache never holds more than its budget.
+#include <cmath>
+
 #include "common.hpp"
 
 namespace kvevict::policies {
@@ -41,6 +43,22 @@ class H2O {
   void observe(const AttentionView& a) {
     auto& sc = scores_.of(a.layer, a.kv_head);
     for (std::size_t r = 0; r < a.size; ++r) sc[r] += a.summed(r);
+  }
+  /// Saved state (serialize.hpp): the configuration, checked on load, and every score.
+  void save_state(std::vector<std::uint8_t>& out) const {
+    kvevict::detail::ByteWriter w(out);
+    w.put<std::uint64_t>(recent);
+    w.put<std::uint64_t>(sinks);
+    scores_.save(w);
+  }
+  void load_state(std::span<const std::uint8_t> in) {
+    kvevict::detail::ByteReader r(in);
+    const auto rc = r.get<std::uint64_t>("H2O recent");
+    const auto sk = r.get<std::uint64_t>("H2O sinks");
+    kvevict::detail::require(rc == recent && sk == sinks, "H2O state: saved with recent = ", rc,
+                             ", sinks = ", sk, ", expected recent = ", recent, ", sinks = ", sinks);
+    scores_.load(r, name(), [](float x) { return std::isfinite(x) && x >= 0.0f; });
+    kvevict::detail::require(r.remaining() == 0, "H2O state: ", r.remaining(), " trailing bytes");
   }
   /// Accumulated score of each live row (row order), for inspection and tests.
   [[nodiscard]] const std::vector<float>& scores(int layer, int kv_head) const {

@@ -2,6 +2,7 @@
 // Random eviction: the floor every policy must beat. Seeded, one independent stream per
 // (layer, KV head), so results do not depend on the order heads are visited.
 #include <random>
+#include <sstream>
 
 #include "common.hpp"
 
@@ -48,6 +49,33 @@ class Random {
   template <class S>
   void on_append(const HeadView<S>&, std::size_t) {}
   void on_move(int, int, std::size_t, std::size_t) {}
+
+  /// Saved state (serialize.hpp): the configuration, checked on load, and every
+  /// generator's state, so a restored cache draws the same victims.
+  void save_state(std::vector<std::uint8_t>& out) const {
+    kvevict::detail::ByteWriter w(out);
+    for (std::uint64_t x : {seed, std::uint64_t(sinks), std::uint64_t(recent)}) w.put(x);
+    std::ostringstream os;
+    for (const auto& g : rngs_) os << g << ' ';
+    w.put_string(os.str());
+  }
+  void load_state(std::span<const std::uint8_t> in) {
+    kvevict::detail::ByteReader r(in);
+    const auto sd = r.get<std::uint64_t>("Random seed");
+    const auto sk = r.get<std::uint64_t>("Random sinks");
+    const auto rc = r.get<std::uint64_t>("Random recent");
+    kvevict::detail::require(sd == seed && sk == sinks && rc == recent,
+                             "Random state: saved with seed = ", sd, ", sinks = ", sk,
+                             ", recent = ", rc, ", expected seed = ", seed, ", sinks = ", sinks,
+                             ", recent = ", recent);
+    std::istringstream is(r.get_string("Random generators", in.size()));
+    std::vector<std::mt19937_64> fresh(rngs_.size());
+    for (auto& g : fresh) is >> g;
+    kvevict::detail::require(!is.fail() && r.remaining() == 0,
+                             "Random state: malformed generator state (", rngs_.size(),
+                             " generators expected)");
+    rngs_.swap(fresh);
+  }
 
   /// SplitMix64 of (seed, stream): well-separated seeds for the per-head generators.
   static std::uint64_t stream_seed(std::uint64_t seed, std::uint64_t stream) {

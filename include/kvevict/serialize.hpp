@@ -1,0 +1,276 @@
+#pragma once
+// Save a KVCache to a versioned binary file and restore it bit-exactly.
+//
+// Layout (little-endian, version 1):
+//   "KVEVSAVE" | u32 version | u32 scalar tag | u32 scalar bytes | str policy name |
+//   i32 n_layers, n_heads, n_kv_heads, head_dim | u64 capacity per (layer, KV head) |
+//   per layer: u64 tokens seen, i64 last position |
+//   per (layer, KV head): u64 rows, rows x (i64 position, u64 seq), rows x d K, rows x d V |
+//   u8 has policy state, [u64 length, bytes] | u64 FNV-1a of everything before it.
+// Policy state goes through optional policy hooks
+//   void save_state(std::vector<std::uint8_t>& out) const;
+//   void load_state(std::span<const std::uint8_t> in);  // throws kvevict::Error if invalid
+// On restore the policy is rebound and sees every row again through on_append (row order),
+// so side data derived from stored rows (KNorm's norms) is rebuilt; load_state then
+// restores what cannot be derived (H2O's scores, Random's generators).
+// Any invalid, truncated, corrupted or mismatched input throws kvevict::Error and leaves the
+// target cache untouched: everything is parsed and checked into new storage first.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "bytes.hpp"
+#include "cache.hpp"
+#include "errors.hpp"
+
+namespace kvevict {
+
+inline constexpr std::uint32_t kSaveFormatVersion = 1;
+
+namespace detail {
+
+template <class P>
+concept HasSaveState = requires(const P& p, std::vector<std::uint8_t>& out) { p.save_state(out); };
+template <class P>
+concept HasLoadState = requires(P& p, std::span<const std::uint8_t> in) { p.load_state(in); };
+
+template <class Scalar>
+constexpr std::uint32_t scalar_tag() {
+  if constexpr (std::is_same_v<Scalar, float>) return 1;
+  else if constexpr (std::is_same_v<Scalar, Eigen::half>) return 2;
+  else if constexpr (std::is_same_v<Scalar, Eigen::bfloat16>) return 3;
+  else if constexpr (std::is_same_v<Scalar, double>) return 4;
+  else return 0;
+}
+inline const char* scalar_name(std::uint32_t tag) {
+  switch (tag) {
+    case 1: return "float";
+    case 2: return "Eigen::half";
+    case 3: return "Eigen::bfloat16";
+    case 4: return "double";
+    default: return "unknown";
+  }
+}
+
+inline std::uint64_t fnv1a(std::span<const std::uint8_t> bytes) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::uint8_t b : bytes) h = (h ^ b) * 0x100000001b3ull;
+  return h;
+}
+
+template <class Cache>
+struct CacheAccess {
+  using Policy = typename Cache::policy_type;
+  using Scalar = typename Cache::scalar_type;
+
+  static void save(const Cache& c, std::vector<std::uint8_t>& out) {
+    const Geometry& g = c.shape_.geometry;
+    const std::size_t d = static_cast<std::size_t>(g.head_dim);
+    out.clear();
+    ByteWriter w(out);
+    w.put_array("KVEVSAVE", 8);
+    w.put<std::uint32_t>(kSaveFormatVersion);
+    w.put<std::uint32_t>(scalar_tag<Scalar>());
+    w.put<std::uint32_t>(sizeof(Scalar));
+    w.put_string(Policy::name());
+    for (int x : {g.n_layers, g.n_heads, g.n_kv_heads, g.head_dim}) w.put<std::int32_t>(x);
+    for (std::size_t cap : c.shape_.capacity) w.put<std::uint64_t>(cap);
+    for (const auto& ls : c.layers_) {
+      w.put<std::uint64_t>(ls.next_seq);
+      w.put<std::int64_t>(ls.last_position);
+    }
+    for (const auto& h : c.heads_) {
+      w.put<std::uint64_t>(h.size);
+      for (std::size_t r = 0; r < h.size; ++r) {
+        w.put<std::int64_t>(h.pos[r]);
+        w.put<std::uint64_t>(h.seq[r]);
+      }
+      w.put_array(h.k.data(), h.size * d);
+      w.put_array(h.v.data(), h.size * d);
+    }
+    if constexpr (HasSaveState<Policy>) {
+      std::vector<std::uint8_t> state;
+      c.policy_.save_state(state);
+      w.put<std::uint8_t>(1);
+      w.put<std::uint64_t>(state.size());
+      w.put_array(state.data(), state.size());
+    } else {
+      w.put<std::uint8_t>(0);
+    }
+    w.put<std::uint64_t>(fnv1a(out));
+  }
+
+  // Parses and checks everything into fresh storage, then commits with non-throwing swaps.
+  static void load(Cache& c, std::span<const std::uint8_t> in, bool verify_checksum) {
+    require(in.size() >= 8 + 4 + 8 && std::memcmp(in.data(), "KVEVSAVE", 8) == 0,
+            "saved state: bad magic (", in.size(), " bytes), expected a kvevict save file");
+    ByteReader hdr(in.subspan(8));
+    const auto version = hdr.get<std::uint32_t>("version");
+    require(version == kSaveFormatVersion, "saved state: format version ", version,
+            ", expected ", kSaveFormatVersion);
+    if (verify_checksum) {
+      std::uint64_t stored;
+      std::memcpy(&stored, in.data() + in.size() - 8, 8);
+      const auto actual = fnv1a(in.first(in.size() - 8));
+      require(stored == actual, "saved state: checksum mismatch (file corrupt or truncated)");
+    }
+    ByteReader r(in.first(in.size() - 8).subspan(12));
+    const auto tag = r.get<std::uint32_t>("scalar type");
+    const auto bytes = r.get<std::uint32_t>("scalar size");
+    require(tag == scalar_tag<Scalar>() && bytes == sizeof(Scalar), "saved state: scalar type ",
+            scalar_name(tag), " (", bytes, " bytes), expected ", scalar_name(scalar_tag<Scalar>()),
+            " (", sizeof(Scalar), " bytes)");
+    const std::string name = r.get_string("policy name", 256);
+    require(name == Policy::name(), "saved state: policy ", name, ", expected ", Policy::name());
+    Geometry g;
+    g.n_layers = r.get<std::int32_t>("n_layers");
+    g.n_heads = r.get<std::int32_t>("n_heads");
+    g.n_kv_heads = r.get<std::int32_t>("n_kv_heads");
+    g.head_dim = r.get<std::int32_t>("head_dim");
+    const Geometry& want = c.shape_.geometry;
+    require(g == want, "saved state: geometry (layers ", g.n_layers, ", heads ", g.n_heads,
+            ", kv heads ", g.n_kv_heads, ", head_dim ", g.head_dim, "), expected (layers ",
+            want.n_layers, ", heads ", want.n_heads, ", kv heads ", want.n_kv_heads, ", head_dim ",
+            want.head_dim, ")");
+    const std::size_t n_heads = c.shape_.capacity.size();
+    for (std::size_t i = 0; i < n_heads; ++i) {
+      const auto cap = r.get<std::uint64_t>("capacity");
+      require(cap == c.shape_.capacity[i], "saved state: capacity of layer ",
+              i / static_cast<std::size_t>(g.n_kv_heads), " KV head ",
+              i % static_cast<std::size_t>(g.n_kv_heads), " = ", cap, ", expected ",
+              c.shape_.capacity[i], " (the target cache's budget)");
+    }
+    std::vector<typename Cache::LayerState> layers(static_cast<std::size_t>(g.n_layers));
+    for (auto& ls : layers) {
+      ls.next_seq = r.get<std::uint64_t>("tokens seen");
+      ls.last_position = r.get<std::int64_t>("last position");
+    }
+    const std::size_t d = static_cast<std::size_t>(g.head_dim);
+    std::vector<typename Cache::HeadStore> heads(n_heads);
+    for (std::size_t i = 0; i < n_heads; ++i) {
+      auto& h = heads[i];
+      const auto& ls = layers[i / static_cast<std::size_t>(g.n_kv_heads)];
+      const auto rows = r.get<std::uint64_t>("row count");
+      require(rows <= c.shape_.capacity[i] && rows <= ls.next_seq, "saved state: head ", i,
+              " holds ", rows, " rows, expected <= capacity ", c.shape_.capacity[i],
+              " and <= tokens seen ", ls.next_seq);
+      r.need_elems(rows, 16 + 2 * d * sizeof(Scalar), "rows");
+      h.size = static_cast<std::size_t>(rows);
+      h.pos.resize(h.size);
+      h.seq.resize(h.size);
+      for (std::size_t k = 0; k < h.size; ++k) {
+        h.pos[k] = r.get<std::int64_t>("position");
+        h.seq[k] = r.get<std::uint64_t>("seq");
+        require(h.seq[k] < ls.next_seq && h.pos[k] <= ls.last_position, "saved state: head ", i,
+                " row ", k, " has seq ", h.seq[k], " and position ", h.pos[k],
+                ", expected seq < ", ls.next_seq, " and position <= ", ls.last_position);
+      }
+      {  // arrival indices and positions are unique within a head
+        std::vector<std::uint64_t> s(h.seq);
+        std::sort(s.begin(), s.end());
+        require(std::adjacent_find(s.begin(), s.end()) == s.end(), "saved state: head ", i,
+                " repeats an arrival index");
+        std::vector<std::int64_t> p(h.pos);
+        std::sort(p.begin(), p.end());
+        require(std::adjacent_find(p.begin(), p.end()) == p.end(), "saved state: head ", i,
+                " repeats a position");
+      }
+      h.k.resize(h.size * d);
+      h.v.resize(h.size * d);
+      r.get_array(h.k.data(), h.size * d, "keys");
+      r.get_array(h.v.data(), h.size * d, "values");
+    }
+    const auto has_state = r.get<std::uint8_t>("policy state flag");
+    require(has_state <= 1, "saved state: policy state flag ", int(has_state), ", expected 0 or 1");
+    std::span<const std::uint8_t> state;
+    if (has_state) state = r.get_bytes(r.get<std::uint64_t>("policy state length"), "policy state");
+    require(r.remaining() == 0, "saved state: ", r.remaining(), " unexpected trailing bytes");
+    if constexpr (HasLoadState<Policy>)
+      require(has_state == 1, "saved state: no state for policy ", Policy::name(),
+              ", which saves its state");
+    else
+      require(has_state == 0, "saved state: carries policy state, but ", Policy::name(),
+              " cannot load one");
+
+    // Rebuild the policy's side data on a copy (same configuration, fresh binding).
+    Policy p = c.policy_;
+    p.bind(c.shape_);
+    std::vector<float> key(d);
+    for (int l = 0; l < g.n_layers; ++l)
+      for (int kh = 0; kh < g.n_kv_heads; ++kh) {
+        const auto& h = heads[static_cast<std::size_t>(l * g.n_kv_heads + kh)];
+        for (std::size_t row = 0; row < h.size; ++row) {
+          for (std::size_t j = 0; j < d; ++j) key[j] = static_cast<float>(h.k[row * d + j]);
+          HeadView<Scalar> v;
+          v.layer = l;
+          v.kv_head = kh;
+          v.head_dim = g.head_dim;
+          v.group = g.group();
+          v.size = row + 1;
+          v.capacity = c.shape_.at(l, kh);
+          v.keys = h.k.data();
+          v.values = h.v.data();
+          v.positions = h.pos.data();
+          v.seqs = h.seq.data();
+          v.incoming_seq = h.seq[row];
+          v.incoming_position = h.pos[row];
+          v.incoming_key = key.data();
+          p.on_append(v, row);
+        }
+      }
+    if constexpr (HasLoadState<Policy>) p.load_state(state);
+    // Commit: nothing below throws.
+    c.heads_.swap(heads);
+    c.layers_.swap(layers);
+    using std::swap;
+    swap(c.policy_, p);
+  }
+};
+
+}  // namespace detail
+
+/// The saved form of `cache` as bytes.
+template <class Policy, class Scalar>
+std::vector<std::uint8_t> save_bytes(const KVCache<Policy, Scalar>& cache) {
+  std::vector<std::uint8_t> out;
+  detail::CacheAccess<KVCache<Policy, Scalar>>::save(cache, out);
+  return out;
+}
+
+/// Restores `cache` from bytes written by save_bytes/save. The target must have the same
+/// geometry, capacities, policy and scalar type; its eviction callback is kept.
+template <class Policy, class Scalar>
+void load_bytes(KVCache<Policy, Scalar>& cache, std::span<const std::uint8_t> bytes) {
+  detail::CacheAccess<KVCache<Policy, Scalar>>::load(cache, bytes, true);
+}
+
+/// Writes the cache to a file (replaced if it exists).
+template <class Policy, class Scalar>
+void save(const KVCache<Policy, Scalar>& cache, const std::string& path) {
+  const auto bytes = save_bytes(cache);
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  detail::require(f.good(), "save: cannot open ", path, " for writing");
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  f.close();
+  detail::require(f.good(), "save: writing ", path, " failed");
+}
+
+/// Restores the cache from a file written by save().
+template <class Policy, class Scalar>
+void load(KVCache<Policy, Scalar>& cache, const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  detail::require(f.good(), "load: cannot open ", path);
+  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  detail::require(!f.bad(), "load: reading ", path, " failed");
+  load_bytes(cache, bytes);
+}
+
+}  // namespace kvevict
