@@ -251,13 +251,13 @@ TEST_CASE("Hamming API rejects bad arguments with precise messages", "[kernels][
   REQUIRE_THROWS_AS(kk::hamming_distances(q, c, 1, 512, out), std::invalid_argument);
   REQUIRE_THROWS_WITH(kk::hamming_distances(q, nullptr, 3, 8, out),
                       Catch::Contains("codes") && Catch::Contains("n = 3"));
-  REQUIRE_THROWS_WITH(kk::hamming_distances(q, c, 2, 8, nullptr), Catch::Contains("out"));
+  REQUIRE_THROWS_WITH(kk::hamming_distances(q, c, 2, 8, static_cast<std::uint16_t*>(nullptr)), Catch::Contains("out"));
   REQUIRE_THROWS_AS(kk::hamming_distances(nullptr, c, 2, 8, out), std::invalid_argument);
   REQUIRE_THROWS_AS(kk::hamming_argmax(q, nullptr, 2, 64, nullptr), std::invalid_argument);
   REQUIRE_THROWS_WITH(kk::hamming_histogram(q, c, 1, 8, out, nullptr),
                       Catch::Contains("histogram"));
   // n == 0 with null arrays is fine.
-  REQUIRE_NOTHROW(kk::hamming_distances(q, nullptr, 0, 64, nullptr));
+  REQUIRE_NOTHROW(kk::hamming_distances(q, nullptr, 0, 64, static_cast<std::uint16_t*>(nullptr)));
   REQUIRE(kk::hamming_argmax(q, nullptr, 0, 64, nullptr) == kk::npos);
   REQUIRE_NOTHROW(kk::hamming_histogram(q, nullptr, 0, 8, nullptr, h));
   REQUIRE(h[0] == 0);
