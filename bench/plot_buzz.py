@@ -107,21 +107,22 @@ def size_plot(early, long_, out):
 def quality_plot(rows, out):
     forms = {}
     for r in rows:
-        forms.setdefault(r["form"], {}).setdefault(int(r["token"]) // 16 * 16, []).append(r)
-    panels = []
-    for key, title, yr in (("mass_recall", "Attention-mass recall", (0, 1)),
-                           ("output_rel_error", "Output relative error", (0, 1))):
-        xs_all = sorted({x for f in forms.values() for x in f})
-        p = Panel(W * len(panels), title, (xs_all[0], xs_all[-1]), yr, xlog=True,
-                  xlabel="tokens (log scale)", ylabel=key.replace("_", " "))
-        for name, pts in forms.items():
-            xs = sorted(pts)
-            ys = [sum(float(r[key]) for r in pts[x]) / len(pts[x]) for x in xs]
-            p.line(xs, ys, COLORS[name], width=2)
-        xt = [(x, f"{x // 1024}K") for x in xs_all]
-        panels.append(p.svg(xt, [0, 0.2, 0.4, 0.6, 0.8, 1.0],
-                            [("bounded", COLORS["bounded"]), ("log n", COLORS["log_n"])]))
-    write(out, panels)
+        forms.setdefault(r["form"], {}).setdefault(int(r["checkpoint"]), []).append(r)
+    xs_all = sorted({x for f in forms.values() for x in f})
+    xt = [(x, f"{x // 1024}K") for x in xs_all]
+    legend = [("bounded", COLORS["bounded"]), ("log n", COLORS["log_n"])]
+    mean = lambda pts, key: [sum(float(r[key]) for r in pts[x]) / len(pts[x]) for x in sorted(pts)]
+    top = max(max(mean(p, "mass_recall")) for p in forms.values())
+    ytop = math.ceil(top * 20) / 20
+    p1 = Panel(0, "Attention-mass recall (16 queries)", (xs_all[0], xs_all[-1]), (0, ytop),
+               xlog=True, xlabel="tokens (log scale)", ylabel="mass recall")
+    p2 = Panel(W, "Mean rows per KV head (same queries)", (xs_all[0], xs_all[-1]), (0, 1000),
+               xlog=True, xlabel="tokens (log scale)", ylabel="rows")
+    for name, pts in forms.items():
+        p1.line(sorted(pts), mean(pts, "mass_recall"), COLORS[name], width=2)
+        p2.line(sorted(pts), mean(pts, "rows"), COLORS[name], width=2)
+    yt1 = [round(ytop * i / 5, 3) for i in range(6)]
+    write(out, [p1.svg(xt, yt1, legend), p2.svg(xt, range(0, 1001, 200), legend)])
 
 
 if __name__ == "__main__":

@@ -413,6 +413,7 @@ TEST_CASE("BUZZ rejects configurations and budgets it cannot serve") {
   c = {};
   c.threshold = 1;
   REQUIRE_THROWS_AS(BuzzBeehive(c), kvevict::Error);
+  REQUIRE_THROWS_AS(BuzzBeehive::window_for_budget(6, 4), kvevict::Error);
   c = {};
   c.budget_mode = true;
   c.log_n = true;

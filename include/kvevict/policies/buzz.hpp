@@ -51,7 +51,10 @@ class BuzzBeehive {
     std::size_t threshold = 0;
   };
   [[nodiscard]] static Split window_for_budget(std::size_t capacity, std::size_t sinks) {
-    const std::size_t rest = capacity - sinks;  // >= 3, checked by min_capacity
+    kvevict::detail::require(capacity >= sinks + 3 && capacity != Budget::kUnbounded,
+                             "BuzzBeehive: budget of ", capacity, " tokens with ", sinks,
+                             " sinks, expected a finite budget >= sinks + 3");
+    const std::size_t rest = capacity - sinks;
     const std::size_t w = std::clamp<std::size_t>(2 * rest / 7, 1, rest - 2);
     return {w, rest - w};
   }
