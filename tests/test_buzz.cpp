@@ -8,6 +8,7 @@
 #include <kvevict/attention.hpp>
 #include <kvevict/cache.hpp>
 #include <kvevict/policies/buzz.hpp>
+#include <kvevict/serialize.hpp>
 #include <random>
 #include <vector>
 
@@ -435,4 +436,40 @@ TEST_CASE("BUZZ rejects configurations and budgets it cannot serve") {
     REQUIRE(capped.size(0, 0) <= 200);
   }
   REQUIRE(capped.policy().rebuilds(0, 0) > 10);
+}
+
+TEST_CASE("BUZZ resumes identically after save and restore") {
+  for (bool log_n : {false, true}) {
+    BuzzBeehive::Config c;
+    c.window = 20;
+    c.threshold = 40;
+    c.log_n = log_n;
+    const Geometry g{1, 8, 2, 8};
+    KVCache<BuzzBeehive> a(g, Budget::unbounded(), BuzzBeehive(c));
+    std::mt19937 rng(17);
+    auto step = [&](KVCache<BuzzBeehive>& cache, std::int64_t t, const std::vector<float>& k,
+                    const std::vector<float>& v, const std::vector<float>& q) {
+      cache.append(0, t, k, v);
+      kvevict::attend(cache, 0, q);
+    };
+    std::int64_t t = 0;
+    for (; t < 1000; ++t) step(a, t, random_vec(rng, 16), random_vec(rng, 16), random_vec(rng, 64));
+    KVCache<BuzzBeehive> b(g, Budget::unbounded(), BuzzBeehive(c));
+    kvevict::load_bytes(b, kvevict::save_bytes(a));
+    for (; t < 3000; ++t) {
+      const auto k = random_vec(rng, 16), v = random_vec(rng, 16), q = random_vec(rng, 64);
+      step(a, t, k, v, q);
+      step(b, t, k, v, q);
+      for (int kh = 0; kh < 2; ++kh) {
+        REQUIRE(std::vector<std::uint64_t>(a.seqs(0, kh).begin(), a.seqs(0, kh).end()) ==
+                std::vector<std::uint64_t>(b.seqs(0, kh).begin(), b.seqs(0, kh).end()));
+        REQUIRE(a.policy().scores(0, kh) == b.policy().scores(0, kh));
+      }
+    }
+    REQUIRE(a.policy().rebuilds(0, 0) > 20);
+    // A cache with another shape refuses the state.
+    c.stride = 7;
+    KVCache<BuzzBeehive> other(g, Budget::unbounded(), BuzzBeehive(c));
+    REQUIRE_THROWS_AS(kvevict::load_bytes(other, kvevict::save_bytes(a)), kvevict::Error);
+  }
 }

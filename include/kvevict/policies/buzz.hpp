@@ -17,8 +17,10 @@
 // Options: a budget mode that derives W and T from each head's capacity, and a "log n" form
 // (hierarchical thinning, see Config::log_n) whose sample region grows O(log n).
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "../errors.hpp"
@@ -209,6 +211,60 @@ class BuzzBeehive {
       for (std::size_t r = 0; r < n; ++r) s[r] += p[r];
     }
     for (std::size_t r = 0; r < n; ++r) sc[r] += s[r];
+  }
+
+  /// Serialisation hooks (serialize.hpp): the shape, each head's rebuild state, the scores.
+  void save_state(std::vector<std::uint8_t>& out) const {
+    kvevict::detail::ByteWriter w(out);
+    for (std::size_t x : {cfg_.sinks, cfg_.window, cfg_.threshold, cfg_.stride})
+      w.put<std::uint64_t>(x);
+    w.put<std::uint8_t>(static_cast<std::uint8_t>(cfg_.budget_mode | (cfg_.log_n << 1)));
+    w.put<std::uint64_t>(heads_.size());
+    for (const HeadState& h : heads_) {
+      w.put<std::uint64_t>(h.boundary);
+      w.put<std::uint64_t>(h.samples);
+      w.put<std::uint64_t>(h.rebuilds);
+      w.put<std::uint64_t>(h.gens.size());
+      for (const Generation& g : h.gens) {
+        w.put<std::uint64_t>(g.begin);
+        w.put<std::uint32_t>(g.level);
+      }
+    }
+    scores_.save(w);
+  }
+  void load_state(std::span<const std::uint8_t> in) {
+    kvevict::detail::ByteReader r(in);
+    std::size_t saved[4];
+    for (auto& x : saved) x = static_cast<std::size_t>(r.get<std::uint64_t>("BUZZ shape"));
+    const auto flags = r.get<std::uint8_t>("BUZZ flags");
+    kvevict::detail::require(
+        saved[0] == cfg_.sinks && saved[1] == cfg_.window && saved[2] == cfg_.threshold &&
+            saved[3] == cfg_.stride && flags == (cfg_.budget_mode | (cfg_.log_n << 1)),
+        "BuzzBeehive state: saved with sinks ", saved[0], ", window ", saved[1], ", threshold ",
+        saved[2], ", stride ", saved[3], ", flags ", int{flags}, "; expected ", cfg_.sinks, ", ",
+        cfg_.window, ", ", cfg_.threshold, ", ", cfg_.stride, ", ",
+        int{cfg_.budget_mode} | (int{cfg_.log_n} << 1));
+    const auto n = r.get<std::uint64_t>("BUZZ head count");
+    kvevict::detail::require(n == heads_.size(), "BuzzBeehive state: ", n, " heads, expected ",
+                             heads_.size());
+    std::vector<HeadState> fresh(heads_.size());
+    for (HeadState& h : fresh) {
+      h.boundary = r.get<std::uint64_t>("BUZZ boundary");
+      h.samples = static_cast<std::size_t>(r.get<std::uint64_t>("BUZZ samples"));
+      h.rebuilds = static_cast<std::size_t>(r.get<std::uint64_t>("BUZZ rebuilds"));
+      const auto gens = r.get<std::uint64_t>("BUZZ generations");
+      kvevict::detail::require(gens <= r.remaining() / 12, "BuzzBeehive state: ", gens,
+                               " generations, more than the input holds");
+      for (std::uint64_t i = 0; i < gens; ++i) {
+        const auto begin = r.get<std::uint64_t>("BUZZ generation begin");
+        const auto level = r.get<std::uint32_t>("BUZZ generation level");
+        h.gens.push_back({begin, level});
+      }
+    }
+    scores_.load(r, name(), [](float x) { return std::isfinite(x) && x >= 0.0f; });
+    kvevict::detail::require(r.remaining() == 0, "BuzzBeehive state: ", r.remaining(),
+                             " trailing bytes");
+    heads_.swap(fresh);
   }
 
   // --- inspection (tests, benchmarks, reports) -----------------------------------------
