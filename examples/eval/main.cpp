@@ -1,0 +1,479 @@
+// kvevict-eval: policies x budgets x workload. Prints a table of attention quality
+// against the full cache, optionally writes JSON, CSV and an SVG plot.
+#include <unistd.h>
+
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "registry.hpp"
+#include "runner.hpp"
+#include "safetensors.hpp"
+#include "svg_plot.hpp"
+#include "workloads.hpp"
+
+namespace {
+
+using namespace kvevict::eval;
+
+struct ArgError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+constexpr const char* kUsage = R"(usage: kvevict-eval [options]
+
+Runs each policy at each budget over a workload, feeding it token by token through
+KVCache<Policy> and kvevict::attend, and compares every decode step with the full cache:
+  mass    attention-mass recall (share of the full cache's attention that was attended)
+  error   attention-output relative error ||o_full - o|| / ||o_full||
+  topk    top-k recall (share of the full cache's k most-attended rows that were kept)
+  needle  needle retrieval rate (the late query's attention peaks on the planted key)
+
+Options:
+  --policies LIST   comma-separated policy names, or 'all' (default: all; see --list)
+  --budgets LIST    fractions of the context in (0, 1] written with a '.', e.g. 0.1,0.5,
+                    or token counts (integers >= 1); default 0.1,0.2,...,0.9
+  --workload LIST   synthetic workloads, comma-separated, or 'all' (default: mixed)
+  --trace FILE      a safetensors trace instead (tensor names in docs/traces.md)
+  --steps N         decode steps (synthetic default 768; a trace: all after the prompt)
+  --prompt N        prompt tokens prefilled first (synthetic default 256; trace: 25%)
+  --layers N        layers of a synthetic workload (default 2)
+  --seed N          seed of the generators and of the random policy (default 1)
+  --topk K          k of top-k recall (default 10)
+  --json FILE       write the results as JSON
+  --csv FILE        write the results as CSV
+  --svg FILE        write an SVG plot of a metric against budget, a panel per workload
+  --metric NAME     metric of the SVG: mass, error, topk, needle (default mass)
+  --quiet           no progress bar (shown on stderr after 2 s on a terminal)
+  --progress        show the progress bar even when stderr is not a terminal
+  --list            list policies and workloads, then exit
+  --help            this text
+Exit status: 0 on success, 2 on bad arguments or input, 1 on other failures.
+)";
+
+struct Options {
+  std::vector<std::string> policies;
+  std::vector<std::string> budgets{"0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8", "0.9"};
+  std::vector<std::string> workloads{"mixed"};
+  std::string trace, json, csv, svg, metric = "mass";
+  std::optional<std::size_t> steps, prompt;
+  int layers = 2;
+  std::uint64_t seed = 1;
+  std::size_t topk = 10;
+  bool quiet = false, force_progress = false;
+};
+
+std::vector<std::string> split(std::string_view s) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= s.size()) {
+    const auto end = std::min(s.find(',', start), s.size());
+    out.emplace_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+template <class T>
+T parse_int(const std::string& flag, const std::string& s, T min) {
+  T v{};
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size() || v < min)
+    throw ArgError(flag + ": '" + s + "' is not an integer >= " + std::to_string(min));
+  return v;
+}
+
+// A budget: a fraction in (0, 1] when written with '.', else a token count.
+struct BudgetSpec {
+  std::string text;
+  double fraction = 0.0;
+  std::size_t tokens = 0;
+  [[nodiscard]] std::size_t resolve(std::size_t context) const {
+    if (tokens > 0) return tokens;
+    return std::max<std::size_t>(1, static_cast<std::size_t>(std::llround(fraction * double(context))));
+  }
+};
+
+BudgetSpec parse_budget(const std::string& s) {
+  BudgetSpec b{s};
+  if (s.find('.') != std::string::npos) {
+    const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), b.fraction);
+    if (ec != std::errc() || p != s.data() + s.size() || !(b.fraction > 0.0 && b.fraction <= 1.0))
+      throw ArgError("--budgets: '" + s + "' is not a fraction in (0, 1] nor a token count");
+  } else {
+    b.tokens = parse_int<std::size_t>("--budgets", s, 1);
+  }
+  return b;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (const auto& e : policy_registry()) o.policies.push_back(e.name);
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw ArgError(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    } else if (a == "--list") {
+      std::cout << "policies:\n";
+      for (const auto& e : policy_registry())
+        std::printf("  %-12s %s\n", e.name.c_str(), e.description.c_str());
+      std::cout << "synthetic workloads:";
+      for (const auto& n : synthetic_workload_names()) std::cout << ' ' << n;
+      std::cout << '\n';
+      std::exit(0);
+    } else if (a == "--policies") {
+      const auto v = value();
+      if (v != "all") o.policies = split(v);
+    } else if (a == "--budgets") {
+      o.budgets = split(value());
+    } else if (a == "--workload") {
+      const auto v = value();
+      o.workloads = v == "all" ? synthetic_workload_names() : split(v);
+    } else if (a == "--trace") {
+      o.trace = value();
+    } else if (a == "--steps") {
+      o.steps = parse_int<std::size_t>(a, value(), 1);
+    } else if (a == "--prompt") {
+      o.prompt = parse_int<std::size_t>(a, value(), 0);
+    } else if (a == "--layers") {
+      o.layers = parse_int<int>(a, value(), 1);
+    } else if (a == "--seed") {
+      o.seed = parse_int<std::uint64_t>(a, value(), 0);
+    } else if (a == "--topk") {
+      o.topk = parse_int<std::size_t>(a, value(), 1);
+    } else if (a == "--json") {
+      o.json = value();
+    } else if (a == "--csv") {
+      o.csv = value();
+    } else if (a == "--svg") {
+      o.svg = value();
+    } else if (a == "--metric") {
+      o.metric = value();
+      if (o.metric != "mass" && o.metric != "error" && o.metric != "topk" && o.metric != "needle")
+        throw ArgError("--metric: '" + o.metric + "', expected mass, error, topk or needle");
+    } else if (a == "--quiet") {
+      o.quiet = true;
+    } else if (a == "--progress") {
+      o.force_progress = true;
+    } else {
+      throw ArgError("unknown argument '" + a + "' (see --help)");
+    }
+  }
+  for (const auto& p : o.policies) {
+    if (find_policy(p) != nullptr) continue;
+    std::string known;
+    for (const auto& e : policy_registry()) known += (known.empty() ? "" : ", ") + e.name;
+    throw ArgError("--policies: unknown policy '" + p + "', expected one of: " + known);
+  }
+  if (o.trace.empty())
+    for (const auto& w : o.workloads) {
+      const auto& n = synthetic_workload_names();
+      if (std::find(n.begin(), n.end(), w) == n.end()) {
+        std::string known;
+        for (const auto& x : n) known += (known.empty() ? "" : ", ") + x;
+        throw ArgError("--workload: unknown workload '" + w + "', expected one of: " + known +
+                       " or all");
+      }
+    }
+  return o;
+}
+
+class Progress {
+ public:
+  Progress(std::size_t total, bool enabled) : total_(total), enabled_(enabled) {}
+  void tick() {
+    ++done_;
+    if (!enabled_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - start_ < std::chrono::seconds(2) || now - last_ < std::chrono::milliseconds(100))
+      return;
+    last_ = now;
+    draw(now);
+  }
+  void label(std::string l) { label_ = std::move(l); }
+  void finish() {
+    if (enabled_ && drawn_) std::fprintf(stderr, "\r%-100s\r", "");
+  }
+
+ private:
+  void draw(std::chrono::steady_clock::time_point now) {
+    const double f = total_ ? double(done_) / double(total_) : 1.0;
+    const double el = std::chrono::duration<double>(now - start_).count();
+    const int w = 30, fill = static_cast<int>(f * w);
+    std::fprintf(stderr, "\r[%s%s] %5.1f%% %6.0fs left  %-40.40s", std::string(fill, '#').c_str(),
+                 std::string(w - fill, '.').c_str(), 100.0 * f, f > 0 ? el * (1 - f) / f : 0.0,
+                 label_.c_str());
+    std::fflush(stderr);
+    drawn_ = true;
+  }
+  std::size_t total_, done_ = 0;
+  bool enabled_, drawn_ = false;
+  std::string label_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_{};
+};
+
+struct Row {
+  std::string workload, policy;
+  bool causal = true, reference = false;
+  std::size_t budget = 0;  // 0: the full cache
+  double fraction = 1.0;
+  Quality q;
+  double seconds = 0.0;
+};
+
+std::string num(double v, int prec = 4) {
+  if (!std::isfinite(v)) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.*f", prec, v);
+  return b;
+}
+
+double metric_of(const Row& r, const std::string& m) {
+  if (m == "error") return r.q.output_error;
+  if (m == "topk") return r.q.topk_recall;
+  if (m == "needle") return r.q.needle_rate();
+  return r.q.mass_recall;
+}
+
+void print_summary(const std::vector<Row>& rows, const std::vector<std::string>& workloads) {
+  for (const auto& w : workloads) {
+    // The budget closest to half the context.
+    double best_f = -1.0;
+    for (const auto& r : rows)
+      if (r.workload == w && !r.reference && std::abs(r.fraction - 0.5) < std::abs(best_f - 0.5))
+        best_f = r.fraction;
+    if (best_f < 0) continue;
+    const Row *stream = nullptr, *oracle = nullptr, *best_mass = nullptr, *best_err = nullptr;
+    for (const auto& r : rows) {
+      if (r.workload != w || r.reference || r.fraction != best_f) continue;
+      if (r.policy == "streaming") stream = &r;
+      if (r.policy == "oracle") oracle = &r;
+      if (!r.causal) continue;
+      if (!best_mass || r.q.mass_recall > best_mass->q.mass_recall) best_mass = &r;
+      if (!best_err || r.q.output_error < best_err->q.output_error) best_err = &r;
+    }
+    std::printf("\n%s at budget %.2f of the context:\n", w.c_str(), best_f);
+    if (best_mass)
+      std::printf("  best causal policy by mass recall: %s (%s); by output error: %s (%s)\n",
+                  best_mass->policy.c_str(), num(best_mass->q.mass_recall).c_str(),
+                  best_err->policy.c_str(), num(best_err->q.output_error).c_str());
+    if (stream && oracle) {
+      const double gap = oracle->q.mass_recall - stream->q.mass_recall;
+      std::printf("  StreamingLLM -> Oracle mass-recall gap: %s -> %s (%s)\n",
+                  num(stream->q.mass_recall).c_str(), num(oracle->q.mass_recall).c_str(),
+                  num(gap).c_str());
+      if (std::abs(gap) > 1e-9)
+        for (const auto& r : rows)
+          if (r.workload == w && !r.reference && r.fraction == best_f && r.causal &&
+              r.policy != "streaming")
+            std::printf("    %-12s closes %6.1f%% of the gap\n", r.policy.c_str(),
+                        100.0 * (r.q.mass_recall - stream->q.mass_recall) / gap);
+    }
+  }
+}
+
+void write_outputs(const Options& o, const std::vector<Row>& rows,
+                   const std::vector<Workload>& loaded, const std::string& command) {
+  if (!o.csv.empty()) {
+    std::ofstream f(o.csv);
+    if (!f) throw kvevict::Error("kvevict-eval: cannot write --csv file '" + o.csv + "'");
+    f << "workload,policy,budget_tokens,budget_fraction,mass_recall,output_error,topk_recall,"
+         "needle_rate,needle_probes,samples,seconds\n";
+    for (const auto& r : rows)
+      f << r.workload << ',' << r.policy << ',' << r.budget << ',' << num(r.fraction, 6) << ','
+        << num(r.q.mass_recall, 6) << ',' << num(r.q.output_error, 6) << ','
+        << num(r.q.topk_recall, 6) << ',' << (std::isfinite(r.q.needle_rate()) ? num(r.q.needle_rate(), 6) : "")
+        << ',' << r.q.needle_probes << ',' << r.q.samples << ',' << num(r.seconds, 3) << '\n';
+  }
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    if (!f) throw kvevict::Error("kvevict-eval: cannot write --json file '" + o.json + "'");
+    auto jnum = [](double v) { return std::isfinite(v) ? num(v, 6) : std::string("null"); };
+    auto jstr = [](const std::string& s) {
+      std::string out = "\"";
+      for (char c : s) {
+        if (c == '"' || c == '\\') out += '\\';
+        if (static_cast<unsigned char>(c) < 0x20) { out += ' '; continue; }
+        out += c;
+      }
+      return out + "\"";
+    };
+    f << "{\n  \"command\": " << jstr(command) << ",\n  \"topk\": " << o.topk
+      << ",\n  \"workloads\": [\n";
+    for (std::size_t i = 0; i < loaded.size(); ++i) {
+      const auto& w = loaded[i];
+      f << "    {\"name\": " << jstr(w.name) << ", \"description\": " << jstr(w.description)
+        << ", \"tokens\": " << w.tokens << ", \"prompt\": " << w.prompt
+        << ", \"layers\": " << w.geometry.n_layers << ", \"heads\": " << w.geometry.n_heads
+        << ", \"kv_heads\": " << w.geometry.n_kv_heads << ", \"head_dim\": " << w.geometry.head_dim
+        << ", \"needles\": " << w.needles.size() << '}' << (i + 1 < loaded.size() ? "," : "") << '\n';
+    }
+    f << "  ],\n  \"results\": [\n";
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const auto& r = rows[i];
+      f << "    {\"workload\": " << jstr(r.workload) << ", \"policy\": " << jstr(r.policy)
+        << ", \"causal\": " << (r.causal ? "true" : "false")
+        << ", \"budget_tokens\": " << r.budget << ", \"budget_fraction\": " << jnum(r.fraction)
+        << ", \"mass_recall\": " << jnum(r.q.mass_recall)
+        << ", \"output_error\": " << jnum(r.q.output_error)
+        << ", \"topk_recall\": " << jnum(r.q.topk_recall)
+        << ", \"needle_rate\": " << jnum(r.q.needle_rate())
+        << ", \"needle_probes\": " << r.q.needle_probes << ", \"samples\": " << r.q.samples
+        << ", \"seconds\": " << jnum(r.seconds) << '}' << (i + 1 < rows.size() ? "," : "") << '\n';
+    }
+    f << "  ]\n}\n";
+  }
+  if (!o.svg.empty()) {
+    std::vector<Panel> panels;
+    for (const auto& w : loaded) {
+      Panel p{w.name, {}};
+      for (const auto& name : o.policies) {
+        Series s{name, {}, name == "oracle" || name == "full"};
+        const Row* full = nullptr;
+        for (const auto& r : rows) {
+          if (r.workload != w.name || r.policy != name) continue;
+          if (r.reference) full = &r;
+          else s.points.push_back({r.fraction, metric_of(r, o.metric)});
+        }
+        if (full)  // the reference is one run: a flat line across the plotted budgets
+          for (const auto& r : rows)
+            if (r.workload == w.name && !r.reference && r.policy == o.policies.front())
+              s.points.push_back({r.fraction, metric_of(*full, o.metric)});
+        if (full && s.points.empty()) s.points = {{0.0, metric_of(*full, o.metric)}, {1.0, metric_of(*full, o.metric)}};
+        if (!s.points.empty()) p.series.push_back(std::move(s));
+      }
+      panels.push_back(std::move(p));
+    }
+    PlotSpec spec;
+    static const std::map<std::string, std::string> labels{
+        {"mass", "attention-mass recall"},
+        {"error", "attention-output relative error"},
+        {"topk", "top-" + std::to_string(o.topk) + " recall"},
+        {"needle", "needle retrieval rate"}};
+    spec.y_label = labels.at(o.metric);
+    spec.title = "kvevict-eval: " + spec.y_label + " against budget";
+    if (o.metric == "error") {
+      double mx = 0.0;
+      for (const auto& r : rows) mx = std::max(mx, std::isfinite(r.q.output_error) ? r.q.output_error : 0.0);
+      spec.y_max = mx > 0.0 ? std::ceil(mx * 10.0) / 10.0 : 1.0;
+    }
+    std::ofstream f(o.svg);
+    if (!f) throw kvevict::Error("kvevict-eval: cannot write --svg file '" + o.svg + "'");
+    f << render_svg(panels, spec);
+  }
+}
+
+int run(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  std::vector<BudgetSpec> budgets;
+  for (const auto& b : o.budgets) budgets.push_back(parse_budget(b));
+  if (budgets.empty()) throw ArgError("--budgets: empty list");
+
+  std::vector<Workload> loaded;
+  if (!o.trace.empty()) {
+    TraceOptions t;
+    t.prompt = o.prompt;
+    t.steps = o.steps;
+    loaded.push_back(load_trace(o.trace, t));
+  } else {
+    for (const auto& name : o.workloads) {
+      SyntheticConfig c;
+      c.layers = o.layers;
+      c.seed = o.seed;
+      if (o.steps) c.steps = *o.steps;
+      if (o.prompt) c.prompt = *o.prompt;
+      loaded.push_back(make_synthetic(name, c));
+    }
+  }
+  std::vector<std::string> workload_names;
+  std::size_t total = 0;
+  for (const auto& w : loaded) {
+    workload_names.push_back(w.name);
+    std::size_t runs = 1;  // the reference
+    for (const auto& p : o.policies) runs += find_policy(p)->sizing == Sizing::reference ? 1 : budgets.size();
+    total += runs * (w.tokens - w.prompt);
+  }
+  Progress progress(total, !o.quiet && (o.force_progress || isatty(2)));
+  const Tick tick = [&] { progress.tick(); };
+  RunOptions ro;
+  ro.topk = o.topk;
+
+  std::vector<Row> rows;
+  for (const auto& w : loaded) {
+    progress.label(w.name + ": full-cache reference");
+    const Reference ref = Reference::compute(w, tick);
+    for (const auto& pname : o.policies) {
+      const PolicyEntry& e = *find_policy(pname);
+      const std::size_t n = e.sizing == Sizing::reference ? 1 : budgets.size();
+      for (std::size_t bi = 0; bi < n; ++bi) {
+        Row r;
+        r.workload = w.name;
+        r.policy = e.name;
+        r.causal = e.causal();
+        r.reference = e.sizing == Sizing::reference;
+        if (!r.reference) {
+          r.budget = budgets[bi].resolve(w.tokens);
+          r.fraction = double(r.budget) / double(w.tokens);
+        }
+        progress.label(w.name + ": " + e.name + " " + (r.reference ? "" : budgets[bi].text));
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          r.q = e.run(w, ref, PolicyArgs{r.budget, o.seed, &w}, ro, tick);
+        } catch (const kvevict::Error& err) {
+          throw kvevict::Error(std::string(err.what()) + " (policy " + e.name + ", budget " +
+                               std::to_string(r.budget) + " tokens, workload " + w.name + ")");
+        }
+        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        rows.push_back(r);
+      }
+    }
+  }
+  progress.finish();
+
+  std::printf("%-10s %-12s %8s %7s %10s %10s %9s %8s\n", "workload", "policy", "budget", "frac",
+              "mass_rec", "out_err", "topk", "needle");
+  for (const auto& r : rows)
+    std::printf("%-10s %-12s %8s %7s %10s %10s %9s %8s\n", r.workload.c_str(), r.policy.c_str(),
+                r.reference ? "all" : std::to_string(r.budget).c_str(),
+                r.reference ? "1.00" : num(r.fraction, 2).c_str(), num(r.q.mass_recall).c_str(),
+                num(r.q.output_error).c_str(), num(r.q.topk_recall).c_str(),
+                num(r.q.needle_rate(), 3).c_str());
+  std::printf("(means over decode steps x layers x query heads; top = top-%zu recall)\n", o.topk);
+  print_summary(rows, workload_names);
+
+  std::string command = "kvevict-eval";
+  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+  write_outputs(o, rows, loaded, command);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const ArgError& e) {
+    std::fprintf(stderr, "kvevict-eval: %s\n", e.what());
+    return 2;
+  } catch (const kvevict::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvevict-eval: error: %s\n", e.what());
+    return 1;
+  }
+}

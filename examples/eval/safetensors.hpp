@@ -1,0 +1,585 @@
+#pragma once
+// A strict safetensors reader (and a small writer) for kvevict-eval traces.
+// Format: 8-byte little-endian header length N, N bytes of JSON header
+//   {"name": {"dtype": "F32"|"F16"|"BF16", "shape": [...], "data_offsets": [b, e]}, ...,
+//    "__metadata__": {"key": "value", ...}}
+// then the raw little-endian tensor bytes; offsets are relative to the end of the header.
+// Every malformed input throws kvevict::Error naming the file, the tensor and the value.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <kvevict/errors.hpp>
+
+#include "workloads.hpp"
+
+namespace kvevict::eval {
+
+// --- a small strict JSON parser (RFC 8259; numbers kept as text for exact integers) ----
+namespace json {
+
+struct Value;
+using Object = std::vector<std::pair<std::string, Value>>;  // file order, keys unique
+using Array = std::vector<Value>;
+struct Number {
+  std::string text;
+};
+struct Value {
+  std::variant<std::nullptr_t, bool, Number, std::string, Array, Object> v;
+  [[nodiscard]] bool is_object() const { return std::holds_alternative<Object>(v); }
+  [[nodiscard]] bool is_array() const { return std::holds_alternative<Array>(v); }
+  [[nodiscard]] bool is_string() const { return std::holds_alternative<std::string>(v); }
+  [[nodiscard]] bool is_number() const { return std::holds_alternative<Number>(v); }
+};
+
+class Parser {
+ public:
+  Parser(std::string_view text, std::string where) : s_(text), where_(std::move(where)) {}
+  Value parse_document() {
+    Value v = value(0);
+    ws();
+    if (i_ != s_.size()) error("unexpected trailing character");
+    return v;
+  }
+
+ private:
+  [[noreturn]] void error(const std::string& what) const {
+    kvevict::detail::fail(where_, ": bad JSON header at byte ", i_, ": ", what);
+  }
+  void ws() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r'))
+      ++i_;
+  }
+  bool eat(char c) {
+    ws();
+    if (i_ < s_.size() && s_[i_] == c) {
+      ++i_;
+      return true;
+    }
+    return false;
+  }
+  void expect(char c) {
+    if (!eat(c)) error(std::string("expected '") + c + "'");
+  }
+  void literal(std::string_view word) {
+    if (s_.substr(i_, word.size()) != word) error("invalid literal");
+    i_ += word.size();
+  }
+  Value value(int depth) {
+    if (depth > 64) error("nesting deeper than 64");
+    ws();
+    if (i_ >= s_.size()) error("unexpected end of header");
+    const char c = s_[i_];
+    if (c == '{') return Value{object(depth)};
+    if (c == '[') return Value{array(depth)};
+    if (c == '"') return Value{string()};
+    if (c == 't') { literal("true"); return Value{true}; }
+    if (c == 'f') { literal("false"); return Value{false}; }
+    if (c == 'n') { literal("null"); return Value{nullptr}; }
+    if (c == '-' || (c >= '0' && c <= '9')) return Value{number()};
+    error(std::string("unexpected character '") + c + "'");
+  }
+  Object object(int depth) {
+    Object o;
+    expect('{');
+    if (eat('}')) return o;
+    do {
+      ws();
+      if (i_ >= s_.size() || s_[i_] != '"') error("expected a string key");
+      std::string key = string();
+      for (const auto& kv : o)
+        if (kv.first == key) error("duplicate key \"" + key + "\"");
+      expect(':');
+      o.emplace_back(std::move(key), value(depth + 1));
+    } while (eat(','));
+    expect('}');
+    return o;
+  }
+  Array array(int depth) {
+    Array a;
+    expect('[');
+    if (eat(']')) return a;
+    do a.push_back(value(depth + 1));
+    while (eat(','));
+    expect(']');
+    return a;
+  }
+  Number number() {
+    const std::size_t start = i_;
+    auto digits = [&] {
+      const std::size_t d0 = i_;
+      while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') ++i_;
+      if (i_ == d0) error("expected a digit");
+    };
+    if (s_[i_] == '-') ++i_;
+    if (i_ < s_.size() && s_[i_] == '0') ++i_;
+    else digits();
+    if (i_ < s_.size() && s_[i_] == '.') { ++i_; digits(); }
+    if (i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
+      ++i_;
+      if (i_ < s_.size() && (s_[i_] == '+' || s_[i_] == '-')) ++i_;
+      digits();
+    }
+    return Number{std::string(s_.substr(start, i_ - start))};
+  }
+  unsigned hex4() {
+    if (i_ + 4 > s_.size()) error("truncated \\u escape");
+    unsigned v = 0;
+    for (int k = 0; k < 4; ++k) {
+      const char c = s_[i_++];
+      v <<= 4;
+      if (c >= '0' && c <= '9') v |= unsigned(c - '0');
+      else if (c >= 'a' && c <= 'f') v |= unsigned(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F') v |= unsigned(c - 'A' + 10);
+      else error("bad hex digit in \\u escape");
+    }
+    return v;
+  }
+  std::string string() {
+    ++i_;  // opening quote
+    std::string out;
+    while (true) {
+      if (i_ >= s_.size()) error("unterminated string");
+      const char c = s_[i_++];
+      if (c == '"') return out;
+      if (static_cast<unsigned char>(c) < 0x20) error("control character in string");
+      if (c != '\\') { out += c; continue; }
+      if (i_ >= s_.size()) error("unterminated escape");
+      const char e = s_[i_++];
+      switch (e) {
+        case '"': out += '"'; break;
+        case '\\': out += '\\'; break;
+        case '/': out += '/'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': {
+          unsigned cp = hex4();
+          if (cp >= 0xD800 && cp <= 0xDBFF) {
+            if (s_.substr(i_, 2) != "\\u") error("lone high surrogate");
+            i_ += 2;
+            const unsigned lo = hex4();
+            if (lo < 0xDC00 || lo > 0xDFFF) error("bad low surrogate");
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+            error("lone low surrogate");
+          }
+          // UTF-8 encode.
+          if (cp < 0x80) out += char(cp);
+          else if (cp < 0x800) { out += char(0xC0 | (cp >> 6)); out += char(0x80 | (cp & 0x3F)); }
+          else if (cp < 0x10000) {
+            out += char(0xE0 | (cp >> 12)); out += char(0x80 | ((cp >> 6) & 0x3F));
+            out += char(0x80 | (cp & 0x3F));
+          } else {
+            out += char(0xF0 | (cp >> 18)); out += char(0x80 | ((cp >> 12) & 0x3F));
+            out += char(0x80 | ((cp >> 6) & 0x3F)); out += char(0x80 | (cp & 0x3F));
+          }
+          break;
+        }
+        default: error(std::string("bad escape '\\") + e + "'");
+      }
+    }
+  }
+
+  std::string_view s_;
+  std::string where_;
+  std::size_t i_ = 0;
+};
+
+inline Value parse(std::string_view text, const std::string& where) {
+  return Parser(text, where).parse_document();
+}
+
+}  // namespace json
+
+// --- safetensors --------------------------------------------------------------------------
+
+enum class DType { f32, f16, bf16 };
+
+inline std::size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
+inline const char* dtype_name(DType t) {
+  return t == DType::f32 ? "F32" : t == DType::f16 ? "F16" : "BF16";
+}
+
+inline float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = (h & 0x8000u) << 16;
+  std::uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu, bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    exp = 113;
+    while ((man & 0x400u) == 0) { man <<= 1; --exp; }
+    bits = sign | (exp << 23) | ((man & 0x3FFu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline std::uint16_t float_to_half(float f) {  // round to nearest even
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t ax = x & 0x7FFFFFFFu;
+  if (ax >= 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u : 0));
+  if (ax >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);  // overflow
+  if (ax < 0x38800000u) {  // subnormal or zero
+    if (ax < 0x33000000u) return static_cast<std::uint16_t>(sign);
+    const std::uint32_t e = ax >> 23, m = (ax & 0x7FFFFFu) | 0x800000u;
+    const std::uint32_t shift = 126 - e;  // value = M * 2^(e - 150) = (M >> shift) * 2^-24
+    std::uint32_t r = m >> shift;
+    const std::uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1u))) ++r;
+    return static_cast<std::uint16_t>(sign | r);
+  }
+  std::uint32_t r = ((ax >> 13) - (112u << 10));
+  const std::uint32_t rem = ax & 0x1FFFu;
+  if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;
+  return static_cast<std::uint16_t>(sign | r);
+}
+
+inline float bf16_to_float(std::uint16_t h) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline std::uint16_t float_to_bf16(float f) {  // round to nearest even, NaN stays NaN
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
+  x += 0x7FFFu + ((x >> 16) & 1u);
+  return static_cast<std::uint16_t>(x >> 16);
+}
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::f32;
+  std::vector<std::size_t> shape;
+  std::size_t begin = 0, end = 0;  ///< byte offsets within the data section
+  [[nodiscard]] std::size_t elements() const {
+    std::size_t n = 1;
+    for (auto s : shape) n *= s;
+    return n;
+  }
+};
+
+/// A whole safetensors file held in memory, header validated on open.
+class SafetensorsFile {
+ public:
+  static SafetensorsFile open(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    kvevict::detail::require(static_cast<bool>(f), "safetensors: cannot open '", path, "'");
+    std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    return from_bytes(std::move(bytes), path);
+  }
+
+  static SafetensorsFile from_bytes(std::vector<char> bytes, const std::string& path) {
+    SafetensorsFile sf;
+    sf.path_ = path;
+    sf.bytes_ = std::move(bytes);
+    const std::size_t size = sf.bytes_.size();
+    kvevict::detail::require(size >= 8, "safetensors '", path, "': file has ", size,
+                             " bytes, expected at least 8 (the header length)");
+    std::uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(sf.bytes_[static_cast<std::size_t>(i)]);
+    kvevict::detail::require(n >= 2 && n <= size - 8, "safetensors '", path,
+                             "': header length ", n, " bytes, expected between 2 and ", size - 8,
+                             " (the bytes after the 8-byte length)");
+    kvevict::detail::require(n <= (std::uint64_t{100} << 20), "safetensors '", path,
+                             "': header length ", n, " bytes, expected at most 100 MiB");
+    sf.data_ = 8 + static_cast<std::size_t>(n);
+    const json::Value root =
+        json::parse(std::string_view(sf.bytes_.data() + 8, static_cast<std::size_t>(n)),
+                    "safetensors '" + path + "'");
+    kvevict::detail::require(root.is_object(), "safetensors '", path,
+                             "': header is not a JSON object");
+    const std::size_t data_size = size - sf.data_;
+    for (const auto& [name, v] : std::get<json::Object>(root.v)) {
+      if (name == "__metadata__") {
+        kvevict::detail::require(v.is_object(), "safetensors '", path,
+                                 "': __metadata__ is not an object of strings");
+        for (const auto& [k, s] : std::get<json::Object>(v.v)) {
+          kvevict::detail::require(s.is_string(), "safetensors '", path, "': __metadata__.", k,
+                                   " is not a string");
+          sf.metadata_[k] = std::get<std::string>(s.v);
+        }
+        continue;
+      }
+      sf.tensors_.push_back(parse_tensor(name, v, path, data_size));
+    }
+    // Tensors may not overlap (the format forbids it; overlap means a corrupt header).
+    std::vector<std::pair<std::size_t, std::size_t>> spans;
+    for (const auto& t : sf.tensors_)
+      if (t.end > t.begin) spans.push_back({t.begin, t.end});
+    std::sort(spans.begin(), spans.end());
+    for (std::size_t i = 1; i < spans.size(); ++i)
+      kvevict::detail::require(spans[i].first >= spans[i - 1].second, "safetensors '", path,
+                               "': tensors overlap at data byte ", spans[i].first);
+    return sf;
+  }
+
+  [[nodiscard]] const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  [[nodiscard]] const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  [[nodiscard]] const std::string& path() const { return path_; }
+  [[nodiscard]] const TensorInfo* find(const std::string& name) const {
+    for (const auto& t : tensors_)
+      if (t.name == name) return &t;
+    return nullptr;
+  }
+
+  /// The tensor's elements widened to float (little-endian on disk, any host).
+  [[nodiscard]] std::vector<float> read(const TensorInfo& t) const {
+    const auto* p = reinterpret_cast<const unsigned char*>(bytes_.data() + data_ + t.begin);
+    std::vector<float> out(t.elements());
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      if (t.dtype == DType::f32) {
+        const std::uint32_t b = std::uint32_t(p[4 * i]) | std::uint32_t(p[4 * i + 1]) << 8 |
+                                std::uint32_t(p[4 * i + 2]) << 16 | std::uint32_t(p[4 * i + 3]) << 24;
+        std::memcpy(&out[i], &b, 4);
+      } else {
+        const auto h = static_cast<std::uint16_t>(p[2 * i] | (p[2 * i + 1] << 8));
+        out[i] = t.dtype == DType::f16 ? half_to_float(h) : bf16_to_float(h);
+      }
+    }
+    return out;
+  }
+
+ private:
+  static std::size_t to_size(const json::Value& v, const std::string& what, const std::string& path) {
+    bool ok = v.is_number();
+    std::size_t out = 0;
+    if (ok) {
+      const auto& s = std::get<json::Number>(v.v).text;
+      ok = !s.empty() && s.size() <= 19 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (ok) out = static_cast<std::size_t>(std::stoull(s));
+    }
+    kvevict::detail::require(ok, "safetensors '", path, "': ", what,
+                             " is not a non-negative integer");
+    return out;
+  }
+
+  static TensorInfo parse_tensor(const std::string& name, const json::Value& v,
+                                 const std::string& path, std::size_t data_size) {
+    const std::string where = "tensor '" + name + "'";
+    kvevict::detail::require(v.is_object(), "safetensors '", path, "': ", where,
+                             " is not an object");
+    TensorInfo t;
+    t.name = name;
+    const json::Value *dt = nullptr, *sh = nullptr, *off = nullptr;
+    for (const auto& [k, x] : std::get<json::Object>(v.v)) {
+      if (k == "dtype") dt = &x;
+      else if (k == "shape") sh = &x;
+      else if (k == "data_offsets") off = &x;
+      else kvevict::detail::fail("safetensors '", path, "': ", where, " has unknown field '", k, "'");
+    }
+    kvevict::detail::require(dt && sh && off, "safetensors '", path, "': ", where,
+                             " needs dtype, shape and data_offsets");
+    kvevict::detail::require(dt->is_string(), "safetensors '", path, "': ", where,
+                             " dtype is not a string");
+    const auto& d = std::get<std::string>(dt->v);
+    if (d == "F32") t.dtype = DType::f32;
+    else if (d == "F16") t.dtype = DType::f16;
+    else if (d == "BF16") t.dtype = DType::bf16;
+    else kvevict::detail::fail("safetensors '", path, "': ", where, " has dtype ", d,
+                               ", expected F32, F16 or BF16");
+    kvevict::detail::require(sh->is_array(), "safetensors '", path, "': ", where,
+                             " shape is not an array");
+    for (const auto& x : std::get<json::Array>(sh->v))
+      t.shape.push_back(to_size(x, where + " shape entry", path));
+    std::size_t bytes = dtype_size(t.dtype);
+    if (std::find(t.shape.begin(), t.shape.end(), std::size_t{0}) != t.shape.end()) bytes = 0;
+    for (std::size_t s : t.shape)
+      if (bytes != 0)
+        kvevict::detail::require(!__builtin_mul_overflow(bytes, s, &bytes), "safetensors '", path,
+                                 "': ", where, " shape overflows a 64-bit byte count");
+    kvevict::detail::require(off->is_array() && std::get<json::Array>(off->v).size() == 2,
+                             "safetensors '", path, "': ", where,
+                             " data_offsets is not a [begin, end] pair");
+    const auto& o = std::get<json::Array>(off->v);
+    t.begin = to_size(o[0], where + " data_offsets[0]", path);
+    t.end = to_size(o[1], where + " data_offsets[1]", path);
+    kvevict::detail::require(t.begin <= t.end && t.end <= data_size, "safetensors '", path, "': ",
+                             where, " data_offsets [", t.begin, ", ", t.end,
+                             "] out of range, expected begin <= end <= ", data_size,
+                             " (the data section's size)");
+    kvevict::detail::require(t.end - t.begin == bytes, "safetensors '", path, "': ", where,
+                             " has ", t.end - t.begin, " bytes of data, expected ", bytes, " (",
+                             dtype_name(t.dtype), " x ", t.elements(), " elements of its shape)");
+    return t;
+  }
+
+  std::string path_;
+  std::vector<char> bytes_;
+  std::size_t data_ = 0;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+/// A tensor to write: float data stored as `dtype`.
+struct TensorToWrite {
+  std::string name;
+  DType dtype = DType::f32;
+  std::vector<std::size_t> shape;
+  std::vector<float> data;
+};
+
+/// Writes a safetensors file (header padded with spaces to a multiple of 8 bytes).
+inline void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                              const std::map<std::string, std::string>& metadata = {}) {
+  std::string header = "{";
+  std::string body;
+  auto quote = [](const std::string& s) {
+    std::string o = "\"";
+    for (char c : s) {
+      if (c == '"' || c == '\\') o += '\\';
+      o += c;
+    }
+    return o + "\"";
+  };
+  if (!metadata.empty()) {
+    header += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [k, v] : metadata) {
+      header += (first ? "" : ",") + quote(k) + ":" + quote(v);
+      first = false;
+    }
+    header += "}";
+  }
+  for (const auto& t : tensors) {
+    std::size_t n = 1;
+    for (auto s : t.shape) n *= s;
+    kvevict::detail::require(n == t.data.size(), "write_safetensors: tensor '", t.name, "' has ",
+                             t.data.size(), " values, expected ", n, " from its shape");
+    const std::size_t begin = body.size();
+    for (float x : t.data) {
+      if (t.dtype == DType::f32) {
+        std::uint32_t b;
+        std::memcpy(&b, &x, 4);
+        for (int i = 0; i < 4; ++i) body += static_cast<char>((b >> (8 * i)) & 0xFF);
+      } else {
+        const std::uint16_t h = t.dtype == DType::f16 ? float_to_half(x) : float_to_bf16(x);
+        body += static_cast<char>(h & 0xFF);
+        body += static_cast<char>(h >> 8);
+      }
+    }
+    if (header.size() > 1) header += ",";
+    header += quote(t.name) + ":{\"dtype\":\"" + dtype_name(t.dtype) + "\",\"shape\":[";
+    for (std::size_t i = 0; i < t.shape.size(); ++i)
+      header += (i ? "," : "") + std::to_string(t.shape[i]);
+    header += "],\"data_offsets\":[" + std::to_string(begin) + "," + std::to_string(body.size()) + "]}";
+  }
+  header += "}";
+  while (header.size() % 8 != 0) header += ' ';
+  std::ofstream f(path, std::ios::binary);
+  kvevict::detail::require(static_cast<bool>(f), "write_safetensors: cannot write '", path, "'");
+  const std::uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) f.put(static_cast<char>((n >> (8 * i)) & 0xFF));
+  f << header << body;
+  kvevict::detail::require(static_cast<bool>(f), "write_safetensors: write to '", path, "' failed");
+}
+
+struct TraceOptions {
+  std::optional<std::size_t> prompt;  ///< default: metadata "prompt_tokens", else 25% of T
+  std::optional<std::size_t> steps;   ///< decode steps kept (default: all after the prompt)
+};
+
+/// Reads a trace: for each layer l = 0, 1, ... tensors "layers.<l>.q" [T, H, d],
+/// "layers.<l>.k" [T, Hkv, d] and "layers.<l>.v" [T, Hkv, d] (post-RoPE, as attention
+/// sees them). Layers are counted from 0 until "layers.<l>.q" is missing.
+inline Workload load_trace(const std::string& path, const TraceOptions& options = {}) {
+  const SafetensorsFile f = SafetensorsFile::open(path);
+  Workload w;
+  w.name = "trace";
+  w.description = "trace " + path;
+  auto need = [&](int l, const char* which) -> const TensorInfo& {
+    const std::string name = "layers." + std::to_string(l) + "." + which;
+    const TensorInfo* t = f.find(name);
+    kvevict::detail::require(t != nullptr, "trace '", path, "': tensor '", name,
+                             "' is missing (layer ", l, " has a q tensor, so it needs q, k, v)");
+    kvevict::detail::require(t->shape.size() == 3, "trace '", path, "': tensor '", name,
+                             "' has ", t->shape.size(), " dimensions, expected 3 ([T, heads, head_dim])");
+    return *t;
+  };
+  int layers = 0;
+  while (f.find("layers." + std::to_string(layers) + ".q") != nullptr) ++layers;
+  kvevict::detail::require(layers > 0, "trace '", path,
+                           "': no tensor 'layers.0.q', expected layers.<l>.q/k/v (docs/traces.md)");
+  std::size_t T = 0;
+  for (int l = 0; l < layers; ++l) {
+    const auto& q = need(l, "q");
+    const auto& k = need(l, "k");
+    const auto& v = need(l, "v");
+    if (l == 0) {
+      T = q.shape[0];
+      w.geometry = Geometry{layers, static_cast<int>(q.shape[1]), static_cast<int>(k.shape[1]),
+                            static_cast<int>(q.shape[2])};
+    }
+    const std::vector<std::size_t> qs{T, std::size_t(w.geometry.n_heads), std::size_t(w.geometry.head_dim)};
+    const std::vector<std::size_t> ks{T, std::size_t(w.geometry.n_kv_heads), std::size_t(w.geometry.head_dim)};
+    auto shape_str = [](const std::vector<std::size_t>& s) {
+      std::string o = "[";
+      for (std::size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
+      return o + "]";
+    };
+    for (const auto* t : {&q, &k, &v}) {
+      const auto& expect = t == &q ? qs : ks;
+      kvevict::detail::require(t->shape == expect, "trace '", path, "': tensor '", t->name,
+                               "' has shape ", shape_str(t->shape), ", expected ", shape_str(expect),
+                               " (layer 0 sets T, heads, kv heads and head_dim)");
+    }
+  }
+  w.geometry.n_layers = layers;
+  kvevict::detail::require(w.geometry.n_kv_heads > 0 && w.geometry.n_heads % w.geometry.n_kv_heads == 0,
+                           "trace '", path, "': ", w.geometry.n_heads,
+                           " query heads is not a multiple of ", w.geometry.n_kv_heads, " KV heads");
+  w.geometry.validate();
+  std::size_t prompt = T / 4;
+  if (auto it = f.metadata().find("prompt_tokens"); it != f.metadata().end()) {
+    const auto& s = it->second;
+    kvevict::detail::require(!s.empty() && s.size() < 19 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }),
+                             "trace '", path, "': metadata prompt_tokens = '", s, "', expected an integer");
+    prompt = std::stoull(s);
+  }
+  if (options.prompt) prompt = *options.prompt;
+  kvevict::detail::require(prompt < T, "trace '", path, "': prompt = ", prompt,
+                           " tokens, expected < T = ", T, " (at least one decode step)");
+  std::size_t tokens = T;
+  if (options.steps) tokens = std::min(T, prompt + *options.steps);
+  w.tokens = tokens;
+  w.prompt = prompt;
+  const std::size_t d = static_cast<std::size_t>(w.geometry.head_dim);
+  for (int l = 0; l < layers; ++l) {
+    LayerTrace lt;
+    lt.q = f.read(need(l, "q"));
+    lt.k = f.read(need(l, "k"));
+    lt.v = f.read(need(l, "v"));
+    lt.q.resize(tokens * static_cast<std::size_t>(w.geometry.n_heads) * d);
+    lt.k.resize(tokens * static_cast<std::size_t>(w.geometry.n_kv_heads) * d);
+    lt.v.resize(lt.k.size());
+    for (const auto* vec : {&lt.q, &lt.k, &lt.v})
+      for (float x : *vec)
+        kvevict::detail::require(std::isfinite(x), "trace '", path, "': layer ", l,
+                                 " holds a NaN or infinite value");
+    w.layers.push_back(std::move(lt));
+  }
+  w.validate();
+  return w;
+}
+
+}  // namespace kvevict::eval

@@ -1,0 +1,142 @@
+#pragma once
+// A dependency-free SVG line plot: quality against budget, one line per policy, one
+// panel per workload, a shared legend. Colours follow series order, so a policy keeps
+// its colour across panels when every panel lists the series in the same order.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvevict::eval {
+
+struct Series {
+  std::string name;
+  std::vector<std::pair<double, double>> points;  ///< (x, y), drawn in x order
+  bool dashed = false;
+};
+
+struct Panel {
+  std::string title;
+  std::vector<Series> series;
+};
+
+struct PlotSpec {
+  std::string title;
+  std::string x_label = "budget (fraction of the context)";
+  std::string y_label = "quality";
+  double x_min = 0.0, x_max = 1.0;
+  double y_min = 0.0, y_max = 1.0;
+};
+
+namespace detail {
+inline std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+inline std::string fmt_tick(double v) {
+  std::ostringstream os;
+  os.precision(3);
+  os << v;
+  return os.str();
+}
+}  // namespace detail
+
+/// Renders the panels side by side (up to 3 per row) as one SVG document.
+inline std::string render_svg(const std::vector<Panel>& panels, const PlotSpec& spec) {
+  static const char* palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                  "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+                                  "#393b79", "#637939"};
+  std::vector<std::string> names;  // legend order: first appearance
+  for (const auto& p : panels)
+    for (const auto& s : p.series)
+      if (std::find(names.begin(), names.end(), s.name) == names.end()) names.push_back(s.name);
+  auto colour = [&](const std::string& n) {
+    const auto i = static_cast<std::size_t>(std::find(names.begin(), names.end(), n) - names.begin());
+    return palette[i % (sizeof(palette) / sizeof(*palette))];
+  };
+  const int pw = 360, ph = 260, ml = 60, mr = 15, mt = 30, mb = 45;
+  const int cols = static_cast<int>(std::min<std::size_t>(3, std::max<std::size_t>(1, panels.size())));
+  const int rows = static_cast<int>((panels.size() + static_cast<std::size_t>(cols) - 1) /
+                                    static_cast<std::size_t>(cols));
+  const int legend_w = 170, top = 40;
+  const int W = cols * pw + legend_w, H = top + std::max(rows, 1) * ph + 10;
+  std::ostringstream os;
+  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+     << "\" viewBox=\"0 0 " << W << ' ' << H << "\" font-family=\"sans-serif\" font-size=\"11\">\n"
+     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+     << "<text x=\"" << W / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">"
+     << detail::xml_escape(spec.title) << "</text>\n";
+  const double xr = spec.x_max - spec.x_min, yr = spec.y_max - spec.y_min;
+  for (std::size_t pi = 0; pi < panels.size(); ++pi) {
+    const int ox = static_cast<int>(pi % static_cast<std::size_t>(cols)) * pw;
+    const int oy = top + static_cast<int>(pi / static_cast<std::size_t>(cols)) * ph;
+    const int x0 = ox + ml, x1 = ox + pw - mr, y0 = oy + ph - mb, y1 = oy + mt;
+    auto X = [&](double x) { return x0 + (x - spec.x_min) / xr * (x1 - x0); };
+    auto Y = [&](double y) {
+      return y0 - (std::clamp(y, spec.y_min, spec.y_max) - spec.y_min) / yr * (y0 - y1);
+    };
+    os << "<g>\n<text x=\"" << (x0 + x1) / 2 << "\" y=\"" << oy + 18
+       << "\" text-anchor=\"middle\" font-size=\"13\">" << detail::xml_escape(panels[pi].title)
+       << "</text>\n";
+    for (int i = 0; i <= 5; ++i) {
+      const double yv = spec.y_min + yr * i / 5.0, xv = spec.x_min + xr * i / 5.0;
+      os << "<line x1=\"" << x0 << "\" x2=\"" << x1 << "\" y1=\"" << Y(yv) << "\" y2=\"" << Y(yv)
+         << "\" stroke=\"#e5e5e5\"/>\n"
+         << "<text x=\"" << x0 - 5 << "\" y=\"" << Y(yv) + 4 << "\" text-anchor=\"end\">"
+         << detail::fmt_tick(yv) << "</text>\n"
+         << "<text x=\"" << X(xv) << "\" y=\"" << y0 + 15 << "\" text-anchor=\"middle\">"
+         << detail::fmt_tick(xv) << "</text>\n";
+    }
+    os << "<rect x=\"" << x0 << "\" y=\"" << y1 << "\" width=\"" << x1 - x0 << "\" height=\""
+       << y0 - y1 << "\" fill=\"none\" stroke=\"#333\"/>\n"
+       << "<text x=\"" << (x0 + x1) / 2 << "\" y=\"" << y0 + 32 << "\" text-anchor=\"middle\">"
+       << detail::xml_escape(spec.x_label) << "</text>\n"
+       << "<text transform=\"translate(" << ox + 16 << ',' << (y0 + y1) / 2
+       << ") rotate(-90)\" text-anchor=\"middle\">" << detail::xml_escape(spec.y_label)
+       << "</text>\n";
+    for (const auto& s : panels[pi].series) {
+      auto pts = s.points;
+      std::sort(pts.begin(), pts.end());
+      std::ostringstream path;
+      for (const auto& [x, y] : pts)
+        if (std::isfinite(y)) path << X(x) << ',' << Y(y) << ' ';
+      const std::string c = colour(s.name);
+      os << "<polyline fill=\"none\" stroke=\"" << c << "\" stroke-width=\"1.8\""
+         << (s.dashed ? " stroke-dasharray=\"5,3\"" : "") << " points=\"" << path.str()
+         << "\"/>\n";
+      for (const auto& [x, y] : pts)
+        if (std::isfinite(y))
+          os << "<circle cx=\"" << X(x) << "\" cy=\"" << Y(y) << "\" r=\"2.3\" fill=\"" << c
+             << "\"/>\n";
+    }
+    os << "</g>\n";
+  }
+  const int lx = cols * pw + 10;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const int ly = top + 30 + static_cast<int>(i) * 18;
+    bool dashed = false;
+    for (const auto& p : panels)
+      for (const auto& s : p.series)
+        if (s.name == names[i]) dashed = s.dashed;
+    os << "<line x1=\"" << lx << "\" x2=\"" << lx + 24 << "\" y1=\"" << ly << "\" y2=\"" << ly
+       << "\" stroke=\"" << colour(names[i]) << "\" stroke-width=\"2\""
+       << (dashed ? " stroke-dasharray=\"5,3\"" : "") << "/>\n<text x=\"" << lx + 30
+       << "\" y=\"" << ly + 4 << "\">" << detail::xml_escape(names[i]) << "</text>\n";
+  }
+  os << "</svg>\n";
+  return os.str();
+}
+
+}  // namespace kvevict::eval
