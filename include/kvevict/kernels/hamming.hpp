@@ -159,7 +159,7 @@ inline void histogram_impl(const std::uint8_t* q, const std::uint8_t* codes, std
 inline void check_hamming_args(const std::uint8_t* query, const std::uint8_t* codes,
                                std::size_t n, int bits) {
   check_bits(bits);
-  if (query == nullptr) throw std::invalid_argument("kvevict::kernels: query is null (expected a code)");
+  require_nonnull(query, n, "query");
   require_nonnull(codes, n, "codes");
 }
 
