@@ -362,6 +362,12 @@ TEST_CASE("e2e protocol: KL is 0 for the full cache and positive under eviction"
   const Stream greedy = sample_stream(model, SampleOptions{20, 0.0f, 0});
   for (std::size_t t = 0; t + 1 < greedy.size(); ++t)
     CHECK(greedy.tokens[t + 1] == static_cast<int>(metrics::argmax(greedy.logits(t))));
+  // A tiny nucleus holds only the most likely token: top-p sampling becomes greedy.
+  SampleOptions nucleus{20, 1.0f, 3};
+  nucleus.top_p = 1e-6f;
+  CHECK(sample_stream(model, nucleus).tokens == greedy.tokens);
+  nucleus.top_p = 0.9f;
+  CHECK(sample_stream(model, nucleus).tokens != greedy.tokens);
 
   const Summary full = evaluate(model, std::span<const Stream>(streams), Budget::unbounded(),
                                 policies::FullCache{});

@@ -37,6 +37,7 @@ struct SampleOptions {
   float temperature = 1.0f;   ///< 0 = greedy
   std::uint64_t seed = 0;
   int first_token = Tokenizer::kBos;
+  float top_p = 1.0f;  ///< nucleus sampling as llama2.c's run.c (1 = off)
 };
 
 namespace detail {
@@ -46,20 +47,35 @@ inline double uniform01(std::mt19937_64& rng) {
   return static_cast<double>(rng() >> 11) * (1.0 / 9007199254740992.0);
 }
 
-inline int sample(std::span<const float> logits, float temperature, std::mt19937_64& rng) {
+inline int sample(std::span<const float> logits, float temperature, std::mt19937_64& rng,
+                  float top_p = 1.0f) {
   if (temperature == 0.0f) return static_cast<int>(metrics::argmax(logits));
   double m = -std::numeric_limits<double>::infinity();
   for (float x : logits) m = std::max(m, static_cast<double>(x) / temperature);
   std::vector<double> p(logits.size());
   double s = 0.0;
   for (std::size_t i = 0; i < p.size(); ++i) s += p[i] = std::exp(logits[i] / temperature - m);
+  std::vector<std::uint32_t> order(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i) order[i] = static_cast<std::uint32_t>(i);
+  std::size_t n = p.size();
+  if (top_p > 0.0f && top_p < 1.0f) {
+    // The smallest set of most likely tokens whose mass exceeds top_p (ties: lower id).
+    std::sort(order.begin(), order.end(),
+              [&](std::uint32_t a, std::uint32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    double c = 0.0;
+    for (n = 0; n < order.size();) {
+      c += p[order[n++]];
+      if (c > top_p * s) break;
+    }
+    s = c;
+  }
   const double u = uniform01(rng) * s;
   double c = 0.0;
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    c += p[i];
-    if (u < c) return static_cast<int>(i);
+  for (std::size_t i = 0; i < n; ++i) {
+    c += p[order[i]];
+    if (u < c) return static_cast<int>(order[i]);
   }
-  return static_cast<int>(p.size() - 1);  // rounding: u landed on the sum itself
+  return static_cast<int>(order[n - 1]);  // rounding: u landed on the sum itself
 }
 }  // namespace detail
 
@@ -71,6 +87,8 @@ inline Stream sample_stream(const std::shared_ptr<const Model>& model, const Sam
                            o.tokens, ", expected 1..seq_len = ", c.seq_len);
   kvevict::detail::require(std::isfinite(o.temperature) && o.temperature >= 0.0f,
                            "sample_stream: temperature = ", o.temperature, ", expected >= 0");
+  kvevict::detail::require(o.top_p > 0.0f && o.top_p <= 1.0f, "sample_stream: top_p = ", o.top_p,
+                           ", expected in (0, 1]");
   Transformer<policies::FullCache> full(model, Budget::unbounded());
   std::mt19937_64 rng(o.seed);
   Stream s;
@@ -79,7 +97,7 @@ inline Stream sample_stream(const std::shared_ptr<const Model>& model, const Sam
   for (int t = 0; t < o.tokens; ++t) {
     const auto logits = full.forward(s.tokens.back(), t);
     s.full_logits.insert(s.full_logits.end(), logits.begin(), logits.end());
-    if (t + 1 < o.tokens) s.tokens.push_back(detail::sample(logits, o.temperature, rng));
+    if (t + 1 < o.tokens) s.tokens.push_back(detail::sample(logits, o.temperature, rng, o.top_p));
   }
   return s;
 }

@@ -26,10 +26,11 @@ std::vector<std::string> split(const std::string& s) {
 void usage() {
   std::fprintf(stderr,
       "usage: llama2c_e2e [--model-dir DIR] [--checkpoint FILE] [--streams N] [--tokens T]\n"
-      "                   [--temperature X] [--seed S] [--budgets 16,32,64,128]\n"
+      "                   [--temperature X] [--top-p P] [--seed S] [--budgets 16,32,64,128]\n"
       "                   [--policies streaming,h2o,random,oracle] [--skip N] [--sinks N]\n"
       "                   [--h2o-recent N] [--h2o-sinks N] [--random-sinks N]\n"
-      "                   [--random-recent N] [--policy-seed S]\n"
+      "                   [--random-recent N] [--h2o-recent-fraction F]\n"
+      "                   [--random-recent-fraction F] [--policy-seed S]\n"
       "Stream i is sampled with seed S + i. Model directory: --model-dir, else\n"
       "$KVEVICT_MODEL_DIR, else ../shared/models/stories260K.\n");
 }
@@ -57,6 +58,7 @@ int main(int argc, char** argv) {
       else if (a == "--streams") n_streams = std::stoi(next());
       else if (a == "--tokens") sample.tokens = std::stoi(next());
       else if (a == "--temperature") sample.temperature = std::stof(next());
+      else if (a == "--top-p") sample.top_p = std::stof(next());
       else if (a == "--seed") sample.seed = std::stoull(next());
       else if (a == "--budgets") budgets = split(next());
       else if (a == "--policies") names = split(next());
@@ -66,6 +68,8 @@ int main(int argc, char** argv) {
       else if (a == "--h2o-sinks") knobs.h2o_sinks = std::stoul(next());
       else if (a == "--random-sinks") knobs.random_sinks = std::stoul(next());
       else if (a == "--random-recent") knobs.random_recent = std::stoul(next());
+      else if (a == "--h2o-recent-fraction") knobs.h2o_recent_fraction = std::stod(next());
+      else if (a == "--random-recent-fraction") knobs.random_recent_fraction = std::stod(next());
       else if (a == "--policy-seed") knobs.seed = std::stoull(next());
       else if (a == "-h" || a == "--help") { usage(); return 0; }
       else kvevict::detail::fail("unknown option '", a, "'");
@@ -85,7 +89,6 @@ int main(int argc, char** argv) {
       sample.seed = seed0 + static_cast<std::uint64_t>(s);
       streams.push_back(sample_stream(model, sample));
     }
-    struct Cell { Summary s; };
     std::vector<std::vector<Summary>> table(budgets.size(), std::vector<Summary>(names.size()));
     std::vector<std::string> headers(names.size());
     for (std::size_t b = 0; b < budgets.size(); ++b)
@@ -101,14 +104,20 @@ int main(int argc, char** argv) {
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-    std::printf("T = %d, %d streams (temperature %g, seeds %llu..%llu), positions counted from %zu "
-                "(%zu per policy), StreamingLLM sinks %zu, H2O recent %zu sinks %zu, Random sinks "
-                "%zu recent %zu; full-cache perplexity %.4f; %.1f s\n\n",
+    auto window = [](double f, std::size_t n) {
+      return f > 0.0 ? std::to_string(f) + " x budget" : std::to_string(n);
+    };
+    std::printf("T = %d, %d streams (temperature %g, top-p %g, seeds %llu..%llu), positions counted from %zu "
+                "(%zu per cell); StreamingLLM sinks %zu; H2O sinks %zu, recent %s; Random sinks "
+                "%zu, recent %s, seed %llu; full-cache perplexity %.4f; %.1f s\n\n",
                 sample.tokens, n_streams, static_cast<double>(sample.temperature),
+                static_cast<double>(sample.top_p),
                 static_cast<unsigned long long>(seed0),
                 static_cast<unsigned long long>(seed0 + static_cast<std::uint64_t>(n_streams) - 1),
-                proto.skip, full.positions, knobs.sinks, knobs.h2o_recent, knobs.h2o_sinks,
-                knobs.random_sinks, knobs.random_recent, full.perplexity_full, secs);
+                proto.skip, full.positions, knobs.sinks, knobs.h2o_sinks,
+                window(knobs.h2o_recent_fraction, knobs.h2o_recent).c_str(), knobs.random_sinks,
+                window(knobs.random_recent_fraction, knobs.random_recent).c_str(),
+                static_cast<unsigned long long>(knobs.seed), full.perplexity_full, secs);
     auto print = [&](const char* title, auto get, const char* fmt) {
       std::printf("%s\n\n| budget |", title);
       for (const auto& h : headers) std::printf(" %s |", h.c_str());

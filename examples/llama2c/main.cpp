@@ -1,6 +1,6 @@
 // llama2c: generate text from a llama2.c checkpoint with a chosen eviction policy.
 //   llama2c [--model-dir DIR] [--checkpoint FILE] [--tokenizer FILE] [--policy NAME]
-//           [--budget ROWS] [--steps N] [--temperature T] [--seed S] [--prompt TEXT]
+//           [--budget ROWS] [--steps N] [--temperature T] [--top-p P] [--seed S] [--prompt TEXT]
 // With temperature 0 (the default) decoding is greedy: from BOS on stories260K with the
 // full cache it prints "Once upon a time, there was a little girl named Lily. ...".
 #include <cstdio>
@@ -19,7 +19,7 @@ void usage() {
   std::fprintf(stderr,
                "usage: llama2c [--model-dir DIR] [--checkpoint FILE] [--tokenizer FILE]\n"
                "               [--policy full|streaming|h2o|random|knorm|oracle] [--budget ROWS]\n"
-               "               [--sinks N] [--steps N] [--temperature T] [--seed S] [--prompt TEXT]\n"
+               "               [--sinks N] [--steps N] [--temperature T] [--top-p P] [--seed S] [--prompt TEXT]\n"
                "Model directory: --model-dir, else $KVEVICT_MODEL_DIR, else ../shared/models/"
                "stories260K\n(stories260K.bin and tok512.bin inside it).\n");
 }
@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   std::size_t budget = 64;
   int steps = 256;
   float temperature = 0.0f;
+  float top_p = 1.0f;
   PolicyKnobs knobs;
   try {
     for (int i = 1; i < argc; ++i) {
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
       else if (a == "--sinks") knobs.sinks = std::stoul(next());
       else if (a == "--steps") steps = std::stoi(next());
       else if (a == "--temperature") temperature = std::stof(next());
+      else if (a == "--top-p") top_p = std::stof(next());
       else if (a == "--seed") knobs.seed = std::stoull(next());
       else if (a == "--prompt") prompt = next();
       else if (a == "-h" || a == "--help") { usage(); return 0; }
@@ -81,7 +83,7 @@ int main(int argc, char** argv) {
         if (static_cast<std::size_t>(pos) + 1 < prompt_ids.size())
           next = prompt_ids[static_cast<std::size_t>(pos) + 1];
         else
-          next = kvevict::llama2c::detail::sample(logits, temperature, rng);
+          next = kvevict::llama2c::detail::sample(logits, temperature, rng, top_p);
         if (next == Tokenizer::kBos) break;  // llama2.c stops at the next story's BOS
         std::fputs(tok.decode(token, next).c_str(), stdout);
         std::fflush(stdout);

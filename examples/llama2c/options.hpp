@@ -14,6 +14,14 @@
 #include "kvevict/policies/oracle.hpp"
 #include "kvevict/policies/random.hpp"
 #include "kvevict/policies/streaming_llm.hpp"
+#if __has_include("kvevict/policies/hash_evict.hpp")
+#include "kvevict/policies/hash_evict.hpp"
+#define KVEVICT_LLAMA2C_HAS_HASHEVICT 1
+#endif
+#if __has_include("kvevict/policies/buzz.hpp")
+#include "kvevict/policies/buzz.hpp"
+#define KVEVICT_LLAMA2C_HAS_BUZZ 1
+#endif
 
 namespace kvevict::llama2c {
 
@@ -34,8 +42,10 @@ struct PolicyKnobs {
   std::size_t sinks = 4;        ///< StreamingLLM sinks; also Random/KNorm/H2O sinks when set
   std::size_t h2o_recent = 10;  ///< H2O's recent window
   std::size_t h2o_sinks = 0;
+  double h2o_recent_fraction = 0.0;  ///< > 0: H2O's window is this share of the budget
   std::size_t random_sinks = 0;
   std::size_t random_recent = 0;
+  double random_recent_fraction = 0.0;  ///< > 0: Random's window is this share of the budget
   std::uint64_t seed = 0;
 };
 
@@ -47,12 +57,38 @@ decltype(auto) with_policy(const std::string& name, std::size_t rows, const Poli
   const auto b = Budget::uniform(static_cast<long long>(rows));
   if (name == "full") return fn(policies::FullCache{}, Budget::unbounded());
   if (name == "streaming") return fn(policies::StreamingLLM{k.sinks}, b);
-  if (name == "h2o") return fn(policies::H2O(policies::H2O::Config{k.h2o_recent, k.h2o_sinks}), b);
+  auto share = [&](double f, std::size_t fixed) {
+    return f > 0.0 ? static_cast<std::size_t>(f * static_cast<double>(rows)) : fixed;
+  };
+  if (name == "h2o")
+    return fn(policies::H2O(policies::H2O::Config{share(k.h2o_recent_fraction, k.h2o_recent),
+                                                  k.h2o_sinks}),
+              b);
   if (name == "random")
-    return fn(policies::Random(policies::Random::Config{k.seed, k.random_sinks, k.random_recent}), b);
+    return fn(policies::Random(policies::Random::Config{
+                  k.seed, k.random_sinks, share(k.random_recent_fraction, k.random_recent)}),
+              b);
   if (name == "knorm") return fn(policies::KNorm(policies::KNorm::Config{k.sinks, 0}), b);
   if (name == "oracle") return fn(policies::Oracle{rows}, Budget::unbounded());
-  detail::fail("policy '", name, "', expected one of full, streaming, h2o, random, knorm, oracle");
+#ifdef KVEVICT_LLAMA2C_HAS_HASHEVICT
+  // The README's "HashEvict (key, b=16)": the reference code's key form, its defaults.
+  if (name == "hashevict") {
+    using HE = policies::HashEvictSimHash<policies::HashMode::key>;
+    HE::Config c;
+    c.bits = 16;
+    return fn(HE(c), b);
+  }
+#endif
+#ifdef KVEVICT_LLAMA2C_HAS_BUZZ
+  // "BUZZ (budget-mapped)": window and threshold derived from each head's budget.
+  if (name == "buzz") {
+    policies::BuzzBeehive::Config c;
+    c.budget_mode = true;
+    return fn(policies::BuzzBeehive(c), b);
+  }
+#endif
+  detail::fail("policy '", name,
+               "', expected one of full, streaming, h2o, random, knorm, oracle, hashevict, buzz");
 }
 
 }  // namespace kvevict::llama2c
