@@ -1,8 +1,9 @@
 // The llama2c example engine: checkpoint and tokenizer readers, the forward pass against
 // a plain llama2.c-style reference written here, and the end-to-end protocol. Uses only
 // tiny random checkpoints written to a temp directory (no shared/ model needed).
-#include <catch2/catch.hpp>
+#include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -12,8 +13,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "../examples/llama2c/e2e.hpp"
 #include "../examples/llama2c/llama2c.hpp"
@@ -51,10 +50,20 @@ TinyWeights make_weights(const Tiny& c, std::uint32_t seed) {
   const auto L = static_cast<std::size_t>(c.layers), d = static_cast<std::size_t>(c.dim),
              h = static_cast<std::size_t>(c.hidden), kv = static_cast<std::size_t>(c.kv()),
              V = static_cast<std::size_t>(c.vocab);
-  TinyWeights w{c, fill(V * d), fill(L * d, 1.0f), fill(L * d * d), fill(L * d * kv),
-                fill(L * d * kv), fill(L * d * d), fill(L * d, 1.0f), fill(L * h * d),
-                fill(L * d * h), fill(L * h * d), fill(d, 1.0f),
-                fill(static_cast<std::size_t>(c.seq_len * c.hd())), {}};
+  TinyWeights w{c,
+                fill(V * d),
+                fill(L * d, 1.0f),
+                fill(L * d * d),
+                fill(L * d * kv),
+                fill(L * d * kv),
+                fill(L * d * d),
+                fill(L * d, 1.0f),
+                fill(L * h * d),
+                fill(L * d * h),
+                fill(L * h * d),
+                fill(d, 1.0f),
+                fill(static_cast<std::size_t>(c.seq_len * c.hd())),
+                {}};
   if (!c.shared) w.wcls = fill(V * d);
   return w;
 }
@@ -66,8 +75,9 @@ std::vector<char> serialize(const TinyWeights& w) {
     out.resize(at + n);
     if (n > 0) std::memcpy(out.data() + at, p, n);
   };
-  const std::int32_t h[7] = {w.c.dim,      w.c.hidden, w.c.layers, w.c.heads, w.c.kv_heads,
-                             w.c.shared ? w.c.vocab : -w.c.vocab, w.c.seq_len};
+  const std::int32_t h[7] = {w.c.dim,    w.c.hidden,   w.c.layers,
+                             w.c.heads,  w.c.kv_heads, w.c.shared ? w.c.vocab : -w.c.vocab,
+                             w.c.seq_len};
   put(h, sizeof h);
   for (const auto* v : {&w.emb, &w.rms_att, &w.wq, &w.wk, &w.wv, &w.wo, &w.rms_ffn, &w.w1, &w.w2,
                         &w.w3, &w.rms_final, &w.freq, &w.wcls})
@@ -79,9 +89,11 @@ struct TempFile {
   std::filesystem::path path;
   explicit TempFile(const std::vector<char>& bytes) {
     static int counter = 0;
-    path = std::filesystem::temp_directory_path() /
-           ("kvevict_llama2c_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + ".bin");
-    std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    path =
+        std::filesystem::temp_directory_path() / ("kvevict_llama2c_" + std::to_string(::getpid()) +
+                                                  "_" + std::to_string(counter++) + ".bin");
+    std::ofstream(path, std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   }
   ~TempFile() { std::filesystem::remove(path); }
 };
@@ -106,7 +118,8 @@ class Reference {
       matmul(k, xb, &w_.wk[static_cast<std::size_t>(l * d * kvd)], d, kvd);
       matmul(v, xb, &w_.wv[static_cast<std::size_t>(l * d * kvd)], d, kvd);
       for (int i = 0; i < d; i += 2) {
-        const float freq = 1.0f / std::pow(10000.0f, static_cast<float>(i % hd) / static_cast<float>(hd));
+        const float freq =
+            1.0f / std::pow(10000.0f, static_cast<float>(i % hd) / static_cast<float>(hd));
         const float a = static_cast<float>(pos) * freq, cr = std::cos(a), ci = std::sin(a);
         for (auto* vec : {&q, &k}) {
           if (vec == &k && i >= kvd) continue;
@@ -152,7 +165,8 @@ class Reference {
       matmul(hb2, xb, &w_.w3[static_cast<std::size_t>(l * d * c.hidden)], d, c.hidden);
       for (int i = 0; i < c.hidden; ++i) {
         const float a = hb[static_cast<std::size_t>(i)];
-        hb[static_cast<std::size_t>(i)] = a / (1.0f + std::exp(-a)) * hb2[static_cast<std::size_t>(i)];
+        hb[static_cast<std::size_t>(i)] =
+            a / (1.0f + std::exp(-a)) * hb2[static_cast<std::size_t>(i)];
       }
       matmul(o, hb, &w_.w2[static_cast<std::size_t>(l * d * c.hidden)], c.hidden, d);
       for (int i = 0; i < d; ++i) x[static_cast<std::size_t>(i)] += o[static_cast<std::size_t>(i)];
@@ -171,10 +185,12 @@ class Reference {
     for (std::size_t i = 0; i < x.size(); ++i) o[i] = static_cast<float>(w[i] * s * x[i]);
   }
   // W is (out x in) row-major, as llama2.c stores it.
-  static void matmul(std::vector<float>& o, const std::vector<float>& x, const float* w, int in, int out) {
+  static void matmul(std::vector<float>& o, const std::vector<float>& x, const float* w, int in,
+                     int out) {
     for (int r = 0; r < out; ++r) {
       double s = 0.0;
-      for (int i = 0; i < in; ++i) s += static_cast<double>(w[r * in + i]) * x[static_cast<std::size_t>(i)];
+      for (int i = 0; i < in; ++i)
+        s += static_cast<double>(w[r * in + i]) * x[static_cast<std::size_t>(i)];
       o[static_cast<std::size_t>(r)] = static_cast<float>(s);
     }
   }
@@ -184,7 +200,8 @@ class Reference {
 
 double max_abs_diff(std::span<const float> a, const std::vector<float>& b) {
   double m = 0.0;
-  for (std::size_t i = 0; i < b.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
+  for (std::size_t i = 0; i < b.size(); ++i)
+    m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
   return m;
 }
 
@@ -204,7 +221,9 @@ std::string error_of(const std::vector<char>& bytes) {
   return "";
 }
 
-void put_int(std::vector<char>& b, std::size_t at, std::int32_t v) { std::memcpy(b.data() + at, &v, 4); }
+void put_int(std::vector<char>& b, std::size_t at, std::int32_t v) {
+  std::memcpy(b.data() + at, &v, 4);
+}
 
 }  // namespace
 
@@ -223,7 +242,8 @@ TEST_CASE("full-cache forward matches a plain llama2.c forward", "[llama2c]") {
     double worst = 0.0;
     for (int pos = 0; pos < c.seq_len; ++pos) {
       const auto got = tf.forward(tokens[static_cast<std::size_t>(pos)], pos);
-      const auto want = ref.forward(tokens[static_cast<std::size_t>(pos)], pos, [](int, int) { return true; });
+      const auto want =
+          ref.forward(tokens[static_cast<std::size_t>(pos)], pos, [](int, int) { return true; });
       worst = std::max(worst, max_abs_diff(got, want));
     }
     INFO("shared classifier " << shared);
@@ -239,7 +259,8 @@ TEST_CASE("StreamingLLM eviction equals attending to sinks plus the recent windo
   const TinyWeights w = make_weights(c, 3);
   auto model = std::make_shared<const Model>(Model::parse(serialize(w)));
   const std::size_t sinks = 2, budget = 9;
-  Transformer<policies::StreamingLLM> tf(model, Budget::uniform(budget), policies::StreamingLLM{sinks});
+  Transformer<policies::StreamingLLM> tf(model, Budget::uniform(budget),
+                                         policies::StreamingLLM{sinks});
   Reference ref(w);
   const auto tokens = random_tokens(c.seq_len, c.vocab, 11);
   double worst = 0.0, moved = 0.0;
@@ -259,7 +280,8 @@ TEST_CASE("StreamingLLM eviction equals attending to sinks plus the recent windo
   CHECK(tf.cache().size(1, 1) == budget);
 }
 
-TEST_CASE("checkpoint reader rejects truncated and corrupt files with clear messages", "[llama2c]") {
+TEST_CASE("checkpoint reader rejects truncated and corrupt files with clear messages",
+          "[llama2c]") {
   Tiny c;
   const auto good = serialize(make_weights(c, 4));
   REQUIRE(error_of(good).empty());
@@ -357,6 +379,9 @@ TEST_CASE("e2e protocol: KL is 0 for the full cache and positive under eviction"
   REQUIRE(streams[0].size() == static_cast<std::size_t>(c.seq_len));
   CHECK(streams[0].tokens != streams[1].tokens);
   CHECK(sample_stream(model, SampleOptions{c.seq_len, 1.0f, 0}).tokens == streams[0].tokens);
+  // Re-scoring a stream's own tokens with the full cache gives back its logits exactly.
+  const Stream again = reference_stream(model, streams[1].tokens);
+  CHECK(again.full_logits == streams[1].full_logits);
 
   // Greedy streams follow the full cache's argmax.
   const Stream greedy = sample_stream(model, SampleOptions{20, 0.0f, 0});
@@ -369,8 +394,8 @@ TEST_CASE("e2e protocol: KL is 0 for the full cache and positive under eviction"
   nucleus.top_p = 0.9f;
   CHECK(sample_stream(model, nucleus).tokens != greedy.tokens);
 
-  const Summary full = evaluate(model, std::span<const Stream>(streams), Budget::unbounded(),
-                                policies::FullCache{});
+  const Summary full =
+      evaluate(model, std::span<const Stream>(streams), Budget::unbounded(), policies::FullCache{});
   CHECK(full.mean_kl == 0.0);
   CHECK(full.top1 == 1.0);
   CHECK(full.perplexity == Approx(full.perplexity_full));
@@ -393,13 +418,17 @@ TEST_CASE("e2e protocol: KL is 0 for the full cache and positive under eviction"
 
   // The other baselines run through the same path; an Oracle that sees every row is exact.
   CHECK(evaluate(model, std::span<const Stream>(streams), Budget::uniform(budget),
-                 policies::H2O(policies::H2O::Config{4, 0})).mean_kl > 0.0);
+                 policies::H2O(policies::H2O::Config{4, 0}))
+            .mean_kl > 0.0);
   CHECK(evaluate(model, std::span<const Stream>(streams), Budget::uniform(budget),
-                 policies::Random(policies::Random::Config{1, 1, 1})).mean_kl > 0.0);
+                 policies::Random(policies::Random::Config{1, 1, 1}))
+            .mean_kl > 0.0);
   CHECK(evaluate(model, std::span<const Stream>(streams), Budget::unbounded(),
-                 policies::Oracle{static_cast<std::size_t>(c.seq_len)}).mean_kl < 1e-9);
+                 policies::Oracle{static_cast<std::size_t>(c.seq_len)})
+            .mean_kl < 1e-9);
   CHECK(evaluate(model, std::span<const Stream>(streams), Budget::unbounded(),
-                 policies::Oracle{budget}).mean_kl > 0.0);
+                 policies::Oracle{budget})
+            .mean_kl > 0.0);
 
   CHECK_THROWS_WITH(sample_stream(model, SampleOptions{c.seq_len + 1, 1.0f, 0}),
                     Catch::Matchers::Contains("seq_len"));

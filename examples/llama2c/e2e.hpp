@@ -33,8 +33,8 @@ struct Stream {
 };
 
 struct SampleOptions {
-  int tokens = 512;           ///< stream length T, including the first token
-  float temperature = 1.0f;   ///< 0 = greedy
+  int tokens = 512;          ///< stream length T, including the first token
+  float temperature = 1.0f;  ///< 0 = greedy
   std::uint64_t seed = 0;
   int first_token = Tokenizer::kBos;
   float top_p = 1.0f;  ///< nucleus sampling as llama2.c's run.c (1 = off)
@@ -60,8 +60,9 @@ inline int sample(std::span<const float> logits, float temperature, std::mt19937
   std::size_t n = p.size();
   if (top_p > 0.0f && top_p < 1.0f) {
     // The smallest set of most likely tokens whose mass exceeds top_p (ties: lower id).
-    std::sort(order.begin(), order.end(),
-              [&](std::uint32_t a, std::uint32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+      return p[a] > p[b] || (p[a] == p[b] && a < b);
+    });
     double c = 0.0;
     for (n = 0; n < order.size();) {
       c += p[order[n++]];
@@ -83,8 +84,9 @@ inline int sample(std::span<const float> logits, float temperature, std::mt19937
 /// the stream at an end-of-story token, so it may hold several stories).
 inline Stream sample_stream(const std::shared_ptr<const Model>& model, const SampleOptions& o) {
   const Config& c = model->config();
-  kvevict::detail::require(o.tokens >= 1 && o.tokens <= c.seq_len, "sample_stream: tokens = ",
-                           o.tokens, ", expected 1..seq_len = ", c.seq_len);
+  kvevict::detail::require(o.tokens >= 1 && o.tokens <= c.seq_len,
+                           "sample_stream: tokens = ", o.tokens,
+                           ", expected 1..seq_len = ", c.seq_len);
   kvevict::detail::require(std::isfinite(o.temperature) && o.temperature >= 0.0f,
                            "sample_stream: temperature = ", o.temperature, ", expected >= 0");
   kvevict::detail::require(o.top_p > 0.0f && o.top_p <= 1.0f, "sample_stream: top_p = ", o.top_p,
@@ -148,10 +150,11 @@ StreamResult run_stream(const std::shared_ptr<const Model>& model, const Stream&
                         const ProtocolOptions& options = {}) {
   kvevict::detail::require(stream.vocab == model->config().vocab_size, "run_stream: stream vocab ",
                            stream.vocab, ", expected the model's ", model->config().vocab_size);
-  kvevict::detail::require(stream.full_logits.size() == stream.size() * static_cast<std::size_t>(stream.vocab),
-                           "run_stream: stream has ", stream.full_logits.size(),
-                           " full logits, expected tokens x vocab = ",
-                           stream.size() * static_cast<std::size_t>(stream.vocab));
+  kvevict::detail::require(
+      stream.full_logits.size() == stream.size() * static_cast<std::size_t>(stream.vocab),
+      "run_stream: stream has ", stream.full_logits.size(),
+      " full logits, expected tokens x vocab = ",
+      stream.size() * static_cast<std::size_t>(stream.vocab));
   Transformer<Policy> tf(model, budget, std::move(policy));
   StreamResult r;
   r.skip = options.skip;
@@ -172,8 +175,8 @@ StreamResult run_stream(const std::shared_ptr<const Model>& model, const Stream&
 /// Figures pooled over every counted position of every stream (each token weighs the same).
 struct Summary {
   double mean_kl = 0.0;
-  double top1 = 0.0;           ///< share of positions whose top-1 token agrees
-  double perplexity = 0.0;     ///< exp(mean NLL) under the policy
+  double top1 = 0.0;        ///< share of positions whose top-1 token agrees
+  double perplexity = 0.0;  ///< exp(mean NLL) under the policy
   double perplexity_full = 0.0;
   std::size_t positions = 0;
 };

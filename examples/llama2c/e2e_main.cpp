@@ -24,7 +24,8 @@ std::vector<std::string> split(const std::string& s) {
 }
 
 void usage() {
-  std::fprintf(stderr,
+  std::fprintf(
+      stderr,
       "usage: llama2c_e2e [--model-dir DIR] [--checkpoint FILE] [--streams N] [--tokens T]\n"
       "                   [--temperature X] [--top-p P] [--seed S] [--budgets 16,32,64,128]\n"
       "                   [--policies streaming,h2o,random,oracle] [--skip N] [--sinks N]\n"
@@ -53,31 +54,53 @@ int main(int argc, char** argv) {
         kvevict::detail::require(i + 1 < argc, "option ", a, " needs a value");
         return argv[++i];
       };
-      if (a == "--model-dir") dir = next();
-      else if (a == "--checkpoint") checkpoint = next();
-      else if (a == "--streams") n_streams = std::stoi(next());
-      else if (a == "--tokens") sample.tokens = std::stoi(next());
-      else if (a == "--temperature") sample.temperature = std::stof(next());
-      else if (a == "--top-p") sample.top_p = std::stof(next());
-      else if (a == "--seed") sample.seed = std::stoull(next());
-      else if (a == "--budgets") budgets = split(next());
-      else if (a == "--policies") names = split(next());
-      else if (a == "--skip") proto.skip = std::stoul(next());
-      else if (a == "--sinks") knobs.sinks = std::stoul(next());
-      else if (a == "--h2o-recent") knobs.h2o_recent = std::stoul(next());
-      else if (a == "--h2o-sinks") knobs.h2o_sinks = std::stoul(next());
-      else if (a == "--random-sinks") knobs.random_sinks = std::stoul(next());
-      else if (a == "--random-recent") knobs.random_recent = std::stoul(next());
-      else if (a == "--h2o-recent-fraction") knobs.h2o_recent_fraction = std::stod(next());
-      else if (a == "--random-recent-fraction") knobs.random_recent_fraction = std::stod(next());
-      else if (a == "--policy-seed") knobs.seed = std::stoull(next());
-      else if (a == "-h" || a == "--help") { usage(); return 0; }
-      else kvevict::detail::fail("unknown option '", a, "'");
+      if (a == "--model-dir")
+        dir = next();
+      else if (a == "--checkpoint")
+        checkpoint = next();
+      else if (a == "--streams")
+        n_streams = std::stoi(next());
+      else if (a == "--tokens")
+        sample.tokens = std::stoi(next());
+      else if (a == "--temperature")
+        sample.temperature = std::stof(next());
+      else if (a == "--top-p")
+        sample.top_p = std::stof(next());
+      else if (a == "--seed")
+        sample.seed = std::stoull(next());
+      else if (a == "--budgets")
+        budgets = split(next());
+      else if (a == "--policies")
+        names = split(next());
+      else if (a == "--skip")
+        proto.skip = std::stoul(next());
+      else if (a == "--sinks")
+        knobs.sinks = std::stoul(next());
+      else if (a == "--h2o-recent")
+        knobs.h2o_recent = std::stoul(next());
+      else if (a == "--h2o-sinks")
+        knobs.h2o_sinks = std::stoul(next());
+      else if (a == "--random-sinks")
+        knobs.random_sinks = std::stoul(next());
+      else if (a == "--random-recent")
+        knobs.random_recent = std::stoul(next());
+      else if (a == "--h2o-recent-fraction")
+        knobs.h2o_recent_fraction = std::stod(next());
+      else if (a == "--random-recent-fraction")
+        knobs.random_recent_fraction = std::stod(next());
+      else if (a == "--policy-seed")
+        knobs.seed = std::stoull(next());
+      else if (a == "-h" || a == "--help") {
+        usage();
+        return 0;
+      } else
+        kvevict::detail::fail("unknown option '", a, "'");
     }
     kvevict::detail::require(n_streams >= 1, "--streams = ", n_streams, ", expected >= 1");
     if (checkpoint.empty()) {
       dir = model_dir(dir);
-      kvevict::detail::require(!dir.empty(), "no model: pass --checkpoint or --model-dir, or set "
+      kvevict::detail::require(!dir.empty(),
+                               "no model: pass --checkpoint or --model-dir, or set "
                                "KVEVICT_MODEL_DIR");
       checkpoint = dir + "/stories260K.bin";
     }
@@ -99,25 +122,27 @@ int main(int argc, char** argv) {
           return evaluate(model, std::span<const Stream>(streams), bud, pol, proto);
         });
       }
-    const Summary full = evaluate(model, std::span<const Stream>(streams), kvevict::Budget::unbounded(),
-                                  kvevict::policies::FullCache{}, proto);
+    const Summary full =
+        evaluate(model, std::span<const Stream>(streams), kvevict::Budget::unbounded(),
+                 kvevict::policies::FullCache{}, proto);
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     auto window = [](double f, std::size_t n) {
       return f > 0.0 ? std::to_string(f) + " x budget" : std::to_string(n);
     };
-    std::printf("T = %d, %d streams (temperature %g, top-p %g, seeds %llu..%llu), positions counted from %zu "
-                "(%zu per cell); StreamingLLM sinks %zu; H2O sinks %zu, recent %s; Random sinks "
-                "%zu, recent %s, seed %llu; full-cache perplexity %.4f; %.1f s\n\n",
-                sample.tokens, n_streams, static_cast<double>(sample.temperature),
-                static_cast<double>(sample.top_p),
-                static_cast<unsigned long long>(seed0),
-                static_cast<unsigned long long>(seed0 + static_cast<std::uint64_t>(n_streams) - 1),
-                proto.skip, full.positions, knobs.sinks, knobs.h2o_sinks,
-                window(knobs.h2o_recent_fraction, knobs.h2o_recent).c_str(), knobs.random_sinks,
-                window(knobs.random_recent_fraction, knobs.random_recent).c_str(),
-                static_cast<unsigned long long>(knobs.seed), full.perplexity_full, secs);
+    std::printf(
+        "T = %d, %d streams (temperature %g, top-p %g, seeds %llu..%llu), positions counted from "
+        "%zu "
+        "(%zu per cell); StreamingLLM sinks %zu; H2O sinks %zu, recent %s; Random sinks "
+        "%zu, recent %s, seed %llu; full-cache perplexity %.4f; %.1f s\n\n",
+        sample.tokens, n_streams, static_cast<double>(sample.temperature),
+        static_cast<double>(sample.top_p), static_cast<unsigned long long>(seed0),
+        static_cast<unsigned long long>(seed0 + static_cast<std::uint64_t>(n_streams) - 1),
+        proto.skip, full.positions, knobs.sinks, knobs.h2o_sinks,
+        window(knobs.h2o_recent_fraction, knobs.h2o_recent).c_str(), knobs.random_sinks,
+        window(knobs.random_recent_fraction, knobs.random_recent).c_str(),
+        static_cast<unsigned long long>(knobs.seed), full.perplexity_full, secs);
     auto print = [&](const char* title, auto get, const char* fmt) {
       std::printf("%s\n\n| budget |", title);
       for (const auto& h : headers) std::printf(" %s |", h.c_str());
@@ -131,11 +156,14 @@ int main(int argc, char** argv) {
       }
       std::printf("\n");
     };
-    print("Mean KL(full || policy) per token, nats", [](const Summary& s) { return s.mean_kl; },
-          " %.4f |");
-    print("Top-1 agreement with the full cache", [](const Summary& s) { return s.top1; }, " %.3f |");
-    print("Perplexity of the stream under the policy", [](const Summary& s) { return s.perplexity; },
-          " %.3f |");
+    print(
+        "Mean KL(full || policy) per token, nats", [](const Summary& s) { return s.mean_kl; },
+        " %.4f |");
+    print(
+        "Top-1 agreement with the full cache", [](const Summary& s) { return s.top1; }, " %.3f |");
+    print(
+        "Perplexity of the stream under the policy", [](const Summary& s) { return s.perplexity; },
+        " %.3f |");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "llama2c_e2e: %s\n", e.what());
     return 1;

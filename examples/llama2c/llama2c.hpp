@@ -60,7 +60,8 @@ inline std::vector<char> read_file(const std::string& path, const char* what) {
 // Products of header fields, checked so a corrupt header cannot wrap around.
 inline std::uint64_t mul(std::uint64_t a, std::uint64_t b, const char* where) {
   std::uint64_t r = 0;
-  if (__builtin_mul_overflow(a, b, &r)) fail("checkpoint: ", where, " overflows 64 bits (corrupt header?)");
+  if (__builtin_mul_overflow(a, b, &r))
+    fail("checkpoint: ", where, " overflows 64 bits (corrupt header?)");
   return r;
 }
 
@@ -81,14 +82,14 @@ inline std::uint64_t expected_floats(const Config& c) {
   const std::uint64_t hd = static_cast<std::uint64_t>(c.head_dim());
   const std::uint64_t kv = static_cast<std::uint64_t>(c.kv_dim());
   const std::uint64_t V = static_cast<std::uint64_t>(c.vocab_size);
-  std::uint64_t n = mul(V, dim, "vocab_size x dim");                   // token_embedding
-  n += mul(L, dim, "layers x dim");                                    // rms_att
-  n += mul(mul(L, dim, "wq"), dim, "wq");                              // wq
-  n += 2 * mul(mul(L, dim, "wk"), kv, "wk");                           // wk, wv
-  n += mul(mul(L, dim, "wo"), dim, "wo");                              // wo
-  n += mul(L, dim, "layers x dim");                                    // rms_ffn
-  n += 3 * mul(mul(L, dim, "ffn"), hid, "layers x dim x hidden_dim");  // w1, w2, w3
-  n += dim;                                                            // rms_final
+  std::uint64_t n = mul(V, dim, "vocab_size x dim");                          // token_embedding
+  n += mul(L, dim, "layers x dim");                                           // rms_att
+  n += mul(mul(L, dim, "wq"), dim, "wq");                                     // wq
+  n += 2 * mul(mul(L, dim, "wk"), kv, "wk");                                  // wk, wv
+  n += mul(mul(L, dim, "wo"), dim, "wo");                                     // wo
+  n += mul(L, dim, "layers x dim");                                           // rms_ffn
+  n += 3 * mul(mul(L, dim, "ffn"), hid, "layers x dim x hidden_dim");         // w1, w2, w3
+  n += dim;                                                                   // rms_final
   n += mul(static_cast<std::uint64_t>(c.seq_len), hd, "seq_len x head_dim");  // freq_cis (unused)
   if (!c.shared_classifier) n += mul(V, dim, "wcls");
   return n;
@@ -98,7 +99,8 @@ inline std::uint64_t expected_floats(const Config& c) {
 /// out x in, as llama2.c stores them).
 class Model {
  public:
-  using Matrix = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+  using Matrix =
+      Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
   using Vector = Eigen::Map<const Eigen::VectorXf>;
 
   /// Parses a version-0 checkpoint held in memory; `name` is used in error messages.
@@ -132,7 +134,8 @@ class Model {
     field("n_heads", c.n_heads, 4096);
     field("n_kv_heads", c.n_kv_heads, 4096);
     require(h[5] != 0 && h[5] != std::numeric_limits<std::int32_t>::min(), "checkpoint '", name,
-            "': header vocab_size = ", h[5], ", expected non-zero (negative = unshared classifier)");
+            "': header vocab_size = ", h[5],
+            ", expected non-zero (negative = unshared classifier)");
     c.vocab_size = h[5] > 0 ? h[5] : -h[5];
     field("|vocab_size|", c.vocab_size, kMax);
     field("seq_len", c.seq_len, kMax);
@@ -140,8 +143,8 @@ class Model {
             " is not a multiple of n_heads = ", c.n_heads);
     require(c.n_heads % c.n_kv_heads == 0, "checkpoint '", name, "': n_heads = ", c.n_heads,
             " is not a multiple of n_kv_heads = ", c.n_kv_heads);
-    require(c.head_dim() % 2 == 0, "checkpoint '", name, "': head_dim = dim / n_heads = ",
-            c.head_dim(), ", expected even (RoPE rotates pairs)");
+    require(c.head_dim() % 2 == 0, "checkpoint '", name,
+            "': head_dim = dim / n_heads = ", c.head_dim(), ", expected even (RoPE rotates pairs)");
     const std::uint64_t floats = expected_floats(c);
     const std::uint64_t want = kHeader + detail::mul(floats, 4, "weight bytes");
     require(bytes.size() == want, "checkpoint '", name, "': ", bytes.size(), " bytes, expected ",
@@ -168,16 +171,22 @@ class Model {
   [[nodiscard]] const Config& config() const { return config_; }
 
   // Weight views (layer-indexed where llama2.c stacks them).
-  [[nodiscard]] Matrix token_embedding() const { return mat(off_.emb, config_.vocab_size, config_.dim); }
+  [[nodiscard]] Matrix token_embedding() const {
+    return mat(off_.emb, config_.vocab_size, config_.dim);
+  }
   [[nodiscard]] Vector rms_att(int l) const { return vec(off_.rms_att + l * d(), config_.dim); }
-  [[nodiscard]] Matrix wq(int l) const { return mat(off_.wq + l * d() * d(), config_.dim, config_.dim); }
+  [[nodiscard]] Matrix wq(int l) const {
+    return mat(off_.wq + l * d() * d(), config_.dim, config_.dim);
+  }
   [[nodiscard]] Matrix wk(int l) const {
     return mat(off_.wk + l * d() * kv(), config_.kv_dim(), config_.dim);
   }
   [[nodiscard]] Matrix wv(int l) const {
     return mat(off_.wv + l * d() * kv(), config_.kv_dim(), config_.dim);
   }
-  [[nodiscard]] Matrix wo(int l) const { return mat(off_.wo + l * d() * d(), config_.dim, config_.dim); }
+  [[nodiscard]] Matrix wo(int l) const {
+    return mat(off_.wo + l * d() * d(), config_.dim, config_.dim);
+  }
   [[nodiscard]] Vector rms_ffn(int l) const { return vec(off_.rms_ffn + l * d(), config_.dim); }
   [[nodiscard]] Matrix w1(int l) const {
     return mat(off_.w1 + l * d() * hid(), config_.hidden_dim, config_.dim);
@@ -189,7 +198,9 @@ class Model {
     return mat(off_.w3 + l * d() * hid(), config_.hidden_dim, config_.dim);
   }
   [[nodiscard]] Vector rms_final() const { return vec(off_.rms_final, config_.dim); }
-  [[nodiscard]] Matrix classifier() const { return mat(off_.wcls, config_.vocab_size, config_.dim); }
+  [[nodiscard]] Matrix classifier() const {
+    return mat(off_.wcls, config_.vocab_size, config_.dim);
+  }
 
  private:
   struct Offsets {
@@ -198,14 +209,20 @@ class Model {
   std::size_t d() const { return static_cast<std::size_t>(config_.dim); }
   std::size_t kv() const { return static_cast<std::size_t>(config_.kv_dim()); }
   std::size_t hid() const { return static_cast<std::size_t>(config_.hidden_dim); }
-  Matrix mat(std::size_t off, int rows, int cols) const { return Matrix(weights_.data() + off, rows, cols); }
+  Matrix mat(std::size_t off, int rows, int cols) const {
+    return Matrix(weights_.data() + off, rows, cols);
+  }
   Vector vec(std::size_t off, int n) const { return Vector(weights_.data() + off, n); }
 
   void layout() {
     const std::size_t L = static_cast<std::size_t>(config_.n_layers);
     const std::size_t V = static_cast<std::size_t>(config_.vocab_size);
     std::size_t p = 0;
-    auto take = [&](std::size_t n) { const std::size_t at = p; p += n; return at; };
+    auto take = [&](std::size_t n) {
+      const std::size_t at = p;
+      p += n;
+      return at;
+    };
     off_.emb = take(V * d());
     off_.rms_att = take(L * d());
     off_.wq = take(L * d() * d());
@@ -238,8 +255,8 @@ class Tokenizer {
             " bytes, expected at least 4 (max_token_length)");
     Tokenizer t;
     const auto max_len = detail::load<std::int32_t>(bytes.data());
-    require(max_len > 0 && max_len <= 65536, "tokenizer '", name, "': max_token_length = ",
-            max_len, ", expected 1..65536");
+    require(max_len > 0 && max_len <= 65536, "tokenizer '", name, "': max_token_length = ", max_len,
+            ", expected 1..65536");
     std::size_t p = 4;
     for (int i = 0; i < vocab_size; ++i) {
       require(p + 8 <= bytes.size(), "tokenizer '", name, "': truncated at token ", i, " of ",
@@ -247,8 +264,8 @@ class Tokenizer {
       const float score = detail::load<float>(bytes.data() + p);
       const auto len = detail::load<std::int32_t>(bytes.data() + p + 4);
       p += 8;
-      require(len >= 0 && len <= max_len, "tokenizer '", name, "': token ", i, " has length ",
-              len, ", expected 0..", max_len, " (max_token_length)");
+      require(len >= 0 && len <= max_len, "tokenizer '", name, "': token ", i, " has length ", len,
+              ", expected 0..", max_len, " (max_token_length)");
       require(p + static_cast<std::size_t>(len) <= bytes.size(), "tokenizer '", name,
               "': truncated in the bytes of token ", i, " of ", vocab_size);
       t.pieces_.emplace_back(bytes.data() + p, static_cast<std::size_t>(len));
@@ -268,7 +285,9 @@ class Tokenizer {
   static constexpr int kBos = 1;
   static constexpr int kEos = 2;
   [[nodiscard]] int vocab_size() const { return static_cast<int>(pieces_.size()); }
-  [[nodiscard]] const std::string& piece(int id) const { return pieces_.at(static_cast<std::size_t>(id)); }
+  [[nodiscard]] const std::string& piece(int id) const {
+    return pieces_.at(static_cast<std::size_t>(id));
+  }
 
   /// Text of `token` following `prev` (llama2.c's rules: the leading space after BOS is
   /// dropped; "<0xHH>" pieces are raw bytes).
@@ -301,15 +320,19 @@ class Tokenizer {
     for (std::size_t i = 0; i < src.size();) {
       std::size_t n = 1;
       const auto c = static_cast<unsigned char>(src[i]);
-      if (c >= 0xF0) n = 4;
-      else if (c >= 0xE0) n = 3;
-      else if (c >= 0xC0) n = 2;
+      if (c >= 0xF0)
+        n = 4;
+      else if (c >= 0xE0)
+        n = 3;
+      else if (c >= 0xC0)
+        n = 2;
       n = std::min(n, src.size() - i);
       const auto it = ids_.find(src.substr(i, n));
       if (it != ids_.end()) {
         toks.push_back(it->second);
       } else {
-        for (std::size_t j = 0; j < n; ++j) toks.push_back(static_cast<unsigned char>(src[i + j]) + 3);
+        for (std::size_t j = 0; j < n; ++j)
+          toks.push_back(static_cast<unsigned char>(src[i + j]) + 3);
       }
       i += n;
     }

@@ -19,7 +19,8 @@ void usage() {
   std::fprintf(stderr,
                "usage: llama2c [--model-dir DIR] [--checkpoint FILE] [--tokenizer FILE]\n"
                "               [--policy full|streaming|h2o|random|knorm|oracle] [--budget ROWS]\n"
-               "               [--sinks N] [--steps N] [--temperature T] [--top-p P] [--seed S] [--prompt TEXT]\n"
+               "               [--sinks N] [--steps N] [--temperature T] [--top-p P] [--seed S] "
+               "[--prompt TEXT]\n"
                "Model directory: --model-dir, else $KVEVICT_MODEL_DIR, else ../shared/models/"
                "stories260K\n(stories260K.bin and tok512.bin inside it).\n");
 }
@@ -41,23 +42,38 @@ int main(int argc, char** argv) {
         kvevict::detail::require(i + 1 < argc, "option ", a, " needs a value");
         return argv[++i];
       };
-      if (a == "--model-dir") dir = next();
-      else if (a == "--checkpoint") checkpoint = next();
-      else if (a == "--tokenizer") tokenizer = next();
-      else if (a == "--policy") policy = next();
-      else if (a == "--budget") budget = std::stoul(next());
-      else if (a == "--sinks") knobs.sinks = std::stoul(next());
-      else if (a == "--steps") steps = std::stoi(next());
-      else if (a == "--temperature") temperature = std::stof(next());
-      else if (a == "--top-p") top_p = std::stof(next());
-      else if (a == "--seed") knobs.seed = std::stoull(next());
-      else if (a == "--prompt") prompt = next();
-      else if (a == "-h" || a == "--help") { usage(); return 0; }
-      else kvevict::detail::fail("unknown option '", a, "'");
+      if (a == "--model-dir")
+        dir = next();
+      else if (a == "--checkpoint")
+        checkpoint = next();
+      else if (a == "--tokenizer")
+        tokenizer = next();
+      else if (a == "--policy")
+        policy = next();
+      else if (a == "--budget")
+        budget = std::stoul(next());
+      else if (a == "--sinks")
+        knobs.sinks = std::stoul(next());
+      else if (a == "--steps")
+        steps = std::stoi(next());
+      else if (a == "--temperature")
+        temperature = std::stof(next());
+      else if (a == "--top-p")
+        top_p = std::stof(next());
+      else if (a == "--seed")
+        knobs.seed = std::stoull(next());
+      else if (a == "--prompt")
+        prompt = next();
+      else if (a == "-h" || a == "--help") {
+        usage();
+        return 0;
+      } else
+        kvevict::detail::fail("unknown option '", a, "'");
     }
     dir = model_dir(dir);
     if (checkpoint.empty() || tokenizer.empty())
-      kvevict::detail::require(!dir.empty(), "no model: pass --checkpoint and --tokenizer, "
+      kvevict::detail::require(!dir.empty(),
+                               "no model: pass --checkpoint and --tokenizer, "
                                "--model-dir, or set KVEVICT_MODEL_DIR");
     if (checkpoint.empty()) checkpoint = dir + "/stories260K.bin";
     if (tokenizer.empty()) tokenizer = dir + "/tok512.bin";
@@ -65,8 +81,10 @@ int main(int argc, char** argv) {
     auto model = std::make_shared<const Model>(Model::load(checkpoint));
     const Tokenizer tok = Tokenizer::load(tokenizer, model->config().vocab_size);
     const auto& c = model->config();
-    std::fprintf(stderr, "model: dim %d, hidden %d, layers %d, heads %d, kv heads %d, vocab %d, seq_len %d\n",
-                 c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len);
+    std::fprintf(
+        stderr,
+        "model: dim %d, hidden %d, layers %d, heads %d, kv heads %d, vocab %d, seq_len %d\n", c.dim,
+        c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len);
     kvevict::detail::require(steps >= 1 && steps <= c.seq_len, "--steps = ", steps,
                              ", expected 1..", c.seq_len);
     std::vector<int> prompt_ids = tok.encode(prompt, true, false);
@@ -74,8 +92,8 @@ int main(int argc, char** argv) {
     with_policy(policy, budget, knobs, [&](auto pol, const kvevict::Budget& b) {
       Transformer<decltype(pol)> tf(model, b, pol);
       std::mt19937_64 rng(knobs.seed);
-      std::fprintf(stderr, "policy %s, budget %zu rows per layer and KV head\n", decltype(pol)::name(),
-                   budget);
+      std::fprintf(stderr, "policy %s, budget %zu rows per layer and KV head\n",
+                   decltype(pol)::name(), budget);
       int token = prompt_ids[0];
       for (int pos = 0; pos < steps; ++pos) {
         const auto logits = tf.forward(token, pos);

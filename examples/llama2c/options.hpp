@@ -29,7 +29,8 @@ namespace kvevict::llama2c {
 /// stories260K next to the repository (when it exists), else "".
 inline std::string model_dir(const std::string& arg) {
   if (!arg.empty()) return arg;
-  if (const char* env = std::getenv("KVEVICT_MODEL_DIR"); env != nullptr && *env != '\0') return env;
+  if (const char* env = std::getenv("KVEVICT_MODEL_DIR"); env != nullptr && *env != '\0')
+    return env;
 #ifdef KVEVICT_LLAMA2C_DEFAULT_MODEL_DIR
   if (std::filesystem::exists(KVEVICT_LLAMA2C_DEFAULT_MODEL_DIR))
     return std::filesystem::weakly_canonical(KVEVICT_LLAMA2C_DEFAULT_MODEL_DIR).string();
@@ -53,7 +54,8 @@ struct PolicyKnobs {
 /// rows per (layer, KV head). FullCache ignores rows; Oracle stores everything and
 /// attends to `rows`.
 template <class Fn>
-decltype(auto) with_policy(const std::string& name, std::size_t rows, const PolicyKnobs& k, Fn&& fn) {
+decltype(auto) with_policy(const std::string& name, std::size_t rows, const PolicyKnobs& k,
+                           Fn&& fn) {
   const auto b = Budget::uniform(static_cast<long long>(rows));
   if (name == "full") return fn(policies::FullCache{}, Budget::unbounded());
   if (name == "streaming") return fn(policies::StreamingLLM{k.sinks}, b);
@@ -61,8 +63,8 @@ decltype(auto) with_policy(const std::string& name, std::size_t rows, const Poli
     return f > 0.0 ? static_cast<std::size_t>(f * static_cast<double>(rows)) : fixed;
   };
   if (name == "h2o")
-    return fn(policies::H2O(policies::H2O::Config{share(k.h2o_recent_fraction, k.h2o_recent),
-                                                  k.h2o_sinks}),
+    return fn(policies::H2O(
+                  policies::H2O::Config{share(k.h2o_recent_fraction, k.h2o_recent), k.h2o_sinks}),
               b);
   if (name == "random")
     return fn(policies::Random(policies::Random::Config{
