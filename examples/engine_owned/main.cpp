@@ -1,0 +1,116 @@
+// An engine that owns its K/V memory and asks kvevict only what to drop.
+//
+// The engine keeps, per layer, a llama.cpp-style cell array: K and V of shape
+// [cells][n_kv_heads][head_dim] in fp16, sized to the budget (cells = capacity), plus its
+// own attention kernel over those cells. kvevict::IndexCache runs the eviction policy
+// (H2O here) over row indices: each token, the engine hands it the new K (and the queries
+// and attention probabilities the policy declares) and applies the returned decisions:
+// `place` writes the new token into a cell, `evict` frees a cell (here: offload count).
+// Usage: kvevict_engine_owned [tokens=2000] [budget=256]
+#include <Eigen/Core>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <kvevict/index_cache.hpp>
+#include <kvevict/policies/h2o.hpp>
+#include <random>
+#include <vector>
+
+namespace {
+
+using Half = Eigen::half;
+
+// The engine's own storage for one layer: cell c, KV head h at (c * Hkv + h) * d.
+struct LayerCells {
+  std::vector<Half> k, v;
+};
+
+// The engine's attention kernel over its cells, in the IndexCache's row order, for the G
+// query heads of KV head h; writes probs (G x rows) and accumulates the output.
+void attend_cells(const LayerCells& m, std::span<const std::uint32_t> cells, int h, int hkv, int d,
+                  const float* q, int group, std::vector<float>& probs, float* out) {
+  const std::size_t n = cells.size();
+  probs.assign(static_cast<std::size_t>(group) * n, 0.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for (int g = 0; g < group; ++g) {
+    float* p = probs.data() + static_cast<std::size_t>(g) * n;
+    float mx = -INFINITY;
+    for (std::size_t r = 0; r < n; ++r) {
+      const Half* kr = m.k.data() + (std::size_t(cells[r]) * std::size_t(hkv) + std::size_t(h)) * std::size_t(d);
+      float s = 0.0f;
+      for (int j = 0; j < d; ++j) s += q[g * d + j] * static_cast<float>(kr[j]);
+      p[r] = s * scale;
+      mx = std::max(mx, p[r]);
+    }
+    float z = 0.0f;
+    for (std::size_t r = 0; r < n; ++r) z += (p[r] = std::exp(p[r] - mx));
+    for (std::size_t r = 0; r < n; ++r) {
+      p[r] /= z;
+      const Half* vr = m.v.data() + (std::size_t(cells[r]) * std::size_t(hkv) + std::size_t(h)) * std::size_t(d);
+      for (int j = 0; j < d; ++j) out[g * d + j] += p[r] * static_cast<float>(vr[j]);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int tokens = argc > 1 ? std::atoi(argv[1]) : 2000;
+  const int budget = argc > 2 ? std::atoi(argv[2]) : 256;
+  const kvevict::Geometry geo{4, 8, 2, 64};  // layers, query heads, KV heads, head dim
+  const int hkv = geo.n_kv_heads, d = geo.head_dim, group = geo.group();
+  using Policy = kvevict::policies::H2O;
+  // cells_per_head = budget: IndexCache allocates cells itself (a victim's cell is reused),
+  // so the engine never needs more cells than the budget.
+  kvevict::IndexCache<Policy, Half> index(geo, kvevict::Budget::uniform(budget),
+                                          Policy(Policy::Config{32, 4}), std::uint32_t(budget));
+  const std::size_t cells = index.cells_per_head();
+  std::vector<LayerCells> mem(std::size_t(geo.n_layers));
+  for (auto& m : mem) {
+    m.k.resize(cells * std::size_t(hkv * d));
+    m.v.resize(cells * std::size_t(hkv * d));
+  }
+
+  std::mt19937 gen(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> k(std::size_t(hkv * d)), v(k.size()), q(std::size_t(geo.n_heads * d)),
+      out(q.size()), probs;
+  long long evicted = 0, placed = 0;
+  for (int pos = 0; pos < tokens; ++pos) {
+    for (int l = 0; l < geo.n_layers; ++l) {
+      // A model would project the hidden state (and apply RoPE) here.
+      for (auto* x : {&k, &v, &q})
+        for (auto& f : *x) f = normal(gen);
+      auto& m = mem[std::size_t(l)];
+      // Where the engine's rows are, for the policy to read during the call.
+      const kvevict::CellRows<Half> krows{m.k.data(), std::size_t(hkv * d), std::size_t(d)};
+      const kvevict::CellRows<Half> vrows{m.v.data(), std::size_t(hkv * d), std::size_t(d)};
+      for (const kvevict::Decision& e : index.append(l, pos, k, krows, q, {}, v, vrows)) {
+        if (e.kind == kvevict::Decision::Kind::evict) {
+          ++evicted;  // cell e.cell is free now; an engine could offload it first
+        } else if (e.kind == kvevict::Decision::Kind::place) {
+          ++placed;
+          const std::size_t off = (std::size_t(e.cell) * std::size_t(hkv) + std::size_t(e.kv_head)) * std::size_t(d);
+          for (int j = 0; j < d; ++j) {
+            m.k[off + std::size_t(j)] = static_cast<Half>(k[std::size_t(e.kv_head * d + j)]);
+            m.v[off + std::size_t(j)] = static_cast<Half>(v[std::size_t(e.kv_head * d + j)]);
+          }
+        }  // move records only matter to engines that keep rows dense in row order
+      }
+      // The engine's own attention, then the probabilities H2O declares it needs.
+      std::fill(out.begin(), out.end(), 0.0f);
+      for (int h = 0; h < hkv; ++h) {
+        attend_cells(m, index.cells(l, h), h, hkv, d, q.data() + h * group * d, group, probs,
+                     out.data() + h * group * d);
+        index.observe(l, h, probs);
+      }
+    }
+  }
+  const double bytes = double(geo.n_layers) * double(cells) * hkv * d * 2 * sizeof(Half);
+  std::printf("tokens %d, budget %d, policy %s\n", tokens, budget, Policy::name());
+  std::printf("rows kept per (layer, KV head): %zu (layer 0 head 0), cells allocated %zu\n",
+              index.size(0, 0), cells);
+  std::printf("placed %lld rows, evicted %lld; engine K/V memory %.1f KiB (fp16)\n", placed,
+              evicted, bytes / 1024.0);
+  return 0;
+}
