@@ -1,0 +1,273 @@
+// Random operation sequences on every policy: append, attend, prefill, set_budget,
+// save/restore, and malformed calls, on a small random geometry and budget. After every
+// operation the cache invariants must hold; malformed calls must throw kvevict::Error and
+// change nothing. While no budget change has happened, an IndexCache runs the same stream
+// and must keep exactly the same rows (differential check). Any other exception, or a
+// policy returning bad victims (std::logic_error), is a bug and aborts.
+#include <kvevict/index_cache.hpp>
+#include <kvevict/kvevict.hpp>
+#include <kvevict/policies/buzz.hpp>
+#include <kvevict/policies/decayed_attention.hpp>
+#include <kvevict/policies/hash_evict.hpp>
+#include <kvevict/policies/snapkv.hpp>
+#include <kvevict/serialize.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <set>
+
+#include "fuzz_input.hpp"
+
+namespace {
+
+namespace pol = kvevict::policies;
+using kvevict::Budget;
+using kvevict::Geometry;
+
+#define KVFUZZ_ASSERT(x) \
+  do {                   \
+    if (!(x)) std::abort(); \
+  } while (0)
+
+// What KVCache accepted, IndexCache must accept too.
+template <class F>
+void must(F&& f) {
+  try {
+    f();
+  } catch (...) {
+    std::abort();
+  }
+}
+
+template <class Cache>
+void check_invariants(const Cache& c) {
+  const auto& g = c.geometry();
+  for (int l = 0; l < g.n_layers; ++l)
+    for (int h = 0; h < g.n_kv_heads; ++h) {
+      const std::size_t n = c.size(l, h);
+      KVFUZZ_ASSERT(n <= c.capacity(l, h));
+      KVFUZZ_ASSERT(c.allocated_rows(l, h) >= n && c.allocated_rows(l, h) <= c.capacity(l, h));
+      const auto pos = c.positions(l, h);
+      const auto seq = c.seqs(l, h);
+      std::set<std::int64_t> ps(pos.begin(), pos.end());
+      std::set<std::uint64_t> ss(seq.begin(), seq.end());
+      KVFUZZ_ASSERT(ps.size() == n && ss.size() == n);
+      for (auto s : seq) KVFUZZ_ASSERT(s < c.tokens_seen(l));
+    }
+}
+
+template <class Cache, class Index>
+void check_same(const Cache& c, const Index& idx) {
+  const auto& g = c.geometry();
+  for (int l = 0; l < g.n_layers; ++l)
+    for (int h = 0; h < g.n_kv_heads; ++h) {
+      const auto a = c.positions(l, h), b = idx.positions(l, h);
+      KVFUZZ_ASSERT(std::equal(a.begin(), a.end(), b.begin(), b.end()));
+    }
+}
+
+template <class Policy, class Scalar>
+void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Policy& policy) {
+  std::optional<kvevict::KVCache<Policy, Scalar>> made;
+  std::optional<kvevict::IndexCache<Policy, Scalar>> idx;
+  try {
+    made.emplace(g, budget, policy);
+    idx.emplace(g, budget, policy);
+  } catch (const kvevict::Error&) {
+    return;  // budget or configuration the policy rejects: a clean refusal
+  }
+  auto& c = *made;
+  const std::size_t d = std::size_t(g.head_dim);
+  const std::size_t kv = std::size_t(g.n_kv_heads) * d, qn = std::size_t(g.n_heads) * d;
+  const std::size_t cells = idx->cells_per_head();
+  std::vector<std::vector<Scalar>> mem(std::size_t(g.n_layers),
+                                       std::vector<Scalar>(std::size_t(g.n_kv_heads) * cells * d));
+  auto rows_of = [&](int l) {
+    return kvevict::CellRows<Scalar>{mem[std::size_t(l)].data(), d, cells * d};
+  };
+  auto apply = [&](std::span<const kvevict::Decision> ds, const std::vector<float>& block) {
+    for (const auto& e : ds)
+      if (e.kind == kvevict::Decision::Kind::place) {
+        KVFUZZ_ASSERT(e.cell < cells);
+        const float* src = block.data() + (std::size_t(e.from) * std::size_t(g.n_kv_heads) + std::size_t(e.kv_head)) * d;
+        Scalar* dst = mem[std::size_t(e.layer)].data() + (std::size_t(e.kv_head) * cells + e.cell) * d;
+        for (std::size_t j = 0; j < d; ++j) dst[j] = static_cast<Scalar>(src[j]);
+      }
+  };
+  std::vector<std::int64_t> next_pos(std::size_t(g.n_layers), 0);
+  for (int op = 0; op < 64 && !in.done(); ++op) {
+    const int l = in.range(0, g.n_layers - 1);
+    switch (in.range(0, 7)) {
+      case 0:
+      case 1: {  // decode step, then attention
+        auto k = in.values(kv), v = in.values(kv), q = in.values(qn);
+        const std::int64_t p = next_pos[std::size_t(l)];
+        next_pos[std::size_t(l)] += in.range(1, 3);
+        c.append(l, p, k, v, q);
+        if (idx) must([&] { apply(idx->append(l, p, k, rows_of(l), q), k); });
+        if (in.byte() & 1) {
+          const auto r = kvevict::attend(c, l, q);
+          if (idx)
+            for (int h = 0; h < g.n_kv_heads; ++h)
+              idx->observe(l, h, std::span<const float>(r.probs[std::size_t(h)].data(),
+                                                        std::size_t(r.probs[std::size_t(h)].size())));
+        }
+        break;
+      }
+      case 2: {  // prefill block
+        const std::size_t T = std::size_t(in.range(1, 12));
+        auto k = in.values(T * kv), v = in.values(T * kv), q = in.values(T * qn);
+        const std::int64_t p = next_pos[std::size_t(l)];
+        next_pos[std::size_t(l)] += std::int64_t(T);
+        c.prefill(l, p, T, k, v, q);
+        if (idx) must([&] { apply(idx->prefill(l, p, T, k, q, rows_of(l)), k); });
+        break;
+      }
+      case 3: {  // budget change (IndexCache has none: stop the differential check)
+        try {
+          c.set_budget(Budget::uniform(in.range(1, 24)));
+        } catch (const kvevict::Error&) {
+        }
+        idx.reset();
+        break;
+      }
+      case 4: {  // save and restore into a fresh cache: identical bytes and rows
+        const auto bytes = kvevict::save_bytes(c);
+        kvevict::KVCache<Policy, Scalar> d2(g, budget, policy);
+        try {
+          d2.set_budget(Budget::uniform(1));
+        } catch (const kvevict::Error&) {
+        }
+        if (c.shape().capacity != d2.shape().capacity) break;  // budget differs: skip
+        kvevict::load_bytes(d2, bytes);
+        KVFUZZ_ASSERT(kvevict::save_bytes(d2) == bytes);
+        break;
+      }
+      case 5: {  // malformed calls: rejected, nothing changed
+        const auto before = kvevict::save_bytes(c);
+        const int which = in.range(0, 4);
+        bool threw = false;
+        try {
+          auto k = in.values(kv), v = in.values(kv), q = in.values(qn);
+          if (which == 0) k.pop_back();
+          if (which == 1) v[0] = NAN;
+          if (which == 2) q.push_back(1.0f);
+          const std::int64_t p = which == 3 ? next_pos[std::size_t(l)] - 1 : next_pos[std::size_t(l)];
+          if (which == 4) {
+            std::vector<float> bad(c.size(l, 0) * std::size_t(g.group()) + 1, 0.1f);
+            c.observe(l, 0, bad);
+          } else if (which == 3 && c.tokens_seen(l) == 0) {
+            threw = true;  // no earlier position to repeat
+          } else {
+            c.append(l, p, k, v, q);
+          }
+        } catch (const kvevict::Error&) {
+          threw = true;
+        }
+        KVFUZZ_ASSERT(threw);
+        KVFUZZ_ASSERT(kvevict::save_bytes(c) == before);
+        break;
+      }
+      default: {  // attention without observing, then an explicit observe of its output
+        auto q = in.values(qn);
+        const auto r = kvevict::attend(c, l, q, kvevict::AttendOptions{false});
+        for (int h = 0; h < g.n_kv_heads; ++h) {
+          const auto& p = r.probs[std::size_t(h)];
+          for (Eigen::Index i = 0; i < p.size(); ++i) KVFUZZ_ASSERT(std::isfinite(p.data()[i]));
+          const std::span<const float> ps(p.data(), std::size_t(p.size()));
+          c.observe(l, h, ps);
+          if (idx) idx->observe(l, h, ps);
+        }
+      }
+    }
+    check_invariants(c);
+    if (idx) check_same(c, *idx);
+  }
+}
+
+template <class Scalar>
+void dispatch(kvfuzz::Input& in) {
+  Geometry g;
+  g.n_layers = in.range(1, 2);
+  g.n_kv_heads = in.range(1, 2);
+  g.n_heads = g.n_kv_heads * in.range(1, 2);
+  g.head_dim = in.range(1, 8);
+  const auto sinks = std::size_t(in.range(0, 3)), recent = std::size_t(in.range(0, 3));
+  const int kind = in.range(0, 2);
+  const int cap = in.range(1, 24);
+  const Budget bounded = kind == 0   ? Budget::uniform(cap)
+                         : kind == 1 ? Budget::per_layer(std::vector<long long>(std::size_t(g.n_layers), cap + in.range(0, 3)))
+                                     : Budget::per_head(std::vector<std::vector<long long>>(
+                                           std::size_t(g.n_layers),
+                                           std::vector<long long>(std::size_t(g.n_kv_heads), cap + in.range(0, 2))));
+  const std::uint64_t seed = in.byte();
+  switch (in.range(0, 12)) {
+    case 0: return run<pol::FullCache, Scalar>(in, g, Budget::unbounded(), pol::FullCache{});
+    case 1: return run<pol::Oracle, Scalar>(in, g, Budget::unbounded(), pol::Oracle{std::size_t(cap)});
+    case 2: return run<pol::StreamingLLM, Scalar>(in, g, bounded, pol::StreamingLLM{sinks});
+    case 3: return run<pol::H2O, Scalar>(in, g, bounded, pol::H2O(pol::H2O::Config{recent, sinks}));
+    case 4: return run<pol::KNorm, Scalar>(in, g, bounded, pol::KNorm(pol::KNorm::Config{sinks, recent}));
+    case 5: return run<pol::Random, Scalar>(in, g, bounded, pol::Random(pol::Random::Config{seed, sinks, recent}));
+    case 6: {
+      pol::HashEvictSimHash<>::Config hc;
+      hc.bits = 8 << in.range(0, 3);
+      hc.sinks = sinks;
+      hc.recent = recent;
+      hc.prefill = in.byte() & 1 ? pol::PrefillRule::decode : pol::PrefillRule::keep_ends;
+      return run<pol::HashEvictSimHash<>, Scalar>(in, g, bounded, pol::HashEvictSimHash<>(hc));
+    }
+    case 7: {
+      pol::HashEvictSimHash<pol::HashMode::query>::Config hc;
+      hc.bits = 16;
+      hc.sinks = sinks;
+      hc.recent = recent;
+      hc.combine = in.byte() & 1 ? pol::QueryCombine::sum : pol::QueryCombine::mean;
+      return run<pol::HashEvictSimHash<pol::HashMode::query>, Scalar>(
+          in, g, bounded, pol::HashEvictSimHash<pol::HashMode::query>(hc));
+    }
+    case 8:
+    case 9: {
+      pol::BuzzBeehive::Config bc;
+      bc.sinks = sinks;
+      bc.window = std::size_t(in.range(1, 6));
+      bc.threshold = std::size_t(in.range(1, 8));
+      bc.stride = std::size_t(in.range(1, 5));
+      const int mode = in.range(0, 2);
+      bc.budget_mode = mode == 1;
+      bc.log_n = mode == 2;
+      return run<pol::BuzzBeehive, Scalar>(in, g, mode == 1 || (in.byte() & 1) ? bounded : Budget::unbounded(),
+                                           pol::BuzzBeehive(bc));
+    }
+    case 10: {
+      pol::SnapKV::Config sc;
+      sc.window = std::size_t(in.range(1, 4));
+      sc.kernel = std::size_t(2 * in.range(0, 3) + 1);
+      sc.decode_reserve = std::size_t(in.range(0, 3));
+      return run<pol::SnapKV, Scalar>(in, g, bounded, pol::SnapKV(sc));
+    }
+    default: {
+      pol::DecayedAttention::Config dc;
+      dc.decay = float(in.byte()) / 255.0f;
+      dc.sinks = sinks;
+      dc.recent = recent;
+      return run<pol::DecayedAttention, Scalar>(in, g, bounded, pol::DecayedAttention(dc));
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  kvfuzz::Input in(data, size);
+  try {
+    if (in.byte() & 1)
+      dispatch<Eigen::half>(in);
+    else
+      dispatch<float>(in);
+  } catch (const kvevict::Error&) {
+    // Only configuration refusals reach here (policy constructors): fine.
+  }
+  return 0;
+}

@@ -1,0 +1,111 @@
+// Writes the small seed corpora committed under fuzz/corpus/<target>/ (run from the
+// repository root: scripts/fuzz.sh does not need it; it documents where seeds came from).
+//   clang++ -std=c++20 -Iinclude -Iexamples/llama2c -Iexamples/eval -I/usr/include/eigen3 \
+//     fuzz/make_corpus.cpp -o /tmp/make_corpus && /tmp/make_corpus
+#include <kvevict/kvevict.hpp>
+#include <kvevict/policies/xkv.hpp>
+#include <kvevict/serialize.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "llama2c.hpp"
+#include "safetensors.hpp"
+
+namespace {
+namespace fs = std::filesystem;
+namespace pol = kvevict::policies;
+
+void put(const std::string& target, const std::string& name, const std::vector<std::uint8_t>& bytes) {
+  fs::create_directories("fuzz/corpus/" + target);
+  std::ofstream("fuzz/corpus/" + target + "/" + name, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+}
+
+template <class Cache>
+std::vector<std::uint8_t> saved(Cache c, std::uint8_t selector, int steps) {
+  std::vector<float> k(8), v(8), q(16);
+  for (int t = 0; t < steps; ++t)
+    for (int l = 0; l < 2; ++l) {
+      for (std::size_t i = 0; i < 8; ++i) k[i] = v[i] = float((t * 3 + int(i)) % 7) - 3.0f;
+      for (std::size_t i = 0; i < 16; ++i) q[i] = float((t + int(i)) % 5) - 2.0f;
+      c.append(l, t, k, v, q);
+      kvevict::attend(c, l, q);
+    }
+  auto b = kvevict::save_bytes(c);
+  b.insert(b.begin(), selector);
+  return b;
+}
+
+}  // namespace
+
+int main() {
+  const kvevict::Geometry g{2, 4, 2, 4};
+  const auto b6 = kvevict::Budget::uniform(6);
+  // saved_state: selector byte = (target << 1) | verify_checksum, as fuzz_saved_state reads it.
+  put("saved_state", "h2o", saved(kvevict::KVCache<pol::H2O>(g, b6, pol::H2O(pol::H2O::Config{2, 1})), 1, 9));
+  put("saved_state", "random_half",
+      saved(kvevict::KVCache<pol::Random, Eigen::half>(g, b6, pol::Random(pol::Random::Config{3, 1, 1})), 3, 9));
+  put("saved_state", "knorm_bf16",
+      saved(kvevict::KVCache<pol::KNorm, Eigen::bfloat16>(g, b6, pol::KNorm(pol::KNorm::Config{1, 1})), 4, 4));
+  put("saved_state", "streaming_empty", saved(kvevict::KVCache<pol::StreamingLLM>(g, b6, pol::StreamingLLM{2}), 7, 0));
+  // policy_ops: random programs (every policy selector, both scalar types).
+  std::mt19937 gen(1);
+  for (int i = 0; i < 26; ++i) {
+    std::vector<std::uint8_t> b(600);
+    for (auto& x : b) x = std::uint8_t(gen());
+    b[0] = std::uint8_t(i % 2);
+    b[12] = std::uint8_t(i / 2);  // policy selector position after geometry/budget bytes varies; a hint
+    put("policy_ops", "program_" + std::to_string(i), b);
+  }
+  // llama2c_checkpoint: a tiny valid version-0 checkpoint and tokenizer.
+  {
+    kvevict::llama2c::Config c;
+    c.dim = 8, c.hidden_dim = 16, c.n_layers = 1, c.n_heads = 2, c.n_kv_heads = 1;
+    c.vocab_size = 6, c.seq_len = 8, c.shared_classifier = true;
+    const std::int32_t h[7] = {8, 16, 1, 2, 1, 6, 8};
+    std::vector<std::uint8_t> b(1, 0);
+    b.insert(b.end(), reinterpret_cast<const std::uint8_t*>(h), reinterpret_cast<const std::uint8_t*>(h) + 28);
+    const auto n = kvevict::llama2c::expected_floats(c);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const float f = float(i % 13) / 13.0f;
+      b.insert(b.end(), reinterpret_cast<const std::uint8_t*>(&f), reinterpret_cast<const std::uint8_t*>(&f) + 4);
+    }
+    put("llama2c_checkpoint", "tiny_model", b);
+    std::vector<std::uint8_t> t{11};  // selector: tokenizer, vocab 1 + 11 / 2 = 6
+    const std::int32_t max_len = 3;
+    t.insert(t.end(), reinterpret_cast<const std::uint8_t*>(&max_len), reinterpret_cast<const std::uint8_t*>(&max_len) + 4);
+    for (int i = 0; i < 6; ++i) {
+      const float score = float(i);
+      const std::int32_t len = 1 + i % 3;
+      t.insert(t.end(), reinterpret_cast<const std::uint8_t*>(&score), reinterpret_cast<const std::uint8_t*>(&score) + 4);
+      t.insert(t.end(), reinterpret_cast<const std::uint8_t*>(&len), reinterpret_cast<const std::uint8_t*>(&len) + 4);
+      for (int j = 0; j < len; ++j) t.push_back(std::uint8_t('a' + i));
+    }
+    put("llama2c_checkpoint", "tiny_tokenizer", t);
+  }
+  // safetensors: a two-layer trace.
+  {
+    using kvevict::eval::TensorToWrite;
+    std::vector<TensorToWrite> ts;
+    for (int l = 0; l < 2; ++l) {
+      const std::string p = "layers." + std::to_string(l) + ".";
+      ts.push_back({p + "q", kvevict::eval::DType::f32, {6, 2, 2}, std::vector<float>(24, 0.5f)});
+      ts.push_back({p + "k", kvevict::eval::DType::f32, {6, 1, 2}, std::vector<float>(12, -0.25f)});
+      ts.push_back({p + "v", kvevict::eval::DType::f32, {6, 1, 2}, std::vector<float>(12, 1.0f)});
+    }
+    fs::create_directories("fuzz/corpus/safetensors");
+    kvevict::eval::write_safetensors("fuzz/corpus/safetensors/trace_2layers", ts, {{"prompt_tokens", "3"}});
+  }
+  // xkv_profile: a valid profile.
+  {
+    pol::Profile p;
+    p.window = 8;
+    p.samples = 3;
+    p.tokens = {12, 30, 7};
+    const auto s = p.to_text();
+    put("xkv_profile", "three_layers", std::vector<std::uint8_t>(s.begin(), s.end()));
+  }
+  return 0;
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds every libFuzzer target in fuzz/ with clang++ -fsanitize=fuzzer,address,undefined
+# and runs each for a bounded time on its committed seed corpus (fuzz/corpus/<target>/,
+# copied to a scratch corpus so CI runs do not grow the repository).
+#   scripts/fuzz.sh [seconds per target, default 60] [target ...]
+# Exits non-zero on the first crash, sanitizer report, leak, timeout or OOM; the
+# reproducer is left in build-fuzz/<target>/ (crash-*, leak-*, timeout-*, oom-*).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-60}
+shift || true
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  targets=(saved_state policy_ops llama2c_checkpoint safetensors xkv_profile)
+fi
+cxx=${CXX_FUZZ:-clang++}
+eigen=$(pkg-config --cflags eigen3 2>/dev/null || echo -I/usr/include/eigen3)
+flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
+       -fno-sanitize-recover=all -Iinclude -Iexamples/llama2c -Iexamples/eval $eigen)
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+for t in "${targets[@]}"; do
+  src=fuzz/fuzz_$t.cpp
+  [ -f "$src" ] || { echo "fuzz.sh: no target $src" >&2; exit 2; }
+  out=build-fuzz/$t
+  mkdir -p "$out/corpus"
+  echo "== building $t"
+  "$cxx" "${flags[@]}" "$src" -o "$out/fuzz_$t"
+  [ -d "fuzz/corpus/$t" ] && cp -n fuzz/corpus/$t/* "$out/corpus/" 2>/dev/null || true
+  echo "== running $t for ${secs}s"
+  (cd "$out" && ./fuzz_$t -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+      -max_len=4096 -print_final_stats=1 corpus 2>&1 | tee run.log | tail -n 25)
+  grep -q "Done [0-9]* runs" "$out/run.log" || { echo "fuzz.sh: $t failed" >&2; exit 1; }
+done
+echo "fuzz.sh: all targets ran ${secs}s without findings"
