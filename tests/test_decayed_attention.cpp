@@ -39,12 +39,11 @@ struct BruteDecayed {
   }
 };
 
-void run(float decay, std::size_t sinks, std::size_t recent, std::size_t cap, int G,
-         std::uint64_t seed) {
+void run_policy(const policies::DecayedAttention& policy, float decay, std::size_t sinks,
+                std::size_t recent, std::size_t cap, int G, std::uint64_t seed) {
   const Geometry g{2, 2 * G, 2, 16};
-  KVCache<policies::DecayedAttention> cache(
-      g, Budget::uniform(static_cast<long long>(cap)),
-      policies::DecayedAttention({.decay = decay, .sinks = sinks, .recent = recent}));
+  KVCache<policies::DecayedAttention> cache(g, Budget::uniform(static_cast<long long>(cap)),
+                                            policy);
   std::vector<BruteDecayed> brute(4, BruteDecayed{decay, sinks, recent, cap, {}});
   kvtest::Rng rng(seed);
   for (int t = 0; t < 300; ++t) {
@@ -73,7 +72,30 @@ void run(float decay, std::size_t sinks, std::size_t recent, std::size_t cap, in
   }
 }
 
+void run(float decay, std::size_t sinks, std::size_t recent, std::size_t cap, int G,
+         std::uint64_t seed) {
+  run_policy(policies::DecayedAttention({.decay = decay, .sinks = sinks, .recent = recent}),
+             decay, sinks, recent, cap, G, seed);
+}
+
 }  // namespace
+
+TEST_CASE("DecayedAttention scales decay and window with capacity") {
+  const auto p = policies::DecayedAttention::recommended();
+  // decay = 1 - 3 / C, recent = floor(C / 2), one sink: written out by hand.
+  for (std::size_t cap : {8u, 16u, 40u}) {
+    CHECK(p.decay_for(cap) == Approx(1.0f - 3.0f / static_cast<float>(cap)));
+    CHECK(p.recent_for(cap) == cap / 2);
+    run_policy(p, 1.0f - 3.0f / static_cast<float>(cap), 1, cap / 2, cap, 4, 20 + cap);
+  }
+  // The window never swallows the last evictable slot.
+  const policies::DecayedAttention tight({.sinks = 2, .recent_fraction = 0.9f});
+  CHECK(tight.recent_for(10) == 7);
+  CHECK(tight.decay_for(10) == 0.0f);  // no horizon: the fixed decay
+  REQUIRE_THROWS_WITH(policies::DecayedAttention({.horizon = -1.0f}), Catch::Contains("horizon = -1"));
+  REQUIRE_THROWS_WITH(policies::DecayedAttention({.recent_fraction = 1.0f}),
+                      Catch::Contains("recent_fraction = 1"));
+}
 
 TEST_CASE("DecayedAttention agrees with a brute-force re-implementation") {
   for (int G : {1, 4}) {
