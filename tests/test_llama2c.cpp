@@ -370,6 +370,25 @@ TEST_CASE("tokenizer decodes llama2.c's way, encodes by score, rejects bad files
                     Catch::Matchers::Contains("length 100"));
 }
 
+TEST_CASE("the engine hands attention probabilities to policies that ask for them", "[llama2c]") {
+  // Without eviction every step adds one unit of probability per query head, so H2O's
+  // accumulated scores of a head sum to steps x group.
+  Tiny c;
+  auto model = std::make_shared<const Model>(Model::parse(serialize(make_weights(c, 6))));
+  const int steps = 20;
+  Transformer<policies::H2O> tf(model, Budget::uniform(steps),
+                                policies::H2O(policies::H2O::Config{4, 0}));
+  const auto tokens = random_tokens(steps, c.vocab, 13);
+  for (int pos = 0; pos < steps; ++pos) tf.forward(tokens[static_cast<std::size_t>(pos)], pos);
+  const int group = c.heads / c.kv_heads;
+  for (int l = 0; l < c.layers; ++l)
+    for (int h = 0; h < c.kv_heads; ++h) {
+      double sum = 0.0;
+      for (float x : tf.cache().policy().scores(l, h)) sum += x;
+      CHECK(sum == Approx(steps * group).epsilon(1e-4));
+    }
+}
+
 TEST_CASE("e2e protocol: KL is 0 for the full cache and positive under eviction", "[llama2c]") {
   Tiny c;
   auto model = std::make_shared<const Model>(Model::parse(serialize(make_weights(c, 5))));
