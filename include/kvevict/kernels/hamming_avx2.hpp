@@ -65,6 +65,28 @@ KVEVICT_TARGET_AVX2 inline void distances(const std::uint8_t* q, const std::uint
       const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(c0, c1), 0xD8);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), p);
     }
+  } else if constexpr (W == 8) {
+    // Nibble-LUT byte counts, VPSADBW sums each 64-bit lane, then 4 vectors (16 codes) are
+    // packed to words: word 4j+{0,1,2,3} = {a,c,b,d}_j, regrouped by a byte shuffle and a
+    // dword permute into row order.
+    const __m256i qv = _mm256_set1_epi64x(static_cast<long long>(scalar::load<std::uint64_t>(q)));
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256i shuf = _mm256_setr_epi8(0, 1, 8, 9, 4, 5, 12, 13, 2, 3, 10, 11, 6, 7, 14, 15,
+                                          0, 1, 8, 9, 4, 5, 12, 13, 2, 3, 10, 11, 6, 7, 14, 15);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    auto count = [&](const std::uint8_t* p) KVEVICT_TARGET_AVX2 {
+      const __m256i x = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), qv);
+      return _mm256_sad_epu8(popcount_bytes(x), zero);
+    };
+    for (; i + 16 <= n; i += 16) {
+      const std::uint8_t* p = codes + 8 * i;
+      const __m256i a = count(p), b = count(p + 32), c = count(p + 64), d = count(p + 96);
+      const __m256i ab = _mm256_or_si256(a, _mm256_slli_epi64(b, 32));
+      const __m256i cd = _mm256_or_si256(c, _mm256_slli_epi64(d, 32));
+      const __m256i w = _mm256_or_si256(ab, _mm256_slli_epi32(cd, 16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                          _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(w, shuf), perm));
+    }
   } else {
     for (; i + 4 <= n; i += 4) {
       unsigned d[4] = {0, 0, 0, 0};
