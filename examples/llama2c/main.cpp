@@ -1,5 +1,6 @@
 // llama2c: generate text from a llama2.c checkpoint with a chosen eviction policy.
-//   llama2c [--model-dir DIR] [--checkpoint FILE] [--tokenizer FILE] [--policy NAME]
+//   llama2c [CHECKPOINT [TOKENIZER]] [--model-dir DIR] [--checkpoint FILE] [--tokenizer FILE]
+//           [--policy NAME]
 //           [--budget ROWS] [--steps N] [--temperature T] [--top-p P] [--seed S] [--prompt TEXT]
 // With temperature 0 (the default) decoding is greedy: from BOS on stories260K with the
 // full cache it prints "Once upon a time, there was a little girl named Lily. ...".
@@ -17,8 +18,10 @@ namespace {
 
 void usage() {
   std::fprintf(stderr,
-               "usage: llama2c [--model-dir DIR] [--checkpoint FILE] [--tokenizer FILE]\n"
-               "               [--policy full|streaming|h2o|random|knorm|oracle] [--budget ROWS]\n"
+               "usage: llama2c [CHECKPOINT [TOKENIZER]] [--model-dir DIR] [--checkpoint FILE]\n"
+               "               [--tokenizer FILE]\n"
+               "               [--policy full|streaming|h2o|random|knorm|oracle|hashevict|buzz] "
+               "[--budget ROWS]\n"
                "               [--sinks N] [--steps N] [--temperature T] [--top-p P] [--seed S] "
                "[--prompt TEXT]\n"
                "Model directory: --model-dir, else $KVEVICT_MODEL_DIR, else ../shared/models/"
@@ -67,6 +70,10 @@ int main(int argc, char** argv) {
       else if (a == "-h" || a == "--help") {
         usage();
         return 0;
+      } else if (a.rfind("--", 0) != 0 && checkpoint.empty()) {
+        checkpoint = a;  // positional: CHECKPOINT [TOKENIZER], as llama2.c's run
+      } else if (a.rfind("--", 0) != 0 && tokenizer.empty()) {
+        tokenizer = a;
       } else
         kvevict::detail::fail("unknown option '", a, "'");
     }
