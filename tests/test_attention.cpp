@@ -24,7 +24,8 @@ struct AttentionSpy {
   void on_append(const HeadView<S>&, std::size_t) {}
   void on_move(int, int, std::size_t, std::size_t) {}
   void observe(const AttentionView& a) {
-    seen.push_back({a.layer, a.kv_head, a.group, std::vector<float>(a.probs, a.probs + a.group * a.size)});
+    seen.push_back(
+        {a.layer, a.kv_head, a.group, std::vector<float>(a.probs, a.probs + a.group * a.size)});
   }
   struct Seen {
     int layer, kv_head, group;
@@ -88,8 +89,7 @@ std::pair<double, double> max_errors(const Result& r, const Naive& n, int G) {
 
 }  // namespace
 
-TEST_CASE("attend matches a naive loop for GQA G = 1, 4, 8 and head dims 64, 128",
-          "[attention]") {
+TEST_CASE("attend matches a naive loop for GQA G = 1, 4, 8 and head dims 64, 128", "[attention]") {
   for (const int G : {1, 4, 8})
     for (const int d : {64, 128}) {
       INFO("G " << G << " d " << d);
@@ -126,7 +126,8 @@ TEST_CASE("attend matches a naive loop for GQA G = 1, 4, 8 and head dims 64, 128
           for (int i = 0; i < 40; ++i) {
             const float got = s.probs[std::size_t(gq * 40 + i)];
             REQUIRE(got == r.probs[std::size_t(kh)](gq, i));
-            worst = std::max(worst, std::abs(double(got) - n.probs[std::size_t(kh * G + gq)][std::size_t(i)]));
+            worst = std::max(
+                worst, std::abs(double(got) - n.probs[std::size_t(kh * G + gq)][std::size_t(i)]));
           }
         CHECK(worst < 1e-6);
         for (int gq = 0; gq < G; ++gq)
@@ -211,7 +212,8 @@ TEST_CASE("Prefill hands policies the causal attention of every prompt token", "
       for (int i = 0; i <= t; ++i) expect[std::size_t(i)] += p[std::size_t(gq)][std::size_t(i)];
   }
   const auto& sc = cache.policy().scores(0, 0);
-  for (int i = 0; i < T; ++i) CHECK(sc[std::size_t(i)] == Approx(expect[std::size_t(i)]).epsilon(1e-5));
+  for (int i = 0; i < T; ++i)
+    CHECK(sc[std::size_t(i)] == Approx(expect[std::size_t(i)]).epsilon(1e-5));
 }
 
 TEST_CASE("attend over double storage matches the naive loop", "[attention]") {

@@ -106,7 +106,9 @@ template <class Rule>
 class Reference {
  public:
   Reference(const Geometry& g, std::vector<std::size_t> caps, Rule rule)
-      : g_(g), caps_(std::move(caps)), rule_(std::move(rule)),
+      : g_(g),
+        caps_(std::move(caps)),
+        rule_(std::move(rule)),
         heads_(static_cast<std::size_t>(g.n_layers * g.n_kv_heads)),
         next_seq_(static_cast<std::size_t>(g.n_layers)) {}
 
@@ -135,7 +137,8 @@ class Reference {
       for (int h = 0; h < g_.n_kv_heads; ++h) {
         auto& rows = at(l, h);
         const std::size_t cap = caps_[index(l, h)];
-        if (rows.size() > cap) evict(l, h, rows.size() - cap, next_seq_[static_cast<std::size_t>(l)]);
+        if (rows.size() > cap)
+          evict(l, h, rows.size() - cap, next_seq_[static_cast<std::size_t>(l)]);
       }
   }
 
@@ -173,7 +176,8 @@ class Reference {
     const auto victims = rule_.pick(layer, h, rows, need, incoming);
     REQUIRE(victims.size() == need);
     for (auto seq : victims) {
-      auto it = std::find_if(rows.begin(), rows.end(), [&](const RefRow& r) { return r.seq == seq; });
+      auto it =
+          std::find_if(rows.begin(), rows.end(), [&](const RefRow& r) { return r.seq == seq; });
       REQUIRE(it != rows.end());
       rows.erase(it);
       ++evictions;
@@ -193,12 +197,13 @@ template <class Policy, class Rule>
 void agree(std::uint64_t seed, Policy policy, Rule rule, bool bounded, int steps) {
   Rng rng(seed);
   const Geometry g = kvtest::random_geometry(rng);
-  INFO("seed " << seed << " geometry L" << g.n_layers << " H" << g.n_heads << " Hkv"
-               << g.n_kv_heads << " d" << g.head_dim);
+  INFO("seed " << seed << " geometry L" << g.n_layers << " H" << g.n_heads << " Hkv" << g.n_kv_heads
+               << " d" << g.head_dim);
   const std::size_t lo = policy.min_capacity(), hi = lo + 16;
   std::vector<std::size_t> caps(static_cast<std::size_t>(g.n_layers * g.n_kv_heads),
                                 Budget::kUnbounded);
-  const Budget budget = bounded ? kvtest::random_budget(rng, g, lo, hi, &caps) : Budget::unbounded();
+  const Budget budget =
+      bounded ? kvtest::random_budget(rng, g, lo, hi, &caps) : Budget::unbounded();
   KVCache<Policy> cache(g, budget, policy);
   Reference<Rule> ref(g, caps, std::move(rule));
   constexpr bool observes = has(Policy::signals, Signals::attention);
@@ -235,7 +240,8 @@ void agree(std::uint64_t seed, Policy policy, Rule rule, bool bounded, int steps
       }
       pos += rng.uniform(1, 4);
     } else if (op < 88) {
-      const std::size_t t = static_cast<std::size_t>(rng.uniform(1, static_cast<long long>(hi) + 6));
+      const std::size_t t =
+          static_cast<std::size_t>(rng.uniform(1, static_cast<long long>(hi) + 6));
       const auto k = rng.normals(t * kv), v = rng.normals(t * kv), q = rng.normals(t * qn);
       cache.prefill(layer, pos, t, k, v, q);
       for (std::size_t i = 0; i < t; ++i) {
@@ -247,12 +253,13 @@ void agree(std::uint64_t seed, Policy policy, Rule rule, bool bounded, int steps
           auto& rows = ref.at(layer, h);
           std::vector<float> keys;
           for (const auto& r : rows) keys.insert(keys.end(), r.key.begin(), r.key.end());
-          const auto p = kvtest::naive_probs(keys.data(), rows.size(), d,
-                                             q.data() + i * qn + static_cast<std::size_t>(h * G) * d,
-                                             G, 1.0 / std::sqrt(double(d)));
+          const auto p = kvtest::naive_probs(
+              keys.data(), rows.size(), d, q.data() + i * qn + static_cast<std::size_t>(h * G) * d,
+              G, 1.0 / std::sqrt(double(d)));
           for (std::size_t j = 0; j < rows.size(); ++j) {
             float s = 0.0f;
-            for (int gq = 0; gq < G; ++gq) s += static_cast<float>(p[static_cast<std::size_t>(gq)][j]);
+            for (int gq = 0; gq < G; ++gq)
+              s += static_cast<float>(p[static_cast<std::size_t>(gq)][j]);
             rows[j].score += s;
           }
         }
@@ -399,8 +406,7 @@ TEST_CASE("KNorm by hand: the largest key norm leaves first, ties oldest first",
   REQUIRE(kvtest::sorted_positions(cache, 0, 0) == std::vector<std::int64_t>{0, 3, 4});
 }
 
-TEST_CASE("Random: same seed, same choices; heads draw from independent streams",
-          "[baselines]") {
+TEST_CASE("Random: same seed, same choices; heads draw from independent streams", "[baselines]") {
   const Geometry g{1, 2, 2, 1};
   auto run = [&](std::uint64_t seed) {
     KVCache<policies::Random> cache(g, Budget::uniform(8), policies::Random({seed, 0, 0}));
@@ -416,14 +422,15 @@ TEST_CASE("Random: same seed, same choices; heads draw from independent streams"
 TEST_CASE("Oracle restricts attention to the top rows by group-summed mass (brute force)",
           "[baselines][oracle]") {
   Rng rng(77);
-  for (const auto& [G, rows, limit] : {std::tuple{1, 20, 5}, std::tuple{4, 33, 8},
-                                      std::tuple{8, 10, 10}, std::tuple{2, 6, 9}}) {
+  for (const auto& [G, rows, limit] :
+       {std::tuple{1, 20, 5}, std::tuple{4, 33, 8}, std::tuple{8, 10, 10}, std::tuple{2, 6, 9}}) {
     INFO("G " << G << " rows " << rows << " limit " << limit);
     const int hkv = 2, d = 8;
     const Geometry g{1, G * hkv, hkv, d};
     KVCache<policies::Oracle> cache(g, Budget::unbounded(), policies::Oracle{std::size_t(limit)});
     for (int t = 0; t < rows; ++t)
-      cache.append(0, t, rng.normals(std::size_t(hkv * d), 2.0f), rng.normals(std::size_t(hkv * d)));
+      cache.append(0, t, rng.normals(std::size_t(hkv * d), 2.0f),
+                   rng.normals(std::size_t(hkv * d)));
     const auto q = rng.normals(std::size_t(G * hkv * d), 2.0f);
     const auto r = attend(cache, 0, q);
     for (int h = 0; h < hkv; ++h) {

@@ -8,9 +8,9 @@
 
 using namespace kvevict;
 using kvtest::Ledger;
-using kvtest::Rng;
 using kvtest::random_budget;
 using kvtest::random_geometry;
+using kvtest::Rng;
 using kvtest::str;
 
 namespace {
@@ -18,7 +18,7 @@ namespace {
 /// What a policy promises about protected rows, in arrival order (seq).
 struct Promise {
   std::size_t sinks = 0;
-  std::size_t recent = 0;      ///< the last `recent` tokens are always kept
+  std::size_t recent = 0;       ///< the last `recent` tokens are always kept
   bool rest_is_window = false;  ///< StreamingLLM: non-sink rows are exactly the newest ones
   bool keeps_all = false;       ///< FullCache / Oracle
 };
@@ -72,8 +72,8 @@ void run_sequence(std::uint64_t seed, Policy policy, const Promise& promise, boo
   const Geometry g = random_geometry(rng);
   const std::size_t lo = policy.min_capacity();
   const std::size_t hi = lo + 24;
-  INFO("seed " << seed << " geometry L" << g.n_layers << " H" << g.n_heads << " Hkv"
-               << g.n_kv_heads << " d" << g.head_dim);
+  INFO("seed " << seed << " geometry L" << g.n_layers << " H" << g.n_heads << " Hkv" << g.n_kv_heads
+               << " d" << g.head_dim);
   std::vector<std::size_t> caps;
   const Budget budget = bounded ? random_budget(rng, g, lo, hi, &caps) : Budget::unbounded();
   KVCache<Policy, Scalar> cache(g, budget, policy);
@@ -95,19 +95,21 @@ void run_sequence(std::uint64_t seed, Policy policy, const Promise& promise, boo
     if (op < 72) {
       const auto k = rng.normals(kv), v = rng.normals(kv), q = rng.normals(qn);
       ledger.record(g, layer, pos, cache.tokens_seen(layer), k, v);
-      cache.append(layer, pos, k, v, rng.chance(0.5) ? std::span<const float>(q)
-                                                      : std::span<const float>());
+      cache.append(layer, pos, k, v,
+                   rng.chance(0.5) ? std::span<const float>(q) : std::span<const float>());
       if (rng.chance(0.8)) attend(cache, layer, q);
       pos += rng.uniform(1, 3);
     } else if (op < 86) {
-      const std::size_t t = static_cast<std::size_t>(rng.uniform(1, static_cast<long long>(hi) + 8));
+      const std::size_t t =
+          static_cast<std::size_t>(rng.uniform(1, static_cast<long long>(hi) + 8));
       const auto k = rng.normals(t * kv), v = rng.normals(t * kv), q = rng.normals(t * qn);
       for (std::size_t i = 0; i < t; ++i)
         ledger.record(g, layer, pos + static_cast<std::int64_t>(i), cache.tokens_seen(layer) + i,
                       std::span<const float>(k).subspan(i * kv, kv),
                       std::span<const float>(v).subspan(i * kv, kv));
       const bool with_q = needs_queries || rng.chance(0.5);
-      cache.prefill(layer, pos, t, k, v, with_q ? std::span<const float>(q) : std::span<const float>());
+      cache.prefill(layer, pos, t, k, v,
+                    with_q ? std::span<const float>(q) : std::span<const float>());
       pos += static_cast<std::int64_t>(t) + rng.uniform(0, 2);
       ++prefills;
     } else if (bounded) {

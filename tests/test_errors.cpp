@@ -3,7 +3,6 @@
 // policy state and the same behaviour on every later operation. Policies that return bad
 // victims raise std::logic_error, again with the cache untouched.
 #include <catch2/catch.hpp>
-
 #include <limits>
 #include <typeinfo>
 
@@ -115,31 +114,41 @@ TEST_CASE("append rejects bad input and leaves the cache as it was", "[errors][a
   REQUIRE(cache.size(0, 0) == 6);
 
   SECTION("layer out of range") {
-    rejected(cache, [&](auto& c) { c.append(-1, 1000, k, v); },
-             Contains("layer = -1") && Contains("expected 0 <= layer < 2"));
-    rejected(cache, [&](auto& c) { c.append(2, 1000, k, v); }, Contains("layer = 2"));
+    rejected(
+        cache, [&](auto& c) { c.append(-1, 1000, k, v); },
+        Contains("layer = -1") && Contains("expected 0 <= layer < 2"));
+    rejected(
+        cache, [&](auto& c) { c.append(2, 1000, k, v); }, Contains("layer = 2"));
   }
   SECTION("mismatched dimensions") {
-    rejected(cache, [&](auto& c) { c.append(0, 1000, std::vector<float>(7), v); },
-             Contains("keys has 7 floats, expected 8") && Contains("n_kv_heads x head_dim"));
-    rejected(cache, [&](auto& c) { c.append(0, 1000, k, std::vector<float>(9)); },
-             Contains("values has 9 floats, expected 8"));
-    rejected(cache, [&](auto& c) { c.append(0, 1000, k, v, std::vector<float>(5)); },
-             Contains("queries has 5 floats, expected 16"));
+    rejected(
+        cache, [&](auto& c) { c.append(0, 1000, std::vector<float>(7), v); },
+        Contains("keys has 7 floats, expected 8") && Contains("n_kv_heads x head_dim"));
+    rejected(
+        cache, [&](auto& c) { c.append(0, 1000, k, std::vector<float>(9)); },
+        Contains("values has 9 floats, expected 8"));
+    rejected(
+        cache, [&](auto& c) { c.append(0, 1000, k, v, std::vector<float>(5)); },
+        Contains("queries has 5 floats, expected 16"));
   }
   SECTION("NaN and Inf") {
-    rejected(cache, [&](auto& c) { c.append(0, 1000, with(k, 3, kNaN), v); },
-             Contains("keys[3] = nan") && Contains("expected a finite value"));
-    rejected(cache, [&](auto& c) { c.append(1, 1000, k, with(v, 5, kInf)); },
-             Contains("values[5] = inf") && Contains("expected a finite value"));
-    rejected(cache, [&](auto& c) { c.append(0, 1000, k, v, with(q, 15, -kInf)); },
-             Contains("queries[15] = -inf"));
+    rejected(
+        cache, [&](auto& c) { c.append(0, 1000, with(k, 3, kNaN), v); },
+        Contains("keys[3] = nan") && Contains("expected a finite value"));
+    rejected(
+        cache, [&](auto& c) { c.append(1, 1000, k, with(v, 5, kInf)); },
+        Contains("values[5] = inf") && Contains("expected a finite value"));
+    rejected(
+        cache, [&](auto& c) { c.append(0, 1000, k, v, with(q, 15, -kInf)); },
+        Contains("queries[15] = -inf"));
   }
   SECTION("positions must increase") {
-    rejected(cache, [&](auto& c) { c.append(0, 90, k, v); },
-             Contains("position = 90 in layer 0, expected > 90"));
-    rejected(cache, [&](auto& c) { c.append(1, -4, k, v); },
-             Contains("position = -4 in layer 1, expected > 90"));
+    rejected(
+        cache, [&](auto& c) { c.append(0, 90, k, v); },
+        Contains("position = 90 in layer 0, expected > 90"));
+    rejected(
+        cache, [&](auto& c) { c.append(1, -4, k, v); },
+        Contains("position = -4 in layer 1, expected > 90"));
   }
 }
 
@@ -147,42 +156,72 @@ TEST_CASE("prefill rejects bad input without a half-appended block", "[errors][p
   auto cache = h2o_cache();
   const std::size_t T = 3;
   const std::vector<float> k(T * 8, 0.5f), v(T * 8, 0.25f), q(T * 16, 0.1f);
-  rejected(cache, [&](auto& c) { c.prefill(0, 1000, 0, {}, {}, {}); },
-           Contains("tokens = 0, expected > 0"));
-  rejected(cache, [&](auto& c) { c.prefill(0, 1000, T, std::vector<float>(23), v, q); },
-           Contains("keys has 23 floats, expected 24") && Contains("3 tokens x n_kv_heads"));
-  rejected(cache, [&](auto& c) { c.prefill(0, 1000, T, k, std::vector<float>(25), q); },
-           Contains("values has 25 floats, expected 24"));
-  rejected(cache, [&](auto& c) { c.prefill(0, 1000, T, k, v, std::vector<float>(47)); },
-           Contains("queries has 47 floats, expected 48"));
+  rejected(
+      cache, [&](auto& c) { c.prefill(0, 1000, 0, {}, {}, {}); },
+      Contains("tokens = 0, expected > 0"));
+  rejected(
+      cache, [&](auto& c) { c.prefill(0, 1000, T, std::vector<float>(23), v, q); },
+      Contains("keys has 23 floats, expected 24") && Contains("3 tokens x n_kv_heads"));
+  rejected(
+      cache, [&](auto& c) { c.prefill(0, 1000, T, k, std::vector<float>(25), q); },
+      Contains("values has 25 floats, expected 24"));
+  rejected(
+      cache, [&](auto& c) { c.prefill(0, 1000, T, k, v, std::vector<float>(47)); },
+      Contains("queries has 47 floats, expected 48"));
   // H2O observes the prompt's attention: prefill needs the queries.
-  rejected(cache, [&](auto& c) { c.prefill(0, 1000, T, k, v); },
-           Contains("policy H2O needs queries (48 floats), got none"));
+  rejected(
+      cache, [&](auto& c) { c.prefill(0, 1000, T, k, v); },
+      Contains("policy H2O needs queries (48 floats), got none"));
   // A bad value in the last token must not leave the first two appended.
-  rejected(cache, [&](auto& c) { c.prefill(1, 1000, T, k, with(v, 23, kNaN), q); },
-           Contains("values[23] = nan"));
-  rejected(cache, [&](auto& c) { c.prefill(1, 1000, T, k, v, with(q, 40, kInf)); },
-           Contains("queries[40] = inf"));
-  rejected(cache, [&](auto& c) { c.prefill(0, 50, T, k, v, q); },
-           Contains("position = 50 in layer 0, expected > 90"));
-  rejected(cache, [&](auto& c) { c.prefill(5, 1000, T, k, v, q); }, Contains("layer = 5"));
+  rejected(
+      cache, [&](auto& c) { c.prefill(1, 1000, T, k, with(v, 23, kNaN), q); },
+      Contains("values[23] = nan"));
+  rejected(
+      cache, [&](auto& c) { c.prefill(1, 1000, T, k, v, with(q, 40, kInf)); },
+      Contains("queries[40] = inf"));
+  rejected(
+      cache, [&](auto& c) { c.prefill(0, 50, T, k, v, q); },
+      Contains("position = 50 in layer 0, expected > 90"));
+  rejected(
+      cache, [&](auto& c) { c.prefill(5, 1000, T, k, v, q); }, Contains("layer = 5"));
 }
 
 TEST_CASE("set_budget rejects bad budgets and leaves the cache as it was", "[errors][budget]") {
   auto cache = h2o_cache();
-  rejected(cache, [](auto& c) { c.set_budget(Budget::per_layer({6, 6, 6})); },
-           Contains("per-layer vector has 3 entries, expected 2"));
-  rejected(cache, [](auto& c) { c.set_budget(Budget::per_head({{6, 6}})); },
-           Contains("per-head table has 1 rows, expected 2"));
-  rejected(cache, [](auto& c) { c.set_budget(Budget::per_head({{6, 6}, {6}})); },
-           Contains("per-head table row 1 has 1 entries, expected 2"));
+  rejected(
+      cache,
+      [](auto& c) {
+        c.set_budget(Budget::per_layer({6, 6, 6}));
+      },
+      Contains("per-layer vector has 3 entries, expected 2"));
+  rejected(
+      cache,
+      [](auto& c) {
+        c.set_budget(Budget::per_head({{6, 6}}));
+      },
+      Contains("per-head table has 1 rows, expected 2"));
+  rejected(
+      cache,
+      [](auto& c) {
+        c.set_budget(Budget::per_head({{6, 6}, {6}}));
+      },
+      Contains("per-head table row 1 has 1 entries, expected 2"));
   // H2O({recent 2, sinks 1}) protects 3 rows and needs one more to evict.
-  rejected(cache, [](auto& c) { c.set_budget(Budget::uniform(3)); },
-           Contains("= 3 tokens, expected >= 4") && Contains("H2O protects 3 rows"));
-  rejected(cache, [](auto& c) { c.set_budget(Budget::per_layer({6, 2})); },
-           Contains("budget for layer 1 KV head 0 = 2 tokens, expected >= 4"));
-  rejected(cache, [](auto& c) { c.set_budget(Budget::per_head({{6, 6}, {6, 1}})); },
-           Contains("budget for layer 1 KV head 1 = 1 tokens"));
+  rejected(
+      cache, [](auto& c) { c.set_budget(Budget::uniform(3)); },
+      Contains("= 3 tokens, expected >= 4") && Contains("H2O protects 3 rows"));
+  rejected(
+      cache,
+      [](auto& c) {
+        c.set_budget(Budget::per_layer({6, 2}));
+      },
+      Contains("budget for layer 1 KV head 0 = 2 tokens, expected >= 4"));
+  rejected(
+      cache,
+      [](auto& c) {
+        c.set_budget(Budget::per_head({{6, 6}, {6, 1}}));
+      },
+      Contains("budget for layer 1 KV head 1 = 1 tokens"));
 }
 
 TEST_CASE("Budgets reject zero, negative and malformed counts", "[errors][budget]") {
@@ -208,9 +247,9 @@ TEST_CASE("Construction rejects bad geometry and budgets", "[errors][construct]"
   CHECK_THROWS_WITH(SLLM({1, 4, 0, 8}, Budget::uniform(8)), Contains("n_kv_heads = 0"));
   CHECK_THROWS_WITH(SLLM({2, 4, 2, 8}, Budget::per_layer({8})),
                     Contains("per-layer vector has 1 entries, expected 2"));
-  CHECK_THROWS_WITH(SLLM({1, 4, 2, 8}, Budget::uniform(4), policies::StreamingLLM{4}),
-                    Contains("= 4 tokens, expected >= 5") &&
-                        Contains("StreamingLLM protects 4 rows"));
+  CHECK_THROWS_WITH(
+      SLLM({1, 4, 2, 8}, Budget::uniform(4), policies::StreamingLLM{4}),
+      Contains("= 4 tokens, expected >= 5") && Contains("StreamingLLM protects 4 rows"));
   CHECK_THROWS_AS(SLLM({1, 4, 2, 8}, Budget::uniform(4), policies::StreamingLLM{4}),
                   kvevict::Error);
 }
@@ -233,31 +272,40 @@ TEST_CASE("FullCache and Oracle refuse a bounded budget, also through set_budget
     oracle.append(0, t, k, v);
   }
   // Both with the cache below and above the new budget: neither may be accepted.
-  rejected(full, [](auto& c) { c.set_budget(Budget::uniform(3)); },
-           Contains("FullCache: budget of 3 tokens"));
-  rejected(full, [](auto& c) { c.set_budget(Budget::uniform(30)); },
-           Contains("FullCache: budget of 30 tokens"));
-  rejected(oracle, [](auto& c) { c.set_budget(Budget::per_layer({30})); },
-           Contains("Oracle: cache budget of 30 tokens"));
+  rejected(
+      full, [](auto& c) { c.set_budget(Budget::uniform(3)); },
+      Contains("FullCache: budget of 3 tokens"));
+  rejected(
+      full, [](auto& c) { c.set_budget(Budget::uniform(30)); },
+      Contains("FullCache: budget of 30 tokens"));
+  rejected(
+      oracle, [](auto& c) { c.set_budget(Budget::per_layer({30})); },
+      Contains("Oracle: cache budget of 30 tokens"));
 }
 
 TEST_CASE("attend and observe reject bad input without touching the policy's scores",
           "[errors][attention]") {
   auto cache = h2o_cache();
   const std::vector<float> q(16, 0.1f);
-  rejected(cache, [&](auto& c) { attend(c, 2, q); },
-           Contains("attend: layer = 2, expected 0 <= layer < 2"));
-  rejected(cache, [&](auto& c) { attend(c, 0, std::vector<float>(12)); },
-           Contains("attend: queries has 12 floats, expected 16"));
-  rejected(cache, [&](auto& c) { attend(c, 0, with(q, 7, kNaN)); },
-           Contains("attend: queries[7] = nan"));
+  rejected(
+      cache, [&](auto& c) { attend(c, 2, q); },
+      Contains("attend: layer = 2, expected 0 <= layer < 2"));
+  rejected(
+      cache, [&](auto& c) { attend(c, 0, std::vector<float>(12)); },
+      Contains("attend: queries has 12 floats, expected 16"));
+  rejected(
+      cache, [&](auto& c) { attend(c, 0, with(q, 7, kNaN)); },
+      Contains("attend: queries[7] = nan"));
   const std::vector<float> p(12, 1.0f / 6);  // G = 2 x 6 rows
-  rejected(cache, [&](auto& c) { c.observe(0, 0, std::vector<float>(11)); },
-           Contains("observe: probs has 11 floats, expected 12 (group 2 x size 6)"));
-  rejected(cache, [&](auto& c) { c.observe(0, 2, p); },
-           Contains("kv_head = 2, expected 0 <= kv_head < 2"));
-  rejected(cache, [&](auto& c) { c.observe(0, 1, with(p, 4, kInf)); },
-           Contains("observe: probs[4] = inf"));
+  rejected(
+      cache, [&](auto& c) { c.observe(0, 0, std::vector<float>(11)); },
+      Contains("observe: probs has 11 floats, expected 12 (group 2 x size 6)"));
+  rejected(
+      cache, [&](auto& c) { c.observe(0, 2, p); },
+      Contains("kv_head = 2, expected 0 <= kv_head < 2"));
+  rejected(
+      cache, [&](auto& c) { c.observe(0, 1, with(p, 4, kInf)); },
+      Contains("observe: probs[4] = inf"));
 }
 
 TEST_CASE("Accessors reject a layer or head out of range", "[errors][views]") {
@@ -300,10 +348,12 @@ TEST_CASE("A policy that needs queries gets them or the call is rejected", "[err
   KVCache<QueryNeeder> cache(g, Budget::uniform(3));
   Rng rng(3);
   for (int t = 0; t < 5; ++t) cache.append(0, t, rng.normals(8), rng.normals(8), rng.normals(16));
-  rejected(cache, [&](auto& c) { c.append(0, 10, rng.normals(8), rng.normals(8)); },
-           Contains("append: policy QueryNeeder needs queries (16 floats), got none"));
-  rejected(cache, [&](auto& c) { c.prefill(0, 10, 2, rng.normals(16), rng.normals(16)); },
-           Contains("prefill: policy QueryNeeder needs queries (32 floats), got none"));
+  rejected(
+      cache, [&](auto& c) { c.append(0, 10, rng.normals(8), rng.normals(8)); },
+      Contains("append: policy QueryNeeder needs queries (16 floats), got none"));
+  rejected(
+      cache, [&](auto& c) { c.prefill(0, 10, 2, rng.normals(16), rng.normals(16)); },
+      Contains("prefill: policy QueryNeeder needs queries (32 floats), got none"));
 }
 
 TEST_CASE("A Random cache keeps its generator state through rejected calls", "[errors]") {
@@ -313,10 +363,15 @@ TEST_CASE("A Random cache keeps its generator state through rejected calls", "[e
   Rng rng(4);
   for (int t = 0; t < 12; ++t)
     for (int l = 0; l < 2; ++l) cache.append(l, t, rng.normals(6), rng.normals(6));
-  rejected(cache, [&](auto& c) { c.append(1, 20, with(rng.normals(6), 2, kNaN), rng.normals(6)); },
-           Contains("keys[2] = nan"));
-  rejected(cache, [](auto& c) { c.set_budget(Budget::per_layer({4, 2})); },
-           Contains("expected >= 3"));
+  rejected(
+      cache, [&](auto& c) { c.append(1, 20, with(rng.normals(6), 2, kNaN), rng.normals(6)); },
+      Contains("keys[2] = nan"));
+  rejected(
+      cache,
+      [](auto& c) {
+        c.set_budget(Budget::per_layer({4, 2}));
+      },
+      Contains("expected >= 3"));
 }
 
 // --- policies that return bad victims ---------------------------------------------------
@@ -339,14 +394,23 @@ struct RoguePolicy {
     const bool bad = mode != Rogue::only_head_1 || v.kv_head == 1;
     if (!bad) return;
     switch (mode) {
-      case Rogue::honest: break;
-      case Rogue::out_of_range: out.back() = static_cast<std::uint32_t>(v.size); break;
-      case Rogue::repeated: out.push_back(out.front()); break;
-      case Rogue::too_few: out.pop_back(); break;
+      case Rogue::honest:
+        break;
+      case Rogue::out_of_range:
+        out.back() = static_cast<std::uint32_t>(v.size);
+        break;
+      case Rogue::repeated:
+        out.push_back(out.front());
+        break;
+      case Rogue::too_few:
+        out.pop_back();
+        break;
       case Rogue::too_many:
         for (std::uint32_t r = 0; r <= v.size; ++r) out.push_back(r);
         break;
-      case Rogue::only_head_1: out.push_back(out.front()); break;
+      case Rogue::only_head_1:
+        out.push_back(out.front());
+        break;
     }
   }
   template <class S>

@@ -1,12 +1,10 @@
 // Metrics against hand-computed values and their edge cases.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstdint>
+#include <kvevict/metrics.hpp>
 #include <limits>
 #include <vector>
-
-#include <kvevict/metrics.hpp>
 
 using namespace kvevict;
 namespace m = kvevict::metrics;
@@ -51,7 +49,7 @@ TEST_CASE("output_relative_error with a zero output", "[metrics]") {
 
 TEST_CASE("topk_recall by hand, ties to the lower index", "[metrics]") {
   const Floats a{0.1f, 0.4f, 0.2f, 0.3f};
-  CHECK(m::topk_recall(a, Kept{0, 1, 0, 1}, 2) == Approx(1.0));   // top-2 = {1, 3}
+  CHECK(m::topk_recall(a, Kept{0, 1, 0, 1}, 2) == Approx(1.0));  // top-2 = {1, 3}
   CHECK(m::topk_recall(a, Kept{0, 1, 1, 0}, 2) == Approx(0.5));
   CHECK(m::topk_recall(a, Kept{1, 0, 0, 0}, 1) == Approx(0.0));
   CHECK(m::topk_recall(a, Kept{1, 0, 0, 0}, 4) == Approx(0.25));  // k = n: plain fraction

@@ -5,9 +5,8 @@
 // functions and template instantiations without duplicate symbols, and both copies must
 // compute the same result.
 #include <cstdint>
-#include <vector>
-
 #include <kvevict/kvevict.hpp>
+#include <vector>
 
 namespace {
 

@@ -3,9 +3,11 @@
 // row (the ground truth kept and evicted rows are checked against), full-state snapshots
 // of a cache (for the strong exception guarantee) and a naive attention reference.
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <kvevict/kvevict.hpp>
 #include <map>
 #include <random>
 #include <set>
@@ -15,16 +17,15 @@
 #include <tuple>
 #include <vector>
 
-#include <catch2/catch.hpp>
-#include <kvevict/kvevict.hpp>
-
 namespace kvtest {
 
 /// Seeded stream of test data; every test names its seed so a failure reproduces.
 class Rng {
  public:
   explicit Rng(std::uint64_t seed) : gen_(seed) {}
-  float normal(float scale = 1.0f) { return scale * std::normal_distribution<float>(0.0f, 1.0f)(gen_); }
+  float normal(float scale = 1.0f) {
+    return scale * std::normal_distribution<float>(0.0f, 1.0f)(gen_);
+  }
   std::vector<float> normals(std::size_t n, float scale = 1.0f) {
     std::vector<float> v(n);
     for (auto& x : v) x = normal(scale);
@@ -159,8 +160,8 @@ std::string ledger_violation(const Cache& cache, const Ledger& ledger, bool chec
     return str(err << ledger.repeated_evictions << " rows reached the callback more than once");
   // kept and evicted are disjoint subsets of appended (checked above): sizes settle equality.
   if (check_partition && kept.size() + ledger.evicted.size() != ledger.appended.size())
-    return str(err << kept.size() << " kept + " << ledger.evicted.size() << " evicted != "
-                   << ledger.appended.size() << " appended");
+    return str(err << kept.size() << " kept + " << ledger.evicted.size()
+                   << " evicted != " << ledger.appended.size() << " appended");
   return "";
 }
 
@@ -173,8 +174,8 @@ void check_against_ledger(const Cache& cache, const Ledger& ledger, bool check_p
 
 /// A random budget kind (uniform, per-layer, per-head) with counts in [lo, hi]; the
 /// resolved capacity of every (layer, kv head) goes to *caps.
-inline kvevict::Budget random_budget(Rng& rng, const kvevict::Geometry& g, std::size_t lo, std::size_t hi,
-                     std::vector<std::size_t>* caps = nullptr) {
+inline kvevict::Budget random_budget(Rng& rng, const kvevict::Geometry& g, std::size_t lo,
+                                     std::size_t hi, std::vector<std::size_t>* caps = nullptr) {
   auto pick = [&] { return static_cast<long long>(rng.uniform((long long)lo, (long long)hi)); };
   std::vector<std::size_t> c;
   const auto kind = rng.uniform(0, 2);
@@ -265,9 +266,8 @@ Snapshot snapshot(const Cache& cache) {
 
 /// Naive attention of the G query heads of one KV head over n rows (double precision):
 /// probs[g][i] = softmax_i(q_g . k_i * scale).
-inline std::vector<std::vector<double>> naive_probs(const float* keys, std::size_t n,
-                                                    std::size_t d, const float* queries, int group,
-                                                    double scale) {
+inline std::vector<std::vector<double>> naive_probs(const float* keys, std::size_t n, std::size_t d,
+                                                    const float* queries, int group, double scale) {
   std::vector<std::vector<double>> p(static_cast<std::size_t>(group), std::vector<double>(n));
   for (int g = 0; g < group; ++g) {
     auto& row = p[static_cast<std::size_t>(g)];
