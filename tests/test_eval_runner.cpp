@@ -48,7 +48,7 @@ TEST_CASE("the Oracle bounds every causal policy on mass recall at the same budg
   for (const char* name : {"mixed", "heavy", "drift"}) {
     const auto w = make_synthetic(name, small());
     const auto ref = Reference::compute(w);
-    for (double f : {0.2, 0.5}) {
+    for (double f : {0.3, 0.6}) {  // SnapKV needs > 32 rows (its window)
       const auto budget = static_cast<std::size_t>(f * static_cast<double>(w.tokens));
       const Quality oracle = run("oracle", w, ref, budget);
       CHECK(oracle.mass_recall < 1.0);

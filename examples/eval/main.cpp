@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -44,6 +45,11 @@ Options:
                     or token counts (integers >= 1); default 0.1,0.2,...,0.9
   --workload LIST   synthetic workloads, comma-separated, or 'all' (default: mixed)
   --trace FILE      a safetensors trace instead (tensor names in docs/traces.md)
+  --model PATH      a llama2.c checkpoint (file, or directory holding one .bin besides
+                    tok*.bin): sample --steps tokens (default 512) with the full cache at
+                    temperature 1, then feed them one at a time under each policy and
+                    report KL(full || policy), top-1 agreement and perplexity (no SVG;
+                    xkv is skipped: it needs prompt statistics)
   --steps N         decode steps (synthetic default 768; a trace: all after the prompt)
   --prompt N        prompt tokens prefilled first (synthetic default 256; trace: 25%)
   --layers N        layers of a synthetic workload (default 2)
@@ -52,7 +58,8 @@ Options:
   --json FILE       write the results as JSON
   --csv FILE        write the results as CSV
   --svg FILE        write an SVG plot of a metric against budget, a panel per workload
-  --metric NAME     metric of the SVG: mass, error, topk, needle (default mass)
+  --metric LIST     metrics to plot: mass, error, topk, needle (default mass); with
+                    several, --svg FILE.svg writes FILE-<metric>.svg for each
   --quiet           no progress bar (shown on stderr after 2 s on a terminal)
   --progress        show the progress bar even when stderr is not a terminal
   --list            list policies and workloads, then exit
@@ -64,7 +71,7 @@ struct Options {
   std::vector<std::string> policies;
   std::vector<std::string> budgets{"0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8", "0.9"};
   std::vector<std::string> workloads{"mixed"};
-  std::string trace, json, csv, svg, metric = "mass";
+  std::string trace, model, json, csv, svg, metric = "mass";
   std::optional<std::size_t> steps, prompt;
   int layers = 2;
   std::uint64_t seed = 1;
@@ -145,6 +152,9 @@ Options parse(int argc, char** argv) {
       o.workloads = v == "all" ? synthetic_workload_names() : split(v);
     } else if (a == "--trace") {
       o.trace = value();
+    } else if (a == "--model") {
+      o.model = value();
+      if (!KVEVICT_EVAL_HAS_LLAMA2C) throw ArgError("--model: built without examples/llama2c");
     } else if (a == "--steps") {
       o.steps = parse_int<std::size_t>(a, value(), 1);
     } else if (a == "--prompt") {
@@ -163,8 +173,9 @@ Options parse(int argc, char** argv) {
       o.svg = value();
     } else if (a == "--metric") {
       o.metric = value();
-      if (o.metric != "mass" && o.metric != "error" && o.metric != "topk" && o.metric != "needle")
-        throw ArgError("--metric: '" + o.metric + "', expected mass, error, topk or needle");
+      for (const auto& m : split(o.metric))
+        if (m != "mass" && m != "error" && m != "topk" && m != "needle")
+          throw ArgError("--metric: '" + m + "', expected mass, error, topk or needle");
     } else if (a == "--quiet") {
       o.quiet = true;
     } else if (a == "--progress") {
@@ -337,7 +348,17 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
     }
     f << "  ]\n}\n";
   }
-  if (!o.svg.empty()) {
+  const auto metrics = split(o.metric);
+  for (const auto& metric : metrics) {
+    if (o.svg.empty()) break;
+    // Several metrics: one file each, FILE with "-<metric>" before its extension.
+    std::string file = o.svg;
+    if (metrics.size() > 1) {
+      const auto dot = file.rfind('.');
+      file = dot == std::string::npos || dot < file.find_last_of('/') + 1
+                 ? file + "-" + metric
+                 : file.substr(0, dot) + "-" + metric + file.substr(dot);
+    }
     std::vector<Panel> panels;
     for (const auto& w : loaded) {
       Panel p{w.name, {}};
@@ -347,13 +368,13 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
         for (const auto& r : rows) {
           if (r.workload != w.name || r.policy != name) continue;
           if (r.reference) full = &r;
-          else s.points.push_back({r.fraction, metric_of(r, o.metric)});
+          else s.points.push_back({r.fraction, metric_of(r, metric)});
         }
         if (full)  // the reference is one run: a flat line across the plotted budgets
           for (const auto& r : rows)
             if (r.workload == w.name && !r.reference && r.policy == o.policies.front())
-              s.points.push_back({r.fraction, metric_of(*full, o.metric)});
-        if (full && s.points.empty()) s.points = {{0.0, metric_of(*full, o.metric)}, {1.0, metric_of(*full, o.metric)}};
+              s.points.push_back({r.fraction, metric_of(*full, metric)});
+        if (full && s.points.empty()) s.points = {{0.0, metric_of(*full, metric)}, {1.0, metric_of(*full, metric)}};
         if (!s.points.empty()) p.series.push_back(std::move(s));
       }
       panels.push_back(std::move(p));
@@ -364,24 +385,109 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
         {"error", "attention-output relative error"},
         {"topk", "top-" + std::to_string(o.topk) + " recall"},
         {"needle", "needle retrieval rate"}};
-    spec.y_label = labels.at(o.metric);
+    spec.y_label = labels.at(metric);
     spec.title = "kvevict-eval: " + spec.y_label + " against budget";
-    if (o.metric == "error") {
+    if (metric == "error") {
       double mx = 0.0;
       for (const auto& r : rows) mx = std::max(mx, std::isfinite(r.q.output_error) ? r.q.output_error : 0.0);
       spec.y_max = mx > 0.0 ? std::ceil(mx * 10.0) / 10.0 : 1.0;
     }
-    std::ofstream f(o.svg);
-    if (!f) throw kvevict::Error("kvevict-eval: cannot write --svg file '" + o.svg + "'");
+    std::ofstream f(file);
+    if (!f) throw kvevict::Error("kvevict-eval: cannot write --svg file '" + file + "'");
     f << render_svg(panels, spec);
   }
 }
+
+#if KVEVICT_EVAL_HAS_LLAMA2C
+// --model: the streaming KL protocol of examples/llama2c/e2e.hpp on one sampled stream.
+int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
+  namespace fs = std::filesystem;
+  std::string path = o.model;
+  if (fs::is_directory(path)) {
+    std::vector<std::string> found;
+    for (const auto& f : fs::directory_iterator(path))
+      if (f.path().extension() == ".bin" && f.path().filename().string().rfind("tok", 0) != 0)
+        found.push_back(f.path().string());
+    if (found.size() != 1)
+      throw ArgError("--model: directory '" + path + "' holds " + std::to_string(found.size()) +
+                     " checkpoint .bin files (besides tok*.bin), expected exactly one");
+    path = found[0];
+  }
+  auto model = std::make_shared<const kvevict::llama2c::Model>(kvevict::llama2c::Model::load(path));
+  kvevict::llama2c::SampleOptions so;
+  so.tokens = static_cast<int>(std::min<std::size_t>(o.steps.value_or(512),
+                                                     static_cast<std::size_t>(model->config().seq_len)));
+  so.seed = o.seed;
+  const std::vector<kvevict::llama2c::Stream> streams{kvevict::llama2c::sample_stream(model, so)};
+  const auto T = static_cast<std::size_t>(so.tokens);
+  struct ModelRow {
+    std::string policy;
+    std::size_t budget;
+    double fraction;
+    kvevict::llama2c::Summary s;
+  };
+  std::vector<ModelRow> rows;
+  for (const auto& pname : o.policies) {
+    const PolicyEntry& e = *find_policy(pname);
+    if (e.needs_workload || !e.run_model) {
+      std::fprintf(stderr, "kvevict-eval: %s skipped with --model (needs prompt statistics)\n",
+                   e.name.c_str());
+      continue;
+    }
+    const std::size_t n = e.sizing == Sizing::reference ? 1 : budgets.size();
+    for (std::size_t bi = 0; bi < n; ++bi) {
+      const std::size_t b = e.sizing == Sizing::reference ? 0 : budgets[bi].resolve(T);
+      try {
+        rows.push_back({e.name, b, b ? double(b) / double(T) : 1.0,
+                        e.run_model(model, streams, PolicyArgs{b, o.seed, nullptr})});
+      } catch (const kvevict::Error& err) {
+        throw kvevict::Error(std::string(err.what()) + " (policy " + e.name + ", budget " +
+                             std::to_string(b) + " tokens)");
+      }
+    }
+  }
+  std::printf("model %s, one stream of %zu tokens sampled at temperature 1, seed %llu\n",
+              path.c_str(), T, static_cast<unsigned long long>(o.seed));
+  std::printf("%-12s %8s %6s %10s %8s %10s %10s\n", "policy", "budget", "frac", "mean_kl", "top1",
+              "ppl", "ppl_full");
+  for (const auto& r : rows)
+    std::printf("%-12s %8s %6s %10s %8s %10s %10s\n", r.policy.c_str(),
+                r.budget ? std::to_string(r.budget).c_str() : "all", num(r.fraction, 2).c_str(),
+                num(r.s.mean_kl, 5).c_str(), num(r.s.top1, 4).c_str(),
+                num(r.s.perplexity, 3).c_str(), num(r.s.perplexity_full, 3).c_str());
+  if (!o.csv.empty() || !o.json.empty()) {
+    std::ofstream c(o.csv.empty() ? "/dev/null" : o.csv), j(o.json.empty() ? "/dev/null" : o.json);
+    c << "policy,budget_tokens,budget_fraction,mean_kl,top1,perplexity,perplexity_full\n";
+    j << "{\n  \"model\": \"" << path << "\",\n  \"tokens\": " << T << ",\n  \"results\": [\n";
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const auto& r = rows[i];
+      c << r.policy << ',' << r.budget << ',' << num(r.fraction, 6) << ',' << num(r.s.mean_kl, 6)
+        << ',' << num(r.s.top1, 6) << ',' << num(r.s.perplexity, 6) << ','
+        << num(r.s.perplexity_full, 6) << '\n';
+      j << "    {\"policy\": \"" << r.policy << "\", \"budget_tokens\": " << r.budget
+        << ", \"budget_fraction\": " << num(r.fraction, 6) << ", \"mean_kl\": "
+        << num(r.s.mean_kl, 6) << ", \"top1\": " << num(r.s.top1, 6)
+        << ", \"perplexity\": " << num(r.s.perplexity, 6)
+        << ", \"perplexity_full\": " << num(r.s.perplexity_full, 6) << '}'
+        << (i + 1 < rows.size() ? "," : "") << '\n';
+    }
+    j << "  ]\n}\n";
+  }
+  return 0;
+}
+#endif
 
 int run(int argc, char** argv) {
   const Options o = parse(argc, argv);
   std::vector<BudgetSpec> budgets;
   for (const auto& b : o.budgets) budgets.push_back(parse_budget(b));
   if (budgets.empty()) throw ArgError("--budgets: empty list");
+#if KVEVICT_EVAL_HAS_LLAMA2C
+  if (!o.model.empty()) {
+    if (!o.trace.empty()) throw ArgError("--model and --trace: give one workload source");
+    return run_model(o, budgets);
+  }
+#endif
 
   std::vector<Workload> loaded;
   if (!o.trace.empty()) {

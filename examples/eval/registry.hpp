@@ -5,19 +5,35 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <span>
+#include <type_traits>
 #include <string>
 #include <vector>
 
 #include <kvevict/geometry.hpp>
+#include <kvevict/policies/buzz.hpp>
 #include <kvevict/policies/decayed_attention.hpp>
 #include <kvevict/policies/full_cache.hpp>
 #include <kvevict/policies/h2o.hpp>
+#include <kvevict/policies/hash_evict.hpp>
 #include <kvevict/policies/knorm.hpp>
 #include <kvevict/policies/oracle.hpp>
 #include <kvevict/policies/random.hpp>
+#include <kvevict/policies/snapkv.hpp>
 #include <kvevict/policies/streaming_llm.hpp>
+#include <kvevict/policies/xkv.hpp>
 
 #include "runner.hpp"
+
+// The llama2.c engine's end-to-end protocol (KL, top-1, perplexity on a checkpoint),
+// for kvevict-eval --model; compiled in when examples/llama2c is present.
+#if __has_include("../llama2c/e2e.hpp")
+#include "../llama2c/e2e.hpp"
+#define KVEVICT_EVAL_HAS_LLAMA2C 1
+#else
+#define KVEVICT_EVAL_HAS_LLAMA2C 0
+#endif
 
 namespace kvevict::eval {
 
@@ -40,21 +56,86 @@ struct PolicyEntry {
   std::function<Quality(const Workload&, const Reference&, const PolicyArgs&, const RunOptions&,
                         const Tick&)>
       run;
+  /// Needs a workload's Q/K at setup (per-layer allocators): not available with --model.
+  bool needs_workload = false;
+#if KVEVICT_EVAL_HAS_LLAMA2C
+  /// The streaming KL protocol on a llama2.c checkpoint (budget: PolicyArgs::budget).
+  std::function<llama2c::Summary(const std::shared_ptr<const llama2c::Model>&,
+                                 std::span<const llama2c::Stream>, const PolicyArgs&)>
+      run_model;
+#endif
   [[nodiscard]] bool causal() const { return sizing != Sizing::unbounded; }
 };
 
-/// Registers Policy under `name`; make(const PolicyArgs&) returns the configured policy.
+/// A policy with its own cache budget (per-layer allocators such as XKV), at the same
+/// total memory as the uniform budget it replaces.
+template <class Policy>
+struct Configured {
+  Policy policy;
+  Budget budget;
+};
+
+/// Registers Policy under `name`; make(const PolicyArgs&) returns the configured policy,
+/// or a Configured<Policy> to size the cache itself.
 template <class Policy, class Make>
 PolicyEntry entry(std::string name, std::string description, Make make,
                   Sizing sizing = Sizing::budget) {
-  PolicyEntry e{std::move(name), std::move(description), sizing, {}};
+  PolicyEntry e;
+  e.name = std::move(name);
+  e.description = std::move(description);
+  e.sizing = sizing;
   e.run = [make, sizing](const Workload& w, const Reference& ref, const PolicyArgs& a,
                          const RunOptions& o, const Tick& tick) {
-    const Budget b = sizing == Sizing::budget ? Budget::uniform(static_cast<long long>(a.budget))
-                                              : Budget::unbounded();
-    return evaluate<Policy>(w, ref, make(a), b, o, tick);
+    auto made = make(a);
+    if constexpr (std::is_same_v<decltype(made), Configured<Policy>>) {
+      return evaluate<Policy>(w, ref, std::move(made.policy), made.budget, o, tick);
+    } else {
+      const Budget b = sizing == Sizing::budget ? Budget::uniform(static_cast<long long>(a.budget))
+                                                : Budget::unbounded();
+      return evaluate<Policy>(w, ref, std::move(made), b, o, tick);
+    }
   };
+  using Made = std::invoke_result_t<Make, const PolicyArgs&>;
+  e.needs_workload = std::is_same_v<Made, Configured<Policy>>;
+#if KVEVICT_EVAL_HAS_LLAMA2C
+  if constexpr (!std::is_same_v<Made, Configured<Policy>>) {
+    e.run_model = [make, sizing](const std::shared_ptr<const llama2c::Model>& model,
+                                 std::span<const llama2c::Stream> streams, const PolicyArgs& a) {
+      const Budget b = sizing == Sizing::budget ? Budget::uniform(static_cast<long long>(a.budget))
+                                                : Budget::unbounded();
+      return llama2c::evaluate<Policy>(model, streams, b, make(a));
+    };
+  }
+#endif
   return e;
+}
+
+/// XKV in this protocol: the allocator reads each layer's prompt (window 8, pooling 7)
+/// and shares L x (min(B, prompt) - 8) selected tokens among the layers; each layer's
+/// capacity is its selection + the window + the decode headroom B - min(B, prompt) that
+/// the uniform budget also has. Selection inside a layer is SnapKV's with XKV's settings.
+inline Configured<policies::SnapKV> xkv_setup(const PolicyArgs& a) {
+  kvevict::detail::require(a.workload != nullptr, "xkv: needs a workload's prompt statistics");
+  const Workload& w = *a.workload;
+  policies::XkvLayerAllocator alloc(w.geometry);
+  const std::size_t window = alloc.config().window;
+  kvevict::detail::require(w.prompt > window, "xkv: prompt of ", w.prompt,
+                           " tokens, expected more than the observation window ", window);
+  kvevict::detail::require(a.budget > window + 1, "xkv: budget of ", a.budget,
+                           " tokens, expected > ", window + 1, " (window + 1)");
+  const Geometry& g = w.geometry;
+  for (int l = 0; l < g.n_layers; ++l)
+    alloc.observe_layer(
+        l, w.prompt,
+        std::span<const float>(w.k(l, 0), w.prompt * static_cast<std::size_t>(g.n_kv_heads * g.head_dim)),
+        std::span<const float>(w.q(l, 0), w.prompt * static_cast<std::size_t>(g.n_heads * g.head_dim)));
+  const std::size_t head = std::min(a.budget, w.prompt);
+  const auto total = static_cast<long long>((head - window) * static_cast<std::size_t>(g.n_layers));
+  const auto allocation = alloc.allocate(total);
+  std::vector<long long> caps;
+  for (long long n : allocation.tokens)
+    caps.push_back(n + static_cast<long long>(window + a.budget - head));
+  return {policies::SnapKV(alloc.selection()), Budget::per_layer(caps)};
 }
 
 /// Every policy the tool knows, in report order.
@@ -73,6 +154,16 @@ inline const std::vector<PolicyEntry>& policy_registry() {
                    [](const PolicyArgs&) { return KNorm{}; }),
       entry<Random>("random", "Random eviction (the floor), seeded",
                     [](const PolicyArgs& a) { return Random({.seed = a.seed}); }),
+      entry<SnapKV>("snapkv", "SnapKV: prompt selection by window-32 attention, pool 5",
+                    [](const PolicyArgs&) { return SnapKV{}; }),
+      entry<SnapKV>("xkv", "XKV: per-layer budgets from prompt statistics + SnapKV (w 8, pool 7)",
+                    xkv_setup),
+      entry<HashEvictKey>("hashevict", "HashEvict: SimHash of the new key, evict the farthest",
+                          [](const PolicyArgs&) { return HashEvictKey{}; }),
+      entry<HashEvictQuery>("hashevict-q", "HashEvict, paper form: SimHash of the new queries",
+                            [](const PolicyArgs&) { return HashEvictQuery{}; }),
+      entry<BuzzBeehive>("buzz", "BUZZ: sinks + window + segmented heavy hitters (budget mode)",
+                         [](const PolicyArgs&) { return BuzzBeehive({.budget_mode = true}); }),
       entry<Oracle>("oracle", "Oracle: attends the true top-budget rows each step (not causal)",
                     [](const PolicyArgs& a) { return Oracle{a.budget}; }, Sizing::unbounded),
   };
