@@ -24,7 +24,8 @@ SyntheticConfig small() {
   return c;
 }
 
-Quality run(const std::string& policy, const Workload& w, const Reference& ref, std::size_t budget) {
+Quality run(const std::string& policy, const Workload& w, const Reference& ref,
+            std::size_t budget) {
   return find_policy(policy)->run(w, ref, PolicyArgs{budget, 7, &w}, RunOptions{}, {});
 }
 

@@ -1,11 +1,11 @@
 // safetensors reader/writer of kvevict-eval: round trips in F32, F16 and BF16, exact
 // half/bfloat16 conversions, trace loading, and a clear kvevict::Error for every kind of
 // malformed file.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstdio>
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -30,7 +30,8 @@ std::string write_raw(const std::string& name, const std::string& header, const 
                       std::uint64_t length = std::numeric_limits<std::uint64_t>::max()) {
   const std::string path = temp_path(name);
   std::ofstream f(path, std::ios::binary);
-  const std::uint64_t n = length == std::numeric_limits<std::uint64_t>::max() ? header.size() : length;
+  const std::uint64_t n =
+      length == std::numeric_limits<std::uint64_t>::max() ? header.size() : length;
   for (int i = 0; i < 8; ++i) f.put(static_cast<char>((n >> (8 * i)) & 0xFF));
   f << header << data;
   return path;
@@ -51,8 +52,8 @@ TEST_CASE("half and bfloat16 conversions are exact where representable, round to
   CHECK(float_to_half(1.0f) == 0x3C00);
   CHECK(float_to_half(-2.0f) == 0xC000);
   CHECK(float_to_half(65504.0f) == 0x7BFF);
-  CHECK(float_to_half(65520.0f) == 0x7C00);                // rounds up to infinity
-  CHECK(float_to_half(std::ldexp(1.0f, -24)) == 0x0001);   // smallest subnormal
+  CHECK(float_to_half(65520.0f) == 0x7C00);                      // rounds up to infinity
+  CHECK(float_to_half(std::ldexp(1.0f, -24)) == 0x0001);         // smallest subnormal
   CHECK(float_to_half(1.0f + std::ldexp(1.0f, -11)) == 0x3C00);  // tie: to even
   CHECK(float_to_half(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3C02);
   CHECK(half_to_float(0x3C00) == 1.0f);
@@ -119,7 +120,8 @@ TEST_CASE("a trace round-trips into a workload with its geometry and prompt") {
     } else {
       const double tol = dt == DType::f16 ? 1e-3 : 8e-3;  // relative precision of the format
       for (std::size_t i = 0; i < w.layers[0].k.size(); ++i)
-        REQUIRE(std::abs(t.layers[0].k[i] - w.layers[0].k[i]) <= tol * (std::abs(w.layers[0].k[i]) + 1e-3));
+        REQUIRE(std::abs(t.layers[0].k[i] - w.layers[0].k[i]) <=
+                tol * (std::abs(w.layers[0].k[i]) + 1e-3));
     }
     TraceOptions o;
     o.prompt = 20;
@@ -145,18 +147,19 @@ TEST_CASE("malformed files get a clear kvevict::Error") {
     CHECK_THROWS_WITH(SafetensorsFile::open(p), Contains("expected at least 8"));
   }
   SECTION("bad header lengths") {
-    CHECK_THAT(open_error(write_raw("len_big", ok_tensor, eight, 1000)), Contains("header length 1000"));
+    CHECK_THAT(open_error(write_raw("len_big", ok_tensor, eight, 1000)),
+               Contains("header length 1000"));
     CHECK_THAT(open_error(write_raw("len_huge", ok_tensor, eight, ~std::uint64_t{0} - 1)),
                Contains("header length"));
     CHECK_THAT(open_error(write_raw("len_zero", ok_tensor, eight, 0)), Contains("header length 0"));
   }
   SECTION("bad JSON") {
-    for (const char* h : {R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},})",
-                          R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})",
-                          R"({"t":{"dtype":"F32,"shape":[2],"data_offsets":[0,8]}})",
-                          R"({"t":1,"t":2})", R"({"t":{"dtype":"F32"}} x)", R"([1, 2])",
-                          R"({"t":{"dtype":"F32","shape":[01],"data_offsets":[0,8]}})",
-                          "{\"t\":\"a\x01\"}"}) {
+    for (const char* h :
+         {R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},})",
+          R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})",
+          R"({"t":{"dtype":"F32,"shape":[2],"data_offsets":[0,8]}})", R"({"t":1,"t":2})",
+          R"({"t":{"dtype":"F32"}} x)", R"([1, 2])",
+          R"({"t":{"dtype":"F32","shape":[01],"data_offsets":[0,8]}})", "{\"t\":\"a\x01\"}"}) {
       const auto msg = open_error(write_raw("badjson", h, eight));
       INFO(h << " -> " << msg);
       CHECK_THAT(msg, Contains("safetensors"));
@@ -166,38 +169,52 @@ TEST_CASE("malformed files get a clear kvevict::Error") {
     CHECK_THAT(open_error(write_raw("trail", R"({} x)", eight)), Contains("trailing"));
   }
   SECTION("offsets out of range or inconsistent with the shape") {
-    CHECK_THAT(open_error(write_raw("off", R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", eight)),
+    CHECK_THAT(open_error(write_raw(
+                   "off", R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", eight)),
                Contains("data_offsets [0, 16] out of range"));
-    CHECK_THAT(open_error(write_raw("rev", R"({"t":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", eight)),
+    CHECK_THAT(open_error(write_raw(
+                   "rev", R"({"t":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", eight)),
                Contains("out of range"));
-    CHECK_THAT(open_error(write_raw("size", R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", eight)),
+    CHECK_THAT(open_error(write_raw(
+                   "size", R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", eight)),
                Contains("has 8 bytes of data, expected 12"));
-    CHECK_THAT(open_error(write_raw("neg", R"({"t":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", eight)),
+    CHECK_THAT(open_error(write_raw(
+                   "neg", R"({"t":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", eight)),
                Contains("not a non-negative integer"));
-    CHECK_THAT(open_error(write_raw("overlap",
-                                    R"({"a":{"dtype":"F16","shape":[4],"data_offsets":[0,8]},"b":{"dtype":"F16","shape":[2],"data_offsets":[4,8]}})",
-                                    eight)),
-               Contains("overlap"));
-    CHECK_THAT(open_error(write_raw("huge", R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", eight)),
-               Contains("shape overflows"));
+    CHECK_THAT(
+        open_error(write_raw(
+            "overlap",
+            R"({"a":{"dtype":"F16","shape":[4],"data_offsets":[0,8]},"b":{"dtype":"F16","shape":[2],"data_offsets":[4,8]}})",
+            eight)),
+        Contains("overlap"));
+    CHECK_THAT(
+        open_error(write_raw(
+            "huge", R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})",
+            eight)),
+        Contains("shape overflows"));
   }
   SECTION("wrong dtype or fields") {
-    CHECK_THAT(open_error(write_raw("dtype", R"({"t":{"dtype":"I8","shape":[8],"data_offsets":[0,8]}})", eight)),
+    CHECK_THAT(open_error(write_raw(
+                   "dtype", R"({"t":{"dtype":"I8","shape":[8],"data_offsets":[0,8]}})", eight)),
                Contains("dtype I8, expected F32, F16 or BF16"));
-    CHECK_THAT(open_error(write_raw("field", R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", eight)),
-               Contains("unknown field 'x'"));
+    CHECK_THAT(
+        open_error(write_raw(
+            "field", R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", eight)),
+        Contains("unknown field 'x'"));
     CHECK_THAT(open_error(write_raw("nooff", R"({"t":{"dtype":"F32","shape":[2]}})", eight)),
                Contains("needs dtype, shape and data_offsets"));
   }
   SECTION("traces with missing tensors or wrong shapes") {
     const std::string p = temp_path("trace_bad.safetensors");
     std::vector<float> q(2 * 4 * 8, 0.5f), kv(2 * 2 * 8, 0.25f);
-    write_safetensors(p, {{"layers.0.q", DType::f32, {2, 4, 8}, q}, {"layers.0.k", DType::f32, {2, 2, 8}, kv}});
+    write_safetensors(
+        p, {{"layers.0.q", DType::f32, {2, 4, 8}, q}, {"layers.0.k", DType::f32, {2, 2, 8}, kv}});
     CHECK_THROWS_WITH(load_trace(p), Contains("tensor 'layers.0.v' is missing"));
     write_safetensors(p, {{"layers.0.q", DType::f32, {2, 4, 8}, q},
                           {"layers.0.k", DType::f32, {2, 2, 8}, kv},
                           {"layers.0.v", DType::f32, {2, 8, 2}, kv}});
-    CHECK_THROWS_WITH(load_trace(p), Contains("'layers.0.v' has shape [2, 8, 2], expected [2, 2, 8]"));
+    CHECK_THROWS_WITH(load_trace(p),
+                      Contains("'layers.0.v' has shape [2, 8, 2], expected [2, 2, 8]"));
     write_safetensors(p, {{"layers.0.q", DType::f32, {2, 3, 8}, std::vector<float>(48, 0.5f)},
                           {"layers.0.k", DType::f32, {2, 2, 8}, kv},
                           {"layers.0.v", DType::f32, {2, 2, 8}, kv}});

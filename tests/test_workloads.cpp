@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <kvevict/attention_core.hpp>
 #include <numeric>
 #include <vector>
-
-#include <kvevict/attention_core.hpp>
 
 #include "workloads.hpp"
 
@@ -32,10 +31,11 @@ std::vector<float> probs(const Workload& w, int layer, std::size_t t, int h) {
   const std::size_t d = static_cast<std::size_t>(g.head_dim);
   std::vector<float> keys((t + 1) * d);
   for (std::size_t s = 0; s <= t; ++s)
-    std::copy_n(w.k(layer, s) + static_cast<std::size_t>(kh) * d, d, keys.begin() + static_cast<std::ptrdiff_t>(s * d));
+    std::copy_n(w.k(layer, s) + static_cast<std::size_t>(kh) * d, d,
+                keys.begin() + static_cast<std::ptrdiff_t>(s * d));
   std::vector<float> p(t + 1);
-  kvevict::detail::group_probabilities(keys.data(), t + 1, d, w.q(layer, t) + static_cast<std::size_t>(h) * d, 1,
-                                       p.data());
+  kvevict::detail::group_probabilities(
+      keys.data(), t + 1, d, w.q(layer, t) + static_cast<std::size_t>(h) * d, 1, p.data());
   return p;
 }
 
@@ -77,7 +77,8 @@ TEST_CASE("synthetic workloads are deterministic in their seed, with Llama-like 
 
 TEST_CASE("bad synthetic parameters are rejected with a clear message") {
   auto c = small();
-  CHECK_THROWS_WITH(make_synthetic("nope", c), Catch::Contains("unknown synthetic workload 'nope'"));
+  CHECK_THROWS_WITH(make_synthetic("nope", c),
+                    Catch::Contains("unknown synthetic workload 'nope'"));
   c.head_dim = 40;
   CHECK_THROWS_WITH(make_synthetic("mixed", c), Catch::Contains("head_dim = 40"));
   c = small();
@@ -125,7 +126,8 @@ TEST_CASE("heavy: a few tokens hold much of the attention, for every late query"
       }
     const double total = std::accumulate(acc.begin(), acc.end(), 0.0);
     std::sort(acc.begin(), acc.end(), std::greater<>());
-    return std::accumulate(acc.begin(), acc.begin() + static_cast<std::ptrdiff_t>(w.tokens / 50), 0.0) /
+    return std::accumulate(acc.begin(), acc.begin() + static_cast<std::ptrdiff_t>(w.tokens / 50),
+                           0.0) /
            total;
   };
   const double heavy = top_share(make_synthetic("heavy", small()));
@@ -148,7 +150,8 @@ TEST_CASE("needle: planted in the prompt, probed late, and the probe's attention
       const auto p = probs(w, n.layer, n.probe, n.kv_head * w.geometry.group() + g);
       for (std::size_t i = 0; i < p.size(); ++i) sum[i] += p[i];
     }
-    CHECK(static_cast<std::size_t>(std::max_element(sum.begin(), sum.end()) - sum.begin()) == n.needle);
+    CHECK(static_cast<std::size_t>(std::max_element(sum.begin(), sum.end()) - sum.begin()) ==
+          n.needle);
     // Before its probe, the needle is an ordinary token for a query that does not ask.
     const auto before = probs(w, n.layer, n.probe - 1, n.kv_head * w.geometry.group());
     CHECK(before[n.needle] < 0.05);

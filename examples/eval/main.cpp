@@ -106,7 +106,8 @@ struct BudgetSpec {
   std::size_t tokens = 0;
   [[nodiscard]] std::size_t resolve(std::size_t context) const {
     if (tokens > 0) return tokens;
-    return std::max<std::size_t>(1, static_cast<std::size_t>(std::llround(fraction * double(context))));
+    return std::max<std::size_t>(
+        1, static_cast<std::size_t>(std::llround(fraction * double(context))));
   }
 };
 
@@ -307,8 +308,9 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
     for (const auto& r : rows)
       f << r.workload << ',' << r.policy << ',' << r.budget << ',' << num(r.fraction, 6) << ','
         << num(r.q.mass_recall, 6) << ',' << num(r.q.output_error, 6) << ','
-        << num(r.q.topk_recall, 6) << ',' << (std::isfinite(r.q.needle_rate()) ? num(r.q.needle_rate(), 6) : "")
-        << ',' << r.q.needle_probes << ',' << r.q.samples << ',' << num(r.seconds, 3) << '\n';
+        << num(r.q.topk_recall, 6) << ','
+        << (std::isfinite(r.q.needle_rate()) ? num(r.q.needle_rate(), 6) : "") << ','
+        << r.q.needle_probes << ',' << r.q.samples << ',' << num(r.seconds, 3) << '\n';
   }
   if (!o.json.empty()) {
     std::ofstream f(o.json);
@@ -318,7 +320,10 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
       std::string out = "\"";
       for (char c : s) {
         if (c == '"' || c == '\\') out += '\\';
-        if (static_cast<unsigned char>(c) < 0x20) { out += ' '; continue; }
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += ' ';
+          continue;
+        }
         out += c;
       }
       return out + "\"";
@@ -331,14 +336,15 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
         << ", \"tokens\": " << w.tokens << ", \"prompt\": " << w.prompt
         << ", \"layers\": " << w.geometry.n_layers << ", \"heads\": " << w.geometry.n_heads
         << ", \"kv_heads\": " << w.geometry.n_kv_heads << ", \"head_dim\": " << w.geometry.head_dim
-        << ", \"needles\": " << w.needles.size() << '}' << (i + 1 < loaded.size() ? "," : "") << '\n';
+        << ", \"needles\": " << w.needles.size() << '}' << (i + 1 < loaded.size() ? "," : "")
+        << '\n';
     }
     f << "  ],\n  \"results\": [\n";
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const auto& r = rows[i];
       f << "    {\"workload\": " << jstr(r.workload) << ", \"policy\": " << jstr(r.policy)
-        << ", \"causal\": " << (r.causal ? "true" : "false")
-        << ", \"budget_tokens\": " << r.budget << ", \"budget_fraction\": " << jnum(r.fraction)
+        << ", \"causal\": " << (r.causal ? "true" : "false") << ", \"budget_tokens\": " << r.budget
+        << ", \"budget_fraction\": " << jnum(r.fraction)
         << ", \"mass_recall\": " << jnum(r.q.mass_recall)
         << ", \"output_error\": " << jnum(r.q.output_error)
         << ", \"topk_recall\": " << jnum(r.q.topk_recall)
@@ -367,14 +373,17 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
         const Row* full = nullptr;
         for (const auto& r : rows) {
           if (r.workload != w.name || r.policy != name) continue;
-          if (r.reference) full = &r;
-          else s.points.push_back({r.fraction, metric_of(r, metric)});
+          if (r.reference)
+            full = &r;
+          else
+            s.points.push_back({r.fraction, metric_of(r, metric)});
         }
         if (full)  // the reference is one run: a flat line across the plotted budgets
           for (const auto& r : rows)
             if (r.workload == w.name && !r.reference && r.policy == o.policies.front())
               s.points.push_back({r.fraction, metric_of(*full, metric)});
-        if (full && s.points.empty()) s.points = {{0.0, metric_of(*full, metric)}, {1.0, metric_of(*full, metric)}};
+        if (full && s.points.empty())
+          s.points = {{0.0, metric_of(*full, metric)}, {1.0, metric_of(*full, metric)}};
         if (!s.points.empty()) p.series.push_back(std::move(s));
       }
       panels.push_back(std::move(p));
@@ -389,7 +398,8 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
     spec.title = "kvevict-eval: " + spec.y_label + " against budget";
     if (metric == "error") {
       double mx = 0.0;
-      for (const auto& r : rows) mx = std::max(mx, std::isfinite(r.q.output_error) ? r.q.output_error : 0.0);
+      for (const auto& r : rows)
+        mx = std::max(mx, std::isfinite(r.q.output_error) ? r.q.output_error : 0.0);
       spec.y_max = mx > 0.0 ? std::ceil(mx * 10.0) / 10.0 : 1.0;
     }
     std::ofstream f(file);
@@ -415,8 +425,8 @@ int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
   }
   auto model = std::make_shared<const kvevict::llama2c::Model>(kvevict::llama2c::Model::load(path));
   kvevict::llama2c::SampleOptions so;
-  so.tokens = static_cast<int>(std::min<std::size_t>(o.steps.value_or(512),
-                                                     static_cast<std::size_t>(model->config().seq_len)));
+  so.tokens = static_cast<int>(std::min<std::size_t>(
+      o.steps.value_or(512), static_cast<std::size_t>(model->config().seq_len)));
   so.seed = o.seed;
   const std::vector<kvevict::llama2c::Stream> streams{kvevict::llama2c::sample_stream(model, so)};
   const auto T = static_cast<std::size_t>(so.tokens);
@@ -465,8 +475,8 @@ int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
         << ',' << num(r.s.top1, 6) << ',' << num(r.s.perplexity, 6) << ','
         << num(r.s.perplexity_full, 6) << '\n';
       j << "    {\"policy\": \"" << r.policy << "\", \"budget_tokens\": " << r.budget
-        << ", \"budget_fraction\": " << num(r.fraction, 6) << ", \"mean_kl\": "
-        << num(r.s.mean_kl, 6) << ", \"top1\": " << num(r.s.top1, 6)
+        << ", \"budget_fraction\": " << num(r.fraction, 6)
+        << ", \"mean_kl\": " << num(r.s.mean_kl, 6) << ", \"top1\": " << num(r.s.top1, 6)
         << ", \"perplexity\": " << num(r.s.perplexity, 6)
         << ", \"perplexity_full\": " << num(r.s.perplexity_full, 6) << '}'
         << (i + 1 < rows.size() ? "," : "") << '\n';
@@ -510,7 +520,8 @@ int run(int argc, char** argv) {
   for (const auto& w : loaded) {
     workload_names.push_back(w.name);
     std::size_t runs = 1;  // the reference
-    for (const auto& p : o.policies) runs += find_policy(p)->sizing == Sizing::reference ? 1 : budgets.size();
+    for (const auto& p : o.policies)
+      runs += find_policy(p)->sizing == Sizing::reference ? 1 : budgets.size();
     total += runs * (w.tokens - w.prompt);
   }
   Progress progress(total, !o.quiet && (o.force_progress || isatty(2)));

@@ -5,12 +5,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <memory>
-#include <span>
-#include <type_traits>
-#include <string>
-#include <vector>
-
 #include <kvevict/geometry.hpp>
 #include <kvevict/policies/buzz.hpp>
 #include <kvevict/policies/decayed_attention.hpp>
@@ -23,6 +17,11 @@
 #include <kvevict/policies/snapkv.hpp>
 #include <kvevict/policies/streaming_llm.hpp>
 #include <kvevict/policies/xkv.hpp>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 #include "runner.hpp"
 
@@ -127,8 +126,10 @@ inline Configured<policies::SnapKV> xkv_setup(const PolicyArgs& a) {
   for (int l = 0; l < g.n_layers; ++l)
     alloc.observe_layer(
         l, w.prompt,
-        std::span<const float>(w.k(l, 0), w.prompt * static_cast<std::size_t>(g.n_kv_heads * g.head_dim)),
-        std::span<const float>(w.q(l, 0), w.prompt * static_cast<std::size_t>(g.n_heads * g.head_dim)));
+        std::span<const float>(w.k(l, 0),
+                               w.prompt * static_cast<std::size_t>(g.n_kv_heads * g.head_dim)),
+        std::span<const float>(w.q(l, 0),
+                               w.prompt * static_cast<std::size_t>(g.n_heads * g.head_dim)));
   const std::size_t head = std::min(a.budget, w.prompt);
   const auto total = static_cast<long long>((head - window) * static_cast<std::size_t>(g.n_layers));
   const auto allocation = alloc.allocate(total);
@@ -142,8 +143,9 @@ inline Configured<policies::SnapKV> xkv_setup(const PolicyArgs& a) {
 inline const std::vector<PolicyEntry>& policy_registry() {
   using namespace kvevict::policies;
   static const std::vector<PolicyEntry> registry{
-      entry<FullCache>("full", "FullCache: keeps every row (the reference)",
-                       [](const PolicyArgs&) { return FullCache{}; }, Sizing::reference),
+      entry<FullCache>(
+          "full", "FullCache: keeps every row (the reference)",
+          [](const PolicyArgs&) { return FullCache{}; }, Sizing::reference),
       entry<StreamingLLM>("streaming", "StreamingLLM: 4 sinks + sliding window",
                           [](const PolicyArgs&) { return StreamingLLM{4}; }),
       entry<H2O>("h2o", "H2O: accumulated attention, half the budget recent (paper setting)",
@@ -164,8 +166,9 @@ inline const std::vector<PolicyEntry>& policy_registry() {
                             [](const PolicyArgs&) { return HashEvictQuery{}; }),
       entry<BuzzBeehive>("buzz", "BUZZ: sinks + window + segmented heavy hitters (budget mode)",
                          [](const PolicyArgs&) { return BuzzBeehive({.budget_mode = true}); }),
-      entry<Oracle>("oracle", "Oracle: attends the true top-budget rows each step (not causal)",
-                    [](const PolicyArgs& a) { return Oracle{a.budget}; }, Sizing::unbounded),
+      entry<Oracle>(
+          "oracle", "Oracle: attends the true top-budget rows each step (not causal)",
+          [](const PolicyArgs& a) { return Oracle{a.budget}; }, Sizing::unbounded),
   };
   return registry;
 }

@@ -7,16 +7,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <kvevict/attention.hpp>
+#include <kvevict/cache.hpp>
+#include <kvevict/metrics.hpp>
+#include <kvevict/policies/full_cache.hpp>
 #include <limits>
 #include <map>
 #include <span>
 #include <utility>
 #include <vector>
-
-#include <kvevict/attention.hpp>
-#include <kvevict/cache.hpp>
-#include <kvevict/metrics.hpp>
-#include <kvevict/policies/full_cache.hpp>
 
 #include "workloads.hpp"
 
@@ -35,8 +34,9 @@ struct Quality {
   std::size_t needles_found = 0;
   std::size_t samples = 0;
   [[nodiscard]] double needle_rate() const {
-    return needle_probes == 0 ? std::numeric_limits<double>::quiet_NaN()
-                              : static_cast<double>(needles_found) / static_cast<double>(needle_probes);
+    return needle_probes == 0
+               ? std::numeric_limits<double>::quiet_NaN()
+               : static_cast<double>(needles_found) / static_cast<double>(needle_probes);
   }
 };
 
@@ -46,8 +46,8 @@ using Tick = std::function<void()>;
 namespace detail {
 
 // Row (in the cache's row order) where the group's summed attention peaks.
-inline std::size_t group_argmax(const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic,
-                                                    Eigen::RowMajor>& p) {
+inline std::size_t group_argmax(
+    const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>& p) {
   if (p.cols() == 0) return 0;
   Eigen::Index best = 0;
   p.colwise().sum().maxCoeff(&best);
@@ -87,7 +87,8 @@ class Reference {
     w.validate();
     Reference r;
     const Geometry& g = w.geometry;
-    const std::size_t H = static_cast<std::size_t>(g.n_heads), d = static_cast<std::size_t>(g.head_dim);
+    const std::size_t H = static_cast<std::size_t>(g.n_heads),
+                      d = static_cast<std::size_t>(g.head_dim);
     const std::size_t steps = w.tokens - w.prompt, L = static_cast<std::size_t>(g.n_layers);
     r.prompt_ = w.prompt;
     r.layers_ = L;
@@ -183,8 +184,8 @@ Quality evaluate(const Workload& w, const Reference& ref, Policy policy, const B
           const auto o = ref.out(s, l, h);
           double num = 0.0, den = 0.0;
           for (std::size_t j = 0; j < d; ++j) {
-            const double diff = static_cast<double>(o[j]) - res.out(static_cast<Eigen::Index>(h),
-                                                                    static_cast<Eigen::Index>(j));
+            const double diff = static_cast<double>(o[j]) -
+                                res.out(static_cast<Eigen::Index>(h), static_cast<Eigen::Index>(j));
             num += diff * diff;
             den += static_cast<double>(o[j]) * o[j];
           }

@@ -10,14 +10,13 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <kvevict/errors.hpp>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <variant>
 #include <vector>
-
-#include <kvevict/errors.hpp>
 
 #include "workloads.hpp"
 
@@ -81,9 +80,18 @@ class Parser {
     if (c == '{') return Value{object(depth)};
     if (c == '[') return Value{array(depth)};
     if (c == '"') return Value{string()};
-    if (c == 't') { literal("true"); return Value{true}; }
-    if (c == 'f') { literal("false"); return Value{false}; }
-    if (c == 'n') { literal("null"); return Value{nullptr}; }
+    if (c == 't') {
+      literal("true");
+      return Value{true};
+    }
+    if (c == 'f') {
+      literal("false");
+      return Value{false};
+    }
+    if (c == 'n') {
+      literal("null");
+      return Value{nullptr};
+    }
     if (c == '-' || (c >= '0' && c <= '9')) return Value{number()};
     error(std::string("unexpected character '") + c + "'");
   }
@@ -120,9 +128,14 @@ class Parser {
       if (i_ == d0) error("expected a digit");
     };
     if (s_[i_] == '-') ++i_;
-    if (i_ < s_.size() && s_[i_] == '0') ++i_;
-    else digits();
-    if (i_ < s_.size() && s_[i_] == '.') { ++i_; digits(); }
+    if (i_ < s_.size() && s_[i_] == '0')
+      ++i_;
+    else
+      digits();
+    if (i_ < s_.size() && s_[i_] == '.') {
+      ++i_;
+      digits();
+    }
     if (i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
       ++i_;
       if (i_ < s_.size() && (s_[i_] == '+' || s_[i_] == '-')) ++i_;
@@ -136,10 +149,14 @@ class Parser {
     for (int k = 0; k < 4; ++k) {
       const char c = s_[i_++];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= unsigned(c - '0');
-      else if (c >= 'a' && c <= 'f') v |= unsigned(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') v |= unsigned(c - 'A' + 10);
-      else error("bad hex digit in \\u escape");
+      if (c >= '0' && c <= '9')
+        v |= unsigned(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        v |= unsigned(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F')
+        v |= unsigned(c - 'A' + 10);
+      else
+        error("bad hex digit in \\u escape");
     }
     return v;
   }
@@ -151,18 +168,37 @@ class Parser {
       const char c = s_[i_++];
       if (c == '"') return out;
       if (static_cast<unsigned char>(c) < 0x20) error("control character in string");
-      if (c != '\\') { out += c; continue; }
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
       if (i_ >= s_.size()) error("unterminated escape");
       const char e = s_[i_++];
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           unsigned cp = hex4();
           if (cp >= 0xD800 && cp <= 0xDBFF) {
@@ -175,18 +211,25 @@ class Parser {
             error("lone low surrogate");
           }
           // UTF-8 encode.
-          if (cp < 0x80) out += char(cp);
-          else if (cp < 0x800) { out += char(0xC0 | (cp >> 6)); out += char(0x80 | (cp & 0x3F)); }
-          else if (cp < 0x10000) {
-            out += char(0xE0 | (cp >> 12)); out += char(0x80 | ((cp >> 6) & 0x3F));
+          if (cp < 0x80)
+            out += char(cp);
+          else if (cp < 0x800) {
+            out += char(0xC0 | (cp >> 6));
+            out += char(0x80 | (cp & 0x3F));
+          } else if (cp < 0x10000) {
+            out += char(0xE0 | (cp >> 12));
+            out += char(0x80 | ((cp >> 6) & 0x3F));
             out += char(0x80 | (cp & 0x3F));
           } else {
-            out += char(0xF0 | (cp >> 18)); out += char(0x80 | ((cp >> 12) & 0x3F));
-            out += char(0x80 | ((cp >> 6) & 0x3F)); out += char(0x80 | (cp & 0x3F));
+            out += char(0xF0 | (cp >> 18));
+            out += char(0x80 | ((cp >> 12) & 0x3F));
+            out += char(0x80 | ((cp >> 6) & 0x3F));
+            out += char(0x80 | (cp & 0x3F));
           }
           break;
         }
-        default: error(std::string("bad escape '\\") + e + "'");
+        default:
+          error(std::string("bad escape '\\") + e + "'");
       }
     }
   }
@@ -222,7 +265,10 @@ inline float half_to_float(std::uint16_t h) {
     bits = sign;
   } else {  // subnormal: normalise
     exp = 113;
-    while ((man & 0x400u) == 0) { man <<= 1; --exp; }
+    while ((man & 0x400u) == 0) {
+      man <<= 1;
+      --exp;
+    }
     bits = sign | (exp << 23) | ((man & 0x3FFu) << 13);
   }
   float f;
@@ -235,9 +281,10 @@ inline std::uint16_t float_to_half(float f) {  // round to nearest even
   std::memcpy(&x, &f, 4);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   const std::uint32_t ax = x & 0x7FFFFFFFu;
-  if (ax >= 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u : 0));
+  if (ax >= 0x7F800000u)
+    return static_cast<std::uint16_t>(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u : 0));
   if (ax >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);  // overflow
-  if (ax < 0x38800000u) {  // subnormal or zero
+  if (ax < 0x38800000u) {                                                    // subnormal or zero
     if (ax < 0x33000000u) return static_cast<std::uint16_t>(sign);
     const std::uint32_t e = ax >> 23, m = (ax & 0x7FFFFFu) | 0x800000u;
     const std::uint32_t shift = 126 - e;  // value = M * 2^(e - 150) = (M >> shift) * 2^-24
@@ -297,9 +344,10 @@ class SafetensorsFile {
     kvevict::detail::require(size >= 8, "safetensors '", path, "': file has ", size,
                              " bytes, expected at least 8 (the header length)");
     std::uint64_t n = 0;
-    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(sf.bytes_[static_cast<std::size_t>(i)]);
-    kvevict::detail::require(n >= 2 && n <= size - 8, "safetensors '", path,
-                             "': header length ", n, " bytes, expected between 2 and ", size - 8,
+    for (int i = 7; i >= 0; --i)
+      n = (n << 8) | static_cast<unsigned char>(sf.bytes_[static_cast<std::size_t>(i)]);
+    kvevict::detail::require(n >= 2 && n <= size - 8, "safetensors '", path, "': header length ", n,
+                             " bytes, expected between 2 and ", size - 8,
                              " (the bytes after the 8-byte length)");
     kvevict::detail::require(n <= (std::uint64_t{100} << 20), "safetensors '", path,
                              "': header length ", n, " bytes, expected at most 100 MiB");
@@ -350,7 +398,8 @@ class SafetensorsFile {
     for (std::size_t i = 0; i < out.size(); ++i) {
       if (t.dtype == DType::f32) {
         const std::uint32_t b = std::uint32_t(p[4 * i]) | std::uint32_t(p[4 * i + 1]) << 8 |
-                                std::uint32_t(p[4 * i + 2]) << 16 | std::uint32_t(p[4 * i + 3]) << 24;
+                                std::uint32_t(p[4 * i + 2]) << 16 |
+                                std::uint32_t(p[4 * i + 3]) << 24;
         std::memcpy(&out[i], &b, 4);
       } else {
         const auto h = static_cast<std::uint16_t>(p[2 * i] | (p[2 * i + 1] << 8));
@@ -361,12 +410,14 @@ class SafetensorsFile {
   }
 
  private:
-  static std::size_t to_size(const json::Value& v, const std::string& what, const std::string& path) {
+  static std::size_t to_size(const json::Value& v, const std::string& what,
+                             const std::string& path) {
     bool ok = v.is_number();
     std::size_t out = 0;
     if (ok) {
       const auto& s = std::get<json::Number>(v.v).text;
-      ok = !s.empty() && s.size() <= 19 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+      ok = !s.empty() && s.size() <= 19 &&
+           std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
       if (ok) out = static_cast<std::size_t>(std::stoull(s));
     }
     kvevict::detail::require(ok, "safetensors '", path, "': ", what,
@@ -383,21 +434,29 @@ class SafetensorsFile {
     t.name = name;
     const json::Value *dt = nullptr, *sh = nullptr, *off = nullptr;
     for (const auto& [k, x] : std::get<json::Object>(v.v)) {
-      if (k == "dtype") dt = &x;
-      else if (k == "shape") sh = &x;
-      else if (k == "data_offsets") off = &x;
-      else kvevict::detail::fail("safetensors '", path, "': ", where, " has unknown field '", k, "'");
+      if (k == "dtype")
+        dt = &x;
+      else if (k == "shape")
+        sh = &x;
+      else if (k == "data_offsets")
+        off = &x;
+      else
+        kvevict::detail::fail("safetensors '", path, "': ", where, " has unknown field '", k, "'");
     }
     kvevict::detail::require(dt && sh && off, "safetensors '", path, "': ", where,
                              " needs dtype, shape and data_offsets");
     kvevict::detail::require(dt->is_string(), "safetensors '", path, "': ", where,
                              " dtype is not a string");
     const auto& d = std::get<std::string>(dt->v);
-    if (d == "F32") t.dtype = DType::f32;
-    else if (d == "F16") t.dtype = DType::f16;
-    else if (d == "BF16") t.dtype = DType::bf16;
-    else kvevict::detail::fail("safetensors '", path, "': ", where, " has dtype ", d,
-                               ", expected F32, F16 or BF16");
+    if (d == "F32")
+      t.dtype = DType::f32;
+    else if (d == "F16")
+      t.dtype = DType::f16;
+    else if (d == "BF16")
+      t.dtype = DType::bf16;
+    else
+      kvevict::detail::fail("safetensors '", path, "': ", where, " has dtype ", d,
+                            ", expected F32, F16 or BF16");
     kvevict::detail::require(sh->is_array(), "safetensors '", path, "': ", where,
                              " shape is not an array");
     for (const auto& x : std::get<json::Array>(sh->v))
@@ -414,12 +473,12 @@ class SafetensorsFile {
     const auto& o = std::get<json::Array>(off->v);
     t.begin = to_size(o[0], where + " data_offsets[0]", path);
     t.end = to_size(o[1], where + " data_offsets[1]", path);
-    kvevict::detail::require(t.begin <= t.end && t.end <= data_size, "safetensors '", path, "': ",
-                             where, " data_offsets [", t.begin, ", ", t.end,
+    kvevict::detail::require(t.begin <= t.end && t.end <= data_size, "safetensors '", path,
+                             "': ", where, " data_offsets [", t.begin, ", ", t.end,
                              "] out of range, expected begin <= end <= ", data_size,
                              " (the data section's size)");
-    kvevict::detail::require(t.end - t.begin == bytes, "safetensors '", path, "': ", where,
-                             " has ", t.end - t.begin, " bytes of data, expected ", bytes, " (",
+    kvevict::detail::require(t.end - t.begin == bytes, "safetensors '", path, "': ", where, " has ",
+                             t.end - t.begin, " bytes of data, expected ", bytes, " (",
                              dtype_name(t.dtype), " x ", t.elements(), " elements of its shape)");
     return t;
   }
@@ -482,7 +541,8 @@ inline void write_safetensors(const std::string& path, const std::vector<TensorT
     header += quote(t.name) + ":{\"dtype\":\"" + dtype_name(t.dtype) + "\",\"shape\":[";
     for (std::size_t i = 0; i < t.shape.size(); ++i)
       header += (i ? "," : "") + std::to_string(t.shape[i]);
-    header += "],\"data_offsets\":[" + std::to_string(begin) + "," + std::to_string(body.size()) + "]}";
+    header +=
+        "],\"data_offsets\":[" + std::to_string(begin) + "," + std::to_string(body.size()) + "]}";
   }
   header += "}";
   while (header.size() % 8 != 0) header += ' ';
@@ -512,8 +572,8 @@ inline Workload load_trace(const std::string& path, const TraceOptions& options 
     const TensorInfo* t = f.find(name);
     kvevict::detail::require(t != nullptr, "trace '", path, "': tensor '", name,
                              "' is missing (layer ", l, " has a q tensor, so it needs q, k, v)");
-    kvevict::detail::require(t->shape.size() == 3, "trace '", path, "': tensor '", name,
-                             "' has ", t->shape.size(), " dimensions, expected 3 ([T, heads, head_dim])");
+    kvevict::detail::require(t->shape.size() == 3, "trace '", path, "': tensor '", name, "' has ",
+                             t->shape.size(), " dimensions, expected 3 ([T, heads, head_dim])");
     return *t;
   };
   int layers = 0;
@@ -530,8 +590,10 @@ inline Workload load_trace(const std::string& path, const TraceOptions& options 
       w.geometry = Geometry{layers, static_cast<int>(q.shape[1]), static_cast<int>(k.shape[1]),
                             static_cast<int>(q.shape[2])};
     }
-    const std::vector<std::size_t> qs{T, std::size_t(w.geometry.n_heads), std::size_t(w.geometry.head_dim)};
-    const std::vector<std::size_t> ks{T, std::size_t(w.geometry.n_kv_heads), std::size_t(w.geometry.head_dim)};
+    const std::vector<std::size_t> qs{T, std::size_t(w.geometry.n_heads),
+                                      std::size_t(w.geometry.head_dim)};
+    const std::vector<std::size_t> ks{T, std::size_t(w.geometry.n_kv_heads),
+                                      std::size_t(w.geometry.head_dim)};
     auto shape_str = [](const std::vector<std::size_t>& s) {
       std::string o = "[";
       for (std::size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
@@ -540,20 +602,24 @@ inline Workload load_trace(const std::string& path, const TraceOptions& options 
     for (const auto* t : {&q, &k, &v}) {
       const auto& expect = t == &q ? qs : ks;
       kvevict::detail::require(t->shape == expect, "trace '", path, "': tensor '", t->name,
-                               "' has shape ", shape_str(t->shape), ", expected ", shape_str(expect),
+                               "' has shape ", shape_str(t->shape), ", expected ",
+                               shape_str(expect),
                                " (layer 0 sets T, heads, kv heads and head_dim)");
     }
   }
   w.geometry.n_layers = layers;
-  kvevict::detail::require(w.geometry.n_kv_heads > 0 && w.geometry.n_heads % w.geometry.n_kv_heads == 0,
-                           "trace '", path, "': ", w.geometry.n_heads,
-                           " query heads is not a multiple of ", w.geometry.n_kv_heads, " KV heads");
+  kvevict::detail::require(
+      w.geometry.n_kv_heads > 0 && w.geometry.n_heads % w.geometry.n_kv_heads == 0, "trace '", path,
+      "': ", w.geometry.n_heads, " query heads is not a multiple of ", w.geometry.n_kv_heads,
+      " KV heads");
   w.geometry.validate();
   std::size_t prompt = T / 4;
   if (auto it = f.metadata().find("prompt_tokens"); it != f.metadata().end()) {
     const auto& s = it->second;
-    kvevict::detail::require(!s.empty() && s.size() < 19 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }),
-                             "trace '", path, "': metadata prompt_tokens = '", s, "', expected an integer");
+    kvevict::detail::require(
+        !s.empty() && s.size() < 19 &&
+            std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }),
+        "trace '", path, "': metadata prompt_tokens = '", s, "', expected an integer");
     prompt = std::stoull(s);
   }
   if (options.prompt) prompt = *options.prompt;

@@ -36,11 +36,20 @@ inline std::string xml_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
     switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      default:
+        o += c;
     }
   }
   return o;
@@ -55,19 +64,20 @@ inline std::string fmt_tick(double v) {
 
 /// Renders the panels side by side (up to 3 per row) as one SVG document.
 inline std::string render_svg(const std::vector<Panel>& panels, const PlotSpec& spec) {
-  static const char* palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
-                                  "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
-                                  "#393b79", "#637939"};
+  static const char* palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
+                                  "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939"};
   std::vector<std::string> names;  // legend order: first appearance
   for (const auto& p : panels)
     for (const auto& s : p.series)
       if (std::find(names.begin(), names.end(), s.name) == names.end()) names.push_back(s.name);
   auto colour = [&](const std::string& n) {
-    const auto i = static_cast<std::size_t>(std::find(names.begin(), names.end(), n) - names.begin());
+    const auto i =
+        static_cast<std::size_t>(std::find(names.begin(), names.end(), n) - names.begin());
     return palette[i % (sizeof(palette) / sizeof(*palette))];
   };
   const int pw = 360, ph = 260, ml = 60, mr = 15, mt = 30, mb = 45;
-  const int cols = static_cast<int>(std::min<std::size_t>(3, std::max<std::size_t>(1, panels.size())));
+  const int cols =
+      static_cast<int>(std::min<std::size_t>(3, std::max<std::size_t>(1, panels.size())));
   const int rows = static_cast<int>((panels.size() + static_cast<std::size_t>(cols) - 1) /
                                     static_cast<std::size_t>(cols));
   const int legend_w = 170, top = 40;
@@ -114,8 +124,7 @@ inline std::string render_svg(const std::vector<Panel>& panels, const PlotSpec& 
         if (std::isfinite(y)) path << X(x) << ',' << Y(y) << ' ';
       const std::string c = colour(s.name);
       os << "<polyline fill=\"none\" stroke=\"" << c << "\" stroke-width=\"1.8\""
-         << (s.dashed ? " stroke-dasharray=\"5,3\"" : "") << " points=\"" << path.str()
-         << "\"/>\n";
+         << (s.dashed ? " stroke-dasharray=\"5,3\"" : "") << " points=\"" << path.str() << "\"/>\n";
       for (const auto& [x, y] : pts)
         if (std::isfinite(y))
           os << "<circle cx=\"" << X(x) << "\" cy=\"" << Y(y) << "\" r=\"2.3\" fill=\"" << c
@@ -132,8 +141,8 @@ inline std::string render_svg(const std::vector<Panel>& panels, const PlotSpec& 
         if (s.name == names[i]) dashed = s.dashed;
     os << "<line x1=\"" << lx << "\" x2=\"" << lx + 24 << "\" y1=\"" << ly << "\" y2=\"" << ly
        << "\" stroke=\"" << colour(names[i]) << "\" stroke-width=\"2\""
-       << (dashed ? " stroke-dasharray=\"5,3\"" : "") << "/>\n<text x=\"" << lx + 30
-       << "\" y=\"" << ly + 4 << "\">" << detail::xml_escape(names[i]) << "</text>\n";
+       << (dashed ? " stroke-dasharray=\"5,3\"" : "") << "/>\n<text x=\"" << lx + 30 << "\" y=\""
+       << ly + 4 << "\">" << detail::xml_escape(names[i]) << "</text>\n";
   }
   os << "</svg>\n";
   return os.str();

@@ -10,14 +10,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <kvevict/errors.hpp>
+#include <kvevict/geometry.hpp>
 #include <numbers>
 #include <random>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <kvevict/errors.hpp>
-#include <kvevict/geometry.hpp>
 
 namespace kvevict::eval {
 
@@ -64,14 +63,15 @@ struct Workload {
     detail::require(tokens >= 2, "workload ", name, ": tokens = ", tokens, ", expected >= 2");
     detail::require(prompt < tokens, "workload ", name, ": prompt = ", prompt,
                     " tokens, expected < tokens = ", tokens, " (at least one decode step)");
-    detail::require(layers.size() == static_cast<std::size_t>(geometry.n_layers), "workload ",
-                    name, ": ", layers.size(), " layers of data, expected ", geometry.n_layers);
+    detail::require(layers.size() == static_cast<std::size_t>(geometry.n_layers), "workload ", name,
+                    ": ", layers.size(), " layers of data, expected ", geometry.n_layers);
     const std::size_t d = static_cast<std::size_t>(geometry.head_dim);
     for (const auto& l : layers) {
-      detail::require(l.q.size() == tokens * static_cast<std::size_t>(geometry.n_heads) * d &&
-                          l.k.size() == tokens * static_cast<std::size_t>(geometry.n_kv_heads) * d &&
-                          l.v.size() == l.k.size(),
-                      "workload ", name, ": layer data does not match ", tokens, " tokens");
+      detail::require(
+          l.q.size() == tokens * static_cast<std::size_t>(geometry.n_heads) * d &&
+              l.k.size() == tokens * static_cast<std::size_t>(geometry.n_kv_heads) * d &&
+              l.v.size() == l.k.size(),
+          "workload ", name, ": layer data does not match ", tokens, " tokens");
     }
     for (const auto& n : needles)
       detail::require(n.layer >= 0 && n.layer < geometry.n_layers && n.kv_head >= 0 &&
@@ -193,8 +193,9 @@ inline Workload make_synthetic(const std::string& name, const SyntheticConfig& c
     for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
     kvevict::detail::fail("unknown synthetic workload '", name, "', expected one of: ", list);
   }
-  kvevict::detail::require(c.head_dim >= 64 && c.head_dim % 16 == 0, "synthetic workload: head_dim = ",
-                           c.head_dim, ", expected a multiple of 16 and >= 64");
+  kvevict::detail::require(c.head_dim >= 64 && c.head_dim % 16 == 0,
+                           "synthetic workload: head_dim = ", c.head_dim,
+                           ", expected a multiple of 16 and >= 64");
   kvevict::detail::require(c.prompt >= 16, "synthetic workload: prompt = ", c.prompt,
                            " tokens, expected >= 16 (needles are planted in the prompt)");
   kvevict::detail::require(c.steps >= 8, "synthetic workload: steps = ", c.steps,
@@ -217,10 +218,12 @@ inline Workload make_synthetic(const std::string& name, const SyntheticConfig& c
   auto amp = [&](float strength) { return std::sqrt(std::max(strength, 0.0f)) * root; };
   // Noise: key N(0,1), query N(0, noise^2) per dim, so their logit has std `noise`.
   std::vector<float> bias(ud, 0.0f);
-  for (int i = 0; i < bias_dims; ++i) bias[static_cast<std::size_t>(i)] = 1.0f / std::sqrt(float(bias_dims));
+  for (int i = 0; i < bias_dims; ++i)
+    bias[static_cast<std::size_t>(i)] = 1.0f / std::sqrt(float(bias_dims));
   std::vector<double> omega(static_cast<std::size_t>(pairs));
   for (int j = 0; j < pairs; ++j) {
-    const double period = 8.0 * std::pow(std::max(1.0, c.recency_period / 8.0), double(j) / std::max(1, pairs - 1));
+    const double period =
+        8.0 * std::pow(std::max(1.0, c.recency_period / 8.0), double(j) / std::max(1, pairs - 1));
     omega[static_cast<std::size_t>(j)] = 2.0 * std::numbers::pi / period;
   }
 
@@ -231,8 +234,8 @@ inline Workload make_synthetic(const std::string& name, const SyntheticConfig& c
     L.k.assign(T * static_cast<std::size_t>(hkv) * ud, 0.0f);
     L.v.assign(L.k.size(), 0.0f);
     for (int kh = 0; kh < hkv; ++kh) {
-      std::mt19937_64 rng(detail::mix_seed(c.seed, static_cast<std::uint64_t>(l),
-                                           static_cast<std::uint64_t>(kh)));
+      std::mt19937_64 rng(
+          detail::mix_seed(c.seed, static_cast<std::uint64_t>(l), static_cast<std::uint64_t>(kh)));
       std::normal_distribution<float> n01(0.0f, 1.0f);
       std::uniform_real_distribution<float> u01(0.0f, 1.0f);
       const unsigned comp = detail::components_of(name, l, kh, hkv);
@@ -257,7 +260,8 @@ inline Workload make_synthetic(const std::string& name, const SyntheticConfig& c
         const float a = amp(c.sink_boost);
         for (std::size_t t = 1; t < T; ++t) detail::axpy(t < 4 ? 0.5f * a : a, bias, kp(t));
         for (std::size_t t = 0; t < T; ++t)
-          for (int g = 0; g < G; ++g) detail::axpy(-a * scale[static_cast<std::size_t>(g)][0], bias, qp(t, g));
+          for (int g = 0; g < G; ++g)
+            detail::axpy(-a * scale[static_cast<std::size_t>(g)][0], bias, qp(t, g));
       }
       if (comp & detail::kRecency) {
         const float a = amp(c.recency_boost) / std::sqrt(static_cast<float>(pairs));
@@ -283,12 +287,14 @@ inline Workload make_synthetic(const std::string& name, const SyntheticConfig& c
           if (u01(rng) < c.heavy_fraction) detail::axpy(a * (0.75f + 0.5f * u01(rng)), e, kp(t));
         for (std::size_t t = 0; t < T; ++t) {
           const float step = 0.5f + u01(rng);
-          for (int g = 0; g < G; ++g) detail::axpy(a * step * scale[static_cast<std::size_t>(g)][2], e, qp(t, g));
+          for (int g = 0; g < G; ++g)
+            detail::axpy(a * step * scale[static_cast<std::size_t>(g)][2], e, qp(t, g));
         }
       }
       if (comp & detail::kTopics) {
         std::vector<std::vector<float>> topic;
-        for (int i = 0; i < c.topics; ++i) topic.push_back(detail::random_direction(rng, content_lo, d));
+        for (int i = 0; i < c.topics; ++i)
+          topic.push_back(detail::random_direction(rng, content_lo, d));
         const float a = amp(c.topic_boost);
         std::size_t cur = 0, prev = 0, seg_start = 0;
         std::size_t seg_len = c.topic_segment / 2 + rng() % (c.topic_segment + 1);
@@ -296,12 +302,15 @@ inline Workload make_synthetic(const std::string& name, const SyntheticConfig& c
         for (std::size_t t = 0; t < T; ++t) {
           if (t - seg_start >= seg_len) {
             prev = cur;
-            cur = (cur + 1 + rng() % static_cast<std::size_t>(c.topics - 1)) % static_cast<std::size_t>(c.topics);
+            cur = (cur + 1 + rng() % static_cast<std::size_t>(c.topics - 1)) %
+                  static_cast<std::size_t>(c.topics);
             seg_start = t;
             seg_len = c.topic_segment / 2 + rng() % (c.topic_segment + 1);
           }
           const std::size_t into = t - seg_start;
-          const float wt = (t < c.topic_fade || into >= c.topic_fade) ? 1.0f : float(into + 1) / float(c.topic_fade);
+          const float wt = (t < c.topic_fade || into >= c.topic_fade)
+                               ? 1.0f
+                               : float(into + 1) / float(c.topic_fade);
           double n2 = 0.0;
           for (std::size_t i = 0; i < ud; ++i) {
             dir[i] = wt * topic[cur][i] + (1.0f - wt) * topic[prev][i];
@@ -309,7 +318,8 @@ inline Workload make_synthetic(const std::string& name, const SyntheticConfig& c
           }
           const auto inv = static_cast<float>(1.0 / std::sqrt(n2));
           detail::axpy(a * inv, dir, kp(t));
-          for (int g = 0; g < G; ++g) detail::axpy(a * inv * scale[static_cast<std::size_t>(g)][3], dir, qp(t, g));
+          for (int g = 0; g < G; ++g)
+            detail::axpy(a * inv * scale[static_cast<std::size_t>(g)][3], dir, qp(t, g));
         }
       }
       if (comp & detail::kNeedles) {
@@ -318,8 +328,11 @@ inline Workload make_synthetic(const std::string& name, const SyntheticConfig& c
         std::vector<std::size_t> used_needles, used_probes;
         for (int i = 0; i < c.needles_per_head; ++i) {
           std::size_t at, probe;
-          do at = 4 + rng() % (c.prompt - 12); while (std::count(used_needles.begin(), used_needles.end(), at));
-          do probe = late + rng() % (T - late); while (std::count(used_probes.begin(), used_probes.end(), probe) && used_probes.size() < T - late);
+          do at = 4 + rng() % (c.prompt - 12);
+          while (std::count(used_needles.begin(), used_needles.end(), at));
+          do probe = late + rng() % (T - late);
+          while (std::count(used_probes.begin(), used_probes.end(), probe) &&
+                 used_probes.size() < T - late);
           used_needles.push_back(at);
           used_probes.push_back(probe);
           const auto e = detail::random_direction(rng, content_lo, d);
