@@ -5,6 +5,7 @@
 #include <set>
 
 #include <kvevict/policies/decayed_attention.hpp>
+#include <kvevict/serialize.hpp>
 
 #include "support/test_support.hpp"
 
@@ -130,4 +131,41 @@ TEST_CASE("DecayedAttention rejects a decay outside [0, 1]") {
   REQUIRE_THROWS_WITH(policies::DecayedAttention({.decay = 1.5f}),
                       Catch::Contains("decay = 1.5") && Catch::Contains("[0, 1]"));
   REQUIRE_THROWS_WITH(policies::DecayedAttention({.decay = -0.1f}), Catch::Contains("decay"));
+}
+
+TEST_CASE("DecayedAttention state survives save/restore: the restored cache decides identically") {
+  const Geometry g{2, 4, 2, 8};
+  const auto policy = policies::DecayedAttention::recommended();
+  KVCache<policies::DecayedAttention> a(g, Budget::uniform(16), policy);
+  kvtest::Rng rng(77);
+  auto step = [&](auto& cache, int t, const std::vector<float>& k, const std::vector<float>& v,
+                  const std::vector<float>& q, int l) {
+    cache.append(l, t, k, v, q);
+    attend(cache, l, q);
+  };
+  std::vector<std::vector<float>> ks, vs, qs;
+  for (int i = 0; i < 200; ++i) {
+    ks.push_back(rng.normals(16));
+    vs.push_back(rng.normals(16));
+    qs.push_back(rng.normals(32, 2.0f));
+  }
+  for (int t = 0; t < 100; ++t)
+    for (int l = 0; l < 2; ++l) step(a, t, ks[t], vs[t], qs[t], l);
+  KVCache<policies::DecayedAttention> b(g, Budget::uniform(16), policy);
+  load_bytes(b, save_bytes(a));
+  for (int t = 100; t < 200; ++t)
+    for (int l = 0; l < 2; ++l) {
+      step(a, t, ks[t], vs[t], qs[t], l);
+      step(b, t, ks[t], vs[t], qs[t], l);
+      for (int h = 0; h < 2; ++h) {
+        auto pa = a.positions(l, h), pb = b.positions(l, h);
+        REQUIRE(std::vector<std::int64_t>(pa.begin(), pa.end()) ==
+                std::vector<std::int64_t>(pb.begin(), pb.end()));
+        REQUIRE(a.policy().scores(l, h) == b.policy().scores(l, h));
+      }
+    }
+  // A restore into a differently configured policy is refused.
+  KVCache<policies::DecayedAttention> c(g, Budget::uniform(16),
+                                        policies::DecayedAttention({.decay = 0.5f, .sinks = 1}));
+  REQUIRE_THROWS_WITH(load_bytes(c, save_bytes(a)), Catch::Contains("DecayedAttention state"));
 }

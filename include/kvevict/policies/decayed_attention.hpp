@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "../bytes.hpp"
 #include "../errors.hpp"
 #include "common.hpp"
 
@@ -91,6 +92,47 @@ class DecayedAttention {
     auto& sc = scores_.of(a.layer, a.kv_head);
     const float g = decay_[head_index(a.layer, a.kv_head)];
     for (std::size_t r = 0; r < a.size; ++r) sc[r] = g * sc[r] + a.summed(r);
+  }
+  /// Saved state for serialize.hpp: the configuration (checked on load), the per-head
+  /// decays (they follow set_budget) and the scores.
+  void save_state(std::vector<std::uint8_t>& out) const {
+    kvevict::detail::ByteWriter w(out);
+    w.put<float>(config_.decay);
+    w.put<std::uint64_t>(config_.sinks);
+    w.put<std::uint64_t>(config_.recent);
+    w.put<float>(config_.horizon);
+    w.put<float>(config_.recent_fraction);
+    w.put<std::uint64_t>(decay_.size());
+    for (float d : decay_) w.put<float>(d);
+    scores_.save(w);
+  }
+  void load_state(std::span<const std::uint8_t> in) {
+    kvevict::detail::ByteReader r(in);
+    const auto decay = r.get<float>("DecayedAttention decay");
+    const auto sinks = r.get<std::uint64_t>("DecayedAttention sinks");
+    const auto recent = r.get<std::uint64_t>("DecayedAttention recent");
+    const auto horizon = r.get<float>("DecayedAttention horizon");
+    const auto fraction = r.get<float>("DecayedAttention recent_fraction");
+    kvevict::detail::require(
+        decay == config_.decay && sinks == config_.sinks && recent == config_.recent &&
+            horizon == config_.horizon && fraction == config_.recent_fraction,
+        "DecayedAttention state: saved with decay ", decay, ", sinks ", sinks, ", recent ", recent,
+        ", horizon ", horizon, ", recent_fraction ", fraction, "; expected decay ", config_.decay,
+        ", sinks ", config_.sinks, ", recent ", config_.recent, ", horizon ", config_.horizon,
+        ", recent_fraction ", config_.recent_fraction);
+    const auto n = r.get<std::uint64_t>("DecayedAttention head count");
+    kvevict::detail::require(n == decay_.size(), "DecayedAttention state: ", n,
+                             " heads, expected ", decay_.size());
+    std::vector<float> decays(decay_.size());
+    for (auto& d : decays) {
+      d = r.get<float>("DecayedAttention head decay");
+      kvevict::detail::require(std::isfinite(d) && d >= 0.0f && d <= 1.0f,
+                               "DecayedAttention state: head decay ", d, ", expected in [0, 1]");
+    }
+    scores_.load(r, name(), [](float x) { return std::isfinite(x) && x >= 0.0f; });
+    kvevict::detail::require(r.remaining() == 0, "DecayedAttention state: ", r.remaining(),
+                             " trailing bytes");
+    decay_ = std::move(decays);
   }
   [[nodiscard]] const std::vector<float>& scores(int layer, int kv_head) const {
     return scores_.of(layer, kv_head);
