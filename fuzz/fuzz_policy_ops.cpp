@@ -96,7 +96,7 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
         for (std::size_t j = 0; j < d; ++j) dst[j] = static_cast<Scalar>(src[j]);
       }
   };
-  std::vector<std::int64_t> next_pos(std::size_t(g.n_layers), 0);
+  std::vector<std::int64_t> next_pos(std::size_t(g.n_layers), 0), last_pos(next_pos);
   for (int op = 0; op < 64 && !in.done(); ++op) {
     const int l = in.range(0, g.n_layers - 1);
     switch (in.range(0, 7)) {
@@ -106,6 +106,7 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
         const std::int64_t p = next_pos[std::size_t(l)];
         next_pos[std::size_t(l)] += in.range(1, 3);
         c.append(l, p, k, v, q);
+        last_pos[std::size_t(l)] = p;
         if (idx) must([&] { apply(idx->append(l, p, k, rows_of(l), q), k); });
         if (in.byte() & 1) {
           const auto r = kvevict::attend(c, l, q);
@@ -122,6 +123,7 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
         const std::int64_t p = next_pos[std::size_t(l)];
         next_pos[std::size_t(l)] += std::int64_t(T);
         c.prefill(l, p, T, k, v, q);
+        last_pos[std::size_t(l)] = p + std::int64_t(T) - 1;
         if (idx) must([&] { apply(idx->prefill(l, p, T, k, q, rows_of(l)), k); });
         break;
       }
@@ -154,7 +156,8 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
           if (which == 0) k.pop_back();
           if (which == 1) v[0] = NAN;
           if (which == 2) q.push_back(1.0f);
-          const std::int64_t p = which == 3 ? next_pos[std::size_t(l)] - 1 : next_pos[std::size_t(l)];
+          // which == 3 repeats the last position appended to the layer.
+          const std::int64_t p = which == 3 ? last_pos[std::size_t(l)] : next_pos[std::size_t(l)];
           if (which == 4) {
             std::vector<float> bad(c.size(l, 0) * std::size_t(g.group()) + 1, 0.1f);
             c.observe(l, 0, bad);
