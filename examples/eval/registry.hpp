@@ -152,6 +152,9 @@ inline const std::vector<PolicyEntry>& policy_registry() {
                  [](const PolicyArgs& a) { return H2O({.recent = a.budget / 2, .sinks = 0}); }),
       entry<DecayedAttention>("tova", "TOVA: drop the row the latest queries attend least",
                               [](const PolicyArgs&) { return DecayedAttention({.decay = 0.0f}); }),
+      entry<DecayedAttention>(
+          "decayed", "DecayedAttention::recommended(): decayed attention, half recent, 1 sink",
+          [](const PolicyArgs&) { return DecayedAttention::recommended(); }),
       entry<KNorm>("knorm", "KNorm: evict the key with the largest L2 norm",
                    [](const PolicyArgs&) { return KNorm{}; }),
       entry<Random>("random", "Random eviction (the floor), seeded",

@@ -4,6 +4,7 @@
 #include "cache.hpp"
 #include "errors.hpp"
 #include "geometry.hpp"
+#include "index_cache.hpp"
 #include "kernels/kernels.hpp"
 #include "metrics.hpp"
 #include "policies/buzz.hpp"
@@ -19,3 +20,4 @@
 #include "policies/streaming_llm.hpp"
 #include "policies/xkv.hpp"
 #include "policy.hpp"
+#include "serialize.hpp"
