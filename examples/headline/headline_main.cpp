@@ -23,6 +23,7 @@ struct Args {
   int streams = 16;
   std::uint64_t seed = 1000;
   bool tune = false;
+  bool retrieval = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -38,8 +39,10 @@ Args parse(int argc, char** argv) {
     else if (s == "--streams") a.streams = std::stoi(next());
     else if (s == "--seed") a.seed = std::stoull(next());
     else if (s == "--tune") a.tune = true;
+    else if (s == "--retrieval") a.retrieval = true;
     else kvevict::detail::fail("unknown option ", s,
-                               ", expected --model-dir DIR, --streams N, --seed S or --tune");
+                               ", expected --model-dir DIR, --streams N, --seed S, --tune or "
+                               "--retrieval");
   }
   if (a.model_dir.empty()) a.model_dir = KVEVICT_DEFAULT_MODEL_DIR;
   kvevict::detail::require(a.streams >= 4 && a.streams % 4 == 0, "--streams ", a.streams,
@@ -69,6 +72,88 @@ struct Runner {
   }
 };
 
+// Name retrieval: a story opens by naming its hero with a name of several tokens whose
+// first token is shared by other names (" S" + "am" / "ue" / "ara" / "pot"...). Whenever
+// the story later writes that first token, the next token can only be predicted from the
+// fact given earlier. A "far" position is one where the name was last written at least
+// `budget` tokens before, so a sink + window of that budget cannot see any mention of it.
+struct NameCase {
+  const char* name;
+  const char* noun;
+};
+constexpr NameCase kNames[] = {{"Sam", "boy"},  {"Sue", "girl"}, {"Sara", "girl"},
+                               {"Spot", "dog"}, {"Ben", "boy"},  {"Bob", "boy"},
+                               {"Max", "boy"},  {"Mia", "girl"}, {"Tom", "boy"},
+                               {"Lucy", "girl"}};
+
+struct RetrievalStream {
+  Stream stream;
+  int first = 0, second = 0;  // the name's first two tokens
+};
+
+std::vector<RetrievalStream> retrieval_streams(const std::shared_ptr<const Model>& model,
+                                               const Tokenizer& tok, int per_name,
+                                               std::uint64_t seed) {
+  std::vector<RetrievalStream> out;
+  for (const auto& nc : kNames) {
+    const auto named = tok.encode(std::string("named ") + nc.name + ".", false, false);
+    kvevict::detail::require(named.size() >= 4, "name ", nc.name, " is a single token");
+    const std::string text = std::string("Once upon a time, there was a little ") + nc.noun +
+                             " named " + nc.name + ".";
+    const auto prompt = tok.encode(text, true, false);
+    for (int i = 0; i < per_name; ++i) {
+      Transformer<policies::FullCache> full(model, Budget::unbounded());
+      std::mt19937_64 rng(seed + static_cast<std::uint64_t>(i));
+      RetrievalStream r;
+      r.first = named[1];
+      r.second = named[2];
+      r.stream.vocab = model->config().vocab_size;
+      r.stream.tokens = prompt;
+      const int T = model->config().seq_len;
+      for (int t = 0; t < T; ++t) {
+        const auto logits = full.forward(r.stream.tokens[static_cast<std::size_t>(t)], t);
+        r.stream.full_logits.insert(r.stream.full_logits.end(), logits.begin(), logits.end());
+        if (t + 1 >= static_cast<int>(r.stream.tokens.size()) && t + 1 < T)
+          r.stream.tokens.push_back(llama2c::detail::sample(logits, 1.0f, rng, 1.0f));
+      }
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
+template <class Policy>
+void retrieval_row(const std::shared_ptr<const Model>& model,
+                   const std::vector<RetrievalStream>& streams, std::size_t budget,
+                   const char* name, Policy policy, bool unbounded = false) {
+  std::size_t near_n = 0, near_hit = 0, far_n = 0, far_hit = 0;
+  double kl = 0.0;
+  std::size_t kl_n = 0;
+  const Budget b = unbounded ? Budget::unbounded() : Budget::uniform(static_cast<long long>(budget));
+  for (const auto& rs : streams) {
+    const StreamResult r = run_stream(model, rs.stream, b, policy);
+    for (double x : r.kl) kl += x;
+    kl_n += r.kl.size();
+    const auto& tk = rs.stream.tokens;
+    long last = -1;  // position of the last written (first, second) pair
+    for (std::size_t t = 0; t + 1 < tk.size(); ++t) {
+      if (tk[t] != rs.first || tk[t + 1] != rs.second) continue;
+      const bool full_knows = metrics::argmax(rs.stream.logits(t)) == static_cast<std::size_t>(rs.second);
+      // The prompt's own mention is the fact; later mentions are the retrievals.
+      if (last >= 0 && full_knows) {
+        const bool far = t - static_cast<std::size_t>(last) >= budget;
+        (far ? far_n : near_n) += 1;
+        (far ? far_hit : near_hit) += r.top1[t];
+      }
+      last = static_cast<long>(t);
+    }
+  }
+  auto rate = [](std::size_t h, std::size_t n) { return n ? static_cast<double>(h) / static_cast<double>(n) : 0.0; };
+  std::printf("| %zu | %s | %.3f (%zu) | %.3f (%zu) | %.4f |\n", budget, name, rate(far_hit, far_n),
+              far_n, rate(near_hit, near_n), near_n, kl / static_cast<double>(kl_n));
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -76,6 +161,23 @@ int main(int argc, char** argv) {
     const Args a = parse(argc, argv);
     Runner r;
     r.model = std::make_shared<const Model>(Model::load(a.model_dir + "/stories260K.bin"));
+    if (a.retrieval) {
+      const Tokenizer tok = Tokenizer::load(a.model_dir + "/tok512.bin", r.model->config().vocab_size);
+      const int per_name = a.streams / 4;
+      const auto streams = retrieval_streams(r.model, tok, per_name, a.seed);
+      std::printf("name retrieval: %zu stories (%d per name, seeds %llu..), T = 512\n\n",
+                  streams.size(), per_name, static_cast<unsigned long long>(a.seed));
+      std::printf("| budget | policy | far: top-1 = name (positions) | near: top-1 = name (positions) | mean KL |\n");
+      std::printf("|---|---|---|---|---|\n");
+      for (std::size_t B : {16u, 32u, 64u, 128u}) {
+        retrieval_row(r.model, streams, B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
+        retrieval_row(r.model, streams, B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}));
+        retrieval_row(r.model, streams, B, "DecayedAttention::recommended()",
+                      policies::DecayedAttention::recommended());
+        retrieval_row(r.model, streams, B, "Oracle (non-causal ceiling)", policies::Oracle{.rows = B}, true);
+      }
+      return 0;
+    }
     for (int i = 0; i < a.streams; ++i) {
       SampleOptions o;
       o.seed = a.seed + static_cast<std::uint64_t>(i);
