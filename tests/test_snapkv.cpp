@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <kvevict/serialize.hpp>
 #include <kvevict/cache.hpp>
 #include <kvevict/policies/snapkv.hpp>
 #include <random>
@@ -216,4 +217,37 @@ TEST_CASE("SnapKV rejects budgets below window + 1 and prompts without queries",
   KVCache<SnapKV> c(g, Budget::uniform(20), SnapKV({8, 5, Pooling::avg, 0}));
   const Prompt p = random_prompt(g, 30, 1);
   CHECK_THROWS_AS(c.prefill(0, 0, 30, p.keys, p.values), kvevict::Error);
+}
+
+TEST_CASE("SnapKV prefill scores survive save/restore: decoding evicts identically") {
+  const kvevict::Geometry g{2, 4, 2, 16};
+  const kvevict::policies::SnapKV policy({.window = 8, .kernel = 5});
+  const std::size_t T = 120, d = 16;
+  std::mt19937_64 gen(9);
+  std::normal_distribution<float> n01;
+  auto normals = [&](std::size_t n) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = n01(gen);
+    return v;
+  };
+  const auto k = normals(T * 2 * d), v = normals(T * 2 * d), q = normals(T * 4 * d);
+  kvevict::KVCache<kvevict::policies::SnapKV> a(g, kvevict::Budget::uniform(40), policy);
+  for (int l = 0; l < 2; ++l) a.prefill(l, 0, T, k, v, q);
+  kvevict::KVCache<kvevict::policies::SnapKV> b(g, kvevict::Budget::uniform(40), policy);
+  kvevict::load_bytes(b, kvevict::save_bytes(a));
+  for (int t = static_cast<int>(T); t < static_cast<int>(T) + 60; ++t)
+    for (int l = 0; l < 2; ++l) {
+      const auto kt = normals(2 * d), vt = normals(2 * d);
+      a.append(l, t, kt, vt);
+      b.append(l, t, kt, vt);
+      for (int h = 0; h < 2; ++h) {
+        const auto pa = a.positions(l, h), pb = b.positions(l, h);
+        REQUIRE(std::vector<std::int64_t>(pa.begin(), pa.end()) ==
+                std::vector<std::int64_t>(pb.begin(), pb.end()));
+      }
+    }
+  kvevict::KVCache<kvevict::policies::SnapKV> c(g, kvevict::Budget::uniform(40),
+                                                kvevict::policies::SnapKV({.window = 4}));
+  REQUIRE_THROWS_WITH(kvevict::load_bytes(c, kvevict::save_bytes(a)),
+                      Catch::Contains("SnapKV state"));
 }

@@ -139,6 +139,29 @@ inline Configured<policies::SnapKV> xkv_setup(const PolicyArgs& a) {
   return {policies::SnapKV(alloc.selection()), Budget::per_layer(caps)};
 }
 
+/// PyramidKV and uniform budgets under the same protocol as xkv_setup: the same total of
+/// selected rows, the same SnapKV selection (XKV's window 8, pool 7), only the per-layer
+/// split differs, so the three rows of a table compare allocations and nothing else.
+inline Configured<policies::SnapKV> fixed_allocation_setup(const PolicyArgs& a, bool pyramid) {
+  kvevict::detail::require(a.workload != nullptr, "pyramidkv/uniform: needs a workload's prompt");
+  const Workload& w = *a.workload;
+  const policies::XkvLayerAllocator alloc(w.geometry);
+  const std::size_t window = alloc.config().window;
+  kvevict::detail::require(a.budget > window + 1, "pyramidkv/uniform: budget of ", a.budget,
+                           " tokens, expected > ", window + 1, " (window + 1)");
+  const Geometry& g = w.geometry;
+  const std::size_t head = std::min(a.budget, w.prompt);
+  kvevict::detail::require(head > window, "pyramidkv/uniform: prompt of ", w.prompt,
+                           " tokens, expected more than the observation window ", window);
+  const auto total = static_cast<long long>((head - window) * static_cast<std::size_t>(g.n_layers));
+  const auto candidates = static_cast<long long>(w.prompt - window);
+  const auto split = pyramid ? policies::pyramid_budgets(g.n_layers, total, candidates)
+                             : policies::uniform_budgets(g.n_layers, total);
+  std::vector<long long> caps;
+  for (long long n : split) caps.push_back(n + static_cast<long long>(window + a.budget - head));
+  return {policies::SnapKV(alloc.selection()), Budget::per_layer(caps)};
+}
+
 /// Every policy the tool knows, in report order.
 inline const std::vector<PolicyEntry>& policy_registry() {
   using namespace kvevict::policies;
@@ -163,6 +186,10 @@ inline const std::vector<PolicyEntry>& policy_registry() {
                     [](const PolicyArgs&) { return SnapKV{}; }),
       entry<SnapKV>("xkv", "XKV: per-layer budgets from prompt statistics + SnapKV (w 8, pool 7)",
                     xkv_setup),
+      entry<SnapKV>("pyramidkv", "PyramidKV budgets (beta 20) + the same selection as xkv",
+                    [](const PolicyArgs& a) { return fixed_allocation_setup(a, true); }),
+      entry<SnapKV>("uniform-w8", "uniform budgets + the same selection as xkv (w 8, pool 7)",
+                    [](const PolicyArgs& a) { return fixed_allocation_setup(a, false); }),
       entry<HashEvictKey>("hashevict", "HashEvict: SimHash of the new key, evict the farthest",
                           [](const PolicyArgs&) { return HashEvictKey{}; }),
       entry<HashEvictQuery>("hashevict-q", "HashEvict, paper form: SimHash of the new queries",

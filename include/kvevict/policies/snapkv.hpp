@@ -10,6 +10,7 @@
 // without a prefill score (the window and decoded tokens) rank above every scored row
 // and go oldest first. The last W arrivals are never evicted. Set decode_reserve to the
 // number of tokens you will generate and nothing decoded is ever evicted.
+#include <cmath>
 #include <limits>
 
 #include "common.hpp"
@@ -102,6 +103,35 @@ class SnapKV {
   }
 
   static constexpr float kUnscored = std::numeric_limits<float>::infinity();
+
+  /// Saved state for serialize.hpp: the configuration (checked on load) and each row's
+  /// prefill score, which decides decode-time evictions and cannot be recomputed from rows.
+  void save_state(std::vector<std::uint8_t>& out) const {
+    kvevict::detail::ByteWriter w(out);
+    w.put<std::uint64_t>(config_.window);
+    w.put<std::uint64_t>(config_.kernel);
+    w.put<std::uint64_t>(static_cast<std::uint64_t>(config_.pooling));
+    w.put<std::uint64_t>(config_.decode_reserve);
+    scores_.save(w);
+  }
+  void load_state(std::span<const std::uint8_t> in) {
+    kvevict::detail::ByteReader r(in);
+    const auto window = r.get<std::uint64_t>("SnapKV window");
+    const auto kernel = r.get<std::uint64_t>("SnapKV kernel");
+    const auto pooling = r.get<std::uint64_t>("SnapKV pooling");
+    const auto reserve = r.get<std::uint64_t>("SnapKV decode_reserve");
+    kvevict::detail::require(
+        window == config_.window && kernel == config_.kernel &&
+            pooling == static_cast<std::uint64_t>(config_.pooling) &&
+            reserve == config_.decode_reserve,
+        "SnapKV state: saved with window ", window, ", kernel ", kernel, ", pooling ", pooling,
+        ", decode_reserve ", reserve, "; expected window ", config_.window, ", kernel ",
+        config_.kernel, ", pooling ", static_cast<std::uint64_t>(config_.pooling),
+        ", decode_reserve ", config_.decode_reserve);
+    scores_.load(r, name(), [](float x) { return !std::isnan(x); });
+    kvevict::detail::require(r.remaining() == 0, "SnapKV state: ", r.remaining(),
+                             " trailing bytes");
+  }
 
  private:
   struct Pending {
