@@ -65,7 +65,8 @@ inline std::string fmt_tick(double v) {
 /// Renders the panels side by side (up to 3 per row) as one SVG document.
 inline std::string render_svg(const std::vector<Panel>& panels, const PlotSpec& spec) {
   static const char* palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
-                                  "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939"};
+                                  "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939",
+                                  "#e6550d", "#31a354", "#756bb1", "#843c39", "#000000"};
   std::vector<std::string> names;  // legend order: first appearance
   for (const auto& p : panels)
     for (const auto& s : p.series)
@@ -81,7 +82,9 @@ inline std::string render_svg(const std::vector<Panel>& panels, const PlotSpec& 
   const int rows = static_cast<int>((panels.size() + static_cast<std::size_t>(cols) - 1) /
                                     static_cast<std::size_t>(cols));
   const int legend_w = 170, top = 40;
-  const int W = cols * pw + legend_w, H = top + std::max(rows, 1) * ph + 10;
+  // Tall enough for the panels and for every legend entry (18 px each, see below).
+  const int legend_h = top + 30 + static_cast<int>(names.size()) * 18 + 10;
+  const int W = cols * pw + legend_w, H = std::max(top + std::max(rows, 1) * ph + 10, legend_h);
   std::ostringstream os;
   os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
      << "\" viewBox=\"0 0 " << W << ' ' << H << "\" font-family=\"sans-serif\" font-size=\"11\">\n"
