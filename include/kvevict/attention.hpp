@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attention_core.hpp"
+#include "bookkeeping.hpp"
 #include "errors.hpp"
 #include "policy.hpp"
 
@@ -73,9 +74,7 @@ AttentionResult attend(Cache& cache, int layer, std::span<const float> queries,
   detail::require(queries.size() == expect, "attend: queries has ", queries.size(),
                   " floats, expected ", expect, " (n_heads x head_dim)");
   // A NaN query would poison every accumulated score of an attention policy for good.
-  for (std::size_t i = 0; i < queries.size(); ++i)
-    detail::require(std::isfinite(queries[i]), "attend: queries[", i, "] = ", queries[i],
-                    ", expected a finite value");
+  detail::check_finite(queries, "attend: queries");
   AttentionResult r;
   r.out.setZero(g.n_heads, g.head_dim);
   r.probs.resize(static_cast<std::size_t>(g.n_kv_heads));

@@ -1,11 +1,14 @@
 #pragma once
 // The decisions KVCache and IndexCache share, written once so the two containers run a
-// policy identically: resolving a budget into capacities, checking them against the
-// policy, when an append must evict, and validating what a policy returned.
+// policy identically: validating the caller's arguments, resolving a budget into
+// capacities, checking them against the policy, when an append must evict, and
+// validating what a policy returned.
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -15,6 +18,82 @@
 #include "policy.hpp"
 
 namespace kvevict::detail {
+
+/// Arrival clock of one layer: tokens appended so far and the last position seen.
+struct LayerClock {
+  std::uint64_t next_seq = 0;
+  std::int64_t last_position = 0;
+};
+
+/// Flat index of (layer, kv_head) in per-head arrays (layer-major, as CacheShape::at).
+inline std::size_t head_index(const Geometry& g, int layer, int kv_head) {
+  return static_cast<std::size_t>(layer) * static_cast<std::size_t>(g.n_kv_heads) +
+         static_cast<std::size_t>(kv_head);
+}
+
+inline void check_layer(const Geometry& g, int layer) {
+  require(layer >= 0 && layer < g.n_layers, "layer = ", layer, ", expected 0 <= layer < ",
+          g.n_layers);
+}
+
+inline void check_head(const Geometry& g, int layer, int kv_head) {
+  check_layer(g, layer);
+  require(kv_head >= 0 && kv_head < g.n_kv_heads, "kv_head = ", kv_head,
+          ", expected 0 <= kv_head < ", g.n_kv_heads);
+}
+
+/// A non-finite input would poison every score a policy accumulates from it: reject it.
+inline void check_finite(std::span<const float> x, const char* what) {
+  for (std::size_t i = 0; i < x.size(); ++i)
+    require(std::isfinite(x[i]), what, "[", i, "] = ", x[i], ", expected a finite value");
+}
+
+/// One token's keys or values: n_kv_heads x head_dim floats.
+inline void check_token_rows(const Geometry& g, std::span<const float> x, const char* what) {
+  const std::size_t expect =
+      static_cast<std::size_t>(g.n_kv_heads) * static_cast<std::size_t>(g.head_dim);
+  require(x.size() == expect, what, " has ", x.size(), " floats, expected ", expect,
+          " (n_kv_heads x head_dim)");
+}
+
+/// A prefill block's keys or values: tokens x n_kv_heads x head_dim floats.
+inline void check_block_rows(const Geometry& g, std::span<const float> x, std::size_t tokens,
+                             const char* what) {
+  const std::size_t expect =
+      tokens * static_cast<std::size_t>(g.n_kv_heads) * static_cast<std::size_t>(g.head_dim);
+  require(x.size() == expect, what, " has ", x.size(), " floats, expected ", expect, " (",
+          tokens, " tokens x n_kv_heads x head_dim)");
+}
+
+/// Queries of `tokens` tokens (tokens x n_heads x head_dim), or none when not `required`.
+template <class Policy>
+void check_queries(const Geometry& g, std::span<const float> q, std::size_t tokens,
+                   const char* what, bool required = has(Policy::signals, Signals::query)) {
+  const std::size_t expect =
+      tokens * static_cast<std::size_t>(g.n_heads) * static_cast<std::size_t>(g.head_dim);
+  if (q.empty()) {
+    require(!required, what, ": policy ", Policy::name(), " needs queries (", expect,
+            " floats), got none");
+    return;
+  }
+  require(q.size() == expect, what, ": queries has ", q.size(), " floats, expected ", expect,
+          " (", tokens, " tokens x n_heads x head_dim)");
+}
+
+/// Positions must increase within a layer (the first token of a layer may be anything).
+inline void check_position(const LayerClock& clock, int layer, std::int64_t position) {
+  require(clock.next_seq == 0 || position > clock.last_position, "position = ", position,
+          " in layer ", layer, ", expected > ", clock.last_position,
+          " (positions must increase)");
+}
+
+/// One step's attention probabilities of a head holding `size` rows: group x size floats.
+inline void check_probs(const Geometry& g, std::span<const float> probs, std::size_t size) {
+  const std::size_t expect = static_cast<std::size_t>(g.group()) * size;
+  require(probs.size() == expect, "observe: probs has ", probs.size(), " floats, expected ",
+          expect, " (group ", g.group(), " x size ", size, ")");
+  check_finite(probs, "observe: probs");
+}
 
 /// capacity[l * Hkv + h] of every (layer, KV head) under `b`.
 inline std::vector<std::size_t> resolve_capacities(const Geometry& g, const Budget& b) {

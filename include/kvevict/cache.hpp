@@ -4,7 +4,6 @@
 // them as one matrix; eviction swaps the last row into the hole (O(d), no compaction).
 #include <Eigen/Core>
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -112,17 +111,15 @@ class KVCache {
   /// guarantee: on any exception the cache is unchanged.
   void append(int layer, std::int64_t position, std::span<const float> keys,
               std::span<const float> values, std::span<const float> queries = {}) {
-    check_layer(layer);
-    const std::size_t kv = static_cast<std::size_t>(shape_.geometry.n_kv_heads) * udim();
-    detail::require(keys.size() == kv, "append: keys has ", keys.size(), " floats, expected ",
-                    kv, " (n_kv_heads x head_dim)");
-    detail::require(values.size() == kv, "append: values has ", values.size(),
-                    " floats, expected ", kv, " (n_kv_heads x head_dim)");
-    check_queries(queries, 1, "append");
-    check_position(layer, position);
-    check_finite(keys, "append: keys");
-    check_finite(values, "append: values");
-    check_finite(queries, "append: queries");
+    const Geometry& g = shape_.geometry;
+    detail::check_layer(g, layer);
+    detail::check_token_rows(g, keys, "append: keys");
+    detail::check_token_rows(g, values, "append: values");
+    detail::check_queries<Policy>(g, queries, 1, "append");
+    detail::check_position(layers_[static_cast<std::size_t>(layer)], layer, position);
+    detail::check_finite(keys, "append: keys");
+    detail::check_finite(values, "append: values");
+    detail::check_finite(queries, "append: queries");
     append_unchecked(layer, position, keys.data(), values.data(),
                      queries.empty() ? nullptr : queries.data());
   }
@@ -132,10 +129,7 @@ class KVCache {
   /// not declare Signals::attention.
   void observe(int layer, int kv_head, std::span<const float> probs) {
     const auto& h = head(layer, kv_head);
-    const std::size_t expect = static_cast<std::size_t>(group()) * h.size;
-    detail::require(probs.size() == expect, "observe: probs has ", probs.size(),
-                    " floats, expected ", expect, " (group ", group(), " x size ", h.size, ")");
-    check_finite(probs, "observe: probs");
+    detail::check_probs(shape_.geometry, probs, h.size);
     if constexpr (has(Policy::signals, Signals::attention)) {
       static_assert(detail::HasObserve<Policy>,
                     "EvictionPolicy declares Signals::attention but has no observe(AttentionView)");
@@ -153,21 +147,19 @@ class KVCache {
   void prefill(int layer, std::int64_t first_position, std::size_t tokens,
                std::span<const float> keys, std::span<const float> values,
                std::span<const float> queries = {}) {
-    check_layer(layer);
+    const Geometry& g = shape_.geometry;
+    detail::check_layer(g, layer);
     detail::require(tokens > 0, "prefill: tokens = 0, expected > 0");
-    const std::size_t kv = tokens * static_cast<std::size_t>(shape_.geometry.n_kv_heads) * udim();
-    detail::require(keys.size() == kv, "prefill: keys has ", keys.size(), " floats, expected ",
-                    kv, " (", tokens, " tokens x n_kv_heads x head_dim)");
-    detail::require(values.size() == kv, "prefill: values has ", values.size(),
-                    " floats, expected ", kv, " (", tokens, " tokens x n_kv_heads x head_dim)");
+    detail::check_block_rows(g, keys, tokens, "prefill: keys");
+    detail::check_block_rows(g, values, tokens, "prefill: values");
     constexpr bool wants_queries =
         has(Policy::signals, Signals::query) || has(Policy::signals, Signals::attention) ||
         has(Policy::signals, Signals::prefill_window);
-    check_queries(queries, tokens, "prefill", wants_queries);
-    check_position(layer, first_position);
-    check_finite(keys, "prefill: keys");
-    check_finite(values, "prefill: values");
-    check_finite(queries, "prefill: queries");
+    detail::check_queries<Policy>(g, queries, tokens, "prefill", wants_queries);
+    detail::check_position(layers_[static_cast<std::size_t>(layer)], layer, first_position);
+    detail::check_finite(keys, "prefill: keys");
+    detail::check_finite(values, "prefill: values");
+    detail::check_finite(queries, "prefill: queries");
 
     const std::size_t hq = static_cast<std::size_t>(shape_.geometry.n_heads) * udim();
     const float* q = queries.empty() ? nullptr : queries.data();
@@ -234,10 +226,7 @@ class KVCache {
     std::vector<std::uint64_t> seq;
     std::size_t size = 0;
   };
-  struct LayerState {
-    std::uint64_t next_seq = 0;
-    std::int64_t last_position = 0;
-  };
+  using LayerState = detail::LayerClock;
 
   static std::vector<std::size_t> resolve(const Geometry& g, const Budget& b) {
     return detail::resolve_capacities(g, b);
@@ -250,46 +239,18 @@ class KVCache {
   Eigen::Index dim() const { return shape_.geometry.head_dim; }
   std::size_t udim() const { return static_cast<std::size_t>(shape_.geometry.head_dim); }
   std::size_t index(int layer, int kv_head) const {
-    return static_cast<std::size_t>(layer) * static_cast<std::size_t>(shape_.geometry.n_kv_heads) +
-           static_cast<std::size_t>(kv_head);
-  }
-  void check_layer(int layer) const {
-    detail::require(layer >= 0 && layer < shape_.geometry.n_layers, "layer = ", layer,
-                    ", expected 0 <= layer < ", shape_.geometry.n_layers);
+    return detail::head_index(shape_.geometry, layer, kv_head);
   }
   void check_head(int layer, int kv_head) const {
-    check_layer(layer);
-    detail::require(kv_head >= 0 && kv_head < shape_.geometry.n_kv_heads, "kv_head = ", kv_head,
-                    ", expected 0 <= kv_head < ", shape_.geometry.n_kv_heads);
+    detail::check_head(shape_.geometry, layer, kv_head);
   }
   const HeadStore& head(int layer, int kv_head) const {
     check_head(layer, kv_head);
     return heads_[index(layer, kv_head)];
   }
   const LayerState& layer_state(int layer) const {
-    check_layer(layer);
+    detail::check_layer(shape_.geometry, layer);
     return layers_[static_cast<std::size_t>(layer)];
-  }
-  void check_queries(std::span<const float> q, std::size_t tokens, const char* what,
-                     bool required = has(Policy::signals, Signals::query)) const {
-    const std::size_t expect = tokens * static_cast<std::size_t>(shape_.geometry.n_heads) * udim();
-    if (q.empty()) {
-      detail::require(!required, what, ": policy ", Policy::name(),
-                      " needs queries (", expect, " floats), got none");
-      return;
-    }
-    detail::require(q.size() == expect, what, ": queries has ", q.size(), " floats, expected ",
-                    expect, " (", tokens, " tokens x n_heads x head_dim)");
-  }
-  void check_position(int layer, std::int64_t position) const {
-    const auto& ls = layers_[static_cast<std::size_t>(layer)];
-    detail::require(ls.next_seq == 0 || position > ls.last_position, "position = ", position,
-                    " in layer ", layer, ", expected > ", ls.last_position,
-                    " (positions must increase)");
-  }
-  static void check_finite(std::span<const float> x, const char* what) {
-    for (std::size_t i = 0; i < x.size(); ++i)
-      detail::require(std::isfinite(x[i]), what, "[", i, "] = ", x[i], ", expected a finite value");
   }
 
   HeadView<Scalar> make_view(int layer, int kv_head) const {

@@ -6,7 +6,6 @@
 // returns decisions the engine applies to its own memory. Same policy hooks, same
 // decisions as KVCache on the same stream (bookkeeping.hpp holds the shared rules).
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -127,20 +126,20 @@ class IndexCache {
                                    std::span<const std::uint32_t> new_cells = {},
                                    std::span<const float> values = {},
                                    CellRows<Scalar> stored_values = {}) {
-    check_layer(layer);
-    const std::size_t kv = static_cast<std::size_t>(shape_.geometry.n_kv_heads) * udim();
-    detail::require(keys.size() == kv, "append: keys has ", keys.size(), " floats, expected ", kv,
-                    " (n_kv_heads x head_dim)");
+    const Geometry& g = shape_.geometry;
+    detail::check_layer(g, layer);
+    detail::check_token_rows(g, keys, "append: keys");
+    const std::size_t kv = static_cast<std::size_t>(g.n_kv_heads) * udim();
     detail::require(values.empty() || values.size() == kv, "append: values has ", values.size(),
                     " floats, expected 0 or ", kv, " (n_kv_heads x head_dim)");
     // Policies may read stored rows through HeadView, so the engine must locate them.
     detail::require(stored_keys.data != nullptr || size_of_layer(layer) == 0,
                     "append: stored_keys.data is null, expected the engine's key rows");
-    check_queries(queries, 1, "append");
-    check_position(layer, position);
-    check_finite(keys, "append: keys");
-    check_finite(values, "append: values");
-    check_finite(queries, "append: queries");
+    detail::check_queries<Policy>(g, queries, 1, "append");
+    detail::check_position(layers_[static_cast<std::size_t>(layer)], layer, position);
+    detail::check_finite(keys, "append: keys");
+    detail::check_finite(values, "append: values");
+    detail::check_finite(queries, "append: queries");
     check_new_cells(layer, new_cells);
     decisions_.clear();
     append_unchecked(layer, position, keys.data(), values.empty() ? nullptr : values.data(),
@@ -153,10 +152,7 @@ class IndexCache {
   /// order, for policies that declare Signals::attention (ignored otherwise).
   void observe(int layer, int kv_head, std::span<const float> probs) {
     const std::size_t n = size(layer, kv_head);
-    const std::size_t expect = static_cast<std::size_t>(group()) * n;
-    detail::require(probs.size() == expect, "observe: probs has ", probs.size(),
-                    " floats, expected ", expect, " (group ", group(), " x size ", n, ")");
-    check_finite(probs, "observe: probs");
+    detail::check_probs(shape_.geometry, probs, n);
     if constexpr (has(Policy::signals, Signals::attention))
       policy_.observe(AttentionView{layer, kv_head, group(), n, probs.data()});
   }
@@ -171,18 +167,17 @@ class IndexCache {
   std::span<const Decision> prefill(int layer, std::int64_t first_position, std::size_t tokens,
                                     std::span<const float> keys, std::span<const float> queries,
                                     CellRows<Scalar> stored_keys) {
-    check_layer(layer);
+    const Geometry& g = shape_.geometry;
+    detail::check_layer(g, layer);
     detail::require(tokens > 0, "prefill: tokens = 0, expected > 0");
-    const std::size_t kv = tokens * static_cast<std::size_t>(shape_.geometry.n_kv_heads) * udim();
-    detail::require(keys.size() == kv, "prefill: keys has ", keys.size(), " floats, expected ", kv,
-                    " (", tokens, " tokens x n_kv_heads x head_dim)");
+    detail::check_block_rows(g, keys, tokens, "prefill: keys");
     constexpr bool wants_queries = has(Policy::signals, Signals::query) ||
                                    has(Policy::signals, Signals::attention) ||
                                    has(Policy::signals, Signals::prefill_window);
-    check_queries(queries, tokens, "prefill", wants_queries);
-    check_position(layer, first_position);
-    check_finite(keys, "prefill: keys");
-    check_finite(queries, "prefill: queries");
+    detail::check_queries<Policy>(g, queries, tokens, "prefill", wants_queries);
+    detail::check_position(layers_[static_cast<std::size_t>(layer)], layer, first_position);
+    detail::check_finite(keys, "prefill: keys");
+    detail::check_finite(queries, "prefill: queries");
     decisions_.clear();
     const float* q = queries.empty() ? nullptr : queries.data();
     if constexpr (detail::HasPrefillKeep<Policy>) {
@@ -228,59 +223,28 @@ class IndexCache {
     std::vector<std::uint8_t> used;         // used[c]: cell c holds a live row
     std::uint32_t next_cell = 0;            // lowest never-allocated cell
   };
-  struct LayerState {
-    std::uint64_t next_seq = 0;
-    std::int64_t last_position = 0;
-  };
+  using LayerState = detail::LayerClock;
 
   int group() const { return shape_.geometry.group(); }
   std::size_t udim() const { return static_cast<std::size_t>(shape_.geometry.head_dim); }
   std::size_t index(int layer, int kv_head) const {
-    return static_cast<std::size_t>(layer) * static_cast<std::size_t>(shape_.geometry.n_kv_heads) +
-           static_cast<std::size_t>(kv_head);
+    return detail::head_index(shape_.geometry, layer, kv_head);
   }
   std::size_t size_of_layer(int layer) const {
     std::size_t n = 0;
     for (int kh = 0; kh < shape_.geometry.n_kv_heads; ++kh) n += heads_[index(layer, kh)].pos.size();
     return n;
   }
-  void check_layer(int layer) const {
-    detail::require(layer >= 0 && layer < shape_.geometry.n_layers, "layer = ", layer,
-                    ", expected 0 <= layer < ", shape_.geometry.n_layers);
-  }
   void check_head(int layer, int kv_head) const {
-    check_layer(layer);
-    detail::require(kv_head >= 0 && kv_head < shape_.geometry.n_kv_heads, "kv_head = ", kv_head,
-                    ", expected 0 <= kv_head < ", shape_.geometry.n_kv_heads);
+    detail::check_head(shape_.geometry, layer, kv_head);
   }
   const HeadBook& head(int layer, int kv_head) const {
     check_head(layer, kv_head);
     return heads_[index(layer, kv_head)];
   }
   const LayerState& layer_state(int layer) const {
-    check_layer(layer);
+    detail::check_layer(shape_.geometry, layer);
     return layers_[static_cast<std::size_t>(layer)];
-  }
-  void check_queries(std::span<const float> q, std::size_t tokens, const char* what,
-                     bool required = has(Policy::signals, Signals::query)) const {
-    const std::size_t expect = tokens * static_cast<std::size_t>(shape_.geometry.n_heads) * udim();
-    if (q.empty()) {
-      detail::require(!required, what, ": policy ", Policy::name(), " needs queries (", expect,
-                      " floats), got none");
-      return;
-    }
-    detail::require(q.size() == expect, what, ": queries has ", q.size(), " floats, expected ",
-                    expect, " (", tokens, " tokens x n_heads x head_dim)");
-  }
-  void check_position(int layer, std::int64_t position) const {
-    const auto& ls = layers_[static_cast<std::size_t>(layer)];
-    detail::require(ls.next_seq == 0 || position > ls.last_position, "position = ", position,
-                    " in layer ", layer, ", expected > ", ls.last_position,
-                    " (positions must increase)");
-  }
-  static void check_finite(std::span<const float> x, const char* what) {
-    for (std::size_t i = 0; i < x.size(); ++i)
-      detail::require(std::isfinite(x[i]), what, "[", i, "] = ", x[i], ", expected a finite value");
   }
   void check_new_cells(int layer, std::span<const std::uint32_t> cells) const {
     if (cells.empty()) return;
