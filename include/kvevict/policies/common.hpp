@@ -10,9 +10,18 @@
 #include <vector>
 
 #include "../bytes.hpp"
+#include "../errors.hpp"
 #include "../policy.hpp"
 
 namespace kvevict::policies::detail {
+
+/// check_budget of the policies that never evict (FullCache, Oracle): every capacity must
+/// be unbounded. `what` names the budget in the message, `why` says why it must be so.
+inline void require_unbounded(const CacheShape& shape, const char* what, const char* why) {
+  for (std::size_t c : shape.capacity)
+    kvevict::detail::require(c == Budget::kUnbounded, what, " of ", c,
+                             " tokens, expected Budget::unbounded() (", why, ")");
+}
 
 /// Sinks are the first `sinks` tokens ever appended to the layer; the recent window is
 /// the `recent` tokens that arrived just before the incoming one. Both use arrival index

@@ -1,6 +1,5 @@
 #pragma once
 // FullCache: keeps every row. The reference every quality figure is measured against.
-#include "../errors.hpp"
 #include "common.hpp"
 
 namespace kvevict::policies {
@@ -11,9 +10,7 @@ struct FullCache {
   [[nodiscard]] std::size_t min_capacity() const { return 1; }
   void bind(const CacheShape& shape) { check_budget(shape); }
   void check_budget(const CacheShape& shape) const {
-    for (std::size_t c : shape.capacity)
-      kvevict::detail::require(c == Budget::kUnbounded, "FullCache: budget of ", c,
-                               " tokens, expected Budget::unbounded() (FullCache never evicts)");
+    detail::require_unbounded(shape, "FullCache: budget", "FullCache never evicts");
   }
   template <class S>
   void choose_victims(const HeadView<S>&, std::vector<std::uint32_t>&) {}

@@ -17,10 +17,8 @@ struct Oracle {
   void bind(const CacheShape& shape) { check_budget(shape); }
   void check_budget(const CacheShape& shape) const {
     kvevict::detail::require(rows > 0, "Oracle: rows = 0, expected > 0");
-    for (std::size_t c : shape.capacity)
-      kvevict::detail::require(c == Budget::kUnbounded, "Oracle: cache budget of ", c,
-                               " tokens, expected Budget::unbounded() (the Oracle stores every "
-                               "row and limits attention to `rows` instead)");
+    detail::require_unbounded(shape, "Oracle: cache budget",
+                              "the Oracle stores every row and limits attention to `rows` instead");
   }
   [[nodiscard]] std::size_t attention_limit(int, int) const { return rows; }
   template <class S>
