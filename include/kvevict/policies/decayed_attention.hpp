@@ -19,6 +19,8 @@
 
 namespace kvevict::policies {
 
+class H2O;
+
 class DecayedAttention {
  public:
   struct Config {
@@ -79,7 +81,7 @@ class DecayedAttention {
     detail::evict_lowest(
         v, [&](std::size_t r) { return sc[r]; },
         [&](std::size_t r) { return !prot.is_protected(v.seqs[r], v.incoming_seq); }, out,
-        name());
+        label_);
   }
   template <class S>
   void on_append(const HeadView<S>& v, std::size_t row) {
@@ -139,6 +141,8 @@ class DecayedAttention {
   }
 
  private:
+  // H2O is this policy at decay 1; it keeps its own name and save format (h2o.hpp).
+  friend class H2O;
   std::size_t head_index(int layer, int kv_head) const {
     return static_cast<std::size_t>(layer) * hkv_ + static_cast<std::size_t>(kv_head);
   }
@@ -147,6 +151,7 @@ class DecayedAttention {
   detail::RowColumn<float> scores_;
   std::size_t hkv_ = 1;
   std::vector<float> decay_;  ///< per (layer, KV head)
+  const char* label_ = name();  ///< the policy named in errors (H2O when it wraps this)
 };
 
 }  // namespace kvevict::policies
