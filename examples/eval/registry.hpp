@@ -74,6 +74,12 @@ struct Configured {
   Budget budget;
 };
 
+/// The cache budget of a policy sized by `sizing`: B tokens per head, or unbounded.
+inline Budget cache_budget(Sizing sizing, const PolicyArgs& a) {
+  return sizing == Sizing::budget ? Budget::uniform(static_cast<long long>(a.budget))
+                                  : Budget::unbounded();
+}
+
 /// Registers Policy under `name`; make(const PolicyArgs&) returns the configured policy,
 /// or a Configured<Policy> to size the cache itself.
 template <class Policy, class Make>
@@ -83,29 +89,28 @@ PolicyEntry entry(std::string name, std::string description, Make make,
   e.name = std::move(name);
   e.description = std::move(description);
   e.sizing = sizing;
-  e.run = [make, sizing](const Workload& w, const Reference& ref, const PolicyArgs& a,
-                         const RunOptions& o, const Tick& tick) {
-    auto made = make(a);
-    if constexpr (std::is_same_v<decltype(made), Configured<Policy>>) {
-      return evaluate<Policy>(w, ref, std::move(made.policy), made.budget, o, tick);
-    } else {
-      const Budget b = sizing == Sizing::budget ? Budget::uniform(static_cast<long long>(a.budget))
-                                                : Budget::unbounded();
-      return evaluate<Policy>(w, ref, std::move(made), b, o, tick);
-    }
-  };
   using Made = std::invoke_result_t<Make, const PolicyArgs&>;
-  e.needs_workload = std::is_same_v<Made, Configured<Policy>>;
+  constexpr bool configured = std::is_same_v<Made, Configured<Policy>>;
+  e.needs_workload = configured;
+  // A Configured policy brings its own budget: its lambda has no use for `sizing`.
+  if constexpr (configured) {
+    e.run = [make](const Workload& w, const Reference& ref, const PolicyArgs& a,
+                   const RunOptions& o, const Tick& tick) {
+      auto made = make(a);
+      return evaluate<Policy>(w, ref, std::move(made.policy), made.budget, o, tick);
+    };
+  } else {
+    e.run = [make, sizing](const Workload& w, const Reference& ref, const PolicyArgs& a,
+                           const RunOptions& o, const Tick& tick) {
+      return evaluate<Policy>(w, ref, make(a), cache_budget(sizing, a), o, tick);
+    };
 #if KVEVICT_EVAL_HAS_LLAMA2C
-  if constexpr (!std::is_same_v<Made, Configured<Policy>>) {
     e.run_model = [make, sizing](const std::shared_ptr<const llama2c::Model>& model,
                                  std::span<const llama2c::Stream> streams, const PolicyArgs& a) {
-      const Budget b = sizing == Sizing::budget ? Budget::uniform(static_cast<long long>(a.budget))
-                                                : Budget::unbounded();
-      return llama2c::evaluate<Policy>(model, streams, b, make(a));
+      return llama2c::evaluate<Policy>(model, streams, cache_budget(sizing, a), make(a));
     };
-  }
 #endif
+  }
   return e;
 }
 
