@@ -1,4 +1,11 @@
 // SimHashProjection: determinism, Gaussian entries, sign packing, agreement with Hamming.
+// Eigen's allocation guard, made to throw even in Release, proves hash_one allocates nothing.
+#include <stdexcept>
+#define EIGEN_RUNTIME_NO_MALLOC
+#define eigen_assert(x) \
+  do {                  \
+    if (!(x)) throw std::logic_error("eigen_assert: " #x); \
+  } while (false)
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -74,4 +81,35 @@ TEST_CASE("SimHash edge cases and errors", "[kernels][simhash]") {
   REQUIRE_THROWS_WITH(kk::SimHashProjection(0, 64, 1), Catch::Contains("dim = 0"));
   REQUIRE_THROWS_WITH(kk::SimHashProjection(8, 24, 1), Catch::Contains("bits = 24"));
   REQUIRE_THROWS_AS(p.hash(nullptr, 2, code), std::invalid_argument);
+}
+
+TEST_CASE("SimHash hash_one allocates nothing", "[kernels][simhash]") {
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> g;
+  for (int bits : {8, 64, 256}) {
+    const kk::SimHashProjection p(128, bits, 7);
+    std::vector<float> x(128);
+    for (auto& v : x) v = g(rng);
+    std::vector<std::uint8_t> code(bits / 8);
+    Eigen::internal::set_is_malloc_allowed(false);
+    bool threw = false;
+    try {
+      p.hash_one(x.data(), code.data());
+    } catch (const std::logic_error&) {
+      threw = true;
+    }
+    Eigen::internal::set_is_malloc_allowed(true);
+    REQUIRE_FALSE(threw);
+    // The guard is live: a heap-allocated projection does trip it.
+    Eigen::internal::set_is_malloc_allowed(false);
+    bool guarded = false;
+    try {
+      const Eigen::RowVectorXf heap = Eigen::Map<const Eigen::RowVectorXf>(x.data(), 128) * p.matrix();
+      (void)heap;
+    } catch (const std::logic_error&) {
+      guarded = true;
+    }
+    Eigen::internal::set_is_malloc_allowed(true);
+    REQUIRE(guarded);
+  }
 }

@@ -88,7 +88,9 @@ class SimHashProjection {
     if (x == nullptr || code_out == nullptr)
       throw std::invalid_argument("kvevict::kernels::SimHashProjection::hash_one: null pointer");
     Eigen::Map<const Eigen::RowVectorXf> v(x, dim_);
-    Eigen::RowVectorXf p = v * matrix_;
+    // bits <= 256: the projection fits a stack buffer, so hashing allocates nothing.
+    Eigen::Matrix<float, 1, Eigen::Dynamic, Eigen::RowMajor, 1, kMaxBits> p;
+    p.noalias() = v * matrix_;
     pack_signs(p.data(), code_out);
   }
 
@@ -98,6 +100,7 @@ class SimHashProjection {
   const Eigen::MatrixXf& matrix() const noexcept { return matrix_; }
 
  private:
+  static constexpr int kMaxBits = 256;  // the widest code check_bits accepts
   void pack_signs(const float* p, std::uint8_t* code) const noexcept {
     for (int b = 0; b < bits_ / 8; ++b) {
       unsigned byte = 0;
