@@ -2,8 +2,8 @@
 // Eigen's allocation guard, made to throw even in Release, proves hash_one allocates nothing.
 #include <stdexcept>
 #define EIGEN_RUNTIME_NO_MALLOC
-#define eigen_assert(x) \
-  do {                  \
+#define eigen_assert(x)                                    \
+  do {                                                     \
     if (!(x)) throw std::logic_error("eigen_assert: " #x); \
   } while (false)
 #include <catch2/catch.hpp>
@@ -104,7 +104,8 @@ TEST_CASE("SimHash hash_one allocates nothing", "[kernels][simhash]") {
     Eigen::internal::set_is_malloc_allowed(false);
     bool guarded = false;
     try {
-      const Eigen::RowVectorXf heap = Eigen::Map<const Eigen::RowVectorXf>(x.data(), 128) * p.matrix();
+      const Eigen::RowVectorXf heap =
+          Eigen::Map<const Eigen::RowVectorXf>(x.data(), 128) * p.matrix();
       (void)heap;
     } catch (const std::logic_error&) {
       guarded = true;

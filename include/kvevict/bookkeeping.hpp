@@ -61,8 +61,8 @@ inline void check_block_rows(const Geometry& g, std::span<const float> x, std::s
                              const char* what) {
   const std::size_t expect =
       tokens * static_cast<std::size_t>(g.n_kv_heads) * static_cast<std::size_t>(g.head_dim);
-  require(x.size() == expect, what, " has ", x.size(), " floats, expected ", expect, " (",
-          tokens, " tokens x n_kv_heads x head_dim)");
+  require(x.size() == expect, what, " has ", x.size(), " floats, expected ", expect, " (", tokens,
+          " tokens x n_kv_heads x head_dim)");
 }
 
 /// Queries of `tokens` tokens (tokens x n_heads x head_dim), or none when not `required`.
@@ -76,22 +76,21 @@ void check_queries(const Geometry& g, std::span<const float> q, std::size_t toke
             " floats), got none");
     return;
   }
-  require(q.size() == expect, what, ": queries has ", q.size(), " floats, expected ", expect,
-          " (", tokens, " tokens x n_heads x head_dim)");
+  require(q.size() == expect, what, ": queries has ", q.size(), " floats, expected ", expect, " (",
+          tokens, " tokens x n_heads x head_dim)");
 }
 
 /// Positions must increase within a layer (the first token of a layer may be anything).
 inline void check_position(const LayerClock& clock, int layer, std::int64_t position) {
   require(clock.next_seq == 0 || position > clock.last_position, "position = ", position,
-          " in layer ", layer, ", expected > ", clock.last_position,
-          " (positions must increase)");
+          " in layer ", layer, ", expected > ", clock.last_position, " (positions must increase)");
 }
 
 /// One step's attention probabilities of a head holding `size` rows: group x size floats.
 inline void check_probs(const Geometry& g, std::span<const float> probs, std::size_t size) {
   const std::size_t expect = static_cast<std::size_t>(g.group()) * size;
-  require(probs.size() == expect, "observe: probs has ", probs.size(), " floats, expected ",
-          expect, " (group ", g.group(), " x size ", size, ")");
+  require(probs.size() == expect, "observe: probs has ", probs.size(), " floats, expected ", expect,
+          " (group ", g.group(), " x size ", size, ")");
   check_finite(probs, "observe: probs");
 }
 

@@ -80,8 +80,7 @@ class DecayedAttention {
     const detail::Protection prot{config_.sinks, recent_for(v.capacity)};
     detail::evict_lowest(
         v, [&](std::size_t r) { return sc[r]; },
-        [&](std::size_t r) { return !prot.is_protected(v.seqs[r], v.incoming_seq); }, out,
-        label_);
+        [&](std::size_t r) { return !prot.is_protected(v.seqs[r], v.incoming_seq); }, out, label_);
   }
   template <class S>
   void on_append(const HeadView<S>& v, std::size_t row) {
@@ -150,7 +149,7 @@ class DecayedAttention {
   Config config_{};
   detail::RowColumn<float> scores_;
   std::size_t hkv_ = 1;
-  std::vector<float> decay_;  ///< per (layer, KV head)
+  std::vector<float> decay_;    ///< per (layer, KV head)
   const char* label_ = name();  ///< the policy named in errors (H2O when it wraps this)
 };
 
