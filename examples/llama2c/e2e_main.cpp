@@ -42,7 +42,6 @@ void usage() {
 
 int main(int argc, char** argv) {
   using namespace kvevict::llama2c;
-  std::string dir, checkpoint;
   int n_streams = 4;
   SampleOptions sample;
   ProtocolOptions proto;
@@ -61,54 +60,33 @@ int main(int argc, char** argv) {
   knobs.h2o_recent_fraction = 0.25;
   knobs.random_recent_fraction = 0.25;
   try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto next = [&]() -> std::string {
-        kvevict::detail::require(i + 1 < argc, "option ", a, " needs a value");
-        return argv[++i];
-      };
-      if (a == "--model-dir")
-        dir = next();
-      else if (a == "--checkpoint")
-        checkpoint = next();
-      else if (a == "--streams")
-        n_streams = std::stoi(next());
-      else if (a == "--tokens")
-        sample.tokens = std::stoi(next());
-      else if (a == "--temperature")
-        sample.temperature = std::stof(next());
-      else if (a == "--top-p")
-        sample.top_p = std::stof(next());
-      else if (a == "--seed")
-        sample.seed = std::stoull(next());
-      else if (a == "--budgets")
-        budgets = split(next());
-      else if (a == "--policies")
-        names = split(next());
-      else if (a == "--skip")
-        proto.skip = std::stoul(next());
-      else if (a == "--sinks")
-        knobs.sinks = std::stoul(next());
-      else if (a == "--h2o-recent")
-        knobs.h2o_recent = std::stoul(next());
-      else if (a == "--h2o-sinks")
-        knobs.h2o_sinks = std::stoul(next());
-      else if (a == "--random-sinks")
-        knobs.random_sinks = std::stoul(next());
-      else if (a == "--random-recent")
-        knobs.random_recent = std::stoul(next());
-      else if (a == "--h2o-recent-fraction")
-        knobs.h2o_recent_fraction = std::stod(next());
-      else if (a == "--random-recent-fraction")
-        knobs.random_recent_fraction = std::stod(next());
-      else if (a == "--policy-seed")
-        knobs.seed = std::stoull(next());
-      else if (a == "-h" || a == "--help") {
-        usage();
-        return 0;
-      } else
-        kvevict::detail::fail("unknown option '", a, "'");
-    }
+    ModelArgs m;
+    const bool run =
+        parse_options(argc, argv, m, knobs, usage, [&](const std::string& a, auto& next) {
+          if (a == "--streams")
+            n_streams = std::stoi(next());
+          else if (a == "--tokens")
+            sample.tokens = std::stoi(next());
+          else if (a == "--temperature")
+            sample.temperature = std::stof(next());
+          else if (a == "--top-p")
+            sample.top_p = std::stof(next());
+          else if (a == "--seed")
+            sample.seed = std::stoull(next());
+          else if (a == "--budgets")
+            budgets = split(next());
+          else if (a == "--policies")
+            names = split(next());
+          else if (a == "--skip")
+            proto.skip = std::stoul(next());
+          else if (a == "--policy-seed")
+            knobs.seed = std::stoull(next());
+          else
+            return false;
+          return true;
+        });
+    if (!run) return 0;  // --help
+    std::string dir = m.dir, checkpoint = m.checkpoint;
     kvevict::detail::require(n_streams >= 1, "--streams = ", n_streams, ", expected >= 1");
     if (checkpoint.empty()) {
       dir = model_dir(dir);

@@ -24,6 +24,9 @@ void usage() {
                "[--budget ROWS]\n"
                "               [--sinks N] [--steps N] [--temperature T] [--top-p P] [--seed S] "
                "[--prompt TEXT]\n"
+               "               [--h2o-recent N] [--h2o-sinks N] [--h2o-recent-fraction F]\n"
+               "               [--random-sinks N] [--random-recent N] "
+               "[--random-recent-fraction F]\n"
                "Model directory: --model-dir, else $KVEVICT_MODEL_DIR, else ../shared/models/"
                "stories260K\n(stories260K.bin and tok512.bin inside it).\n");
 }
@@ -32,52 +35,43 @@ void usage() {
 
 int main(int argc, char** argv) {
   using namespace kvevict::llama2c;
-  std::string dir, checkpoint, tokenizer, policy = "full", prompt;
+  ModelArgs m;
+  std::string tokenizer, policy = "full", prompt;
   std::size_t budget = 64;
   int steps = 256;
   float temperature = 0.0f;
   float top_p = 1.0f;
   PolicyKnobs knobs;
   try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto next = [&]() -> std::string {
-        kvevict::detail::require(i + 1 < argc, "option ", a, " needs a value");
-        return argv[++i];
-      };
-      if (a == "--model-dir")
-        dir = next();
-      else if (a == "--checkpoint")
-        checkpoint = next();
-      else if (a == "--tokenizer")
-        tokenizer = next();
-      else if (a == "--policy")
-        policy = next();
-      else if (a == "--budget")
-        budget = std::stoul(next());
-      else if (a == "--sinks")
-        knobs.sinks = std::stoul(next());
-      else if (a == "--steps")
-        steps = std::stoi(next());
-      else if (a == "--temperature")
-        temperature = std::stof(next());
-      else if (a == "--top-p")
-        top_p = std::stof(next());
-      else if (a == "--seed")
-        knobs.seed = std::stoull(next());
-      else if (a == "--prompt")
-        prompt = next();
-      else if (a == "-h" || a == "--help") {
-        usage();
-        return 0;
-      } else if (a.rfind("--", 0) != 0 && checkpoint.empty()) {
-        checkpoint = a;  // positional: CHECKPOINT [TOKENIZER], as llama2.c's run
-      } else if (a.rfind("--", 0) != 0 && tokenizer.empty()) {
-        tokenizer = a;
-      } else
-        kvevict::detail::fail("unknown option '", a, "'");
-    }
-    dir = model_dir(dir);
+    const bool run =
+        parse_options(argc, argv, m, knobs, usage, [&](const std::string& a, auto& next) {
+          if (a == "--tokenizer")
+            tokenizer = next();
+          else if (a == "--policy")
+            policy = next();
+          else if (a == "--budget")
+            budget = std::stoul(next());
+          else if (a == "--steps")
+            steps = std::stoi(next());
+          else if (a == "--temperature")
+            temperature = std::stof(next());
+          else if (a == "--top-p")
+            top_p = std::stof(next());
+          else if (a == "--seed")
+            knobs.seed = std::stoull(next());
+          else if (a == "--prompt")
+            prompt = next();
+          else if (a.rfind("--", 0) != 0 && m.checkpoint.empty())
+            m.checkpoint = a;  // positional: CHECKPOINT [TOKENIZER], as llama2.c's run
+          else if (a.rfind("--", 0) != 0 && tokenizer.empty())
+            tokenizer = a;
+          else
+            return false;
+          return true;
+        });
+    if (!run) return 0;  // --help
+    std::string& checkpoint = m.checkpoint;
+    const std::string dir = model_dir(m.dir);
     if (checkpoint.empty() || tokenizer.empty())
       kvevict::detail::require(!dir.empty(),
                                "no model: pass --checkpoint and --tokenizer, "

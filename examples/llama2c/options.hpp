@@ -50,6 +50,54 @@ struct PolicyKnobs {
   std::uint64_t seed = 0;
 };
 
+/// Where the checkpoint is: --model-dir and --checkpoint (model_dir() resolves the rest).
+struct ModelArgs {
+  std::string dir;
+  std::string checkpoint;
+};
+
+/// The option loop both llama2c programs run. It handles --model-dir, --checkpoint and the
+/// PolicyKnobs options (--sinks, --h2o-recent, --h2o-sinks, --h2o-recent-fraction,
+/// --random-sinks, --random-recent, --random-recent-fraction), and hands every other
+/// argument to own(arg, next), which returns false for one it does not know; next()
+/// takes the option's value. On -h or --help it calls usage() and returns false.
+template <class Own>
+bool parse_options(int argc, char** argv, ModelArgs& model, PolicyKnobs& knobs, void (*usage)(),
+                   Own&& own) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      detail::require(i + 1 < argc, "option ", a, " needs a value");
+      return argv[++i];
+    };
+    if (a == "-h" || a == "--help") {
+      usage();
+      return false;
+    }
+    if (a == "--model-dir")
+      model.dir = next();
+    else if (a == "--checkpoint")
+      model.checkpoint = next();
+    else if (a == "--sinks")
+      knobs.sinks = std::stoul(next());
+    else if (a == "--h2o-recent")
+      knobs.h2o_recent = std::stoul(next());
+    else if (a == "--h2o-sinks")
+      knobs.h2o_sinks = std::stoul(next());
+    else if (a == "--h2o-recent-fraction")
+      knobs.h2o_recent_fraction = std::stod(next());
+    else if (a == "--random-sinks")
+      knobs.random_sinks = std::stoul(next());
+    else if (a == "--random-recent")
+      knobs.random_recent = std::stoul(next());
+    else if (a == "--random-recent-fraction")
+      knobs.random_recent_fraction = std::stod(next());
+    else if (!own(a, next))
+      detail::fail("unknown option '", a, "'");
+  }
+  return true;
+}
+
 /// Calls fn(policy, cache_budget) with the policy named `name` configured for `rows`
 /// rows per (layer, KV head). FullCache ignores rows; Oracle stores everything and
 /// attends to `rows`.
