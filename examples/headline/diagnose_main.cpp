@@ -103,7 +103,7 @@ struct Csv {
   void row(const char* section, const std::string& policy, int budget, int layer, int head,
            const std::string& bucket, double value) const {
     if (f)
-      std::fprintf(f, "%s,%s,%d,%d,%d,%s,%.6g\n", section, policy.c_str(), budget, layer, head,
+      std::fprintf(f, "%s,\"%s\",%d,%d,%d,%s,%.6g\n", section, policy.c_str(), budget, layer, head,
                    bucket.c_str(), value);
   }
 };
