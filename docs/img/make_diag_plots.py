@@ -14,7 +14,8 @@ for r in csv.DictReader(open(src)):
 
 BUCKETS = ["pos 0", "0", "1", "2-3", "4-7", "8-15", "16-31", "32-63", "64-127", "128-255", "256-511"]
 COLOURS = {"StreamingLLM (1 sink)": "#1f77b4", "H2O (recent B/4)": "#d62728",
-           "TOVA (decay 0, 1 sink)": "#8c564b", "DecayedAttention::recommended()": "#2ca02c",
+           "TOVA (decay 0, 1 sink)": "#8c564b", "DecayedAttention (h 3, f 1/2, no recall)": "#98df8a",
+           "DecayedAttention::recommended()": "#2ca02c",
            "HashEvict query": "#9467bd", "HashEvict key": "#e377c2", "BUZZ (budget mode)": "#ff7f0e",
            "Oracle (non-causal)": "#7f7f7f", "Top-B of full attention (ideal)": "#bbbbbb",
            "full model's attention": "#000000"}
@@ -94,7 +95,7 @@ def bar_plot(path, title, xlabels, xtitle, ylabel, series, ymax=None):
 
 
 POLICIES = ["StreamingLLM (1 sink)", "H2O (recent B/4)", "TOVA (decay 0, 1 sink)",
-            "DecayedAttention::recommended()", "HashEvict query", "HashEvict key",
+            "DecayedAttention (h 3, f 1/2, no recall)", "DecayedAttention::recommended()", "HashEvict query", "HashEvict key",
             "BUZZ (budget mode)", "Oracle (non-causal)"]
 
 # (1) mass lost by token age at 32 rows, with where the full model's mass sits.
@@ -115,7 +116,8 @@ line_plot(os.path.join(out_dir, "diag_lost_by_layer.svg"),
           dashed=("Oracle (non-causal)",))
 
 # (3) rows held by token age at 32 rows.
-kept = ["StreamingLLM (1 sink)", "H2O (recent B/4)", "DecayedAttention::recommended()",
+kept = ["StreamingLLM (1 sink)", "H2O (recent B/4)", "DecayedAttention (h 3, f 1/2, no recall)",
+        "DecayedAttention::recommended()",
         "Oracle (non-causal)"]
 series = {p: [data[("kept_age", p, B, -1, -1)][b] for b in BUCKETS] for p in kept}
 bar_plot(os.path.join(out_dir, "diag_kept_age.svg"),

@@ -510,6 +510,8 @@ int main(int argc, char** argv) {
         st.run("H2O (recent B/4)", bi, s, ref, policies::H2O({.recent = B / 4}));
         st.run("TOVA (decay 0, 1 sink)", bi, s, ref,
                policies::DecayedAttention({.decay = 0.0f, .sinks = 1}));
+        st.run("DecayedAttention (h 3, f 1/2, no recall)", bi, s, ref,
+               policies::DecayedAttention({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.5f}));
         st.run("DecayedAttention::recommended()", bi, s, ref,
                policies::DecayedAttention::recommended());
         st.run("HashEvict query", bi, s, ref,

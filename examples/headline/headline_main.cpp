@@ -41,7 +41,7 @@ Args parse(int argc, char** argv) {
     else if (s == "--tune") a.tune = true;
     else if (s == "--retrieval") a.retrieval = true;
     else kvevict::detail::fail("unknown option ", s,
-                               ", expected --model-dir DIR, --streams N, --seed S, --tune or "
+                               ", expected --model-dir DIR, --streams N, --seed S, --tune and/or "
                                "--retrieval");
   }
   if (a.model_dir.empty()) a.model_dir = KVEVICT_DEFAULT_MODEL_DIR;
@@ -52,6 +52,22 @@ Args parse(int argc, char** argv) {
 
 // The first recommended setting (before the recall reserve): kept for comparison.
 const policies::DecayedAttention kNoRecall({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.5f});
+
+// The recall grid (--tune), around the no-recall winner h = 3: recent fraction f and
+// recall fraction r at h = 3, and h = 2 / 4 at f = 3/8.
+template <class F>
+void for_each_recall_candidate(F&& f) {
+  for (float h : {2.0f, 3.0f, 4.0f})
+    for (float fr : {0.25f, 0.375f, 0.5f})
+      for (float rf : {0.0625f, 0.125f, 0.1875f}) {
+        if (h != 3.0f && (fr != 0.375f || rf == 0.1875f)) continue;
+        char name[96];
+        std::snprintf(name, sizeof name, "DecayedAttention horizon %.0f, recent %.3f, recall %.4f",
+                      h, fr, rf);
+        f(name, policies::DecayedAttention(
+                    {.sinks = 1, .horizon = h, .recent_fraction = fr, .recall_fraction = rf}));
+      }
+}
 
 struct Runner {
   std::shared_ptr<const Model> model;
@@ -184,6 +200,13 @@ int main(int argc, char** argv) {
       std::printf("| budget | policy | far: top-1 = name (positions) | near: top-1 = name (positions) | mean KL |\n");
       std::printf("|---|---|---|---|---|\n");
       for (std::size_t B : {16u, 32u, 64u, 128u}) {
+        if (a.tune) {  // the retrieval side of the recall grid (tuning seeds: 3000..)
+          retrieval_row(r.model, streams, B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}));
+          for_each_recall_candidate([&](const char* name, const policies::DecayedAttention& p) {
+            retrieval_row(r.model, streams, B, name, p);
+          });
+          continue;
+        }
         retrieval_row(r.model, streams, B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
         retrieval_row(r.model, streams, B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}));
         retrieval_row(r.model, streams, B, "DecayedAttention without recall (h 3, f 1/2)",
@@ -217,17 +240,8 @@ int main(int argc, char** argv) {
             r.row(B, name,
                   policies::DecayedAttention({.sinks = 1, .horizon = h, .recent_fraction = f}));
           }
-        for (float h : {2.0f, 3.0f, 4.0f})
-          for (float f : {0.25f, 0.375f, 0.5f})
-            for (float rf : {0.0625f, 0.125f, 0.1875f}) {
-              if (h != 3.0f && (f != 0.375f || rf == 0.1875f)) continue;
-              char name[96];
-              std::snprintf(name, sizeof name,
-                            "DecayedAttention horizon %.0f, recent %.3f, recall %.4f", h, f, rf);
-              r.row(B, name,
-                    policies::DecayedAttention(
-                        {.sinks = 1, .horizon = h, .recent_fraction = f, .recall_fraction = rf}));
-            }
+        for_each_recall_candidate(
+            [&](const char* name, const policies::DecayedAttention& p) { r.row(B, name, p); });
         continue;
       }
       r.row(B, "StreamingLLM (4 sinks)", policies::StreamingLLM{.sinks = 4});
