@@ -77,8 +77,13 @@ struct Runner {
 
   template <class Policy>
   void row(std::size_t budget, const char* name, Policy policy, bool unbounded = false) {
+    row(budget, name, policy,
+        unbounded ? Budget::unbounded() : Budget::uniform(static_cast<long long>(budget)));
+  }
+  /// With an explicit budget (per-head budgets of mean `budget` rows).
+  template <class Policy>
+  void row(std::size_t budget, const char* name, Policy policy, const Budget& b) {
     std::vector<StreamResult> rs;
-    const Budget b = unbounded ? Budget::unbounded() : Budget::uniform(static_cast<long long>(budget));
     for (const auto& s : streams) rs.push_back(run_stream(model, s, b, policy));
     const Summary all = summarize(rs);
     double lo = 1e300, hi = 0.0;
@@ -155,11 +160,10 @@ std::vector<RetrievalStream> retrieval_streams(const std::shared_ptr<const Model
 template <class Policy>
 void retrieval_row(const std::shared_ptr<const Model>& model,
                    const std::vector<RetrievalStream>& streams, std::size_t budget,
-                   const char* name, Policy policy, bool unbounded = false) {
+                   const char* name, Policy policy, const Budget& b) {
   std::size_t near_n = 0, near_hit = 0, far_n = 0, far_hit = 0;
   double kl = 0.0;
   std::size_t kl_n = 0;
-  const Budget b = unbounded ? Budget::unbounded() : Budget::uniform(static_cast<long long>(budget));
   for (const auto& rs : streams) {
     const StreamResult r = run_stream(model, rs.stream, b, policy);
     for (double x : r.kl) kl += x;
@@ -183,6 +187,36 @@ void retrieval_row(const std::shared_ptr<const Model>& model,
               far_n, rate(near_hit, near_n), near_n, kl / static_cast<double>(kl_n));
   std::fflush(stdout);
 }
+template <class Policy>
+void retrieval_row(const std::shared_ptr<const Model>& model,
+                   const std::vector<RetrievalStream>& streams, std::size_t budget,
+                   const char* name, Policy policy, bool unbounded = false) {
+  retrieval_row(model, streams, budget, name, policy,
+                unbounded ? Budget::unbounded() : Budget::uniform(static_cast<long long>(budget)));
+}
+
+// Per-head budgets (head_budgets.hpp) calibrated on the tuning streams 0..7 with the full
+// cache, never on the streams reported: where each KV head's attention falls by age.
+AttentionAgeProfile calibrate(const std::shared_ptr<const Model>& model) {
+  const auto& c = model->config();
+  AttentionAgeProfile profile(c.geometry(), static_cast<std::size_t>(c.seq_len));
+  for (std::uint64_t seed = 0; seed < 8; ++seed) {
+    SampleOptions o;
+    o.seed = seed;
+    o.temperature = 1.0f;
+    const Stream s = sample_stream(model, o);
+    Transformer<policies::FullCache> tf(model, Budget::unbounded());
+    int pos = 0;
+    tf.set_attention_observer([&](int layer, std::span<const float>, const AttentionResult& att) {
+      profile.add(tf.cache(), layer, pos, att);
+    });
+    for (pos = 0; pos < static_cast<int>(s.size()); ++pos)
+      tf.forward(s.tokens[static_cast<std::size_t>(pos)], pos);
+  }
+  return profile;
+}
+constexpr HeadAllocation kPerHead{.floor = 4, .uniform_share = 0.0};
+constexpr HeadAllocation kHalfPerHead{.floor = 4, .uniform_share = 0.5};
 
 }  // namespace
 
@@ -191,6 +225,7 @@ int main(int argc, char** argv) {
     const Args a = parse(argc, argv);
     Runner r;
     r.model = std::make_shared<const Model>(Model::load(a.model_dir + "/stories260K.bin"));
+    const AttentionAgeProfile profile = calibrate(r.model);
     if (a.retrieval) {
       const Tokenizer tok = Tokenizer::load(a.model_dir + "/tok512.bin", r.model->config().vocab_size);
       const int per_name = a.streams / 4;
@@ -213,6 +248,12 @@ int main(int argc, char** argv) {
                       kNoRecall);
         retrieval_row(r.model, streams, B, "**DecayedAttention::recommended()**",
                       policies::DecayedAttention::recommended());
+        retrieval_row(r.model, streams, B, "recommended() + per-head budgets",
+                      policies::DecayedAttention::recommended(),
+                      profile.allocate(static_cast<long long>(B), kPerHead));
+        retrieval_row(r.model, streams, B, "recommended() + per-head budgets, half uniform",
+                      policies::DecayedAttention::recommended(),
+                      profile.allocate(static_cast<long long>(B), kHalfPerHead));
         retrieval_row(r.model, streams, B, "Oracle (non-causal ceiling)", policies::Oracle{.rows = B}, true);
       }
       return 0;
@@ -250,6 +291,13 @@ int main(int argc, char** argv) {
             policies::DecayedAttention({.decay = 0.0f, .sinks = 1}));
       r.row(B, "DecayedAttention without recall (h 3, f 1/2)", kNoRecall);
       r.row(B, "**DecayedAttention::recommended()**", policies::DecayedAttention::recommended());
+      r.row(B, "StreamingLLM (1 sink) + per-head budgets", policies::StreamingLLM{.sinks = 1},
+            profile.allocate(static_cast<long long>(B), kPerHead));
+      r.row(B, "recommended() + per-head budgets", policies::DecayedAttention::recommended(),
+            profile.allocate(static_cast<long long>(B), kPerHead));
+      r.row(B, "recommended() + per-head budgets, half uniform",
+            policies::DecayedAttention::recommended(),
+            profile.allocate(static_cast<long long>(B), kHalfPerHead));
       r.row(B, "Oracle (non-causal ceiling)", policies::Oracle{.rows = B}, true);
     }
     return 0;
