@@ -11,11 +11,11 @@ for line in sys.stdin:
     if len(cells) == 5 and cells[0].isdigit():
         far = float(re.match(r'[0-9.]+', cells[2]).group(0))
         rows.setdefault(cells[1].strip('*'), []).append((int(cells[0]), float(cells[4]), far))
-W, H, L, R, T, B = 760, 400, 70, 330, 40, 50
+W, H, L, R, T, B = 830, 400, 70, 400, 40, 50
 xmin, xmax = 1e-4, 1.0
 X = lambda v: L + (math.log10(max(v, xmin)) - math.log10(xmin)) / (math.log10(xmax) - math.log10(xmin)) * (W - L - R)
 Y = lambda r: T + (1.0 - r) / 0.6 * (H - T - B)  # retrieval 0.4 .. 1.0
-colours = ["#d62728", "#ff7f0e", "#2ca02c", "#1f77b4", "#7f7f7f", "#9467bd"]
+colours = ["#d62728", "#ff7f0e", "#2ca02c", "#1f77b4", "#7f7f7f", "#17becf", "#bcbd22"]
 out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
        '<rect width="100%" height="100%" fill="white"/>',
        f'<text x="10" y="22" font-size="14">stories260K: far name retrieval against streaming KL (16 / 32 / 64 / 128 rows)</text>']
@@ -32,7 +32,7 @@ for i, (name, pts) in enumerate(rows.items()):
     c = colours[i % len(colours)]
     pts.sort()
     dash = ' stroke-dasharray="5,4"' if 'Oracle' in name else ''
-    width = 3 if 'recommended' in name else 1.8
+    width = 3 if name.startswith('DecayedAttention::recommended') else 1.8
     path = ' '.join(f'{"M" if j == 0 else "L"}{X(kl):.1f},{Y(far):.1f}' for j, (b, kl, far) in enumerate(pts))
     out.append(f'<path d="{path}" fill="none" stroke="{c}" stroke-width="{width}"{dash}/>')
     for b, kl, far in pts:
