@@ -255,6 +255,7 @@ void dispatch(kvfuzz::Input& in) {
       dc.decay = float(in.byte()) / 255.0f;
       dc.sinks = sinks;
       dc.recent = recent;
+      dc.recall_fraction = float(in.byte() % 128) / 128.0f;  // [0, 1): the recall reserve
       return run<pol::DecayedAttention, Scalar>(in, g, bounded, pol::DecayedAttention(dc));
     }
   }

@@ -16,19 +16,37 @@ namespace {
 struct BruteRow {
   std::uint64_t seq;
   float score;
+  float spike = 0.0f;  // largest attention drawn while older than the recent band
 };
 
-// The rule written out directly: per (layer, head) a map position -> (seq, score).
+// The rule written out directly: per (layer, head) a map position -> (seq, score, spike).
+// With recall > 0, the `recall` unprotected rows with the largest non-zero spike (ties:
+// newer first) are kept, leaving one row evictable.
 struct BruteDecayed {
   float decay;
-  std::size_t sinks, recent, capacity;
+  std::size_t sinks, recent, capacity, recall = 0;
   std::map<std::int64_t, BruteRow> rows;
   void step(std::int64_t pos, std::uint64_t seq) {
     if (rows.size() >= capacity) {
-      auto victim = rows.end();
+      std::vector<std::map<std::int64_t, BruteRow>::iterator> open;
       for (auto it = rows.begin(); it != rows.end(); ++it) {
         const auto s = it->second.seq;
-        if (s < sinks || s + recent >= seq) continue;
+        if (!(s < sinks || s + recent >= seq)) open.push_back(it);
+      }
+      std::vector<std::map<std::int64_t, BruteRow>::iterator> spiked;
+      for (auto it : open)
+        if (it->second.spike > 0.0f) spiked.push_back(it);
+      std::sort(spiked.begin(), spiked.end(), [](auto a, auto b) {
+        return a->second.spike != b->second.spike ? a->second.spike > b->second.spike
+                                                  : a->second.seq > b->second.seq;
+      });
+      const std::size_t k = std::min({recall, spiked.size(), open.size() - 1});
+      std::set<std::int64_t> reserved;
+      for (std::size_t i = 0; i < k; ++i) reserved.insert(spiked[i]->first);
+      auto victim = rows.end();
+      for (auto it : open) {
+        if (reserved.count(it->first)) continue;
+        const auto s = it->second.seq;
         if (victim == rows.end() || it->second.score < victim->second.score ||
             (it->second.score == victim->second.score && s < victim->second.seq))
           victim = it;
@@ -38,14 +56,21 @@ struct BruteDecayed {
     }
     rows[pos] = {seq, 0.0f};
   }
+  // After attention at step `latest`: decay the score, raise the long-range spike.
+  void observe(std::int64_t pos, std::uint64_t latest, float attention) {
+    auto& row = rows.at(pos);
+    row.score = decay * row.score + attention;
+    if (latest - row.seq >= recent) row.spike = std::max(row.spike, attention);
+  }
 };
 
 void run_policy(const policies::DecayedAttention& policy, float decay, std::size_t sinks,
-                std::size_t recent, std::size_t cap, int G, std::uint64_t seed) {
+                std::size_t recent, std::size_t cap, int G, std::uint64_t seed,
+                std::size_t recall = 0) {
   const Geometry g{2, 2 * G, 2, 16};
   KVCache<policies::DecayedAttention> cache(g, Budget::uniform(static_cast<long long>(cap)),
                                             policy);
-  std::vector<BruteDecayed> brute(4, BruteDecayed{decay, sinks, recent, cap, {}});
+  std::vector<BruteDecayed> brute(4, BruteDecayed{decay, sinks, recent, cap, recall, {}});
   kvtest::Rng rng(seed);
   for (int t = 0; t < 300; ++t) {
     for (int l = 0; l < g.n_layers; ++l) {
@@ -65,8 +90,7 @@ void run_policy(const policies::DecayedAttention& policy, float decay, std::size
         for (std::size_t i = 0; i < pos.size(); ++i) {
           float s = 0.0f;
           for (int gq = 0; gq < G; ++gq) s += p(gq, static_cast<Eigen::Index>(i));
-          auto& row = b.rows.at(pos[i]);
-          row.score = decay * row.score + s;
+          b.observe(pos[i], static_cast<std::uint64_t>(t), s);
         }
       }
     }
@@ -83,12 +107,16 @@ void run(float decay, std::size_t sinks, std::size_t recent, std::size_t cap, in
 
 TEST_CASE("DecayedAttention scales decay and window with capacity") {
   const auto p = policies::DecayedAttention::recommended();
-  // decay = 1 - 3 / C, recent = floor(C / 2), one sink: written out by hand.
+  // decay = 1 - 3 / C, recent = floor(3C / 8), recall = floor(C / 8), one sink: written
+  // out by hand.
   for (std::size_t cap : {8u, 16u, 40u}) {
     CHECK(p.decay_for(cap) == Approx(1.0f - 3.0f / static_cast<float>(cap)));
-    CHECK(p.recent_for(cap) == cap / 2);
-    run_policy(p, 1.0f - 3.0f / static_cast<float>(cap), 1, cap / 2, cap, 4, 20 + cap);
+    CHECK(p.recent_for(cap) == 3 * cap / 8);
+    CHECK(p.recall_for(cap) == cap / 8);
+    run_policy(p, 1.0f - 3.0f / static_cast<float>(cap), 1, 3 * cap / 8, cap, 4, 20 + cap,
+               cap / 8);
   }
+  CHECK(p.recall_for(Budget::kUnbounded) == 0);
   // The window never swallows the last evictable slot.
   const policies::DecayedAttention tight({.sinks = 2, .recent_fraction = 0.9f});
   CHECK(tight.recent_for(10) == 7);
@@ -96,6 +124,10 @@ TEST_CASE("DecayedAttention scales decay and window with capacity") {
   REQUIRE_THROWS_WITH(policies::DecayedAttention({.horizon = -1.0f}), Catch::Contains("horizon = -1"));
   REQUIRE_THROWS_WITH(policies::DecayedAttention({.recent_fraction = 1.0f}),
                       Catch::Contains("recent_fraction = 1"));
+  REQUIRE_THROWS_WITH(policies::DecayedAttention({.recall_fraction = 1.0f}),
+                      Catch::Contains("recall_fraction = 1") && Catch::Contains("[0, 1)"));
+  REQUIRE_THROWS_WITH(policies::DecayedAttention({.recall_fraction = -0.5f}),
+                      Catch::Contains("recall_fraction = -0.5"));
 }
 
 TEST_CASE("DecayedAttention agrees with a brute-force re-implementation") {
@@ -104,7 +136,53 @@ TEST_CASE("DecayedAttention agrees with a brute-force re-implementation") {
     run(0.0f, 4, 8, 24, G, 12);
     run(0.9f, 4, 4, 32, G, 13);
     run(1.0f, 2, 6, 20, G, 14);    // H2O-like accumulation
+    // With a recall reserve of 1, 3 and 8 rows (8 leaves room only for the window).
+    run_policy(policies::DecayedAttention({.decay = 0.5f, .sinks = 1, .recent = 4,
+                                           .recall_fraction = 0.05f}),
+               0.5f, 1, 4, 24, G, 15, 1);
+    run_policy(policies::DecayedAttention({.decay = 0.0f, .recent = 6, .recall_fraction = 0.1f}),
+               0.0f, 0, 6, 32, G, 16, 3);
+    run_policy(policies::DecayedAttention({.decay = 0.8f, .sinks = 2, .recent = 8,
+                                           .recall_fraction = 0.5f}),
+               0.8f, 2, 8, 16, G, 17, 8);
   }
+}
+
+// The property the reserve exists for: a row that was attended from far away (a name
+// referred back to) survives a long stretch in which nothing attends it, while without the
+// reserve its decayed score fades and it is evicted within a few steps. Attention drawn
+// while the row is still recent does not count.
+TEST_CASE("DecayedAttention's recall reserve keeps a row referred back to from far away") {
+  const Geometry g{1, 1, 1, 4};
+  // Capacity 16: one sink, a 6-row recent band, a 2-row reserve, decay 1 - 3/16.
+  // The planted row is position 40; it draws `share` of the attention during [from, to]
+  // and nothing afterwards; the other rows share the rest uniformly.
+  auto survives = [&](float recall, float share, int from, int to) {
+    KVCache<policies::DecayedAttention> cache(
+        g, Budget::uniform(16),
+        policies::DecayedAttention({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.375f,
+                                    .recall_fraction = recall}));
+    const std::vector<float> kv(4, 0.5f), q(4, 0.0f);
+    std::vector<float> probs;
+    for (int t = 0; t < 300; ++t) {
+      cache.append(0, t, kv, kv, q);
+      const auto pos = cache.positions(0, 0);
+      const auto planted = std::find(pos.begin(), pos.end(), 40);
+      if (t > 40 && planted == pos.end()) return false;
+      const bool on = planted != pos.end() && t >= from && t <= to;
+      const std::size_t others = pos.size() - (planted != pos.end() ? 1 : 0);
+      const float rest = (on ? 1.0f - share : 1.0f) / static_cast<float>(others);
+      probs.assign(pos.size(), rest);
+      if (planted != pos.end()) probs[static_cast<std::size_t>(planted - pos.begin())] = on ? share : 0.0f;
+      cache.observe(0, 0, probs);
+    }
+    return true;
+  };
+  // Attended at ages 0..30 (beyond the band from age 6), then ignored for 230 steps.
+  CHECK(survives(0.125f, 0.3f, 40, 70));
+  CHECK_FALSE(survives(0.0f, 0.3f, 40, 70));  // no reserve: the decayed score fades
+  // Attended strongly, but only while inside the recent band (ages 0..5): not a recall.
+  CHECK_FALSE(survives(0.125f, 0.9f, 40, 45));
 }
 
 TEST_CASE("DecayedAttention with decay 1 and no sinks decides exactly as H2O") {

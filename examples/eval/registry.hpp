@@ -181,7 +181,8 @@ inline const std::vector<PolicyEntry>& policy_registry() {
       entry<DecayedAttention>("tova", "TOVA: drop the row the latest queries attend least",
                               [](const PolicyArgs&) { return DecayedAttention({.decay = 0.0f}); }),
       entry<DecayedAttention>(
-          "decayed", "DecayedAttention::recommended(): decayed attention, half recent, 1 sink",
+          "decayed",
+          "DecayedAttention::recommended(): decayed attention, 3/8 recent, 1/8 recall, 1 sink",
           [](const PolicyArgs&) { return DecayedAttention::recommended(); }),
       entry<KNorm>("knorm", "KNorm: evict the key with the largest L2 norm",
                    [](const PolicyArgs&) { return KNorm{}; }),

@@ -41,7 +41,7 @@ Args parse(int argc, char** argv) {
     else if (s == "--tune") a.tune = true;
     else if (s == "--retrieval") a.retrieval = true;
     else kvevict::detail::fail("unknown option ", s,
-                               ", expected --model-dir DIR, --streams N, --seed S, --tune or "
+                               ", expected --model-dir DIR, --streams N, --seed S, --tune and/or "
                                "--retrieval");
   }
   if (a.model_dir.empty()) a.model_dir = KVEVICT_DEFAULT_MODEL_DIR;
@@ -50,24 +50,59 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
+// The first recommended setting (before the recall reserve): kept for comparison.
+const policies::DecayedAttention kNoRecall({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.5f});
+
+// The recall grid (--tune), around the no-recall winner h = 3: recent fraction f and
+// recall fraction r at h = 3, and h = 2 / 4 at f = 3/8.
+template <class F>
+void for_each_recall_candidate(F&& f) {
+  for (float h : {2.0f, 3.0f, 4.0f})
+    for (float fr : {0.25f, 0.375f, 0.5f})
+      for (float rf : {0.0625f, 0.125f, 0.1875f}) {
+        if (h != 3.0f && (fr != 0.375f || rf == 0.1875f)) continue;
+        char name[96];
+        std::snprintf(name, sizeof name, "DecayedAttention horizon %.0f, recent %.3f, recall %.4f",
+                      h, fr, rf);
+        f(name, policies::DecayedAttention(
+                    {.sinks = 1, .horizon = h, .recent_fraction = fr, .recall_fraction = rf}));
+      }
+}
+
 struct Runner {
   std::shared_ptr<const Model> model;
   std::vector<Stream> streams;
+  std::size_t reference_budget = 0;
+  std::vector<double> reference;  ///< StreamingLLM's KL per group at reference_budget
 
   template <class Policy>
-  void row(std::size_t budget, const char* name, Policy policy, bool unbounded = false) const {
+  void row(std::size_t budget, const char* name, Policy policy, bool unbounded = false) {
+    row(budget, name, policy,
+        unbounded ? Budget::unbounded() : Budget::uniform(static_cast<long long>(budget)));
+  }
+  /// With an explicit budget (per-head budgets of mean `budget` rows).
+  template <class Policy>
+  void row(std::size_t budget, const char* name, Policy policy, const Budget& b) {
     std::vector<StreamResult> rs;
-    const Budget b = unbounded ? Budget::unbounded() : Budget::uniform(static_cast<long long>(budget));
     for (const auto& s : streams) rs.push_back(run_stream(model, s, b, policy));
     const Summary all = summarize(rs);
     double lo = 1e300, hi = 0.0;
+    std::vector<double> groups;
     for (std::size_t g = 0; g + 4 <= rs.size(); g += 4) {
       const double kl = summarize(std::span<const StreamResult>(rs.data() + g, 4)).mean_kl;
+      groups.push_back(kl);
       lo = std::min(lo, kl);
       hi = std::max(hi, kl);
     }
-    std::printf("| %zu | %s | %.4f | %.4f-%.4f | %.3f |\n", budget, name, all.mean_kl, lo, hi,
-                all.top1);
+    // Paired with the first row of the budget (StreamingLLM): the same streams per group.
+    if (reference_budget != budget) {
+      reference_budget = budget;
+      reference = groups;
+    }
+    std::size_t won = 0;
+    for (std::size_t g = 0; g < groups.size(); ++g) won += groups[g] < reference[g];
+    std::printf("| %zu | %s | %.4f | %.4f-%.4f | %zu/%zu | %.3f |\n", budget, name, all.mean_kl,
+                lo, hi, won, groups.size(), all.top1);
     std::fflush(stdout);
   }
 };
@@ -125,11 +160,10 @@ std::vector<RetrievalStream> retrieval_streams(const std::shared_ptr<const Model
 template <class Policy>
 void retrieval_row(const std::shared_ptr<const Model>& model,
                    const std::vector<RetrievalStream>& streams, std::size_t budget,
-                   const char* name, Policy policy, bool unbounded = false) {
+                   const char* name, Policy policy, const Budget& b) {
   std::size_t near_n = 0, near_hit = 0, far_n = 0, far_hit = 0;
   double kl = 0.0;
   std::size_t kl_n = 0;
-  const Budget b = unbounded ? Budget::unbounded() : Budget::uniform(static_cast<long long>(budget));
   for (const auto& rs : streams) {
     const StreamResult r = run_stream(model, rs.stream, b, policy);
     for (double x : r.kl) kl += x;
@@ -153,6 +187,36 @@ void retrieval_row(const std::shared_ptr<const Model>& model,
               far_n, rate(near_hit, near_n), near_n, kl / static_cast<double>(kl_n));
   std::fflush(stdout);
 }
+template <class Policy>
+void retrieval_row(const std::shared_ptr<const Model>& model,
+                   const std::vector<RetrievalStream>& streams, std::size_t budget,
+                   const char* name, Policy policy, bool unbounded = false) {
+  retrieval_row(model, streams, budget, name, policy,
+                unbounded ? Budget::unbounded() : Budget::uniform(static_cast<long long>(budget)));
+}
+
+// Per-head budgets (head_budgets.hpp) calibrated on the tuning streams 0..7 with the full
+// cache, never on the streams reported: where each KV head's attention falls by age.
+AttentionAgeProfile calibrate(const std::shared_ptr<const Model>& model) {
+  const auto& c = model->config();
+  AttentionAgeProfile profile(c.geometry(), static_cast<std::size_t>(c.seq_len));
+  for (std::uint64_t seed = 0; seed < 8; ++seed) {
+    SampleOptions o;
+    o.seed = seed;
+    o.temperature = 1.0f;
+    const Stream s = sample_stream(model, o);
+    Transformer<policies::FullCache> tf(model, Budget::unbounded());
+    int pos = 0;
+    tf.set_attention_observer([&](int layer, std::span<const float>, const AttentionResult& att) {
+      profile.add(tf.cache(), layer, pos, att);
+    });
+    for (pos = 0; pos < static_cast<int>(s.size()); ++pos)
+      tf.forward(s.tokens[static_cast<std::size_t>(pos)], pos);
+  }
+  return profile;
+}
+constexpr HeadAllocation kPerHead{.floor = 4, .uniform_share = 0.0};
+constexpr HeadAllocation kHalfPerHead{.floor = 4, .uniform_share = 0.5};
 
 }  // namespace
 
@@ -161,6 +225,7 @@ int main(int argc, char** argv) {
     const Args a = parse(argc, argv);
     Runner r;
     r.model = std::make_shared<const Model>(Model::load(a.model_dir + "/stories260K.bin"));
+    const AttentionAgeProfile profile = calibrate(r.model);
     if (a.retrieval) {
       const Tokenizer tok = Tokenizer::load(a.model_dir + "/tok512.bin", r.model->config().vocab_size);
       const int per_name = a.streams / 4;
@@ -170,10 +235,25 @@ int main(int argc, char** argv) {
       std::printf("| budget | policy | far: top-1 = name (positions) | near: top-1 = name (positions) | mean KL |\n");
       std::printf("|---|---|---|---|---|\n");
       for (std::size_t B : {16u, 32u, 64u, 128u}) {
+        if (a.tune) {  // the retrieval side of the recall grid (tuning seeds: 3000..)
+          retrieval_row(r.model, streams, B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}));
+          for_each_recall_candidate([&](const char* name, const policies::DecayedAttention& p) {
+            retrieval_row(r.model, streams, B, name, p);
+          });
+          continue;
+        }
         retrieval_row(r.model, streams, B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
         retrieval_row(r.model, streams, B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}));
-        retrieval_row(r.model, streams, B, "DecayedAttention::recommended()",
+        retrieval_row(r.model, streams, B, "DecayedAttention without recall (h 3, f 1/2)",
+                      kNoRecall);
+        retrieval_row(r.model, streams, B, "**DecayedAttention::recommended()**",
                       policies::DecayedAttention::recommended());
+        retrieval_row(r.model, streams, B, "recommended() + per-head budgets",
+                      policies::DecayedAttention::recommended(),
+                      profile.allocate(static_cast<long long>(B), kPerHead));
+        retrieval_row(r.model, streams, B, "recommended() + per-head budgets, half uniform",
+                      policies::DecayedAttention::recommended(),
+                      profile.allocate(static_cast<long long>(B), kHalfPerHead));
         retrieval_row(r.model, streams, B, "Oracle (non-causal ceiling)", policies::Oracle{.rows = B}, true);
       }
       return 0;
@@ -187,11 +267,13 @@ int main(int argc, char** argv) {
     std::printf("streams %d (seeds %llu..%llu), T = 512, temperature 1, KL(full || policy)\n\n",
                 a.streams, static_cast<unsigned long long>(a.seed),
                 static_cast<unsigned long long>(a.seed + static_cast<std::uint64_t>(a.streams) - 1));
-    std::printf("| budget | policy | mean KL | range over 4-stream groups | top-1 |\n");
-    std::printf("|---|---|---|---|---|\n");
+    std::printf("| budget | policy | mean KL | range over 4-stream groups | groups below "
+                "StreamingLLM (1 sink) | top-1 |\n");
+    std::printf("|---|---|---|---|---|---|\n");
     for (std::size_t B : {16u, 32u, 64u, 128u}) {
       r.row(B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
       if (a.tune) {
+        // First round (no recall reserve), then the recall grid around its winner.
         for (float h : {2.0f, 3.0f, 4.0f, 6.0f})
           for (float f : {0.25f, 0.5f}) {
             char name[64];
@@ -199,13 +281,23 @@ int main(int argc, char** argv) {
             r.row(B, name,
                   policies::DecayedAttention({.sinks = 1, .horizon = h, .recent_fraction = f}));
           }
+        for_each_recall_candidate(
+            [&](const char* name, const policies::DecayedAttention& p) { r.row(B, name, p); });
         continue;
       }
       r.row(B, "StreamingLLM (4 sinks)", policies::StreamingLLM{.sinks = 4});
       r.row(B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}));
       r.row(B, "TOVA (DecayedAttention decay 0, 1 sink)",
             policies::DecayedAttention({.decay = 0.0f, .sinks = 1}));
+      r.row(B, "DecayedAttention without recall (h 3, f 1/2)", kNoRecall);
       r.row(B, "**DecayedAttention::recommended()**", policies::DecayedAttention::recommended());
+      r.row(B, "StreamingLLM (1 sink) + per-head budgets", policies::StreamingLLM{.sinks = 1},
+            profile.allocate(static_cast<long long>(B), kPerHead));
+      r.row(B, "recommended() + per-head budgets", policies::DecayedAttention::recommended(),
+            profile.allocate(static_cast<long long>(B), kPerHead));
+      r.row(B, "recommended() + per-head budgets, half uniform",
+            policies::DecayedAttention::recommended(),
+            profile.allocate(static_cast<long long>(B), kHalfPerHead));
       r.row(B, "Oracle (non-causal ceiling)", policies::Oracle{.rows = B}, true);
     }
     return 0;

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <span>
@@ -396,6 +397,14 @@ class Transformer {
   [[nodiscard]] Cache& cache() { return cache_; }
   [[nodiscard]] const Cache& cache() const { return cache_; }
 
+  /// Called by forward() after each layer's attention with the layer, its rotated queries
+  /// (n_heads x head_dim) and the result; att.probs[kv_head] is over the cache's live rows
+  /// in row order (cache().positions(layer, kv_head) names their tokens). For measurement
+  /// (docs/quality.md's diagnosis); unset, forward() pays one branch per layer.
+  using AttentionObserver =
+      std::function<void(int layer, std::span<const float> queries, const AttentionResult& att)>;
+  void set_attention_observer(AttentionObserver observer) { observer_ = std::move(observer); }
+
   /// Feeds `token` at position `pos` (positions must increase) and returns the logits
   /// of the next token; the span is valid until the next call.
   std::span<const float> forward(int token, int pos) {
@@ -417,6 +426,7 @@ class Transformer {
       cache_.append(l, pos, std::span<const float>(k_.data(), static_cast<std::size_t>(k_.size())),
                     std::span<const float>(v_.data(), static_cast<std::size_t>(v_.size())), qs);
       const AttentionResult att = attend(cache_, l, qs);
+      if (observer_) observer_(l, qs, att);
       // att.out is n_heads x head_dim row-major: exactly the concatenated head outputs.
       x_.noalias() += m.wo(l) * Eigen::Map<const Eigen::VectorXf>(att.out.data(), c.dim);
       rmsnorm(xb_, x_, m.rms_ffn(l));
@@ -451,6 +461,7 @@ class Transformer {
   Cache cache_;
   Eigen::VectorXf x_, xb_, q_, k_, v_, h1_, h3_, logits_;
   std::vector<float> freq_;
+  AttentionObserver observer_;
 };
 
 }  // namespace kvevict::llama2c

@@ -4,6 +4,7 @@
 #include "cache.hpp"
 #include "errors.hpp"
 #include "geometry.hpp"
+#include "head_budgets.hpp"
 #include "index_cache.hpp"
 #include "kernels/kernels.hpp"
 #include "metrics.hpp"

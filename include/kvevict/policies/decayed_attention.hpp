@@ -8,8 +8,18 @@
 //
 // Both knobs can scale with each head's capacity C, which is what transfers across
 // budgets: `horizon` h sets decay = 1 - h / C (a row's score remembers about C / h steps),
-// and `recent_fraction` f protects the floor(f * C) most recent rows. recommended() is
-// the setting chosen on stories260K (docs/quality.md): h = 3, f = 1/2, one sink.
+// and `recent_fraction` f protects the floor(f * C) most recent rows.
+//
+// A decayed score forgets a fact that is needed again only much later (an early name).
+// `recall_fraction` r keeps such rows: each row remembers its *long-range spike*, the
+// largest attention it drew (summed over the group) while it was older than the recent
+// band, and the floor(r * C) unprotected rows with the largest non-zero spike are kept
+// whatever their decayed score. Attention from far away is the evidence that a row is
+// referred back to; attention a row draws while it is recent (previous-token heads) is
+// not counted, so the reserve does not fill with local rows.
+//
+// recommended() is the setting chosen on stories260K (docs/quality.md): h = 3,
+// f = 3/8, r = 1/8, one sink.
 #include <algorithm>
 #include <cmath>
 
@@ -29,6 +39,7 @@ class DecayedAttention {
     std::size_t recent = 0;   ///< rows that arrived last, never evicted
     float horizon = 0.0f;     ///< > 0: decay = 1 - horizon / capacity, per head
     float recent_fraction = 0.0f;  ///< protect max(recent, floor(fraction * capacity)) rows
+    float recall_fraction = 0.0f;  ///< keep floor(fraction * capacity) rows by long-range spike
   };
   DecayedAttention() = default;
   explicit DecayedAttention(Config c) : config_(c) {
@@ -39,11 +50,15 @@ class DecayedAttention {
     kvevict::detail::require(
         std::isfinite(c.recent_fraction) && c.recent_fraction >= 0.0f && c.recent_fraction < 1.0f,
         "DecayedAttention: recent_fraction = ", c.recent_fraction, ", expected in [0, 1)");
+    kvevict::detail::require(
+        std::isfinite(c.recall_fraction) && c.recall_fraction >= 0.0f && c.recall_fraction < 1.0f,
+        "DecayedAttention: recall_fraction = ", c.recall_fraction, ", expected in [0, 1)");
   }
-  /// The setting recommended for streaming generation (chosen on held-in streams of
-  /// stories260K, reported on held-out ones: docs/quality.md).
+  /// The setting recommended for streaming generation and for recalling early facts
+  /// (chosen on held-in streams of stories260K, reported on held-out ones: docs/quality.md).
   static DecayedAttention recommended() {
-    return DecayedAttention(Config{.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.5f});
+    return DecayedAttention(Config{
+        .sinks = 1, .horizon = 3.0f, .recent_fraction = 0.375f, .recall_fraction = 0.125f});
   }
 
   /// Decay used for a head of `capacity` rows.
@@ -61,6 +76,11 @@ class DecayedAttention {
       r = std::min(r, std::max(config_.recent, capacity - config_.sinks - 1));
     return r;
   }
+  /// Rows kept by long-range spike in a head of `capacity` rows (0 when unbounded).
+  [[nodiscard]] std::size_t recall_for(std::size_t capacity) const {
+    if (capacity == Budget::kUnbounded) return 0;
+    return static_cast<std::size_t>(config_.recall_fraction * static_cast<float>(capacity));
+  }
 
   static constexpr Signals signals = Signals::attention;
   static constexpr const char* name() { return "DecayedAttention"; }
@@ -70,29 +90,63 @@ class DecayedAttention {
     scores_.bind(shape);
     hkv_ = static_cast<std::size_t>(shape.geometry.n_kv_heads);
     decay_.clear();
+    capacity_.assign(shape.capacity.begin(), shape.capacity.end());
     for (std::size_t c : shape.capacity) decay_.push_back(decay_for(c));
+    if (recalls()) {
+      spikes_.bind(shape);
+      seqs_.bind(shape);
+      latest_.assign(shape.capacity.size(), 0);
+    }
   }
   template <class S>
   void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
     const auto& sc = scores_.of(v.layer, v.kv_head);
     // The capacity may have changed through set_budget: follow it.
-    decay_[head_index(v.layer, v.kv_head)] = decay_for(v.capacity);
+    const std::size_t h = head_index(v.layer, v.kv_head);
+    decay_[h] = decay_for(v.capacity);
+    capacity_[h] = v.capacity;
     const detail::Protection prot{config_.sinks, recent_for(v.capacity)};
+    kept_.assign(v.size, 0);
+    for (std::size_t r = 0; r < v.size; ++r) kept_[r] = prot.is_protected(v.seqs[r], v.incoming_seq);
+    if (recalls()) keep_recalled(v);
     detail::evict_lowest(
-        v, [&](std::size_t r) { return sc[r]; },
-        [&](std::size_t r) { return !prot.is_protected(v.seqs[r], v.incoming_seq); }, out, label_);
+        v, [&](std::size_t r) { return sc[r]; }, [&](std::size_t r) { return kept_[r] == 0; },
+        out, label_);
   }
   template <class S>
   void on_append(const HeadView<S>& v, std::size_t row) {
     scores_.set(v.layer, v.kv_head, row, 0.0f);
+    if (recalls()) {
+      spikes_.set(v.layer, v.kv_head, row, 0.0f);
+      seqs_.set(v.layer, v.kv_head, row, v.seqs[row]);
+      latest_[head_index(v.layer, v.kv_head)] = v.seqs[row];
+    }
   }
   void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     scores_.move(layer, kv_head, from, to);
+    if (recalls()) {
+      spikes_.move(layer, kv_head, from, to);
+      seqs_.move(layer, kv_head, from, to);
+    }
   }
   void observe(const AttentionView& a) {
     auto& sc = scores_.of(a.layer, a.kv_head);
-    const float g = decay_[head_index(a.layer, a.kv_head)];
-    for (std::size_t r = 0; r < a.size; ++r) sc[r] = g * sc[r] + a.summed(r);
+    const std::size_t h = head_index(a.layer, a.kv_head);
+    const float g = decay_[h];
+    if (!recalls()) {
+      for (std::size_t r = 0; r < a.size; ++r) sc[r] = g * sc[r] + a.summed(r);
+      return;
+    }
+    // A row older than the recent band at the next eviction counts as long-range.
+    auto& sp = spikes_.of(a.layer, a.kv_head);
+    const auto& sq = seqs_.of(a.layer, a.kv_head);
+    const std::uint64_t band = recent_for(capacity_[h]);
+    const std::uint64_t latest = latest_[h];
+    for (std::size_t r = 0; r < a.size; ++r) {
+      const float x = a.summed(r);
+      sc[r] = g * sc[r] + x;
+      if (latest - sq[r] >= band) sp[r] = std::max(sp[r], x);
+    }
   }
   /// Saved state for serialize.hpp: the configuration (checked on load), the per-head
   /// decays (they follow set_budget) and the scores.
@@ -103,9 +157,15 @@ class DecayedAttention {
     w.put<std::uint64_t>(config_.recent);
     w.put<float>(config_.horizon);
     w.put<float>(config_.recent_fraction);
+    w.put<float>(config_.recall_fraction);
     w.put<std::uint64_t>(decay_.size());
     for (float d : decay_) w.put<float>(d);
     scores_.save(w);
+    if (recalls()) {
+      spikes_.save(w);
+      seqs_.save(w);
+      for (std::uint64_t s : latest_) w.put<std::uint64_t>(s);
+    }
   }
   void load_state(std::span<const std::uint8_t> in) {
     kvevict::detail::ByteReader r(in);
@@ -114,13 +174,16 @@ class DecayedAttention {
     const auto recent = r.get<std::uint64_t>("DecayedAttention recent");
     const auto horizon = r.get<float>("DecayedAttention horizon");
     const auto fraction = r.get<float>("DecayedAttention recent_fraction");
+    const auto recall = r.get<float>("DecayedAttention recall_fraction");
     kvevict::detail::require(
         decay == config_.decay && sinks == config_.sinks && recent == config_.recent &&
-            horizon == config_.horizon && fraction == config_.recent_fraction,
+            horizon == config_.horizon && fraction == config_.recent_fraction &&
+            recall == config_.recall_fraction,
         "DecayedAttention state: saved with decay ", decay, ", sinks ", sinks, ", recent ", recent,
-        ", horizon ", horizon, ", recent_fraction ", fraction, "; expected decay ", config_.decay,
-        ", sinks ", config_.sinks, ", recent ", config_.recent, ", horizon ", config_.horizon,
-        ", recent_fraction ", config_.recent_fraction);
+        ", horizon ", horizon, ", recent_fraction ", fraction, ", recall_fraction ", recall,
+        "; expected decay ", config_.decay, ", sinks ", config_.sinks, ", recent ",
+        config_.recent, ", horizon ", config_.horizon, ", recent_fraction ",
+        config_.recent_fraction, ", recall_fraction ", config_.recall_fraction);
     const auto n = r.get<std::uint64_t>("DecayedAttention head count");
     kvevict::detail::require(n == decay_.size(), "DecayedAttention state: ", n,
                              " heads, expected ", decay_.size());
@@ -130,18 +193,72 @@ class DecayedAttention {
       kvevict::detail::require(std::isfinite(d) && d >= 0.0f && d <= 1.0f,
                                "DecayedAttention state: head decay ", d, ", expected in [0, 1]");
     }
-    scores_.load(r, name(), [](float x) { return std::isfinite(x) && x >= 0.0f; });
+    // Load into copies so a bad state leaves this policy untouched.
+    auto scores = scores_;
+    auto spikes = spikes_;
+    auto seqs = seqs_;
+    auto latest = latest_;
+    const auto valid = [](float x) { return std::isfinite(x) && x >= 0.0f; };
+    scores.load(r, name(), valid);
+    if (recalls()) {
+      spikes.load(r, name(), valid);
+      seqs.load(r, name());
+      for (std::size_t i = 0; i < latest.size(); ++i) {
+        latest[i] = r.get<std::uint64_t>("DecayedAttention latest arrival");
+        for (std::uint64_t s : seqs.of(static_cast<int>(i / hkv_), static_cast<int>(i % hkv_)))
+          kvevict::detail::require(s <= latest[i], "DecayedAttention state: row arrival ", s,
+                                   " after the head's latest arrival ", latest[i]);
+      }
+    }
     kvevict::detail::require(r.remaining() == 0, "DecayedAttention state: ", r.remaining(),
                              " trailing bytes");
     decay_ = std::move(decays);
+    scores_ = std::move(scores);
+    spikes_ = std::move(spikes);
+    seqs_ = std::move(seqs);
+    latest_ = std::move(latest);
   }
   [[nodiscard]] const std::vector<float>& scores(int layer, int kv_head) const {
     return scores_.of(layer, kv_head);
+  }
+  /// Long-range spikes of the rows of one head (empty unless recall_fraction > 0).
+  [[nodiscard]] const std::vector<float>& spikes(int layer, int kv_head) const {
+    return spikes_.of(layer, kv_head);
   }
 
  private:
   // H2O is this policy at decay 1; it keeps its own name and save format (h2o.hpp).
   friend class H2O;
+  [[nodiscard]] bool recalls() const { return config_.recall_fraction > 0.0f; }
+
+  /// Marks in kept_ the unprotected rows with the largest non-zero long-range spike
+  /// (ties: the newer row), leaving at least `need` rows evictable.
+  template <class S>
+  void keep_recalled(const HeadView<S>& v) {
+    const auto& sp = spikes_.of(v.layer, v.kv_head);
+    std::size_t evictable = 0;
+    ranked_.clear();
+    for (std::size_t r = 0; r < v.size; ++r) {
+      if (kept_[r]) continue;
+      ++evictable;
+      if (sp[r] > 0.0f) ranked_.push_back({sp[r], v.seqs[r], static_cast<std::uint32_t>(r)});
+    }
+    std::size_t k = std::min(recall_for(v.capacity), ranked_.size());
+    k = std::min(k, evictable > v.need ? evictable - v.need : 0);
+    if (k == 0) return;
+    const auto first = [](const Ranked& a, const Ranked& b) {
+      return a.spike != b.spike ? a.spike > b.spike : a.seq > b.seq;
+    };
+    std::nth_element(ranked_.begin(), ranked_.begin() + static_cast<std::ptrdiff_t>(k - 1),
+                     ranked_.end(), first);
+    for (std::size_t i = 0; i < k; ++i) kept_[ranked_[i].row] = 1;
+  }
+  struct Ranked {
+    float spike;
+    std::uint64_t seq;
+    std::uint32_t row;
+  };
+
   std::size_t head_index(int layer, int kv_head) const {
     return static_cast<std::size_t>(layer) * hkv_ + static_cast<std::size_t>(kv_head);
   }
@@ -149,7 +266,15 @@ class DecayedAttention {
   Config config_{};
   detail::RowColumn<float> scores_;
   std::size_t hkv_ = 1;
-  std::vector<float> decay_;    ///< per (layer, KV head)
+  std::vector<float> decay_;  ///< per (layer, KV head)
+  std::vector<std::size_t> capacity_;  ///< per (layer, KV head), as last seen
+  // Recall reserve (only bound when recall_fraction > 0).
+  detail::RowColumn<float> spikes_;  ///< largest attention drawn while long-range
+  detail::RowColumn<std::uint64_t> seqs_;  ///< arrival index, for the row's age in observe
+  std::vector<std::uint64_t> latest_;  ///< per head: arrival index of the newest row
+  // Scratch for choose_victims (no allocation per step once warm).
+  std::vector<char> kept_;
+  std::vector<Ranked> ranked_;
   const char* label_ = name();  ///< the policy named in errors (H2O when it wraps this)
 };
 
