@@ -4,6 +4,7 @@
 // victims raise std::logic_error, again with the cache untouched.
 #include <catch2/catch.hpp>
 #include <limits>
+#include <kvevict/bookkeeping.hpp>
 #include <typeinfo>
 
 #include "support/test_support.hpp"
@@ -460,4 +461,20 @@ TEST_CASE("Bad victims raise std::logic_error and leave the cache unchanged", "[
     cache.policy().mode = Rogue::honest;
     same_future(cache, before, 7);
   }
+}
+
+// The finiteness check is a branch-free bit test (bookkeeping.hpp): check it at the
+// boundaries of the float format and at every position of a vector-width block.
+TEST_CASE("check_finite accepts every finite float and names the first non-finite one") {
+  using L = std::numeric_limits<float>;
+  const std::vector<float> fine{L::max(), -L::max(), L::min(), L::denorm_min(), -0.0f, 0.0f, 1.0f};
+  REQUIRE_NOTHROW(kvevict::detail::check_finite(fine, "x"));
+  for (float bad : {L::infinity(), -L::infinity(), L::quiet_NaN(), -L::quiet_NaN()})
+    for (std::size_t at : {0u, 1u, 7u, 8u, 15u, 16u, 33u}) {
+      std::vector<float> v(34, 0.5f);
+      v[at] = bad;
+      REQUIRE_THROWS_WITH(kvevict::detail::check_finite(v, "x"),
+                          Catch::Contains("x[" + std::to_string(at) + "]") &&
+                              Catch::Contains("expected a finite value"));
+    }
 }

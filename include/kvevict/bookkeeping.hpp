@@ -4,6 +4,7 @@
 // capacities, checking them against the policy, when an append must evict, and
 // validating what a policy returned.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -44,6 +45,13 @@ inline void check_head(const Geometry& g, int layer, int kv_head) {
 
 /// A non-finite input would poison every score a policy accumulates from it: reject it.
 inline void check_finite(std::span<const float> x, const char* what) {
+  // A float is finite iff its exponent bits are not all ones; adding one to the exponent
+  // of |x| then carries into the sign bit. OR-ing that over all values is branch-free and
+  // vectorises (a per-element isfinite branch cost more than some policies' own work per
+  // step); the slow loop only runs to name the bad value.
+  std::uint32_t carry = 0;
+  for (float v : x) carry |= (std::bit_cast<std::uint32_t>(v) & 0x7fffffffu) + 0x00800000u;
+  if ((carry & 0x80000000u) == 0) return;
   for (std::size_t i = 0; i < x.size(); ++i)
     require(std::isfinite(x[i]), what, "[", i, "] = ", x[i], ", expected a finite value");
 }
