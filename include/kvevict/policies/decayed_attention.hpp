@@ -106,12 +106,17 @@ class DecayedAttention {
     decay_[h] = decay_for(v.capacity);
     capacity_[h] = v.capacity;
     const detail::Protection prot{config_.sinks, recent_for(v.capacity)};
+    const auto score = [&](std::size_t r) { return sc[r]; };
+    if (!recalls()) {  // H2O, TOVA and the plain setting: no marking pass
+      detail::evict_lowest(
+          v, score, [&](std::size_t r) { return !prot.is_protected(v.seqs[r], v.incoming_seq); },
+          out, label_);
+      return;
+    }
     kept_.assign(v.size, 0);
     for (std::size_t r = 0; r < v.size; ++r) kept_[r] = prot.is_protected(v.seqs[r], v.incoming_seq);
-    if (recalls()) keep_recalled(v);
-    detail::evict_lowest(
-        v, [&](std::size_t r) { return sc[r]; }, [&](std::size_t r) { return kept_[r] == 0; },
-        out, label_);
+    keep_recalled(v);
+    detail::evict_lowest(v, score, [&](std::size_t r) { return kept_[r] == 0; }, out, label_);
   }
   template <class S>
   void on_append(const HeadView<S>& v, std::size_t row) {
