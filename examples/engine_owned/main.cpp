@@ -16,6 +16,8 @@
 #include <random>
 #include <vector>
 
+#include <fmt/format.h>
+
 namespace {
 
 using Half = Eigen::half;
@@ -107,10 +109,10 @@ int main(int argc, char** argv) {
     }
   }
   const double bytes = double(geo.n_layers) * double(cells) * hkv * d * 2 * sizeof(Half);
-  std::printf("tokens %d, budget %d, policy %s\n", tokens, budget, Policy::name());
-  std::printf("rows kept per (layer, KV head): %zu (layer 0 head 0), cells allocated %zu\n",
+  fmt::print("tokens {}, budget {}, policy {}\n", tokens, budget, Policy::name());
+  fmt::print("rows kept per (layer, KV head): {} (layer 0 head 0), cells allocated {}\n",
               index.size(0, 0), cells);
-  std::printf("placed %lld rows, evicted %lld; engine K/V memory %.1f KiB (fp16)\n", placed,
+  fmt::print("placed {} rows, evicted {}; engine K/V memory {:.1f} KiB (fp16)\n", placed,
               evicted, bytes / 1024.0);
   return 0;
 }

@@ -1,14 +1,16 @@
 #pragma once
-// A dependency-free SVG line plot: quality against budget, one line per policy, one
+// An SVG line plot (formatted with fmt): quality against budget, one line per policy, one
 // panel per workload, a shared legend. Colours follow series order, so a policy keeps
 // its colour across panels when every panel lists the series in the same order.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <sstream>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <fmt/format.h>
 
 namespace kvevict::eval {
 
@@ -54,12 +56,7 @@ inline std::string xml_escape(const std::string& s) {
   }
   return o;
 }
-inline std::string fmt_tick(double v) {
-  std::ostringstream os;
-  os.precision(3);
-  os << v;
-  return os.str();
-}
+inline std::string fmt_tick(double v) { return fmt::format("{:.3g}", v); }
 }  // namespace detail
 
 /// Renders the panels side by side (up to 3 per row) as one SVG document.
@@ -85,12 +82,16 @@ inline std::string render_svg(const std::vector<Panel>& panels, const PlotSpec& 
   // Tall enough for the panels and for every legend entry (18 px each, see below).
   const int legend_h = top + 30 + static_cast<int>(names.size()) * 18 + 10;
   const int W = cols * pw + legend_w, H = std::max(top + std::max(rows, 1) * ph + 10, legend_h);
-  std::ostringstream os;
-  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
-     << "\" viewBox=\"0 0 " << W << ' ' << H << "\" font-family=\"sans-serif\" font-size=\"11\">\n"
-     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-     << "<text x=\"" << W / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">"
-     << detail::xml_escape(spec.title) << "</text>\n";
+  // Coordinates as ostream wrote them before (6 significant digits: "{:g}").
+  std::string out;
+  auto put = [&out](fmt::string_view f, auto&&... args) {
+    fmt::vformat_to(std::back_inserter(out), f, fmt::make_format_args(args...));
+  };
+  put("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" "
+      "viewBox=\"0 0 {0} {1}\" font-family=\"sans-serif\" font-size=\"11\">\n"
+      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<text x=\"{2}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">{3}</text>\n",
+      W, H, W / 2, detail::xml_escape(spec.title));
   const double xr = spec.x_max - spec.x_min, yr = spec.y_max - spec.y_min;
   for (std::size_t pi = 0; pi < panels.size(); ++pi) {
     const int ox = static_cast<int>(pi % static_cast<std::size_t>(cols)) * pw;
@@ -100,40 +101,35 @@ inline std::string render_svg(const std::vector<Panel>& panels, const PlotSpec& 
     auto Y = [&](double y) {
       return y0 - (std::clamp(y, spec.y_min, spec.y_max) - spec.y_min) / yr * (y0 - y1);
     };
-    os << "<g>\n<text x=\"" << (x0 + x1) / 2 << "\" y=\"" << oy + 18
-       << "\" text-anchor=\"middle\" font-size=\"13\">" << detail::xml_escape(panels[pi].title)
-       << "</text>\n";
+    put("<g>\n<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"13\">{}</text>\n",
+        (x0 + x1) / 2, oy + 18, detail::xml_escape(panels[pi].title));
     for (int i = 0; i <= 5; ++i) {
       const double yv = spec.y_min + yr * i / 5.0, xv = spec.x_min + xr * i / 5.0;
-      os << "<line x1=\"" << x0 << "\" x2=\"" << x1 << "\" y1=\"" << Y(yv) << "\" y2=\"" << Y(yv)
-         << "\" stroke=\"#e5e5e5\"/>\n"
-         << "<text x=\"" << x0 - 5 << "\" y=\"" << Y(yv) + 4 << "\" text-anchor=\"end\">"
-         << detail::fmt_tick(yv) << "</text>\n"
-         << "<text x=\"" << X(xv) << "\" y=\"" << y0 + 15 << "\" text-anchor=\"middle\">"
-         << detail::fmt_tick(xv) << "</text>\n";
+      put("<line x1=\"{}\" x2=\"{}\" y1=\"{:g}\" y2=\"{:g}\" stroke=\"#e5e5e5\"/>\n"
+          "<text x=\"{}\" y=\"{:g}\" text-anchor=\"end\">{}</text>\n"
+          "<text x=\"{:g}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
+          x0, x1, Y(yv), Y(yv), x0 - 5, Y(yv) + 4, detail::fmt_tick(yv), X(xv), y0 + 15,
+          detail::fmt_tick(xv));
     }
-    os << "<rect x=\"" << x0 << "\" y=\"" << y1 << "\" width=\"" << x1 - x0 << "\" height=\""
-       << y0 - y1 << "\" fill=\"none\" stroke=\"#333\"/>\n"
-       << "<text x=\"" << (x0 + x1) / 2 << "\" y=\"" << y0 + 32 << "\" text-anchor=\"middle\">"
-       << detail::xml_escape(spec.x_label) << "</text>\n"
-       << "<text transform=\"translate(" << ox + 16 << ',' << (y0 + y1) / 2
-       << ") rotate(-90)\" text-anchor=\"middle\">" << detail::xml_escape(spec.y_label)
-       << "</text>\n";
+    put("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n"
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n"
+        "<text transform=\"translate({},{}) rotate(-90)\" text-anchor=\"middle\">{}</text>\n",
+        x0, y1, x1 - x0, y0 - y1, (x0 + x1) / 2, y0 + 32, detail::xml_escape(spec.x_label),
+        ox + 16, (y0 + y1) / 2, detail::xml_escape(spec.y_label));
     for (const auto& s : panels[pi].series) {
       auto pts = s.points;
       std::sort(pts.begin(), pts.end());
-      std::ostringstream path;
+      std::string path;
       for (const auto& [x, y] : pts)
-        if (std::isfinite(y)) path << X(x) << ',' << Y(y) << ' ';
+        if (std::isfinite(y)) fmt::format_to(std::back_inserter(path), "{:g},{:g} ", X(x), Y(y));
       const std::string c = colour(s.name);
-      os << "<polyline fill=\"none\" stroke=\"" << c << "\" stroke-width=\"1.8\""
-         << (s.dashed ? " stroke-dasharray=\"5,3\"" : "") << " points=\"" << path.str() << "\"/>\n";
+      put("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.8\"{} points=\"{}\"/>\n", c,
+          s.dashed ? " stroke-dasharray=\"5,3\"" : "", path);
       for (const auto& [x, y] : pts)
         if (std::isfinite(y))
-          os << "<circle cx=\"" << X(x) << "\" cy=\"" << Y(y) << "\" r=\"2.3\" fill=\"" << c
-             << "\"/>\n";
+          put("<circle cx=\"{:g}\" cy=\"{:g}\" r=\"2.3\" fill=\"{}\"/>\n", X(x), Y(y), c);
     }
-    os << "</g>\n";
+    out += "</g>\n";
   }
   const int lx = cols * pw + 10;
   for (std::size_t i = 0; i < names.size(); ++i) {
@@ -142,13 +138,13 @@ inline std::string render_svg(const std::vector<Panel>& panels, const PlotSpec& 
     for (const auto& p : panels)
       for (const auto& s : p.series)
         if (s.name == names[i]) dashed = s.dashed;
-    os << "<line x1=\"" << lx << "\" x2=\"" << lx + 24 << "\" y1=\"" << ly << "\" y2=\"" << ly
-       << "\" stroke=\"" << colour(names[i]) << "\" stroke-width=\"2\""
-       << (dashed ? " stroke-dasharray=\"5,3\"" : "") << "/>\n<text x=\"" << lx + 30 << "\" y=\""
-       << ly + 4 << "\">" << detail::xml_escape(names[i]) << "</text>\n";
+    put("<line x1=\"{0}\" x2=\"{1}\" y1=\"{2}\" y2=\"{2}\" stroke=\"{3}\" stroke-width=\"2\"{4}/>\n"
+        "<text x=\"{5}\" y=\"{6}\">{7}</text>\n",
+        lx, lx + 24, ly, colour(names[i]), dashed ? " stroke-dasharray=\"5,3\"" : "", lx + 30,
+        ly + 4, detail::xml_escape(names[i]));
   }
-  os << "</svg>\n";
-  return os.str();
+  out += "</svg>\n";
+  return out;
 }
 
 }  // namespace kvevict::eval

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "e2e.hpp"
 #include "kvevict/kvevict.hpp"
 #include "llama2c.hpp"
@@ -61,10 +63,9 @@ void for_each_recall_candidate(F&& f) {
     for (float fr : {0.25f, 0.375f, 0.5f})
       for (float rf : {0.0625f, 0.125f, 0.1875f}) {
         if (h != 3.0f && (fr != 0.375f || rf == 0.1875f)) continue;
-        char name[96];
-        std::snprintf(name, sizeof name, "DecayedAttention horizon %.0f, recent %.3f, recall %.4f",
-                      h, fr, rf);
-        f(name, policies::DecayedAttention(
+        const std::string name = fmt::format(
+            "DecayedAttention horizon {:.0f}, recent {:.3f}, recall {:.4f}", h, fr, rf);
+        f(name.c_str(), policies::DecayedAttention(
                     {.sinks = 1, .horizon = h, .recent_fraction = fr, .recall_fraction = rf}));
       }
 }
@@ -101,7 +102,7 @@ struct Runner {
     }
     std::size_t won = 0;
     for (std::size_t g = 0; g < groups.size(); ++g) won += groups[g] < reference[g];
-    std::printf("| %zu | %s | %.4f | %.4f-%.4f | %zu/%zu | %.3f |\n", budget, name, all.mean_kl,
+    fmt::print("| {} | {} | {:.4f} | {:.4f}-{:.4f} | {}/{} | {:.3f} |\n", budget, name, all.mean_kl,
                 lo, hi, won, groups.size(), all.top1);
     std::fflush(stdout);
   }
@@ -183,7 +184,7 @@ void retrieval_row(const std::shared_ptr<const Model>& model,
     }
   }
   auto rate = [](std::size_t h, std::size_t n) { return n ? static_cast<double>(h) / static_cast<double>(n) : 0.0; };
-  std::printf("| %zu | %s | %.3f (%zu) | %.3f (%zu) | %.4f |\n", budget, name, rate(far_hit, far_n),
+  fmt::print("| {} | {} | {:.3f} ({}) | {:.3f} ({}) | {:.4f} |\n", budget, name, rate(far_hit, far_n),
               far_n, rate(near_hit, near_n), near_n, kl / static_cast<double>(kl_n));
   std::fflush(stdout);
 }
@@ -230,10 +231,10 @@ int main(int argc, char** argv) {
       const Tokenizer tok = Tokenizer::load(a.model_dir + "/tok512.bin", r.model->config().vocab_size);
       const int per_name = a.streams / 4;
       const auto streams = retrieval_streams(r.model, tok, per_name, a.seed);
-      std::printf("name retrieval: %zu stories (%d per name, seeds %llu..), T = 512\n\n",
+      fmt::print("name retrieval: {} stories ({} per name, seeds {}..), T = 512\n\n",
                   streams.size(), per_name, static_cast<unsigned long long>(a.seed));
-      std::printf("| budget | policy | far: top-1 = name (positions) | near: top-1 = name (positions) | mean KL |\n");
-      std::printf("|---|---|---|---|---|\n");
+      fmt::print("| budget | policy | far: top-1 = name (positions) | near: top-1 = name (positions) | mean KL |\n");
+      fmt::print("|---|---|---|---|---|\n");
       for (std::size_t B : {16u, 32u, 64u, 128u}) {
         if (a.tune) {  // the retrieval side of the recall grid (tuning seeds: 3000..)
           retrieval_row(r.model, streams, B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}));
@@ -264,21 +265,21 @@ int main(int argc, char** argv) {
       o.temperature = 1.0f;
       r.streams.push_back(sample_stream(r.model, o));
     }
-    std::printf("streams %d (seeds %llu..%llu), T = 512, temperature 1, KL(full || policy)\n\n",
+    fmt::print("streams {} (seeds {}..{}), T = 512, temperature 1, KL(full || policy)\n\n",
                 a.streams, static_cast<unsigned long long>(a.seed),
                 static_cast<unsigned long long>(a.seed + static_cast<std::uint64_t>(a.streams) - 1));
-    std::printf("| budget | policy | mean KL | range over 4-stream groups | groups below "
+    fmt::print("| budget | policy | mean KL | range over 4-stream groups | groups below "
                 "StreamingLLM (1 sink) | top-1 |\n");
-    std::printf("|---|---|---|---|---|---|\n");
+    fmt::print("|---|---|---|---|---|---|\n");
     for (std::size_t B : {16u, 32u, 64u, 128u}) {
       r.row(B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
       if (a.tune) {
         // First round (no recall reserve), then the recall grid around its winner.
         for (float h : {2.0f, 3.0f, 4.0f, 6.0f})
           for (float f : {0.25f, 0.5f}) {
-            char name[64];
-            std::snprintf(name, sizeof name, "DecayedAttention horizon %.0f, recent %.2f", h, f);
-            r.row(B, name,
+            const std::string name =
+                fmt::format("DecayedAttention horizon {:.0f}, recent {:.2f}", h, f);
+            r.row(B, name.c_str(),
                   policies::DecayedAttention({.sinks = 1, .horizon = h, .recent_fraction = f}));
           }
         for_each_recall_candidate(
@@ -302,7 +303,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "llama2c_headline: %s\n", e.what());
+    fmt::print(stderr, "llama2c_headline: {}\n", e.what());
     return 2;
   }
 }

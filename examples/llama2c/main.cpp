@@ -10,6 +10,8 @@
 #include <random>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "e2e.hpp"
 #include "llama2c.hpp"
 #include "options.hpp"
@@ -17,7 +19,7 @@
 namespace {
 
 void usage() {
-  std::fprintf(stderr,
+  fmt::print(stderr,
                "usage: llama2c [CHECKPOINT [TOKENIZER]] [--model-dir DIR] [--checkpoint FILE]\n"
                "               [--tokenizer FILE]\n"
                "               [--policy full|streaming|h2o|random|knorm|oracle|hashevict|buzz] "
@@ -82,9 +84,9 @@ int main(int argc, char** argv) {
     auto model = std::make_shared<const Model>(Model::load(checkpoint));
     const Tokenizer tok = Tokenizer::load(tokenizer, model->config().vocab_size);
     const auto& c = model->config();
-    std::fprintf(
+    fmt::print(
         stderr,
-        "model: dim %d, hidden %d, layers %d, heads %d, kv heads %d, vocab %d, seq_len %d\n", c.dim,
+        "model: dim {}, hidden {}, layers {}, heads {}, kv heads {}, vocab {}, seq_len {}\n", c.dim,
         c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len);
     kvevict::detail::require(steps >= 1 && steps <= c.seq_len, "--steps = ", steps,
                              ", expected 1..", c.seq_len);
@@ -93,7 +95,7 @@ int main(int argc, char** argv) {
     with_policy(policy, budget, knobs, [&](auto pol, const kvevict::Budget& b) {
       Transformer<decltype(pol)> tf(model, b, pol);
       std::mt19937_64 rng(knobs.seed);
-      std::fprintf(stderr, "policy %s, budget %zu rows per layer and KV head\n",
+      fmt::print(stderr, "policy {}, budget {} rows per layer and KV head\n",
                    decltype(pol)::name(), budget);
       int token = prompt_ids[0];
       for (int pos = 0; pos < steps; ++pos) {
@@ -112,7 +114,7 @@ int main(int argc, char** argv) {
       return 0;
     });
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "llama2c: %s\n", e.what());
+    fmt::print(stderr, "llama2c: {}\n", e.what());
     return 1;
   }
   return 0;

@@ -486,10 +486,9 @@ struct Profile {
     std::ifstream in(path);
     kvevict::detail::require(static_cast<bool>(in), "XKV profile: cannot open '", path,
                              "' for reading");
-    std::ostringstream ss;
-    ss << in.rdbuf();
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
     try {
-      return from_text(ss.str());
+      return from_text(text);
     } catch (const Error& e) {
       throw Error(std::string(e.what()) + " (file '" + path + "')");
     }
