@@ -108,6 +108,21 @@ inline float resolve_scale(float scale, std::size_t d, const char* what) {
   return scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(d)) : scale;
 }
 
+/// attend()'s argument checks; returns the scale to use. n_heads x head_dim is computed in
+/// size_t (an int product could wrap for huge geometries).
+inline float check_attend_args(const Geometry& g, int layer, std::span<const float> queries,
+                               const AttendOptions& options) {
+  require(layer >= 0 && layer < g.n_layers, "attend: layer = ", layer,
+          ", expected 0 <= layer < ", g.n_layers);
+  const auto d = static_cast<std::size_t>(g.head_dim);
+  const std::size_t expect = static_cast<std::size_t>(g.n_heads) * d;
+  require(queries.size() == expect, "attend: queries has ", queries.size(), " floats, expected ",
+          expect, " (n_heads x head_dim)");
+  // A NaN query would poison every accumulated score of an attention policy for good.
+  check_finite(queries, "attend: queries");
+  return resolve_scale(options.scale, d, "attend");
+}
+
 /// p.V of one group: out (group x d, row stride d) = probs (group x n) * values (n x d).
 template <class Scalar>
 void group_output(const float* probs, std::size_t group, const Scalar* values, std::size_t n,
@@ -135,17 +150,10 @@ template <class Cache, class ProbsOf>
 void attend_step(Cache& cache, int layer, std::span<const float> queries, float* out,
                  const AttendOptions& options, ProbsOf&& probs_of) {
   const Geometry& g = cache.geometry();
-  require(layer >= 0 && layer < g.n_layers, "attend: layer = ", layer,
-          ", expected 0 <= layer < ", g.n_layers);
+  const float scale = check_attend_args(g, layer, queries, options);
   const auto G = static_cast<std::size_t>(g.group());
   const auto d = static_cast<std::size_t>(g.head_dim);
   const auto hkv = static_cast<std::size_t>(g.n_kv_heads);
-  const std::size_t expect = static_cast<std::size_t>(g.n_heads) * d;  // no int overflow
-  require(queries.size() == expect, "attend: queries has ", queries.size(), " floats, expected ",
-          expect, " (n_heads x head_dim)");
-  // A NaN query would poison every accumulated score of an attention policy for good.
-  check_finite(queries, "attend: queries");
-  const float scale = resolve_scale(options.scale, d, "attend");
   for (std::size_t kh = 0; kh < hkv; ++kh) {
     const auto k = cache.keys(layer, static_cast<int>(kh));
     const auto v = cache.values(layer, static_cast<int>(kh));
@@ -178,14 +186,8 @@ template <class Cache>
 AttentionResult attend_reference(Cache& cache, int layer, std::span<const float> queries,
                                  AttendOptions options = {}) {
   const Geometry& g = cache.geometry();
-  require(layer >= 0 && layer < g.n_layers, "attend: layer = ", layer,
-          ", expected 0 <= layer < ", g.n_layers);
+  const float scale = check_attend_args(g, layer, queries, options);
   const auto d = static_cast<std::size_t>(g.head_dim);
-  const std::size_t expect = static_cast<std::size_t>(g.n_heads) * d;
-  require(queries.size() == expect, "attend: queries has ", queries.size(), " floats, expected ",
-          expect, " (n_heads x head_dim)");
-  check_finite(queries, "attend: queries");
-  const float scale = resolve_scale(options.scale, d, "attend");
   AttentionResult r;
   r.out.setZero(g.n_heads, g.head_dim);
   r.probs.resize(static_cast<std::size_t>(g.n_kv_heads));
@@ -255,8 +257,7 @@ void attend(Cache& cache, int layer, std::span<const float> queries, std::span<f
       static_cast<std::size_t>(g.n_heads) * static_cast<std::size_t>(g.head_dim);
   detail::require(out.size() == expect, "attend: out has ", out.size(), " floats, expected ",
                   expect, " (n_heads x head_dim)");
-  detail::require(layer >= 0 && layer < g.n_layers, "attend: layer = ", layer,
-                  ", expected 0 <= layer < ", g.n_layers);
+  detail::check_attend_args(g, layer, queries, options);  // before keys(layer, ...) below
   const auto G = static_cast<std::size_t>(g.group());
   workspace.layout(static_cast<std::size_t>(g.n_kv_heads), [&](std::size_t kh) {
     return G * static_cast<std::size_t>(cache.keys(layer, static_cast<int>(kh)).rows());
