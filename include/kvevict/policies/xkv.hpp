@@ -20,12 +20,15 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <queue>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "../cache.hpp"
 #include "observation.hpp"
@@ -359,13 +362,13 @@ struct Profile {
   }
 
   [[nodiscard]] std::string to_text() const {
-    std::ostringstream os;
-    os << "# XKV per-layer budgets (arXiv 2412.05896), tokens per KV head, window excluded\n"
-       << kMagic << ' ' << kVersion << "\nlayers " << tokens.size() << "\nwindow " << window
-       << "\nsamples " << samples << "\ntokens";
-    for (long long t : tokens) os << ' ' << t;
-    os << "\nend\n";
-    return os.str();
+    std::string out = fmt::format(
+        "# XKV per-layer budgets (arXiv 2412.05896), tokens per KV head, window excluded\n"
+        "{} {}\nlayers {}\nwindow {}\nsamples {}\ntokens",
+        kMagic, kVersion, tokens.size(), window, samples);
+    for (long long t : tokens) fmt::format_to(std::back_inserter(out), " {}", t);
+    out += "\nend\n";
+    return out;
   }
 
   static Profile from_text(const std::string& text) {
