@@ -221,8 +221,11 @@ struct HashStats {
   std::size_t evictions = 0, tied = 0;
 };
 
+// With `prompt` > 0 the stream opens with a prompt of that many tokens through prefill
+// (PrefillRule::keep_ends when it exceeds C: the reference keeps the first sinks and the
+// last C - sinks tokens, in token order, in slots 0..C-1), then decodes.
 HashStats hash_run(int bits, std::size_t cap, std::size_t steps, int dim, std::uint64_t seed,
-                   bool reference_slots) {
+                   bool reference_slots, std::size_t prompt = 0) {
   const Geometry g{1, 4, 2, dim};
   HashKey::Config c;
   c.bits = bits;
@@ -233,15 +236,28 @@ HashStats hash_run(int bits, std::size_t cap, std::size_t steps, int dim, std::u
   std::vector<HashRef> ref(2, HashRef{cap, c.sinks, c.recent, {}, 0, 0});
   Rng rng(seed);
   HashStats st;
-  for (std::uint64_t t = 0; t < steps; ++t) {
+  auto code_of = [&](const float* x) {
+    std::vector<std::uint8_t> code(static_cast<std::size_t>(bits / 8));
+    proj.hash_one(x, code.data());
+    return code;
+  };
+  if (prompt > 0) {
+    const auto pk = rng.normals(prompt * static_cast<std::size_t>(2 * dim));
+    const auto pv = rng.normals(prompt * static_cast<std::size_t>(2 * dim));
+    cache.prefill(0, 0, prompt, pk, pv);
+    for (int kh = 0; kh < 2; ++kh)
+      for (std::size_t t = 0; t < prompt; ++t)
+        if (prompt <= cap || t < c.sinks || t >= prompt - (cap - c.sinks))
+          ref[static_cast<std::size_t>(kh)].slots.push_back(
+              {t, code_of(pk.data() + (t * 2 + static_cast<std::size_t>(kh)) * dim)});
+  }
+  for (std::uint64_t t = prompt; t < prompt + steps; ++t) {
     const auto k = rng.normals(static_cast<std::size_t>(2 * dim));
     const auto v = rng.normals(static_cast<std::size_t>(2 * dim));
     cache.append(0, static_cast<std::int64_t>(t), k, v);
     for (int kh = 0; kh < 2; ++kh) {
-      std::vector<std::uint8_t> code(static_cast<std::size_t>(bits / 8));
-      proj.hash_one(k.data() + kh * dim, code.data());
       auto& r = ref[static_cast<std::size_t>(kh)];
-      r.step(t, code);
+      r.step(t, code_of(k.data() + kh * dim));
       const auto seqs = cache.seqs(0, kh);
       st.agree.add({seqs.begin(), seqs.end()}, r.seqs());
     }
@@ -448,6 +464,13 @@ TEST_CASE("HashEvict reference_slots keeps the reference's slots at every step, 
       REQUIRE(st.evictions >= 2 * (700 - cap));
       REQUIRE(st.tied * 10 >= st.evictions);  // ties are exercised (>= 10% of evictions)
     }
+  // A prompt longer than the budget (keep_ends), then decoding.
+  for (std::size_t prompt : {40u, 200u}) {
+    const auto st = hash_run(16, 64, 600, 6, 300u + prompt, true, prompt);
+    INFO("prompt " << prompt);
+    REQUIRE(st.agree.identical == st.agree.steps);
+    REQUIRE(st.tied * 10 >= st.evictions);
+  }
   // Without the option, tie-breaking by row differs.
   const auto d = hash_run(16, 64, 700, 6, 180u, false);
   REQUIRE(d.agree.identical < d.agree.steps);
