@@ -440,18 +440,41 @@ TEST_CASE("BUZZ reference_timing: configuration and save/restore") {
   const Geometry g{1, 2, 2, 4};
   KVCache<BuzzBeehive> a(g, Budget::unbounded(), BuzzBeehive(c));
   Rng rng(3);
-  for (std::int64_t t = 0; t < 700; ++t) {
-    a.append(0, t, rng.normals(8), rng.normals(8));
+  auto step = [&](KVCache<BuzzBeehive>& x, std::int64_t t, const std::vector<float>& k,
+                  const std::vector<float>& v) {
+    x.append(0, t, k, v);
     for (int kh = 0; kh < 2; ++kh) {
-      const std::size_t n = a.size(0, kh);
-      a.observe(0, kh, std::vector<float>(n, 1.0f / static_cast<float>(n)));
+      const auto seqs = x.seqs(0, kh);
+      x.observe(0, kh, buzz_probs(5, static_cast<std::uint64_t>(t), {seqs.begin(), seqs.end()},
+                                  kh, 0, true));
+    }
+  };
+  // Save right after the step that triggers the first rebuild (seq 564): the head holds the
+  // 565 not-yet-rebuilt rows and the rebuild is pending for the next append.
+  std::int64_t t = 0;
+  for (; t <= 564; ++t) step(a, t, rng.normals(8), rng.normals(8));
+  REQUIRE(a.size(0, 0) == 565);
+  KVCache<BuzzBeehive> b(g, Budget::unbounded(), BuzzBeehive(c));
+  REQUIRE_NOTHROW(kvevict::load_bytes(b, kvevict::save_bytes(a)));
+  for (; t < 1500; ++t) {
+    const auto k = rng.normals(8), v = rng.normals(8);
+    step(a, t, k, v);
+    step(b, t, k, v);
+    for (int kh = 0; kh < 2; ++kh) {
+      const auto sa = a.seqs(0, kh), sb = b.seqs(0, kh);
+      REQUIRE(std::vector<std::uint64_t>(sa.begin(), sa.end()) ==
+              std::vector<std::uint64_t>(sb.begin(), sb.end()));
+      REQUIRE(a.policy().scores(0, kh) == b.policy().scores(0, kh));
     }
   }
-  KVCache<BuzzBeehive> same(g, Budget::unbounded(), BuzzBeehive(c));
-  REQUIRE_NOTHROW(kvevict::load_bytes(same, kvevict::save_bytes(a)));
+  REQUIRE(a.policy().rebuilds(0, 0) >= 3);
   KVCache<BuzzBeehive> plain(g, Budget::unbounded(), BuzzBeehive{});
   REQUIRE_THROWS_AS(kvevict::load_bytes(plain, kvevict::save_bytes(a)), kvevict::Error);
   REQUIRE(plain.size(0, 0) == 0);  // unchanged
+  KVCache<BuzzBeehive> plain_saved(g, Budget::unbounded(), BuzzBeehive{});
+  KVCache<BuzzBeehive> ref_target(g, Budget::unbounded(), BuzzBeehive(c));
+  REQUIRE_THROWS_AS(kvevict::load_bytes(ref_target, kvevict::save_bytes(plain_saved)),
+                    kvevict::Error);
 }
 
 TEST_CASE("HashEvict reference_slots keeps the reference's slots at every step, ties included") {
