@@ -593,6 +593,9 @@ TEST_CASE("XKV reference: zero allocations, overflow to layer 0, unreachable tar
   const auto a = xkv_allocator(s, 1, 1, true);
   REQUIRE(a.allocate(2).tokens == std::vector<long long>{0, 2});
   REQUIRE(a.allocate(7).tokens == std::vector<long long>{4, 3});
+  // Past every candidate the overflow is added at once, not one token per iteration.
+  REQUIRE(a.allocate(1'000'000'000'000LL).tokens ==
+          std::vector<long long>{1'000'000'000'000LL - 3, 3});
   // Default mode: one-token floor and a stop when every candidate is taken.
   const auto b = xkv_allocator(s, 1, 1, false);
   REQUIRE(b.allocate(2).tokens == std::vector<long long>{1, 1});

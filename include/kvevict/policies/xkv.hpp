@@ -334,6 +334,12 @@ class XkvLayerAllocator {
     for (long long i = 0; target ? goal > rsum : i < total; ++i) {
       std::pop_heap(heap.begin(), heap.end());
       Candidate& c = heap.back();
+      if (!target && c.gain <= 0.0) {
+        // Every gain is 0: the reference hands each remaining token to the lowest layer,
+        // layer 0, one at a time; add them at once.
+        a.tokens[0] += total - i;
+        break;
+      }
       kvevict::detail::require(!target || c.gain > 0.0,
                                "XkvLayerAllocator::allocate_for_retention: target = ", *target,
                                " is out of reach (mean R ", rsum / L,
