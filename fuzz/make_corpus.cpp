@@ -1,6 +1,6 @@
 // Writes the small seed corpora committed under fuzz/corpus/<target>/ (run from the
 // repository root: scripts/fuzz.sh does not need it; it documents where seeds came from).
-//   clang++ -std=c++20 -Iinclude -Iexamples/llama2c -Iexamples/eval -I/usr/include/eigen3 \
+//   clang++ -std=c++20 -DFMT_HEADER_ONLY=1 -Iinclude -Iexamples/llama2c -Iexamples/eval -I/usr/include/eigen3 \
 //     fuzz/make_corpus.cpp -o /tmp/make_corpus && /tmp/make_corpus
 #include <kvevict/kvevict.hpp>
 #include <kvevict/policies/xkv.hpp>
