@@ -138,7 +138,46 @@ TEST_CASE("PagedCache: an exhausted pool is a kvevict::Error and nothing changes
   a.release();
   REQUIRE(pool.allocator().in_use() == 0);
   REQUIRE(a.size(0, 1) == 0);
+  REQUIRE_THROWS_WITH(a.append(0, 9, rng.normals(8), rng.normals(8)), Catch::Contains("sequence 0 was released"));
+  REQUIRE(pool.allocator().in_use() == 0);
   REQUIRE_THROWS_WITH(BlockPool<float>(4, 6, 4), Catch::Contains("block_tokens = 6"));
   REQUIRE_THROWS_WITH(PagedCache<pol::StreamingLLM>(Geometry{1, 2, 2, 8}, Budget::uniform(8), pool, 0),
                       Catch::Contains("pool head_dim = 4"));
+}
+
+TEST_CASE("PagedCache: a prompt prefilled in chunks never needs more blocks than its budget", "[paged]") {
+  // The pool holds exactly the blocks the budget needs (layers x KV heads x ceil(cap / B)):
+  // any transient overshoot while a chunk is selected would throw "pool exhausted".
+  const Geometry g{2, 4, 2, 8};
+  const std::size_t kv = std::size_t(g.n_kv_heads * g.head_dim), qn = std::size_t(g.n_heads * g.head_dim);
+  const std::uint32_t bt = GENERATE(1u, 4u, 16u);
+  const std::size_t chunk = GENERATE(std::size_t{7}, std::size_t{32});
+  CAPTURE(bt, chunk);
+  const long long cap = 48;
+  const auto blocks = std::uint32_t(g.n_layers * g.n_kv_heads) * std::uint32_t((cap + bt - 1) / bt);
+  auto run = [&](auto policy) {
+    using P = decltype(policy);
+    BlockPool<float> pool(blocks, bt, g.head_dim);
+    PagedCache<P> paged(g, Budget::uniform(cap), pool, 0, policy);
+    KVCache<P> cache(g, Budget::uniform(cap), policy);
+    kvtest::Rng rng(11);
+    for (std::size_t first = 0; first < 200; first += chunk) {
+      const std::size_t T = std::min(chunk, 200 - first);
+      for (int l = 0; l < g.n_layers; ++l) {
+        auto k = rng.normals(T * kv), v = rng.normals(T * kv), q = rng.normals(T * qn);
+        paged.prefill(l, std::int64_t(first), T, k, v, q);
+        cache.prefill(l, std::int64_t(first), T, k, v, q);
+        for (int h = 0; h < g.n_kv_heads; ++h) {
+          REQUIRE(paged.size(l, h) <= std::size_t(cap));
+          const auto pp = paged.positions(l, h), pc = cache.positions(l, h);
+          REQUIRE(std::equal(pp.begin(), pp.end(), pc.begin(), pc.end()));
+        }
+      }
+      REQUIRE(pool.allocator().in_use() <= blocks);
+    }
+    REQUIRE(paged.size(0, 0) == std::size_t(cap));
+  };
+  run(pol::H2O(pol::H2O::Config{4, 1}));
+  run(pol::DecayedAttention::recommended());
+  run(pol::SnapKV(pol::SnapKV::Config{.window = 4, .kernel = 3}));
 }

@@ -101,8 +101,10 @@ class PagedCache
   PagedCache& operator=(const PagedCache&) = delete;
   ~PagedCache() { release(); }
 
-  /// Returns every block to the pool; the cache is empty afterwards (its clocks kept).
+  /// Returns every block to the pool. The sequence is over: append and prefill throw
+  /// afterwards (the policy's per-row state is not reset).
   void release() noexcept {
+    released_ = true;
     for (auto& h : this->heads_) {
       for (std::uint32_t b : h.blocks) pool_->release(b);
       h.blocks.clear();
@@ -127,6 +129,7 @@ class PagedCache
   /// free block for a head that needs one.
   void append(int layer, std::int64_t position, std::span<const float> keys,
               std::span<const float> values, std::span<const float> queries = {}) {
+    check_live();
     this->check_token(layer, position, keys, values, queries, false);
     need_blocks_ = 0;
     this->step(layer, position, keys.data(), values.data(), queries.empty() ? nullptr : queries.data());
@@ -135,6 +138,7 @@ class PagedCache
   void prefill(int layer, std::int64_t first_position, std::size_t tokens,
                std::span<const float> keys, std::span<const float> values,
                std::span<const float> queries = {}) {
+    check_live();
     this->check_block(layer, first_position, tokens, keys, values, queries, true);
     need_blocks_ = 0;
     this->prefill_block(layer, first_position, tokens, keys.data(), values.data(),
@@ -142,6 +146,10 @@ class PagedCache
   }
 
  private:
+  void check_live() const {
+    detail::require(!released_, "PagedCache: sequence ", owner_,
+                    " was released, expected a live sequence");
+  }
   std::uint32_t block_of(const detail::PagedHead& h, std::size_t row) const { return h.blocks[row >> shift_]; }
   std::size_t slot_of(std::size_t row) const { return row & (pool_->block_tokens() - 1); }
   std::size_t blocks_for(std::size_t rows) const { return (rows + pool_->block_tokens() - 1) >> shift_; }
@@ -246,6 +254,7 @@ class PagedCache
   std::uint32_t owner_;
   unsigned shift_ = 0;
   std::size_t need_blocks_ = 0;
+  bool released_ = false;
   std::vector<Scalar> gather_k_, gather_v_;
 };
 
