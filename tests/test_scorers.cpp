@@ -90,6 +90,7 @@ struct BruteExpected {
   std::size_t capacity;
   std::map<std::int64_t, Row> rows;
   std::vector<std::vector<std::vector<double>>> queries;  // per g: un-rotated queries
+  std::map<std::int64_t, double> acc;                     // decayed scores (horizon > 0)
 
   void step(std::int64_t pos, std::uint64_t seq, const std::vector<float>& key,
             const std::vector<float>& value, const float* q) {
@@ -136,15 +137,19 @@ struct BruteExpected {
           if (r.seq >= c.sinks) score[p] += std::exp(z(r.key)) / total / G;
       }
       const std::size_t recent = std::max(c.recent, static_cast<std::size_t>(c.recent_fraction * static_cast<float>(capacity)));
-      rows.erase(brute_victim(rows, c.sinks, recent, seq, [&](std::int64_t p, const Row& r) {
-        double s = score[p];
+      for (const auto& [p, r] : rows) {
+        double& s = score[p];
         if (c.value_norm) {
           double vn = 0.0;
           for (float x : r.value) vn += static_cast<double>(x) * x;
           s = (s + c.epsilon) * std::sqrt(vn);
         }
-        return s;
-      }));
+        if (c.horizon > 0.0f) s = acc[p] = (1.0 - c.horizon / static_cast<double>(capacity)) * acc[p] + s;
+      }
+      const auto victim = brute_victim(rows, c.sinks, recent, seq,
+                                       [&](std::int64_t p, const Row&) { return score[p]; });
+      rows.erase(victim);
+      acc.erase(victim);
     }
     rows[pos] = {seq, key, value};
   }
@@ -238,7 +243,7 @@ void compare_expected(const ExpectedAttention::Config& c, int G, std::size_t cap
   const Geometry g{2, 2 * G, 2, d};
   compare(g, cap, ExpectedAttention(c),
           [&] {
-            BruteExpected b{c, d, G, cap, {}, {}};
+            BruteExpected b{c, d, G, cap, {}, {}, {}};
             b.queries.resize(static_cast<std::size_t>(G));
             return b;
           },
@@ -263,6 +268,10 @@ TEST_CASE("ExpectedAttention agrees with a dense brute-force rule", "[scorers]")
     compare_expected({.sinks = 4, .query_window = 8, .future_positions = 64, .epsilon = 0.01f,
                       .rope_base = 100.0f},
                      G, 12, 400 + G, 6);
+    // kvevict's extension: decayed scores behind a sink and a recent band.
+    compare_expected({.sinks = 1, .recent_fraction = 0.375f, .query_window = 4,
+                      .future_positions = 4, .covariance = C::none, .horizon = 3.0f},
+                     G, 16, 500 + G);
   }
 }
 
@@ -349,6 +358,7 @@ TEST_CASE("Bad scorer configurations are rejected with the value", "[scorers]") 
   REQUIRE_THROWS_WITH(ExpectedAttention({.epsilon = -1.0f}), Catch::Contains("epsilon = -1"));
   REQUIRE_THROWS_WITH(ExpectedAttention({.epsilon = NAN}), Catch::Contains("epsilon = nan"));
   REQUIRE_THROWS_WITH(ExpectedAttention({.rope_base = 1.0f}), Catch::Contains("rope_base = 1"));
+  REQUIRE_THROWS_WITH(ExpectedAttention({.horizon = -2.0f}), Catch::Contains("horizon = -2"));
   REQUIRE_THROWS_WITH(ExpectedAttention({.recent_fraction = 1.0f}),
                       Catch::Contains("recent_fraction = 1"));
   REQUIRE_THROWS_WITH(KeyDiff({.recent_fraction = -0.5f}), Catch::Contains("recent_fraction = -0.5"));

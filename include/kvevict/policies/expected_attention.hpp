@@ -67,6 +67,9 @@ class ExpectedAttention {
     float epsilon = 0.0f;    ///< added to the score before the value norm
     RopeLayout rope = RopeLayout::interleaved;
     float rope_base = 10000.0f;  ///< theta_i = base^(-2i / d)
+    /// kvevict extension (0 = off, the paper): rank by the scores decayed over steps,
+    /// acc <- (1 - horizon / capacity) x acc + score, as DecayedAttention does with attention.
+    float horizon = 0.0f;
   };
 
   ExpectedAttention() : ExpectedAttention(Config{}) {}
@@ -79,6 +82,8 @@ class ExpectedAttention {
                              1u << 24);
     kvevict::detail::require(std::isfinite(c.epsilon) && c.epsilon >= 0.0f, name(),
                              ": epsilon = ", c.epsilon, ", expected finite and >= 0");
+    kvevict::detail::require(std::isfinite(c.horizon) && c.horizon >= 0.0f, name(),
+                             ": horizon = ", c.horizon, ", expected finite and >= 0");
     kvevict::detail::require(
         c.rope == RopeLayout::none || (std::isfinite(c.rope_base) && c.rope_base > 1.0f), name(),
         ": rope_base = ", c.rope_base, ", expected finite and > 1");
@@ -100,6 +105,7 @@ class ExpectedAttention {
     group_ = static_cast<std::size_t>(g.group());
     hkv_ = static_cast<std::size_t>(g.n_kv_heads);
     vnorms_.bind(shape);
+    if (config_.horizon > 0.0f) acc_.bind(shape);
     stats_.assign(static_cast<std::size_t>(g.n_layers) * static_cast<std::size_t>(g.n_heads),
                   QueryStats{});
     for (auto& s : stats_) s.reset(d_, config_.query_window);
@@ -128,6 +134,14 @@ class ExpectedAttention {
   void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
     add_queries(v);
     score_rows(v);
+    if (config_.horizon > 0.0f) {
+      auto& acc = acc_.of(v.layer, v.kv_head);
+      const double decay =
+          v.capacity == Budget::kUnbounded
+              ? 1.0
+              : std::clamp(1.0 - static_cast<double>(config_.horizon) / static_cast<double>(v.capacity), 0.0, 1.0);
+      for (std::size_t r = 0; r < v.size; ++r) score_[r] = acc[r] = decay * acc[r] + score_[r];
+    }
     const detail::Protection prot{config_.sinks, recent_for(v.capacity)};
     detail::evict_lowest(
         v, [&](std::size_t r) { return score_[r]; },
@@ -140,12 +154,15 @@ class ExpectedAttention {
     double s = 0.0;
     for (const S& x : v.value(row)) s += static_cast<double>(x) * static_cast<double>(x);
     vnorms_.set(v.layer, v.kv_head, row, static_cast<float>(std::sqrt(s)));
+    if (config_.horizon > 0.0f) acc_.set(v.layer, v.kv_head, row, 0.0);
   }
   void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     vnorms_.move(layer, kv_head, from, to);
+    if (config_.horizon > 0.0f) acc_.move(layer, kv_head, from, to);
   }
 
-  /// The scores of the last choose_victims call, one per live row (for tests and tools).
+  /// The scores the last choose_victims call ranked by (decayed when horizon > 0), one per
+  /// live row (for tests and tools).
   [[nodiscard]] const std::vector<double>& last_scores() const { return score_; }
   /// Un-rotated query statistics of query head `head` (0..n_heads) of `layer`: how many
   /// queries, their sum and the sum of their outer products (row-major d x d).
@@ -347,6 +364,7 @@ class ExpectedAttention {
   Config config_;
   std::size_t d_ = 0, group_ = 1, hkv_ = 1;
   detail::RowColumn<float> vnorms_;
+  detail::RowColumn<double> acc_;  ///< decayed scores (horizon > 0 only)
   std::vector<QueryStats> stats_;            ///< per (layer, query head)
   std::vector<std::uint64_t> last_added_;    ///< per (layer, KV head): seq whose queries are in
   std::vector<double> theta_, future_re_, future_im_;  ///< per rotated pair
