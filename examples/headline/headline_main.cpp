@@ -26,6 +26,7 @@ struct Args {
   bool retrieval = false;
   bool scorers = false;  ///< --tune-scorers: the probability-free grid instead of the table
   bool haystack = false;  ///< --haystack: the repeated-filler retrieval measure
+  bool brief = false;     ///< --brief: retrieval rows of the compared policies only
 };
 
 Args parse(int argc, char** argv) {
@@ -44,9 +45,10 @@ Args parse(int argc, char** argv) {
     else if (s == "--retrieval") a.retrieval = true;
     else if (s == "--tune-scorers") a.scorers = true;
     else if (s == "--haystack") a.haystack = true;
+    else if (s == "--brief") a.brief = true;
     else kvevict::detail::fail("unknown option ", s,
                                ", expected --model-dir DIR, --streams N, --seed S, --tune, "
-                               "--tune-scorers, --haystack and/or --retrieval");
+                               "--tune-scorers, --haystack, --brief and/or --retrieval");
   }
   if (a.model_dir.empty()) a.model_dir = KVEVICT_DEFAULT_MODEL_DIR;
   kvevict::detail::require(a.streams >= 4 && a.streams % 4 == 0, "--streams ", a.streams,
@@ -420,6 +422,15 @@ int main(int argc, char** argv) {
         }
         retrieval_row(r.model, streams, B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
         retrieval_row(r.model, streams, B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}));
+        if (a.brief) {  // the rows the probability-free and recall-option results compare
+          retrieval_row(r.model, streams, B, "**DecayedAttention::recommended()**",
+                        policies::DecayedAttention::recommended());
+          retrieval_row(r.model, streams, B, "recommended() with the excess-spike reserve", kExcess);
+          retrieval_row(r.model, streams, B,
+                        "probability-free: 1 sink, 3/8 recent, decayed expected attention",
+                        kProbabilityFree);
+          continue;
+        }
         retrieval_row(r.model, streams, B, "DecayedAttention without recall (h 3, f 1/2)",
                       kNoRecall);
         retrieval_row(r.model, streams, B, "**DecayedAttention::recommended()**",
