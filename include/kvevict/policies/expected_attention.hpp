@@ -272,29 +272,25 @@ class ExpectedAttention {
       rc_[j] = c0 * future_re_[j] - s0 * future_im_[j];
       rs_[j] = s0 * future_re_[j] + c0 * future_im_[j];
     }
-    // mean <- Rbar mean
-    for (std::size_t j = 0; j < pairs; ++j) {
-      const std::size_t a = rope_index(j, false), b = rope_index(j, true);
-      const double x = mean_[a], y = mean_[b];
-      mean_[a] = rc_[j] * x - rs_[j] * y;
-      mean_[b] = rs_[j] * x + rc_[j] * y;
-    }
+    rotate_pairs(mean_.data(), 1, 1, 0);  // mean <- Rbar mean
     if (config_.covariance != Covariance::full) return;
-    // cov <- Rbar cov Rbar^T: rotate the rows pairwise, then the columns.
-    for (std::size_t j = 0; j < pairs; ++j) {
-      const std::size_t a = rope_index(j, false), b = rope_index(j, true);
-      for (std::size_t k = 0; k < d; ++k) {
-        const double x = cov_[a * d + k], y = cov_[b * d + k];
-        cov_[a * d + k] = rc_[j] * x - rs_[j] * y;
-        cov_[b * d + k] = rs_[j] * x + rc_[j] * y;
-      }
-    }
-    for (std::size_t j = 0; j < pairs; ++j) {
-      const std::size_t a = rope_index(j, false), b = rope_index(j, true);
-      for (std::size_t k = 0; k < d; ++k) {
-        const double x = cov_[k * d + a], y = cov_[k * d + b];
-        cov_[k * d + a] = rc_[j] * x - rs_[j] * y;
-        cov_[k * d + b] = rs_[j] * x + rc_[j] * y;
+    rotate_pairs(cov_.data(), d, d, 1);  // rows of cov: Rbar cov
+    rotate_pairs(cov_.data(), d, 1, d);  // its columns: (Rbar cov) Rbar^T
+  }
+
+  // Applies Rbar (rc_, rs_) to `count` vectors of `m`: coordinate i of vector k is
+  // m[i * coord_stride + k * vector_stride].
+  void rotate_pairs(double* m, std::size_t count, std::size_t coord_stride,
+                    std::size_t vector_stride) const {
+    for (std::size_t j = 0; j < d_ / 2; ++j) {
+      const std::size_t a = rope_index(j, false) * coord_stride;
+      const std::size_t b = rope_index(j, true) * coord_stride;
+      for (std::size_t k = 0; k < count; ++k) {
+        double& x = m[a + k * vector_stride];
+        double& y = m[b + k * vector_stride];
+        const double x0 = x, y0 = y;
+        x = rc_[j] * x0 - rs_[j] * y0;
+        y = rs_[j] * x0 + rc_[j] * y0;
       }
     }
   }
