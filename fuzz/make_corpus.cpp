@@ -59,6 +59,16 @@ int main() {
     b[12] = std::uint8_t(i / 2);  // policy selector position after geometry/budget bytes varies; a hint
     put("policy_ops", "program_" + std::to_string(i), b);
   }
+  // paged_pool: random programs; byte 4 picks the block size (1, 2, 4 or 256 here), byte 5
+  // the pool size (small, so the pool runs out), then mostly operations.
+  for (int i = 0; i < 12; ++i) {
+    std::vector<std::uint8_t> b(800);
+    for (auto& x : b) x = std::uint8_t(gen());
+    const std::uint8_t block_choice[4] = {1, 2, 4, 8};  // fuzz_paged_pool: 8 -> 256 tokens
+    b[4] = block_choice[i % 4];
+    b[5] = std::uint8_t(8 + i * 3);
+    put("paged_pool", "program_" + std::to_string(i), b);
+  }
   // llama2c_checkpoint: a tiny valid version-0 checkpoint and tokenizer.
   {
     kvevict::llama2c::Config c;

@@ -64,7 +64,7 @@ class KVCache
   KVCache(const Geometry& geometry, const Budget& budget, Policy policy = Policy{})
       : Core(geometry, budget, std::move(policy)) {}
 
-  // --- shape: geometry(), shape(), policy(), size(), capacity(), tokens_seen(),
+  // --- shape: geometry(), shape(), policy(), size(), capacity(), tokens_seen(), observe(),
   // positions(), seqs() come from the core --------------------------------------------
   /// Rows of storage actually allocated (<= capacity): what the memory really holds.
   [[nodiscard]] std::size_t allocated_rows(int layer, int kv_head) const {
@@ -101,13 +101,6 @@ class KVCache
     this->check_token(layer, position, keys, values, queries, false);
     this->step(layer, position, keys.data(), values.data(),
                queries.empty() ? nullptr : queries.data());
-  }
-
-  /// Hands one step's attention probabilities of (layer, kv_head) to the policy:
-  /// group x size floats over the live rows, in row order. Ignored by policies that do
-  /// not declare Signals::attention.
-  void observe(int layer, int kv_head, std::span<const float> probs) {
-    this->observe_rows(layer, kv_head, probs);
   }
 
   // --- prefill ------------------------------------------------------------------------

@@ -21,7 +21,7 @@
 //   push_row(layer, kv_head, i, row, position, seq, key, value, token)
 //                                the new token's row goes to `row` (before pos/seq push)
 //   keep_prompt_row / drop_prompt_row(layer, kv_head, i, row, t, key, value, position, seq)
-//   begin_prompt_head(layer, kv_head), prepare_prompt(tokens)
+//   begin_prompt_head(layer, kv_head), prepare_prompt(layer, tokens, keep)
 //   attention_rows(layer, kv_head) -> const Scalar*   rows for prefill attention
 //   shrink_rows(i, cap)          release storage beyond cap after a budget shrink
 #include <algorithm>
@@ -83,6 +83,19 @@ class ContainerCore {
     return head(layer, kv_head).seq;
   }
 
+  /// Hands one step's attention probabilities of (layer, kv_head) to the policy:
+  /// group x size floats over the live rows, in row order. Ignored by policies that do
+  /// not declare Signals::attention.
+  void observe(int layer, int kv_head, std::span<const float> probs) {
+    const std::size_t n = head(layer, kv_head).size();
+    check_probs(shape_.geometry, probs, n);
+    if constexpr (has(Policy::signals, Signals::attention)) {
+      static_assert(HasObserve<Policy>,
+                    "EvictionPolicy declares Signals::attention but has no observe(AttentionView)");
+      policy_.observe(AttentionView{layer, kv_head, group(), n, probs.data()});
+    }
+  }
+
  protected:
   using LayerState = LayerClock;
 
@@ -104,7 +117,7 @@ class ContainerCore {
   void prepare_head(int, int, std::size_t, const std::vector<std::uint32_t>&) {}
   void prepare_step(int, std::size_t, std::size_t) {}
   void begin_prompt_head(int, int) {}
-  void prepare_prompt(std::size_t) {}
+  void prepare_prompt(int, std::size_t, const std::vector<std::vector<std::uint32_t>>&) {}
   void shrink_rows(std::size_t, std::size_t) {}
 
   Layout& self() { return static_cast<Layout&>(*this); }
@@ -316,7 +329,7 @@ class ContainerCore {
       validate_prefill_keep<Policy>(kp, tokens, pv.capacity);
       reserve_head(index(layer, kh), kp.size(), pv.capacity);
     }
-    self().prepare_prompt(tokens);
+    self().prepare_prompt(layer, tokens, keep);
     const std::size_t d = udim();
     const std::size_t stride = static_cast<std::size_t>(g.n_kv_heads) * d;
     for (int kh = 0; kh < g.n_kv_heads; ++kh) {
@@ -350,17 +363,7 @@ class ContainerCore {
     ls.last_position = first_position + static_cast<std::int64_t>(tokens) - 1;
   }
 
-  // --- observe, budget --------------------------------------------------------------------
-  void observe_rows(int layer, int kv_head, std::span<const float> probs) {
-    const std::size_t n = head(layer, kv_head).size();
-    check_probs(shape_.geometry, probs, n);
-    if constexpr (has(Policy::signals, Signals::attention)) {
-      static_assert(HasObserve<Policy>,
-                    "EvictionPolicy declares Signals::attention but has no observe(AttentionView)");
-      policy_.observe(AttentionView{layer, kv_head, group(), n, probs.data()});
-    }
-  }
-
+  // --- budget ----------------------------------------------------------------------------
   /// Changes the budget: heads above their new capacity evict through the policy (chosen
   /// for every head before anything moves); storage beyond the new capacity is released.
   void change_budget(const Budget& budget) {

@@ -96,7 +96,7 @@ class IndexCache
     cell_limit_ = cells_per_head;
   }
 
-  // --- state: geometry(), shape(), policy(), size(), capacity(), tokens_seen(),
+  // --- state: geometry(), shape(), policy(), size(), capacity(), tokens_seen(), observe(),
   // positions(), seqs() come from the core ---------------------------------------------
   [[nodiscard]] std::uint32_t cells_per_head() const { return cell_limit_; }
   /// Engine cell of each live row, in row order (the order the policy and observe use).
@@ -130,12 +130,6 @@ class IndexCache
     this->step(layer, position, keys.data(), values.empty() ? nullptr : values.data(),
                queries.empty() ? nullptr : queries.data());
     return decisions_;
-  }
-
-  /// One step's attention probabilities of (layer, kv_head), group x size floats in row
-  /// order, for policies that declare Signals::attention (ignored otherwise).
-  void observe(int layer, int kv_head, std::span<const float> probs) {
-    this->observe_rows(layer, kv_head, probs);
   }
 
   // --- prefill ------------------------------------------------------------------------
@@ -276,7 +270,7 @@ class IndexCache
     if (call_.stored_values.data != nullptr) gather_v_.reserve(max_rows * d);
     reserve_decisions(2 * total_victims + static_cast<std::size_t>(this->shape_.geometry.n_kv_heads));
   }
-  void prepare_prompt(std::size_t tokens) {
+  void prepare_prompt(int, std::size_t tokens, const std::vector<std::vector<std::uint32_t>>&) {
     reserve_decisions(tokens * static_cast<std::size_t>(this->shape_.geometry.n_kv_heads));
   }
   // Geometric, so a prefill's decisions (one call, many tokens) grow in amortised O(1).
