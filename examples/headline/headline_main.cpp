@@ -116,10 +116,10 @@ void for_each_scorer_candidate(F&& f) {
       for (bool cov : {false, true})
         for (float h : {0.0f, 3.0f}) {
           if (cov && n != 16u) continue;
-          char name[128];
-          std::snprintf(name, sizeof name, "ExpectedAttention W %zu, future %zu, %s, horizon %.0f",
-                        w, n, cov ? "covariance" : "mean only", h);
-          f(name, ExpectedAttention({.sinks = 1,
+          const std::string name =
+              fmt::format("ExpectedAttention W {}, future {}, {}, horizon {:.0f}", w, n,
+                          cov ? "covariance" : "mean only", h);
+          f(name.c_str(), ExpectedAttention({.sinks = 1,
                                      .recent_fraction = 0.375f,
                                      .query_window = w,
                                      .future_positions = n,
@@ -128,9 +128,9 @@ void for_each_scorer_candidate(F&& f) {
                                      .horizon = h}));
         }
   for (std::size_t w : {8u, 64u}) {
-    char name[128];
-    std::snprintf(name, sizeof name, "ExpectedAttention W %zu, future 16, mean only, horizon 3, no value norm", w);
-    f(name, ExpectedAttention({.sinks = 1,
+    const std::string name = fmt::format(
+        "ExpectedAttention W {}, future 16, mean only, horizon 3, no value norm", w);
+    f(name.c_str(), ExpectedAttention({.sinks = 1,
                                .recent_fraction = 0.375f,
                                .query_window = w,
                                .future_positions = 16,
@@ -331,7 +331,7 @@ void haystack_row(const std::shared_ptr<const Model>& model, const std::vector<H
     ++n;
     hit += r.top1[c.cue];
   }
-  std::printf("| %zu | %s | %.3f (%zu of %zu stories) | %.4f |\n", budget, name,
+  fmt::print("| {} | {} | {:.3f} ({} of {} stories) | {:.4f} |\n", budget, name,
               n ? static_cast<double>(hit) / static_cast<double>(n) : 0.0, n, cases.size(),
               kl_n ? kl / static_cast<double>(kl_n) : 0.0);
   std::fflush(stdout);
@@ -377,11 +377,11 @@ int main(int argc, char** argv) {
       // --tune picks the tuning fillers (0-1); otherwise the held-out ones (2-3).
       const Tokenizer tok = Tokenizer::load(a.model_dir + "/tok512.bin", r.model->config().vocab_size);
       const auto cases = haystack_streams(r.model, tok, !a.tune);
-      std::printf("needle in a haystack: %zu stories (%s fillers), the name recalled after "
+      fmt::print("needle in a haystack: {} stories ({} fillers), the name recalled after "
                   "repeated filler text\n\n",
                   cases.size(), a.tune ? "tuning" : "held-out");
-      std::printf("| budget | policy | cue: top-1 = name (stories where the full cache recalls it) | mean KL |\n");
-      std::printf("|---|---|---|---|\n");
+      fmt::print("| budget | policy | cue: top-1 = name (stories where the full cache recalls it) | mean KL |\n");
+      fmt::print("|---|---|---|---|\n");
       for (std::size_t B : {16u, 32u, 64u, 128u}) {
         haystack_row(r.model, cases, B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
         haystack_row(r.model, cases, B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}));
