@@ -129,11 +129,12 @@ class KVCache {
   /// not declare Signals::attention.
   void observe(int layer, int kv_head, std::span<const float> probs) {
     const auto& h = head(layer, kv_head);
-    detail::check_probs(shape_.geometry, probs, h.size);
+    const AttentionView view =
+        detail::observed_view<Policy>(shape_.geometry, layer, kv_head, probs, h.size, sums_);
     if constexpr (has(Policy::signals, Signals::attention)) {
       static_assert(detail::HasObserve<Policy>,
                     "EvictionPolicy declares Signals::attention but has no observe(AttentionView)");
-      policy_.observe(AttentionView{layer, kv_head, group(), h.size, probs.data()});
+      policy_.observe(view);
     }
   }
 
@@ -432,6 +433,7 @@ class KVCache {
   std::vector<LayerState> layers_;
   EvictionCallback on_evict_;
   std::vector<std::vector<std::uint32_t>> scratch_victims_;
+  std::vector<float> sums_;  ///< observe scratch: the group sum of each row
 };
 
 }  // namespace kvevict

@@ -152,9 +152,9 @@ class IndexCache {
   /// order, for policies that declare Signals::attention (ignored otherwise).
   void observe(int layer, int kv_head, std::span<const float> probs) {
     const std::size_t n = size(layer, kv_head);
-    detail::check_probs(shape_.geometry, probs, n);
-    if constexpr (has(Policy::signals, Signals::attention))
-      policy_.observe(AttentionView{layer, kv_head, group(), n, probs.data()});
+    const AttentionView view =
+        detail::observed_view<Policy>(shape_.geometry, layer, kv_head, probs, n, sums_);
+    if constexpr (has(Policy::signals, Signals::attention)) policy_.observe(view);
   }
 
   // --- prefill ------------------------------------------------------------------------
@@ -308,8 +308,10 @@ class IndexCache {
     v.group = group();
     v.size = size;
     v.capacity = shape_.at(layer, kh);
-    v.keys = gather_.data();
-    v.values = gather_v_.empty() ? nullptr : gather_v_.data();
+    if constexpr (kGather) {
+      v.keys = gather_.data();
+      v.values = gather_v_.empty() ? nullptr : gather_v_.data();
+    }
     v.positions = h.pos.data();
     v.seqs = h.seq.data();
     return v;
@@ -343,8 +345,10 @@ class IndexCache {
       const std::size_t cap = shape_.at(layer, kh);
       const std::size_t limit = detail::append_limit(policy_, cap, layer, kh);
       if (h.pos.size() >= limit) {
-        gather_rows(layer, kh, stored_keys, nullptr, block, block_seq);
-        gather_values(layer, kh, stored_values, nullptr);
+        if constexpr (kGather) {
+          gather_rows(layer, kh, stored_keys, nullptr, block, block_seq);
+          gather_values(layer, kh, stored_values, nullptr);
+        }
         HeadView<Scalar> view = incoming_view(layer, kh, h.pos.size(), position, keys, queries);
         view.need = h.pos.size() - limit + 1;
         policy_.choose_victims(view, victims);
@@ -365,16 +369,21 @@ class IndexCache {
       if (h.used.size() < top) h.used.reserve(std::max<std::size_t>(top, 2 * h.used.size()));
       max_rows = std::max(max_rows, h.pos.size() + 1);
     }
-    gather_.reserve(max_rows * d);
-    if (stored_values.data != nullptr) gather_v_.reserve(max_rows * d);
+    if constexpr (kGather) {
+      gather_.reserve(max_rows * d);
+      if (stored_values.data != nullptr) gather_v_.reserve(max_rows * d);
+    }
     decisions_.reserve(decisions_.size() + 2 * total_victims + static_cast<std::size_t>(g.n_kv_heads));
     // Phase 2: apply; nothing below throws except the policy's own bookkeeping.
     for (int kh = 0; kh < g.n_kv_heads; ++kh) {
       auto& h = heads_[index(layer, kh)];
       // Refresh the policy's view of stored rows: the gather above may belong to another head.
-      gather_rows(layer, kh, stored_keys, keys + static_cast<std::size_t>(kh) * d, block, block_seq);
-      gather_values(layer, kh, stored_values,
-                    values ? values + static_cast<std::size_t>(kh) * d : nullptr);
+      if constexpr (kGather) {
+        gather_rows(layer, kh, stored_keys, keys + static_cast<std::size_t>(kh) * d, block,
+                    block_seq);
+        gather_values(layer, kh, stored_values,
+                      values ? values + static_cast<std::size_t>(kh) * d : nullptr);
+      }
       for (std::uint32_t r : scratch_victims_[static_cast<std::size_t>(kh)]) {
         const std::size_t last = h.pos.size() - 1;
         decisions_.push_back(Decision{Decision::Kind::evict, layer, kh, r, r, h.cell[r], h.pos[r], h.seq[r]});
@@ -387,7 +396,7 @@ class IndexCache {
           h.pos[r] = h.pos[last];
           h.seq[r] = h.seq[last];
           h.cell[r] = h.cell[last];
-          move_gathered(r, last);
+          if constexpr (kGather) move_gathered(r, last);
           policy_.on_move(layer, kh, last, r);
         }
         h.pos.pop_back();
@@ -396,12 +405,14 @@ class IndexCache {
       }
       // The gathered block now holds the survivors in row order, then the incoming row.
       const std::size_t n = h.pos.size();
+      if constexpr (kGather) {
       std::memmove(gather_.data() + n * d, gather_.data() + (gather_.size() - d), d * sizeof(Scalar));
       gather_.resize((n + 1) * d);
       if (!gather_v_.empty()) {
         std::memmove(gather_v_.data() + n * d, gather_v_.data() + (gather_v_.size() - d),
                      d * sizeof(Scalar));
         gather_v_.resize((n + 1) * d);
+      }
       }
       const std::uint32_t want = new_cells.empty() ? kAutoCell : new_cells[static_cast<std::size_t>(kh)];
       const std::uint32_t cell = want != kAutoCell ? want : allocate_cell(h);
@@ -503,6 +514,9 @@ class IndexCache {
   std::vector<LayerState> layers_;
   std::vector<Decision> decisions_;
   std::vector<std::vector<std::uint32_t>> scratch_victims_;
+  std::vector<float> sums_;  ///< observe scratch: the group sum of each row
+  /// Whether decode steps gather stored rows from engine memory for the policy's views.
+  static constexpr bool kGather = detail::reads_stored_rows<Policy>();
   std::vector<Scalar> gather_, gather_v_;
 };
 
