@@ -48,6 +48,37 @@ class PortableGaussian {
 
 #if KVEVICT_X86
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_BEGIN
+/// Projections of 8 L outputs (columns base.. of wt, row stride `bits`) into acc[0..L):
+/// the dim loop is split into 8 / L independent chains (8 accumulators in all, kept in
+/// registers: L is a compile-time constant) so FMA latency is hidden. The order of the
+/// additions does not matter for the sign bound.
+template <int L>
+__attribute__((target("avx2,fma"), always_inline)) inline void simhash_block(
+    const float* x, int dim, int bits, const float* w, __m256* out) noexcept {
+  constexpr int P = 8 / L;
+  __m256 acc[P][L];
+  for (int q = 0; q < P; ++q)
+    for (int c = 0; c < L; ++c) acc[q][c] = _mm256_setzero_ps();
+  const auto stride = static_cast<std::size_t>(bits);
+  int k = 0;
+  for (; k + P <= dim; k += P)
+    for (int q = 0; q < P; ++q) {
+      const __m256 xb = _mm256_set1_ps(x[k + q]);
+      const float* wq = w + static_cast<std::size_t>(k + q) * stride;
+      for (int c = 0; c < L; ++c) acc[q][c] = _mm256_fmadd_ps(xb, _mm256_loadu_ps(wq + 8 * c), acc[q][c]);
+    }
+  for (; k < dim; ++k) {
+    const __m256 xb = _mm256_set1_ps(x[k]);
+    const float* wq = w + static_cast<std::size_t>(k) * stride;
+    for (int c = 0; c < L; ++c) acc[0][c] = _mm256_fmadd_ps(xb, _mm256_loadu_ps(wq + 8 * c), acc[0][c]);
+  }
+  for (int c = 0; c < L; ++c) {
+    __m256 s = acc[0][c];
+    for (int q = 1; q < P; ++q) s = _mm256_add_ps(s, acc[q][c]);
+    out[c] = s;
+  }
+}
+
 /// Sign code of one vector by FMA: out byte b bit t = (x . column 8b+t >= 0), computed from
 /// wt (dim x bits, row-major). Returns false, leaving the code unspecified, when some
 /// projection is within its rounding bound thr[j] * |x| of zero (or not finite): there the
@@ -71,13 +102,14 @@ __attribute__((target("avx2,fma"))) inline bool simhash_fma(const float* x, int 
   const __m256 xn = _mm256_set1_ps(std::sqrt(norm2));
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (int base = 0; base < bits; base += 64) {
-    const int lanes8 = std::min(64, bits - base) / 8;  // 1..8 registers of 8 outputs
+    const int lanes8 = std::min(64, bits - base) / 8;  // 1, 2, 4 or 8 registers of 8 outputs
     __m256 acc[8];
-    for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
     const float* w = wt + base;
-    for (int k = 0; k < dim; ++k, w += bits) {
-      const __m256 xb = _mm256_set1_ps(x[k]);
-      for (int c = 0; c < lanes8; ++c) acc[c] = _mm256_fmadd_ps(xb, _mm256_loadu_ps(w + 8 * c), acc[c]);
+    switch (lanes8) {
+      case 1: simhash_block<1>(x, dim, bits, w, acc); break;
+      case 2: simhash_block<2>(x, dim, bits, w, acc); break;
+      case 4: simhash_block<4>(x, dim, bits, w, acc); break;
+      default: simhash_block<8>(x, dim, bits, w, acc); break;
     }
     for (int c = 0; c < lanes8; ++c) {
       const __m256 bound = _mm256_mul_ps(_mm256_loadu_ps(thr + base + 8 * c), xn);
