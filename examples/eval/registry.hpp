@@ -8,9 +8,11 @@
 #include <kvevict/geometry.hpp>
 #include <kvevict/policies/buzz.hpp>
 #include <kvevict/policies/decayed_attention.hpp>
+#include <kvevict/policies/expected_attention.hpp>
 #include <kvevict/policies/full_cache.hpp>
 #include <kvevict/policies/h2o.hpp>
 #include <kvevict/policies/hash_evict.hpp>
+#include <kvevict/policies/keydiff.hpp>
 #include <kvevict/policies/knorm.hpp>
 #include <kvevict/policies/oracle.hpp>
 #include <kvevict/policies/random.hpp>
@@ -186,6 +188,27 @@ inline const std::vector<PolicyEntry>& policy_registry() {
           [](const PolicyArgs&) { return DecayedAttention::recommended(); }),
       entry<KNorm>("knorm", "KNorm: evict the key with the largest L2 norm",
                    [](const PolicyArgs&) { return KNorm{}; }),
+      // Probability-free scorers. The synthetic workloads have no RoPE (positions are
+      // content directions), a llama2.c checkpoint (--model) has llama2.c's RoPE.
+      entry<ExpectedAttention>(
+          "expected", "ExpectedAttention: paper settings (4 sinks, covariance, value norm, W 128)",
+          [](const PolicyArgs& a) {
+            return ExpectedAttention({.rope = a.workload ? RopeLayout::none : RopeLayout::interleaved});
+          }),
+      entry<KeyDiff>("keydiff", "KeyDiff: evict the key most similar to the mean unit key",
+                     [](const PolicyArgs&) { return KeyDiff{}; }),
+      entry<ExpectedAttention>(
+          "probfree",
+          "probability-free recommended: 1 sink, 3/8 recent, decayed expected attention (W 1)",
+          [](const PolicyArgs& a) {
+            return ExpectedAttention({.sinks = 1,
+                                      .recent_fraction = 0.375f,
+                                      .query_window = 1,
+                                      .future_positions = 16,
+                                      .covariance = ExpectedAttention::Covariance::none,
+                                      .rope = a.workload ? RopeLayout::none : RopeLayout::interleaved,
+                                      .horizon = 3.0f});
+          }),
       entry<Random>("random", "Random eviction (the floor), seeded",
                     [](const PolicyArgs& a) { return Random({.seed = a.seed}); }),
       entry<SnapKV>("snapkv", "SnapKV: prompt selection by window-32 attention, pool 5",

@@ -25,7 +25,10 @@ struct Args {
   std::uint64_t seed = 1000;
   bool tune = false;
   bool retrieval = false;
-  bool paged = false;
+  bool paged = false;     ///< --paged: block-granular eviction through PagedKV
+  bool scorers = false;  ///< --tune-scorers: the probability-free grid instead of the table
+  bool haystack = false;  ///< --haystack: the repeated-filler retrieval measure
+  bool brief = false;     ///< --brief: retrieval rows of the compared policies only
 };
 
 Args parse(int argc, char** argv) {
@@ -43,9 +46,12 @@ Args parse(int argc, char** argv) {
     else if (s == "--tune") a.tune = true;
     else if (s == "--retrieval") a.retrieval = true;
     else if (s == "--paged") a.paged = true;
+    else if (s == "--tune-scorers") a.scorers = true;
+    else if (s == "--haystack") a.haystack = true;
+    else if (s == "--brief") a.brief = true;
     else kvevict::detail::fail("unknown option ", s,
-                               ", expected --model-dir DIR, --streams N, --seed S, --tune and/or "
-                               "--retrieval or --paged");
+                               ", expected --model-dir DIR, --streams N, --seed S, --tune, "
+                               "--tune-scorers, --haystack, --brief, --paged and/or --retrieval");
   }
   if (a.model_dir.empty()) a.model_dir = KVEVICT_DEFAULT_MODEL_DIR;
   kvevict::detail::require(a.streams >= 4 && a.streams % 4 == 0, "--streams ", a.streams,
@@ -55,6 +61,14 @@ Args parse(int argc, char** argv) {
 
 // The first recommended setting (before the recall reserve): kept for comparison.
 const policies::DecayedAttention kNoRecall({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.5f});
+
+// recommended() with the reserve ranked by excess spike (spike minus the row's mean
+// long-range draw) instead of the plain spike: the option against repetitive text.
+const policies::DecayedAttention kExcess({.sinks = 1,
+                                          .horizon = 3.0f,
+                                          .recent_fraction = 0.375f,
+                                          .recall_fraction = 0.125f,
+                                          .recall_rank = policies::DecayedAttention::RecallRank::excess});
 
 // The recall grid (--tune), around the no-recall winner h = 3: recent fraction f and
 // recall fraction r at h = 3, and h = 2 / 4 at f = 3/8.
@@ -70,6 +84,62 @@ void for_each_recall_candidate(F&& f) {
         f(name, policies::DecayedAttention(
                     {.sinks = 1, .horizon = h, .recent_fraction = fr, .recall_fraction = rf}));
       }
+}
+
+// Probability-free policies (no attention probabilities: ExpectedAttention reads the
+// queries, KeyDiff only the keys). The llama2c engine rotates queries and keys with
+// llama2.c's interleaved RoPE, base 10000: the ExpectedAttention default.
+using policies::ExpectedAttention;
+using policies::KeyDiff;
+// The papers' settings: ExpectedAttention as kvpress ships it (4 sinks, covariance, value
+// norms, 512 future positions; a window of the last 128 queries), KeyDiff as published.
+const ExpectedAttention kExpectedPaper{};
+const KeyDiff kKeyDiffPaper{};
+// The same scorers behind the recommended policy's protection (1 sink, 3/8 recent).
+const KeyDiff kKeyDiffBand({.sinks = 1, .recent_fraction = 0.375f});
+// kvevict's probability-free variant of recommended(): 1 sink, the 3/8 recent band, the
+// middle ranked by decayed expected attention. Chosen with --tune-scorers on streams 0-7
+// (docs/policies/expected_attention.md); reported on held-out streams.
+const ExpectedAttention kProbabilityFree({.sinks = 1,
+                                          .recent_fraction = 0.375f,
+                                          .query_window = 1,
+                                          .future_positions = 16,
+                                          .covariance = ExpectedAttention::Covariance::none,
+                                          .value_norm = true,
+                                          .horizon = 3.0f});
+
+// The --tune-scorers grid: window W, future positions n, covariance, value norm, horizon,
+// all behind 1 sink and the 3/8 band.
+template <class F>
+void for_each_scorer_candidate(F&& f) {
+  f("KeyDiff (1 sink, recent 3/8)", kKeyDiffBand);
+  for (std::size_t w : {1u, 8u, 64u})
+    for (std::size_t n : {1u, 16u, 512u})
+      for (bool cov : {false, true})
+        for (float h : {0.0f, 3.0f}) {
+          if (cov && n != 16u) continue;
+          char name[128];
+          std::snprintf(name, sizeof name, "ExpectedAttention W %zu, future %zu, %s, horizon %.0f",
+                        w, n, cov ? "covariance" : "mean only", h);
+          f(name, ExpectedAttention({.sinks = 1,
+                                     .recent_fraction = 0.375f,
+                                     .query_window = w,
+                                     .future_positions = n,
+                                     .covariance = cov ? ExpectedAttention::Covariance::full
+                                                       : ExpectedAttention::Covariance::none,
+                                     .horizon = h}));
+        }
+  for (std::size_t w : {8u, 64u}) {
+    char name[128];
+    std::snprintf(name, sizeof name, "ExpectedAttention W %zu, future 16, mean only, horizon 3, no value norm", w);
+    f(name, ExpectedAttention({.sinks = 1,
+                               .recent_fraction = 0.375f,
+                               .query_window = w,
+                               .future_positions = 16,
+                               .covariance = ExpectedAttention::Covariance::none,
+                               .value_norm = false,
+                               .horizon = 3.0f}));
+  }
 }
 
 struct Runner {
@@ -198,6 +268,83 @@ void retrieval_row(const std::shared_ptr<const Model>& model,
                 unbounded ? Budget::unbounded() : Budget::uniform(static_cast<long long>(budget)));
 }
 
+// Needle in a haystack of repeated text: "Once upon a time, there was a little <noun>
+// named <N>." then one filler passage repeated until the story is `length` tokens long, then
+// " One day, <N>". The one retrieval is the cue's first name token: the position where the
+// full cache's top-1 is N's second token, and the policy's top-1 is scored there. The
+// filler repeats the same sentences, so its sentence-boundary tokens look alike to any
+// score that watches attention. Fillers 0-1 are for tuning, 2-3 are reported.
+constexpr const char* kFillers[] = {
+    " The sun was warm and the sky was blue. The birds sang in the tall trees.",
+    " They played with the ball all day. They ran and jumped and laughed a lot.",
+    " The cat sat on the mat. The dog ran in the yard and barked at the bird.",
+    " Mom made a big cake. It was sweet and good, and everyone ate a piece.",
+};
+
+struct HaystackCase {
+  Stream stream;
+  std::size_t cue = 0;  // position of the cue's first name token
+  int second = 0;       // the name's second token
+};
+
+std::vector<HaystackCase> haystack_streams(const std::shared_ptr<const Model>& model,
+                                           const Tokenizer& tok, bool held_out) {
+  std::vector<HaystackCase> out;
+  const int T = model->config().seq_len;
+  for (int f = held_out ? 2 : 0; f < (held_out ? 4 : 2); ++f)
+    for (const auto& nc : kNames)
+      for (int length : {200, 320, 440}) {
+        const auto named = tok.encode(std::string("named ") + nc.name + ".", false, false);
+        auto tokens = tok.encode(std::string("Once upon a time, there was a little ") + nc.noun +
+                                     " named " + nc.name + ".",
+                                 true, false);
+        const auto filler = tok.encode(kFillers[f], false, false);
+        const auto cue = tok.encode(std::string("One day, ") + nc.name, false, false);
+        while (static_cast<int>(tokens.size() + filler.size() + cue.size()) <= length)
+          tokens.insert(tokens.end(), filler.begin(), filler.end());
+        tokens.insert(tokens.end(), cue.begin(), cue.end());
+        kvevict::detail::require(static_cast<int>(tokens.size()) <= T, "haystack story of ",
+                                 tokens.size(), " tokens, expected <= seq_len ", T);
+        HaystackCase c;
+        // The cue ends with the name's tokens: its first name token is at size - (name tokens).
+        const std::size_t name_tokens = named.size() - 2;  // "named" and "." are not the name
+        c.cue = tokens.size() - name_tokens;
+        c.second = named[2];
+        kvevict::detail::require(tokens[c.cue] == named[1] && tokens[c.cue + 1] == named[2],
+                                 "haystack: the cue of ", nc.name, " does not tokenize like its intro");
+        tokens.resize(c.cue + 1);  // the story stops at the cue: the next token is the test
+        c.stream = reference_stream(model, tokens);
+        out.push_back(std::move(c));
+      }
+  return out;
+}
+
+template <class Policy>
+void haystack_row(const std::shared_ptr<const Model>& model, const std::vector<HaystackCase>& cases,
+                  std::size_t budget, const char* name, Policy policy, const Budget& b) {
+  std::size_t n = 0, hit = 0;
+  double kl = 0.0;
+  std::size_t kl_n = 0;
+  for (const auto& c : cases) {
+    if (metrics::argmax(c.stream.logits(c.cue)) != static_cast<std::size_t>(c.second)) continue;
+    const StreamResult r = run_stream(model, c.stream, b, policy);
+    for (double x : r.kl) kl += x;
+    kl_n += r.kl.size();
+    ++n;
+    hit += r.top1[c.cue];
+  }
+  std::printf("| %zu | %s | %.3f (%zu of %zu stories) | %.4f |\n", budget, name,
+              n ? static_cast<double>(hit) / static_cast<double>(n) : 0.0, n, cases.size(),
+              kl_n ? kl / static_cast<double>(kl_n) : 0.0);
+  std::fflush(stdout);
+}
+template <class Policy>
+void haystack_row(const std::shared_ptr<const Model>& model, const std::vector<HaystackCase>& cases,
+                  std::size_t budget, const char* name, Policy policy, bool unbounded = false) {
+  haystack_row(model, cases, budget, name, policy,
+               unbounded ? Budget::unbounded() : Budget::uniform(static_cast<long long>(budget)));
+}
+
 // Per-head budgets (head_budgets.hpp) calibrated on the tuning streams 0..7 with the full
 // cache, never on the streams reported: where each KV head's attention falls by age.
 AttentionAgeProfile calibrate(const std::shared_ptr<const Model>& model) {
@@ -271,6 +418,30 @@ int main(int argc, char** argv) {
     const Args a = parse(argc, argv);
     Runner r;
     r.model = std::make_shared<const Model>(Model::load(a.model_dir + "/stories260K.bin"));
+    if (a.haystack) {
+      // --tune picks the tuning fillers (0-1); otherwise the held-out ones (2-3).
+      const Tokenizer tok = Tokenizer::load(a.model_dir + "/tok512.bin", r.model->config().vocab_size);
+      const auto cases = haystack_streams(r.model, tok, !a.tune);
+      std::printf("needle in a haystack: %zu stories (%s fillers), the name recalled after "
+                  "repeated filler text\n\n",
+                  cases.size(), a.tune ? "tuning" : "held-out");
+      std::printf("| budget | policy | cue: top-1 = name (stories where the full cache recalls it) | mean KL |\n");
+      std::printf("|---|---|---|---|\n");
+      for (std::size_t B : {16u, 32u, 64u, 128u}) {
+        haystack_row(r.model, cases, B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
+        haystack_row(r.model, cases, B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}));
+        haystack_row(r.model, cases, B, "DecayedAttention without recall (h 3, f 1/2)", kNoRecall);
+        haystack_row(r.model, cases, B, "**DecayedAttention::recommended()**",
+                     policies::DecayedAttention::recommended());
+        haystack_row(r.model, cases, B, "recommended() with the excess-spike reserve", kExcess);
+        haystack_row(r.model, cases, B, "ExpectedAttention (paper settings, 4 sinks)", kExpectedPaper);
+        haystack_row(r.model, cases, B, "KeyDiff (paper settings)", kKeyDiffPaper);
+        haystack_row(r.model, cases, B, "probability-free: 1 sink, 3/8 recent, decayed expected attention",
+                     kProbabilityFree);
+        haystack_row(r.model, cases, B, "Oracle (non-causal ceiling)", policies::Oracle{.rows = B}, true);
+      }
+      return 0;
+    }
     const auto& mc = r.model->config();
     const AttentionAgeProfile profile =  // --paged uses no per-head budgets: skip calibration
         a.paged ? AttentionAgeProfile(mc.geometry(), static_cast<std::size_t>(mc.seq_len))
@@ -284,6 +455,13 @@ int main(int argc, char** argv) {
       std::printf("| budget | policy | far: top-1 = name (positions) | near: top-1 = name (positions) | mean KL |\n");
       std::printf("|---|---|---|---|---|\n");
       for (std::size_t B : {16u, 32u, 64u, 128u}) {
+        if (a.scorers) {  // the retrieval side of the probability-free grid
+          retrieval_row(r.model, streams, B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
+          for_each_scorer_candidate([&](const char* name, const auto& p) {
+            retrieval_row(r.model, streams, B, name, p);
+          });
+          continue;
+        }
         if (a.tune) {  // the retrieval side of the recall grid (tuning seeds: 3000..)
           retrieval_row(r.model, streams, B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}));
           for_each_recall_candidate([&](const char* name, const policies::DecayedAttention& p) {
@@ -293,6 +471,15 @@ int main(int argc, char** argv) {
         }
         retrieval_row(r.model, streams, B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
         retrieval_row(r.model, streams, B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}));
+        if (a.brief) {  // the rows the probability-free and recall-option results compare
+          retrieval_row(r.model, streams, B, "**DecayedAttention::recommended()**",
+                        policies::DecayedAttention::recommended());
+          retrieval_row(r.model, streams, B, "recommended() with the excess-spike reserve", kExcess);
+          retrieval_row(r.model, streams, B,
+                        "probability-free: 1 sink, 3/8 recent, decayed expected attention",
+                        kProbabilityFree);
+          continue;
+        }
         retrieval_row(r.model, streams, B, "DecayedAttention without recall (h 3, f 1/2)",
                       kNoRecall);
         retrieval_row(r.model, streams, B, "**DecayedAttention::recommended()**",
@@ -303,6 +490,12 @@ int main(int argc, char** argv) {
         retrieval_row(r.model, streams, B, "recommended() + per-head budgets, half uniform",
                       policies::DecayedAttention::recommended(),
                       profile.allocate(static_cast<long long>(B), kHalfPerHead));
+        retrieval_row(r.model, streams, B, "recommended() with the excess-spike reserve", kExcess);
+        retrieval_row(r.model, streams, B, "ExpectedAttention (paper settings, 4 sinks)", kExpectedPaper);
+        retrieval_row(r.model, streams, B, "KeyDiff (paper settings)", kKeyDiffPaper);
+        retrieval_row(r.model, streams, B, "KeyDiff (1 sink, recent 3/8)", kKeyDiffBand);
+        retrieval_row(r.model, streams, B, "probability-free: 1 sink, 3/8 recent, decayed expected attention",
+                      kProbabilityFree);
         retrieval_row(r.model, streams, B, "Oracle (non-causal ceiling)", policies::Oracle{.rows = B}, true);
       }
       return 0;
@@ -326,6 +519,11 @@ int main(int argc, char** argv) {
     }
     for (std::size_t B : {16u, 32u, 64u, 128u}) {
       r.row(B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
+      if (a.scorers) {
+        r.row(B, "**DecayedAttention::recommended()**", policies::DecayedAttention::recommended());
+        for_each_scorer_candidate([&](const char* name, const auto& p) { r.row(B, name, p); });
+        continue;
+      }
       if (a.tune) {
         // First round (no recall reserve), then the recall grid around its winner.
         for (float h : {2.0f, 3.0f, 4.0f, 6.0f})
@@ -352,6 +550,11 @@ int main(int argc, char** argv) {
       r.row(B, "recommended() + per-head budgets, half uniform",
             policies::DecayedAttention::recommended(),
             profile.allocate(static_cast<long long>(B), kHalfPerHead));
+      r.row(B, "recommended() with the excess-spike reserve", kExcess);
+      r.row(B, "ExpectedAttention (paper settings, 4 sinks)", kExpectedPaper);
+      r.row(B, "KeyDiff (paper settings)", kKeyDiffPaper);
+      r.row(B, "KeyDiff (1 sink, recent 3/8)", kKeyDiffBand);
+      r.row(B, "probability-free: 1 sink, 3/8 recent, decayed expected attention", kProbabilityFree);
       r.row(B, "Oracle (non-causal ceiling)", policies::Oracle{.rows = B}, true);
     }
     return 0;

@@ -364,9 +364,6 @@ class Tokenizer {
   std::unordered_map<std::string, int> ids_;
 };
 
-/// A Llama forward pass whose K/V of all layers live in one KVCache<Policy>. Keys are
-/// rotated (RoPE) before they are stored, at their original token position, so rows kept
-/// after eviction keep the positions they were computed with.
 /// The K/V store Transformer<Policy> runs over: KVCache<Policy, float>, unless a
 /// specialisation names another type with the same append(layer, pos, k, v, q) and an
 /// attend(store, layer, queries) overload (paged_adapter.hpp: PagedTables' decisions).
@@ -375,6 +372,9 @@ struct CacheFor {
   using type = KVCache<Policy, float>;
 };
 
+/// A Llama forward pass whose K/V of all layers live in one KVCache<Policy>. Keys are
+/// rotated (RoPE) before they are stored, at their original token position, so rows kept
+/// after eviction keep the positions they were computed with.
 template <class Policy>
 class Transformer {
  public:

@@ -2,6 +2,7 @@
 // Pieces the policies share: protection by arrival order, per-row side columns that
 // follow their rows, and "evict the `need` lowest-ranked eligible rows".
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -33,6 +34,23 @@ struct Protection {
     return seq < sinks || seq + recent >= incoming_seq;
   }
 };
+
+/// Recent rows protected in a head of `capacity` rows: max(recent, floor(fraction x
+/// capacity)), the fraction's share capped so that one row stays evictable after the sinks
+/// (an absolute `recent` is never lowered: min_capacity() covers it). Unbounded: `recent`.
+inline std::size_t recent_rows(std::size_t recent, float fraction, std::size_t sinks,
+                               std::size_t capacity) {
+  if (capacity == Budget::kUnbounded) return recent;
+  std::size_t r = std::max(recent, static_cast<std::size_t>(fraction * static_cast<float>(capacity)));
+  if (r > recent && capacity > sinks) r = std::min(r, std::max(recent, capacity - sinks - 1));
+  return r;
+}
+
+/// Throws kvevict::Error unless `value` is a finite fraction in [0, 1).
+inline void require_fraction(const char* policy, const char* field, float value) {
+  kvevict::detail::require(std::isfinite(value) && value >= 0.0f && value < 1.0f, policy, ": ",
+                           field, " = ", value, ", expected in [0, 1)");
+}
 
 /// One value per live row of every (layer, KV head), moved in lockstep with the rows.
 template <class T>

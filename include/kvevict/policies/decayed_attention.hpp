@@ -33,6 +33,14 @@ class H2O;
 
 class DecayedAttention {
  public:
+  /// How the recall reserve ranks rows.
+  enum class RecallRank {
+    spike,   ///< the largest long-range attention drawn (recommended()'s rule)
+    /// the largest long-range draw minus the row's mean long-range draw: a row every query
+    /// attends alike (a repeated sentence boundary acting as a sink) scores near zero, a row
+    /// attended rarely but strongly (a name referred back to) keeps its spike
+    excess,
+  };
   struct Config {
     float decay = 0.0f;       ///< 0 = TOVA, 1 = H2O-style accumulation (when horizon = 0)
     std::size_t sinks = 0;    ///< first rows never evicted
@@ -40,6 +48,7 @@ class DecayedAttention {
     float horizon = 0.0f;     ///< > 0: decay = 1 - horizon / capacity, per head
     float recent_fraction = 0.0f;  ///< protect max(recent, floor(fraction * capacity)) rows
     float recall_fraction = 0.0f;  ///< keep floor(fraction * capacity) rows by long-range spike
+    RecallRank recall_rank = RecallRank::spike;  ///< the reserve's ranking (with recall_fraction > 0)
   };
   DecayedAttention() = default;
   explicit DecayedAttention(Config c) : config_(c) {
@@ -53,6 +62,10 @@ class DecayedAttention {
     kvevict::detail::require(
         std::isfinite(c.recall_fraction) && c.recall_fraction >= 0.0f && c.recall_fraction < 1.0f,
         "DecayedAttention: recall_fraction = ", c.recall_fraction, ", expected in [0, 1)");
+    kvevict::detail::require(
+        c.recall_rank == RecallRank::spike || c.recall_rank == RecallRank::excess,
+        "DecayedAttention: recall_rank = ", static_cast<int>(c.recall_rank),
+        ", expected RecallRank::spike or RecallRank::excess");
   }
   /// The setting recommended for streaming generation and for recalling early facts
   /// (chosen on held-in streams of stories260K, reported on held-out ones: docs/quality.md).
@@ -96,6 +109,7 @@ class DecayedAttention {
       spikes_.bind(shape);
       seqs_.bind(shape);
       latest_.assign(shape.capacity.size(), 0);
+      if (excess()) bind_excess(shape);
     }
   }
   template <class S>
@@ -125,6 +139,7 @@ class DecayedAttention {
       spikes_.set(v.layer, v.kv_head, row, 0.0f);
       seqs_.set(v.layer, v.kv_head, row, v.seqs[row]);
       latest_[head_index(v.layer, v.kv_head)] = v.seqs[row];
+      if (excess()) append_excess(v.layer, v.kv_head, row);
     }
   }
   void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
@@ -132,6 +147,7 @@ class DecayedAttention {
     if (recalls()) {
       spikes_.move(layer, kv_head, from, to);
       seqs_.move(layer, kv_head, from, to);
+      if (excess()) move_excess(layer, kv_head, from, to);
     }
   }
   void observe(const AttentionView& a) {
@@ -140,6 +156,10 @@ class DecayedAttention {
     const float g = decay_[h];
     if (!recalls()) {
       for (std::size_t r = 0; r < a.size; ++r) sc[r] = g * sc[r] + a.summed(r);
+      return;
+    }
+    if (excess()) {
+      observe_excess(a, g);
       return;
     }
     // A row older than the recent band at the next eviction counts as long-range.
@@ -170,6 +190,10 @@ class DecayedAttention {
       spikes_.save(w);
       seqs_.save(w);
       for (std::uint64_t s : latest_) w.put<std::uint64_t>(s);
+      if (excess()) {  // only with RecallRank::excess: other states keep their format
+        draws_.save(w);
+        counts_.save(w);
+      }
     }
   }
   void load_state(std::span<const std::uint8_t> in) {
@@ -203,6 +227,8 @@ class DecayedAttention {
     auto spikes = spikes_;
     auto seqs = seqs_;
     auto latest = latest_;
+    auto draws = draws_;
+    auto counts = counts_;
     const auto valid = [](float x) { return std::isfinite(x) && x >= 0.0f; };
     scores.load(r, name(), valid);
     if (recalls()) {
@@ -214,6 +240,10 @@ class DecayedAttention {
           kvevict::detail::require(s <= latest[i], "DecayedAttention state: row arrival ", s,
                                    " after the head's latest arrival ", latest[i]);
       }
+      if (excess()) {
+        draws.load(r, name(), valid);
+        counts.load(r, name());
+      }
     }
     kvevict::detail::require(r.remaining() == 0, "DecayedAttention state: ", r.remaining(),
                              " trailing bytes");
@@ -222,6 +252,8 @@ class DecayedAttention {
     spikes_ = std::move(spikes);
     seqs_ = std::move(seqs);
     latest_ = std::move(latest);
+    draws_ = std::move(draws);
+    counts_ = std::move(counts);
   }
   [[nodiscard]] const std::vector<float>& scores(int layer, int kv_head) const {
     return scores_.of(layer, kv_head);
@@ -235,6 +267,47 @@ class DecayedAttention {
   // H2O is this policy at decay 1; it keeps its own name and save format (h2o.hpp).
   friend class H2O;
   [[nodiscard]] bool recalls() const { return config_.recall_fraction > 0.0f; }
+  [[nodiscard]] bool excess() const { return config_.recall_rank == RecallRank::excess; }
+
+  // RecallRank::excess: per row, the sum and count of its long-range draws (the spike is
+  // kept as for RecallRank::spike); kept apart from the default path.
+  void bind_excess(const CacheShape& shape) {
+    draws_.bind(shape);
+    counts_.bind(shape);
+  }
+  void append_excess(int layer, int kv_head, std::size_t row) {
+    draws_.set(layer, kv_head, row, 0.0f);
+    counts_.set(layer, kv_head, row, 0u);
+  }
+  void move_excess(int layer, int kv_head, std::size_t from, std::size_t to) {
+    draws_.move(layer, kv_head, from, to);
+    counts_.move(layer, kv_head, from, to);
+  }
+  void observe_excess(const AttentionView& a, float g) {
+    auto& sc = scores_.of(a.layer, a.kv_head);
+    auto& sp = spikes_.of(a.layer, a.kv_head);
+    auto& dr = draws_.of(a.layer, a.kv_head);
+    auto& ct = counts_.of(a.layer, a.kv_head);
+    const auto& sq = seqs_.of(a.layer, a.kv_head);
+    const std::size_t h = head_index(a.layer, a.kv_head);
+    const std::uint64_t band = recent_for(capacity_[h]);
+    const std::uint64_t latest = latest_[h];
+    for (std::size_t r = 0; r < a.size; ++r) {
+      const float x = a.summed(r);
+      sc[r] = g * sc[r] + x;
+      if (latest - sq[r] >= band) {
+        sp[r] = std::max(sp[r], x);
+        dr[r] += x;
+        ++ct[r];
+      }
+    }
+  }
+  /// The reserve's rank of row r under RecallRank::excess: spike - mean long-range draw.
+  [[nodiscard]] float excess_of(int layer, int kv_head, std::size_t r) const {
+    const std::uint32_t n = counts_.of(layer, kv_head)[r];
+    if (n == 0) return 0.0f;
+    return spikes_.of(layer, kv_head)[r] - draws_.of(layer, kv_head)[r] / static_cast<float>(n);
+  }
 
   /// Marks in kept_ the unprotected rows with the largest non-zero long-range spike
   /// (ties: the newer row), leaving at least `need` rows evictable.
@@ -246,7 +319,8 @@ class DecayedAttention {
     for (std::size_t r = 0; r < v.size; ++r) {
       if (kept_[r]) continue;
       ++evictable;
-      if (sp[r] > 0.0f) ranked_.push_back({sp[r], v.seqs[r], static_cast<std::uint32_t>(r)});
+      const float rank = excess() ? excess_of(v.layer, v.kv_head, r) : sp[r];
+      if (rank > 0.0f) ranked_.push_back({rank, v.seqs[r], static_cast<std::uint32_t>(r)});
     }
     std::size_t k = std::min(recall_for(v.capacity), ranked_.size());
     k = std::min(k, evictable > v.need ? evictable - v.need : 0);
@@ -277,6 +351,8 @@ class DecayedAttention {
   detail::RowColumn<float> spikes_;  ///< largest attention drawn while long-range
   detail::RowColumn<std::uint64_t> seqs_;  ///< arrival index, for the row's age in observe
   std::vector<std::uint64_t> latest_;  ///< per head: arrival index of the newest row
+  detail::RowColumn<float> draws_;           ///< RecallRank::excess: sum of long-range draws
+  detail::RowColumn<std::uint32_t> counts_;  ///< RecallRank::excess: number of them
   // Scratch for choose_victims (no allocation per step once warm).
   std::vector<char> kept_;
   std::vector<Ranked> ranked_;
