@@ -14,6 +14,7 @@
 #include "e2e.hpp"
 #include "kvevict/kvevict.hpp"
 #include "llama2c.hpp"
+#include "paged_adapter.hpp"
 
 namespace {
 
@@ -26,6 +27,7 @@ struct Args {
   std::uint64_t seed = 1000;
   bool tune = false;
   bool retrieval = false;
+  bool paged = false;     ///< --paged: block-granular eviction through PagedKV
   bool scorers = false;  ///< --tune-scorers: the probability-free grid instead of the table
   bool haystack = false;  ///< --haystack: the repeated-filler retrieval measure
   bool brief = false;     ///< --brief: retrieval rows of the compared policies only
@@ -45,12 +47,13 @@ Args parse(int argc, char** argv) {
     else if (s == "--seed") a.seed = std::stoull(next());
     else if (s == "--tune") a.tune = true;
     else if (s == "--retrieval") a.retrieval = true;
+    else if (s == "--paged") a.paged = true;
     else if (s == "--tune-scorers") a.scorers = true;
     else if (s == "--haystack") a.haystack = true;
     else if (s == "--brief") a.brief = true;
     else kvevict::detail::fail("unknown option ", s,
                                ", expected --model-dir DIR, --streams N, --seed S, --tune, "
-                               "--tune-scorers, --haystack, --brief and/or --retrieval");
+                               "--tune-scorers, --haystack, --brief, --paged and/or --retrieval");
   }
   if (a.model_dir.empty()) a.model_dir = KVEVICT_DEFAULT_MODEL_DIR;
   kvevict::detail::require(a.streams >= 4 && a.streams % 4 == 0, "--streams ", a.streams,
@@ -364,6 +367,48 @@ AttentionAgeProfile calibrate(const std::shared_ptr<const Model>& model) {
   return profile;
 }
 constexpr HeadAllocation kPerHead{.floor = 4, .uniform_share = 0.0};
+
+// Block-granular eviction through PagedKV (paged_adapter.hpp), 16-token blocks: B / 16
+// blocks per table, one sink block. Observed attention decays by 1 - horizon / B per step
+// (DecayedAttention's rule for a capacity of B rows); observe = false is StreamingLLM.
+llama2c::PagedSpec paged_spec(std::size_t B, BlockLayout layout, bool observe, float horizon,
+                              std::uint32_t recent, BlockScore score) {
+  llama2c::PagedSpec s;
+  s.block_tokens = 16;
+  s.layout = layout;
+  s.budget = SequenceBudget::tokens(B, 16, 1, recent);
+  s.budget.score = score;
+  s.budget.decay = std::clamp(1.0f - horizon / static_cast<float>(B), 1e-6f, 1.0f);
+  s.observe = observe;
+  return s;
+}
+
+void paged_rows(Runner& r, bool tune) {
+  using L = BlockLayout;
+  for (std::size_t B : {64u, 128u, 256u}) {
+    r.row(B, "block StreamingLLM (1 sink block, 1 recent block)",
+          paged_spec(B, L::per_kv_head, false, 0.0f, 1, BlockScore::sum), true);
+    if (tune) {
+      for (float h : {1.0f, 3.0f, 8.0f})
+        for (std::uint32_t rec : {1u, 2u})
+          for (BlockScore sc : {BlockScore::sum, BlockScore::max}) {
+            const std::string name = fmt::format("block DecayedAttention h {:.0f}, recent {}, {}",
+                                                 h, rec, to_string(sc));
+            r.row(B, name.c_str(), paged_spec(B, L::per_kv_head, true, h, rec, sc), true);
+          }
+      continue;
+    }
+    r.row(B, "**block DecayedAttention, per head** (h 3, 1 recent block, sum)",
+          paged_spec(B, L::per_kv_head, true, 3.0f, 1, BlockScore::sum), true);
+    r.row(B, "block DecayedAttention, shared cells (h 3, 1 recent block, sum)",
+          paged_spec(B, L::shared_cells, true, 3.0f, 1, BlockScore::sum), true);
+    r.row(B, "block StreamingLLM, shared cells",
+          paged_spec(B, L::shared_cells, false, 0.0f, 1, BlockScore::sum), true);
+    r.row(B, "token-level DecayedAttention::recommended() (B rows per KV head)",
+          policies::DecayedAttention::recommended());
+    r.row(B, "token-level StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
+  }
+}
 constexpr HeadAllocation kHalfPerHead{.floor = 4, .uniform_share = 0.5};
 
 }  // namespace
@@ -397,7 +442,10 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
-    const AttentionAgeProfile profile = calibrate(r.model);
+    const auto& mc = r.model->config();
+    const AttentionAgeProfile profile =  // --paged uses no per-head budgets: skip calibration
+        a.paged ? AttentionAgeProfile(mc.geometry(), static_cast<std::size_t>(mc.seq_len))
+                : calibrate(r.model);
     if (a.retrieval) {
       const Tokenizer tok = Tokenizer::load(a.model_dir + "/tok512.bin", r.model->config().vocab_size);
       const int per_name = a.streams / 4;
@@ -462,8 +510,13 @@ int main(int argc, char** argv) {
                 a.streams, static_cast<unsigned long long>(a.seed),
                 static_cast<unsigned long long>(a.seed + static_cast<std::uint64_t>(a.streams) - 1));
     fmt::print("| budget | policy | mean KL | range over 4-stream groups | groups below "
-                "StreamingLLM (1 sink) | top-1 |\n");
+                "{} | top-1 |\n", a.paged ? "block StreamingLLM" : "StreamingLLM (1 sink)");
     fmt::print("|---|---|---|---|---|---|\n");
+    if (a.paged) {
+      r.row(512, "paged full cache (unbounded; check: KL should be ~0)", llama2c::PagedSpec{}, true);
+      paged_rows(r, a.tune);
+      return 0;
+    }
     for (std::size_t B : {16u, 32u, 64u, 128u}) {
       r.row(B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
       if (a.scorers) {

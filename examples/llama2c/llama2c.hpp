@@ -364,13 +364,21 @@ class Tokenizer {
   std::unordered_map<std::string, int> ids_;
 };
 
+/// The K/V store Transformer<Policy> runs over: KVCache<Policy, float>, unless a
+/// specialisation names another type with the same append(layer, pos, k, v, q) and an
+/// attend(store, layer, queries) overload (paged_adapter.hpp: PagedTables' decisions).
+template <class Policy>
+struct CacheFor {
+  using type = KVCache<Policy, float>;
+};
+
 /// A Llama forward pass whose K/V of all layers live in one KVCache<Policy>. Keys are
 /// rotated (RoPE) before they are stored, at their original token position, so rows kept
 /// after eviction keep the positions they were computed with.
 template <class Policy>
 class Transformer {
  public:
-  using Cache = KVCache<Policy, float>;
+  using Cache = typename CacheFor<Policy>::type;
 
   /// `model` must outlive the transformer (shared so several policies reuse one copy).
   Transformer(std::shared_ptr<const Model> model, const Budget& budget, Policy policy = Policy{})

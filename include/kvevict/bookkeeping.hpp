@@ -16,6 +16,7 @@
 
 #include "errors.hpp"
 #include "geometry.hpp"
+#include "kernels/select.hpp"
 #include "policy.hpp"
 
 namespace kvevict::detail {
@@ -95,11 +96,36 @@ inline void check_position(const LayerClock& clock, int layer, std::int64_t posi
 }
 
 /// One step's attention probabilities of a head holding `size` rows: group x size floats.
-inline void check_probs(const Geometry& g, std::span<const float> probs, std::size_t size) {
+inline void check_probs_size(const Geometry& g, std::span<const float> probs, std::size_t size) {
   const std::size_t expect = static_cast<std::size_t>(g.group()) * size;
   require(probs.size() == expect, "observe: probs has ", probs.size(), " floats, expected ", expect,
           " (group ", g.group(), " x size ", size, ")");
+}
+inline void check_probs(const Geometry& g, std::span<const float> probs, std::size_t size) {
+  check_probs_size(g, probs, size);
   check_finite(probs, "observe: probs");
+}
+
+/// observe() of both containers: checks one step's probabilities and returns the view the
+/// policy receives. For a policy that reads attention the G rows are summed per row in the
+/// same pass that checks finiteness (one read of the probabilities, into `sums`); nothing
+/// but `sums` is written before the check has passed.
+template <class Policy>
+AttentionView observed_view(const Geometry& g, int layer, int kv_head,
+                            std::span<const float> probs, std::size_t size,
+                            std::vector<float>& sums) {
+  AttentionView view{layer, kv_head, g.group(), size, probs.data()};
+  if constexpr (has(Policy::signals, Signals::attention)) {
+    check_probs_size(g, probs, size);
+    sums.resize(size);
+    if (!kernels::group_sum_checked(probs.data(), static_cast<std::size_t>(g.group()), size,
+                                    sums.data()))
+      check_finite(probs, "observe: probs");  // names the bad value and throws
+    view.sums = sums.data();
+  } else {
+    check_probs(g, probs, size);
+  }
+  return view;
 }
 
 /// capacity[l * Hkv + h] of every (layer, KV head) under `b`.

@@ -88,11 +88,13 @@ class ContainerCore {
   /// not declare Signals::attention.
   void observe(int layer, int kv_head, std::span<const float> probs) {
     const std::size_t n = head(layer, kv_head).size();
-    check_probs(shape_.geometry, probs, n);
+    // Checked and group-summed in one pass (bookkeeping.hpp); the policy reads the sums.
+    const AttentionView view =
+        observed_view<Policy>(shape_.geometry, layer, kv_head, probs, n, sums_);
     if constexpr (has(Policy::signals, Signals::attention)) {
       static_assert(HasObserve<Policy>,
                     "EvictionPolicy declares Signals::attention but has no observe(AttentionView)");
-      policy_.observe(AttentionView{layer, kv_head, group(), n, probs.data()});
+      policy_.observe(view);
     }
   }
 
@@ -414,6 +416,7 @@ class ContainerCore {
   std::vector<Head> heads_;
   std::vector<LayerState> layers_;
   std::vector<std::vector<std::uint32_t>> scratch_victims_;
+  std::vector<float> sums_;  ///< observe scratch: the group sum of each row
 };
 
 }  // namespace kvevict::detail

@@ -242,10 +242,14 @@ class IndexCache
 
   // --- layout hooks (container_core.hpp): rows live in engine cells ------------------
   // The policy reads keys/values gathered from the engine's cells into gather_/gather_v_.
+  // A policy declaring reads_stored_rows = false gets views without keys/values, and
+  // decode steps gather nothing from engine memory (kGather).
   detail::RowsData<Scalar> rows_data(int, int) const {
+    if constexpr (!kGather) return {nullptr, nullptr};
     return {gather_.data(), gather_v_.empty() ? nullptr : gather_v_.data()};
   }
   void load_rows(int layer, int kh, const float* key, const float* value) {
+    if constexpr (!kGather) return;
     gather_rows(layer, kh, call_.stored_keys, key, call_.block, call_.block_seq);
     gather_values(layer, kh, call_.stored_values, value);
   }
@@ -266,8 +270,10 @@ class IndexCache
   }
   void prepare_step(int, std::size_t total_victims, std::size_t max_rows) {
     const std::size_t d = this->udim();
-    gather_.reserve(max_rows * d);
-    if (call_.stored_values.data != nullptr) gather_v_.reserve(max_rows * d);
+    if constexpr (kGather) {
+      gather_.reserve(max_rows * d);
+      if (call_.stored_values.data != nullptr) gather_v_.reserve(max_rows * d);
+    }
     reserve_decisions(2 * total_victims + static_cast<std::size_t>(this->shape_.geometry.n_kv_heads));
   }
   void prepare_prompt(int, std::size_t tokens, const std::vector<std::vector<std::uint32_t>>&) {
@@ -288,7 +294,7 @@ class IndexCache
       decisions_.push_back(Decision{Decision::Kind::move, layer, kh, r, static_cast<std::uint32_t>(last),
                                     h.cell[last], h.pos[last], h.seq[last]});
       h.cell[r] = h.cell[last];
-      move_gathered(r, last);
+      if constexpr (kGather) move_gathered(r, last);
     }
     h.cell.pop_back();
   }
@@ -296,12 +302,15 @@ class IndexCache
                 std::uint64_t seq, const float*, const float*, std::uint32_t token) {
     // The gathered block now holds the survivors in row order, then the incoming row.
     const std::size_t d = this->udim();
-    std::memmove(gather_.data() + n * d, gather_.data() + (gather_.size() - d), d * sizeof(Scalar));
-    gather_.resize((n + 1) * d);
-    if (!gather_v_.empty()) {
-      std::memmove(gather_v_.data() + n * d, gather_v_.data() + (gather_v_.size() - d),
+    if constexpr (kGather) {
+      std::memmove(gather_.data() + n * d, gather_.data() + (gather_.size() - d),
                    d * sizeof(Scalar));
-      gather_v_.resize((n + 1) * d);
+      gather_.resize((n + 1) * d);
+      if (!gather_v_.empty()) {
+        std::memmove(gather_v_.data() + n * d, gather_v_.data() + (gather_v_.size() - d),
+                     d * sizeof(Scalar));
+        gather_v_.resize((n + 1) * d);
+      }
     }
     const std::uint32_t cell = take_cell(this->heads_[i], wanted_cell(kh));
     decisions_.push_back(Decision{Decision::Kind::place, layer, kh, static_cast<std::uint32_t>(n),
@@ -333,6 +342,8 @@ class IndexCache
   Call call_;
   std::vector<Decision> decisions_;
   std::vector<Scalar> gather_, gather_v_;
+  /// Whether decode steps gather stored rows from engine memory for the policy's views.
+  static constexpr bool kGather = detail::reads_stored_rows<Policy>();
 };
 
 }  // namespace kvevict

@@ -101,6 +101,8 @@ class BuzzBeehive {
 
   static constexpr Signals signals = Signals::attention;
   static constexpr const char* name() { return "BuzzBeehive"; }
+  /// Never reads stored keys/values: IndexCache need not gather them.
+  static constexpr bool reads_stored_rows = false;
   [[nodiscard]] const Config& config() const { return cfg_; }
   [[nodiscard]] std::size_t thin_stride() const { return (cfg_.stride + 1) / 2; }
 
@@ -222,13 +224,9 @@ class BuzzBeehive {
   void observe(const AttentionView& a) {
     float* sc = scores_.of(a.layer, a.kv_head).data();
     const std::size_t n = a.size;
-    // Group sum first, then one add per row, as the reference; row-wise passes vectorise.
-    sum_.assign(a.probs, a.probs + n);
-    float* s = sum_.data();
-    for (int j = 1; j < a.group; ++j) {
-      const float* p = a.probs + static_cast<std::size_t>(j) * n;
-      for (std::size_t r = 0; r < n; ++r) s[r] += p[r];
-    }
+    // Group sum first (the container's one checked pass), then one add per row, as the
+    // reference.
+    const float* s = detail::group_sums(a, sum_);
     for (std::size_t r = 0; r < n; ++r) sc[r] += s[r];
   }
 

@@ -108,6 +108,16 @@ class RowColumn {
   std::vector<std::vector<T>> cols_;
 };
 
+/// The group sum of every row of one step's attention: the container's precomputed sums
+/// when it passed them (KVCache/IndexCache::observe), else computed here into `scratch`
+/// with the same additions in the same order (AttentionView::summed).
+inline const float* group_sums(const AttentionView& a, std::vector<float>& scratch) {
+  if (a.sums != nullptr) return a.sums;
+  scratch.resize(a.size);
+  for (std::size_t r = 0; r < a.size; ++r) scratch[r] = a.summed(r);
+  return scratch.data();
+}
+
 /// Appends to `out` the `need` eligible rows with the lowest (rank(row), seq) — the
 /// oldest first on equal rank — in O(n).
 template <class Scalar, class Rank, class Eligible>

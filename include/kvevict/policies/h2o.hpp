@@ -25,6 +25,8 @@ class H2O {
 
   static constexpr Signals signals = Signals::attention;
   static constexpr const char* name() { return "H2O"; }
+  /// Never reads stored keys/values: IndexCache need not gather them.
+  static constexpr bool reads_stored_rows = false;
   [[nodiscard]] std::size_t min_capacity() const { return sinks + recent + 1; }
   void bind(const CacheShape& shape) {
     inner_ = DecayedAttention({.decay = 1.0f, .sinks = sinks, .recent = recent});

@@ -73,6 +73,9 @@ class HashEvictSimHash {
 
   static constexpr HashMode mode = Mode;
   static constexpr Signals signals = Mode == HashMode::query ? Signals::query : Signals::none;
+  /// Codes are computed from the incoming key; stored keys are read only when a view has
+  /// no incoming key (a restored KVCache replaying its rows), which IndexCache never sends.
+  static constexpr bool reads_stored_rows = false;
   static constexpr const char* name() {
     return Mode == HashMode::query ? "HashEvictSimHash<query>" : "HashEvictSimHash<key>";
   }
@@ -139,7 +142,15 @@ class HashEvictSimHash {
     const std::size_t w = code_bytes();
     hs.codes.resize((row + 1) * w);  // row is the last live row: drop stale codes beyond it
     if (v.incoming_key != nullptr) {
-      hash_into(v.layer, v.incoming_key, hs.codes.data() + row * w);
+      std::uint8_t* dst = hs.codes.data() + row * w;
+      if (key_code_.valid && key_code_.layer == v.layer && key_code_.kv_head == v.kv_head &&
+          key_code_.seq == v.incoming_seq &&
+          std::memcmp(key_code_.key.data(), v.incoming_key,
+                      key_code_.key.size() * sizeof(float)) == 0)
+        std::memcpy(dst, key_code_.code.data(), w);  // hashed already in choose_victims
+      else
+        hash_into(v.layer, v.incoming_key, dst);
+      key_code_.valid = false;
     } else {
       key_buf_.resize(static_cast<std::size_t>(dim_));
       const auto k = v.key(row);
@@ -388,6 +399,15 @@ class HashEvictSimHash {
     qcodes_.resize(w);
     if (v.incoming_key != nullptr) {
       hash_into(v.layer, v.incoming_key, qcodes_.data());
+      // on_append stores the same key's code: keep it so the key is hashed once per step.
+      // (The key itself is compared too: an append that threw may be retried with the same
+      // seq and another key.)
+      key_code_.code.assign(qcodes_.begin(), qcodes_.end());
+      key_code_.key.assign(v.incoming_key, v.incoming_key + dim_);
+      key_code_.layer = v.layer;
+      key_code_.kv_head = v.kv_head;
+      key_code_.seq = v.incoming_seq;
+      key_code_.valid = true;
     } else {
       const std::size_t newest =
           static_cast<std::size_t>(std::max_element(v.seqs, v.seqs + v.size) - v.seqs);
@@ -487,7 +507,18 @@ class HashEvictSimHash {
     }
   }
 
+  /// The incoming key's code computed by choose_victims (key mode), reused by on_append.
+  struct KeyCode {
+    int layer = 0;
+    int kv_head = 0;
+    std::uint64_t seq = 0;
+    bool valid = false;
+    std::vector<std::uint8_t> code;
+    std::vector<float> key;
+  };
+
   Config cfg_;
+  KeyCode key_code_;
   int width_ = 8;  // bits per stored code: m * b rounded up to a kernel width
   int n_kv_heads_ = 1;
   int dim_ = 0;
