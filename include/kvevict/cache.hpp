@@ -9,6 +9,7 @@
 #include <exception>
 #include <functional>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -57,6 +58,30 @@ class KVCache {
     heads_.resize(shape_.capacity.size());
     layers_.resize(static_cast<std::size_t>(geometry.n_layers));
     policy_.bind(shape_);
+  }
+
+  KVCache(const KVCache&) = default;
+  KVCache& operator=(const KVCache&) = default;
+  /// A moved-from cache is valid and empty: it has no layers, geometry() is all zeros,
+  /// allocated_bytes() is 0, and every call that names a layer, set_budget, save and
+  /// load throw kvevict::Error saying it was moved from. Assigning a cache revives it.
+  KVCache(KVCache&& o) noexcept(std::is_nothrow_move_constructible_v<Policy>)
+      : shape_(std::exchange(o.shape_, CacheShape{})),
+        policy_(std::move(o.policy_)),
+        heads_(std::exchange(o.heads_, {})),
+        layers_(std::exchange(o.layers_, {})),
+        on_evict_(std::move(o.on_evict_)),
+        scratch_victims_(std::exchange(o.scratch_victims_, {})) {}
+  KVCache& operator=(KVCache&& o) noexcept(std::is_nothrow_move_assignable_v<Policy>) {
+    if (this != &o) {
+      shape_ = std::exchange(o.shape_, CacheShape{});
+      policy_ = std::move(o.policy_);
+      heads_ = std::exchange(o.heads_, {});
+      layers_ = std::exchange(o.layers_, {});
+      on_evict_ = std::move(o.on_evict_);
+      scratch_victims_ = std::exchange(o.scratch_victims_, {});
+    }
+    return *this;
   }
 
   // --- shape -------------------------------------------------------------------------
@@ -111,14 +136,15 @@ class KVCache {
   /// guarantee: on any exception the cache is unchanged.
   void append(int layer, std::int64_t position, std::span<const float> keys,
               std::span<const float> values, std::span<const float> queries = {}) {
+    const auto in_use = exclusive_.enter("append");
     const Geometry& g = shape_.geometry;
     detail::check_layer(g, layer);
     detail::check_token_rows(g, keys, "append: keys");
     detail::check_token_rows(g, values, "append: values");
     detail::check_queries<Policy>(g, queries, 1, "append");
-    detail::check_position(layers_[static_cast<std::size_t>(layer)], layer, position);
-    detail::check_finite(keys, "append: keys");
-    detail::check_finite(values, "append: values");
+    detail::check_arrivals(layers_[static_cast<std::size_t>(layer)], layer, position, 1, "append");
+    detail::check_storable<Scalar>(keys, "append: keys");
+    detail::check_storable<Scalar>(values, "append: values");
     detail::check_finite(queries, "append: queries");
     append_unchecked(layer, position, keys.data(), values.data(),
                      queries.empty() ? nullptr : queries.data());
@@ -128,6 +154,7 @@ class KVCache {
   /// group x size floats over the live rows, in row order. Ignored by policies that do
   /// not declare Signals::attention.
   void observe(int layer, int kv_head, std::span<const float> probs) {
+    const auto in_use = exclusive_.enter("observe");
     const auto& h = head(layer, kv_head);
     detail::check_probs(shape_.geometry, probs, h.size);
     if constexpr (has(Policy::signals, Signals::attention)) {
@@ -147,6 +174,7 @@ class KVCache {
   void prefill(int layer, std::int64_t first_position, std::size_t tokens,
                std::span<const float> keys, std::span<const float> values,
                std::span<const float> queries = {}) {
+    const auto in_use = exclusive_.enter("prefill");
     const Geometry& g = shape_.geometry;
     detail::check_layer(g, layer);
     detail::require(tokens > 0, "prefill: tokens = 0, expected > 0");
@@ -156,9 +184,10 @@ class KVCache {
         has(Policy::signals, Signals::query) || has(Policy::signals, Signals::attention) ||
         has(Policy::signals, Signals::prefill_window);
     detail::check_queries<Policy>(g, queries, tokens, "prefill", wants_queries);
-    detail::check_position(layers_[static_cast<std::size_t>(layer)], layer, first_position);
-    detail::check_finite(keys, "prefill: keys");
-    detail::check_finite(values, "prefill: values");
+    detail::check_arrivals(layers_[static_cast<std::size_t>(layer)], layer, first_position, tokens,
+                           "prefill");
+    detail::check_storable<Scalar>(keys, "prefill: keys");
+    detail::check_storable<Scalar>(values, "prefill: values");
     detail::check_finite(queries, "prefill: queries");
 
     const std::size_t hq = static_cast<std::size_t>(shape_.geometry.n_heads) * udim();
@@ -192,6 +221,8 @@ class KVCache {
   /// Changes the budget. Heads above their new capacity evict through the policy (every
   /// row reaches the callback); storage beyond the new capacity is released.
   void set_budget(const Budget& budget) {
+    const auto in_use = exclusive_.enter("set_budget");
+    detail::check_live(shape_.geometry, "set_budget");
     budget.validate(shape_.geometry);
     auto caps = resolve(shape_.geometry, budget);
     check_capacities(caps);
@@ -432,6 +463,7 @@ class KVCache {
   std::vector<LayerState> layers_;
   EvictionCallback on_evict_;
   std::vector<std::vector<std::uint32_t>> scratch_victims_;
+  detail::ExclusiveUse exclusive_;
 };
 
 }  // namespace kvevict

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -67,8 +68,10 @@ class IndexCache {
   static constexpr std::uint32_t kAutoCell = std::numeric_limits<std::uint32_t>::max();
 
   /// `cells_per_head`: cells the engine has per (layer, KV head); cell ids must be below
-  /// it. 0: the largest capacity + 1 (one spare for engines that write the new token
-  /// before evicting), or 2^20 under an unbounded budget.
+  /// it, and it must be >= every finite capacity (a full head needs a cell per row). 0: the
+  /// largest capacity + 1 (one spare for engines that write the new token before
+  /// evicting), or 2^20 under an unbounded budget (an append that would need more live
+  /// rows than cells is then rejected).
   IndexCache(const Geometry& geometry, const Budget& budget, Policy policy = Policy{},
              std::uint32_t cells_per_head = 0)
       : policy_(std::move(policy)) {
@@ -77,14 +80,56 @@ class IndexCache {
     shape_.geometry = geometry;
     shape_.capacity = detail::resolve_capacities(geometry, budget);
     detail::check_capacities(policy_, geometry, shape_.capacity);
-    if (cells_per_head == 0) {
-      const std::size_t cap = *std::max_element(shape_.capacity.begin(), shape_.capacity.end());
-      cells_per_head = cap >= (std::size_t{1} << 20) ? (1u << 20) : static_cast<std::uint32_t>(cap + 1);
+    std::size_t finite = 0;  // the largest finite capacity
+    bool unbounded = false;
+    for (std::size_t c : shape_.capacity) {
+      if (c == Budget::kUnbounded) unbounded = true;
+      else finite = std::max(finite, c);
     }
+    if (cells_per_head == 0) {
+      detail::require(finite < kAutoCell - 1, "IndexCache: capacity ", finite,
+                      " rows, expected < ", kAutoCell - 1, " (cells are 32-bit ids)");
+      cells_per_head = static_cast<std::uint32_t>(finite + 1);
+      if (unbounded) cells_per_head = std::max<std::uint32_t>(cells_per_head, 1u << 20);
+    }
+    detail::require(cells_per_head >= finite, "IndexCache: cells_per_head = ", cells_per_head,
+                    ", expected >= the largest capacity ", finite,
+                    " (a full head holds one row per cell)");
+    detail::require(cells_per_head < kAutoCell, "IndexCache: cells_per_head = ", cells_per_head,
+                    ", expected < ", kAutoCell, " (reserved for kAutoCell)");
     cell_limit_ = cells_per_head;
     heads_.resize(shape_.capacity.size());
     layers_.resize(static_cast<std::size_t>(geometry.n_layers));
     policy_.bind(shape_);
+  }
+
+  IndexCache(const IndexCache&) = default;
+  IndexCache& operator=(const IndexCache&) = default;
+  /// A moved-from IndexCache is valid and empty, as a moved-from KVCache: no layers, and
+  /// every call that names a layer throws kvevict::Error saying it was moved from.
+  IndexCache(IndexCache&& o) noexcept(std::is_nothrow_move_constructible_v<Policy>)
+      : shape_(std::exchange(o.shape_, CacheShape{})),
+        policy_(std::move(o.policy_)),
+        cell_limit_(std::exchange(o.cell_limit_, 0)),
+        heads_(std::exchange(o.heads_, {})),
+        layers_(std::exchange(o.layers_, {})),
+        decisions_(std::exchange(o.decisions_, {})),
+        scratch_victims_(std::exchange(o.scratch_victims_, {})),
+        gather_(std::exchange(o.gather_, {})),
+        gather_v_(std::exchange(o.gather_v_, {})) {}
+  IndexCache& operator=(IndexCache&& o) noexcept(std::is_nothrow_move_assignable_v<Policy>) {
+    if (this != &o) {
+      shape_ = std::exchange(o.shape_, CacheShape{});
+      policy_ = std::move(o.policy_);
+      cell_limit_ = std::exchange(o.cell_limit_, 0);
+      heads_ = std::exchange(o.heads_, {});
+      layers_ = std::exchange(o.layers_, {});
+      decisions_ = std::exchange(o.decisions_, {});
+      scratch_victims_ = std::exchange(o.scratch_victims_, {});
+      gather_ = std::exchange(o.gather_, {});
+      gather_v_ = std::exchange(o.gather_v_, {});
+    }
+    return *this;
   }
 
   // --- state -------------------------------------------------------------------------
@@ -126,6 +171,7 @@ class IndexCache {
                                    std::span<const std::uint32_t> new_cells = {},
                                    std::span<const float> values = {},
                                    CellRows<Scalar> stored_values = {}) {
+    const auto in_use = exclusive_.enter("append");
     const Geometry& g = shape_.geometry;
     detail::check_layer(g, layer);
     detail::check_token_rows(g, keys, "append: keys");
@@ -136,9 +182,9 @@ class IndexCache {
     detail::require(stored_keys.data != nullptr || size_of_layer(layer) == 0,
                     "append: stored_keys.data is null, expected the engine's key rows");
     detail::check_queries<Policy>(g, queries, 1, "append");
-    detail::check_position(layers_[static_cast<std::size_t>(layer)], layer, position);
-    detail::check_finite(keys, "append: keys");
-    detail::check_finite(values, "append: values");
+    detail::check_arrivals(layers_[static_cast<std::size_t>(layer)], layer, position, 1, "append");
+    detail::check_storable<Scalar>(keys, "append: keys");
+    detail::check_storable<Scalar>(values, "append: values");
     detail::check_finite(queries, "append: queries");
     check_new_cells(layer, new_cells);
     decisions_.clear();
@@ -151,6 +197,7 @@ class IndexCache {
   /// One step's attention probabilities of (layer, kv_head), group x size floats in row
   /// order, for policies that declare Signals::attention (ignored otherwise).
   void observe(int layer, int kv_head, std::span<const float> probs) {
+    const auto in_use = exclusive_.enter("observe");
     const std::size_t n = size(layer, kv_head);
     detail::check_probs(shape_.geometry, probs, n);
     if constexpr (has(Policy::signals, Signals::attention))
@@ -167,6 +214,7 @@ class IndexCache {
   std::span<const Decision> prefill(int layer, std::int64_t first_position, std::size_t tokens,
                                     std::span<const float> keys, std::span<const float> queries,
                                     CellRows<Scalar> stored_keys) {
+    const auto in_use = exclusive_.enter("prefill");
     const Geometry& g = shape_.geometry;
     detail::check_layer(g, layer);
     detail::require(tokens > 0, "prefill: tokens = 0, expected > 0");
@@ -175,9 +223,16 @@ class IndexCache {
                                    has(Policy::signals, Signals::attention) ||
                                    has(Policy::signals, Signals::prefill_window);
     detail::check_queries<Policy>(g, queries, tokens, "prefill", wants_queries);
-    detail::check_position(layers_[static_cast<std::size_t>(layer)], layer, first_position);
-    detail::check_finite(keys, "prefill: keys");
+    detail::check_arrivals(layers_[static_cast<std::size_t>(layer)], layer, first_position, tokens,
+                           "prefill");
+    detail::check_storable<Scalar>(keys, "prefill: keys");
     detail::check_finite(queries, "prefill: queries");
+    for (int kh = 0; kh < g.n_kv_heads; ++kh) {  // cells, before the first token changes anything
+      const std::size_t rows =
+          std::min(shape_.at(layer, kh), heads_[index(layer, kh)].pos.size() + tokens);
+      detail::require(rows <= cell_limit_, "prefill: layer ", layer, " KV head ", kh,
+                      " would hold ", rows, " rows, expected <= cells_per_head = ", cell_limit_);
+    }
     decisions_.clear();
     const float* q = queries.empty() ? nullptr : queries.data();
     if constexpr (detail::HasPrefillKeep<Policy>) {
@@ -352,6 +407,10 @@ class IndexCache {
         total_victims += victims.size();
       }
       const std::size_t rows = h.pos.size() - victims.size() + 1;
+      // Live rows never outnumber cells, so an allocated cell is always below the limit
+      // (only reachable under an unbounded budget: bounded ones were checked at construction).
+      detail::require(rows <= cell_limit_, "append: layer ", layer, " KV head ", kh, " would hold ",
+                      rows, " rows, expected <= cells_per_head = ", cell_limit_);
       if (h.pos.capacity() < rows) {
         const std::size_t grown = std::max<std::size_t>({rows, 16, h.pos.capacity() * 2});
         const std::size_t n = std::min(grown, std::max(cap, rows));
@@ -504,6 +563,7 @@ class IndexCache {
   std::vector<Decision> decisions_;
   std::vector<std::vector<std::uint32_t>> scratch_victims_;
   std::vector<Scalar> gather_, gather_v_;
+  detail::ExclusiveUse exclusive_;
 };
 
 }  // namespace kvevict

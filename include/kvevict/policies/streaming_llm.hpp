@@ -10,7 +10,9 @@ struct StreamingLLM {
 
   static constexpr Signals signals = Signals::none;
   static constexpr const char* name() { return "StreamingLLM"; }
-  [[nodiscard]] std::size_t min_capacity() const { return sinks + 1; }
+  [[nodiscard]] std::size_t min_capacity() const {
+    return detail::protected_plus_one(name(), {{"sinks", sinks}});
+  }
   void bind(const CacheShape&) {}
   /// Evicts the oldest non-sink rows.
   template <class S>
@@ -22,6 +24,13 @@ struct StreamingLLM {
   template <class S>
   void on_append(const HeadView<S>&, std::size_t) {}
   void on_move(int, int, std::size_t, std::size_t) {}
+  /// Saved state (serialize.hpp): the configuration, checked on load.
+  void save_state(std::vector<std::uint8_t>& out) const {
+    detail::save_config(out, {{"sinks", sinks}});
+  }
+  void load_state(std::span<const std::uint8_t> in) const {
+    detail::check_config(in, name(), {{"sinks", sinks}});
+  }
 };
 
 }  // namespace kvevict::policies
