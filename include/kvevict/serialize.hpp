@@ -92,13 +92,13 @@ struct CacheAccess {
       w.put<std::int64_t>(ls.last_position);
     }
     for (const auto& h : c.heads_) {
-      w.put<std::uint64_t>(h.size);
-      for (std::size_t r = 0; r < h.size; ++r) {
+      w.put<std::uint64_t>(h.size());
+      for (std::size_t r = 0; r < h.size(); ++r) {
         w.put<std::int64_t>(h.pos[r]);
         w.put<std::uint64_t>(h.seq[r]);
       }
-      w.put_array(h.k.data(), h.size * d);
-      w.put_array(h.v.data(), h.size * d);
+      w.put_array(h.k.data(), h.size() * d);
+      w.put_array(h.v.data(), h.size() * d);
     }
     if constexpr (HasSaveState<Policy>) {
       std::vector<std::uint8_t> state;
@@ -127,7 +127,7 @@ struct CacheAccess {
                                   const typename Cache::LayerState& ls) {
     std::vector<std::pair<std::uint64_t, std::int64_t>> rows;
     for (std::size_t h = layer * hkv; h < (layer + 1) * hkv; ++h)
-      for (std::size_t k = 0; k < heads[h].size; ++k) rows.emplace_back(heads[h].seq[k], heads[h].pos[k]);
+      for (std::size_t k = 0; k < heads[h].size(); ++k) rows.emplace_back(heads[h].seq[k], heads[h].pos[k]);
     std::sort(rows.begin(), rows.end());
     auto gap = [](std::int64_t hi, std::int64_t lo) {  // hi - lo for hi >= lo, exact
       return static_cast<std::uint64_t>(hi) - static_cast<std::uint64_t>(lo);
@@ -217,10 +217,10 @@ struct CacheAccess {
               " holds ", rows, " rows, expected <= capacity ", c.shape_.capacity[i],
               " and <= tokens seen ", ls.next_seq);
       r.need_elems(rows, 16 + 2 * d * sizeof(Scalar), "rows");
-      h.size = static_cast<std::size_t>(rows);
-      h.pos.resize(h.size);
-      h.seq.resize(h.size);
-      for (std::size_t k = 0; k < h.size; ++k) {
+      const auto n = static_cast<std::size_t>(rows);
+      h.pos.resize(n);
+      h.seq.resize(n);
+      for (std::size_t k = 0; k < n; ++k) {
         h.pos[k] = r.get<std::int64_t>("position");
         h.seq[k] = r.get<std::uint64_t>("seq");
         require(h.seq[k] < ls.next_seq && h.pos[k] <= ls.last_position, "saved state: head ", i,
@@ -237,10 +237,10 @@ struct CacheAccess {
         require(std::adjacent_find(p.begin(), p.end()) == p.end(), "saved state: head ", i,
                 " repeats a position");
       }
-      h.k.resize(h.size * d);
-      h.v.resize(h.size * d);
-      r.get_array(h.k.data(), h.size * d, "keys");
-      r.get_array(h.v.data(), h.size * d, "values");
+      h.k.resize(n * d);
+      h.v.resize(n * d);
+      r.get_array(h.k.data(), n * d, "keys");
+      r.get_array(h.v.data(), n * d, "values");
       check_rows_finite(h.k, i, "key");
       check_rows_finite(h.v, i, "value");
       const auto hkv = static_cast<std::size_t>(g.n_kv_heads);
@@ -265,7 +265,7 @@ struct CacheAccess {
     for (int l = 0; l < g.n_layers; ++l)
       for (int kh = 0; kh < g.n_kv_heads; ++kh) {
         const auto& h = heads[static_cast<std::size_t>(l * g.n_kv_heads + kh)];
-        for (std::size_t row = 0; row < h.size; ++row) {
+        for (std::size_t row = 0; row < h.size(); ++row) {
           for (std::size_t j = 0; j < d; ++j) key[j] = static_cast<float>(h.k[row * d + j]);
           HeadView<Scalar> v;
           v.layer = l;
