@@ -452,3 +452,11 @@ TEST_CASE("e2e protocol: KL is 0 for the full cache and positive under eviction"
   CHECK_THROWS_WITH(sample_stream(model, SampleOptions{c.seq_len + 1, 1.0f, 0}),
                     Catch::Matchers::Contains("seq_len"));
 }
+
+TEST_CASE("a directory given as a checkpoint or tokenizer is named in the error") {
+  using Catch::Matchers::Contains;
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  CHECK_THROWS_AS(Model::load(dir), kvevict::Error);
+  CHECK_THROWS_WITH(Model::load(dir), Contains("'" + dir + "': is a directory, expected a file"));
+  CHECK_THROWS_WITH(Tokenizer::load(dir, 32), Contains("'" + dir + "': is a directory"));
+}

@@ -22,6 +22,7 @@
 #include "kvevict/attention.hpp"
 #include "kvevict/cache.hpp"
 #include "kvevict/errors.hpp"
+#include "kvevict/file.hpp"
 #include "kvevict/geometry.hpp"
 
 namespace kvevict::llama2c {
@@ -46,17 +47,7 @@ namespace detail {
 using kvevict::detail::fail;
 using kvevict::detail::require;
 
-inline std::vector<char> read_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  require(static_cast<bool>(in), what, " '", path, "': cannot open file");
-  const auto size = static_cast<std::streamoff>(in.tellg());
-  require(size >= 0, what, " '", path, "': cannot determine file size");
-  std::vector<char> bytes(static_cast<std::size_t>(size));
-  in.seekg(0);
-  if (size > 0) in.read(bytes.data(), size);
-  require(static_cast<bool>(in), what, " '", path, "': read failed");
-  return bytes;
-}
+using kvevict::detail::read_file;  // names the path for a directory, missing file, failed read
 
 // Products of header fields, checked so a corrupt header cannot wrap around.
 inline std::uint64_t mul(std::uint64_t a, std::uint64_t b, const char* where) {

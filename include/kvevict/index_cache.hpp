@@ -83,16 +83,30 @@ class IndexCache
   static constexpr std::uint32_t kAutoCell = std::numeric_limits<std::uint32_t>::max();
 
   /// `cells_per_head`: cells the engine has per (layer, KV head); cell ids must be below
-  /// it. 0: the largest capacity + 1 (one spare for engines that write the new token
-  /// before evicting), or 2^20 under an unbounded budget.
+  /// it, and it must be >= every finite capacity (a full head holds one row per cell). 0:
+  /// the largest capacity + 1 (one spare for engines that write the new token before
+  /// evicting), at least 2^20 under an unbounded budget (an append or prefill that would
+  /// need more live rows than cells is then refused before anything changes).
   IndexCache(const Geometry& geometry, const Budget& budget, Policy policy = Policy{},
              std::uint32_t cells_per_head = 0)
       : Core(geometry, budget, std::move(policy)) {
-    if (cells_per_head == 0) {
-      const auto& caps = this->shape_.capacity;
-      const std::size_t cap = *std::max_element(caps.begin(), caps.end());
-      cells_per_head = cap >= (std::size_t{1} << 20) ? (1u << 20) : static_cast<std::uint32_t>(cap + 1);
+    std::size_t finite = 0;  // the largest finite capacity
+    bool unbounded = false;
+    for (std::size_t c : this->shape_.capacity) {
+      if (c == Budget::kUnbounded) unbounded = true;
+      else finite = std::max(finite, c);
     }
+    if (cells_per_head == 0) {
+      detail::require(finite < kAutoCell - 1, "IndexCache: capacity ", finite,
+                      " rows, expected < ", kAutoCell - 1, " (cells are 32-bit ids)");
+      cells_per_head = static_cast<std::uint32_t>(finite + 1);
+      if (unbounded) cells_per_head = std::max<std::uint32_t>(cells_per_head, 1u << 20);
+    }
+    detail::require(cells_per_head >= finite, "IndexCache: cells_per_head = ", cells_per_head,
+                    ", expected >= the largest capacity ", finite,
+                    " (a full head holds one row per cell)");
+    detail::require(cells_per_head < kAutoCell, "IndexCache: cells_per_head = ", cells_per_head,
+                    ", expected < ", kAutoCell, " (reserved for kAutoCell)");
     cell_limit_ = cells_per_head;
   }
 
@@ -120,6 +134,7 @@ class IndexCache
                                    std::span<const std::uint32_t> new_cells = {},
                                    std::span<const float> values = {},
                                    CellRows<Scalar> stored_values = {}) {
+    const auto in_use = this->exclusive("append");
     this->check_token(layer, position, keys, values, queries, true);
     // Policies may read stored rows through HeadView, so the engine must locate them.
     detail::require(stored_keys.data != nullptr || size_of_layer(layer) == 0,
@@ -142,7 +157,14 @@ class IndexCache
   std::span<const Decision> prefill(int layer, std::int64_t first_position, std::size_t tokens,
                                     std::span<const float> keys, std::span<const float> queries,
                                     CellRows<Scalar> stored_keys) {
+    const auto in_use = this->exclusive("prefill");
     this->check_block(layer, first_position, tokens, keys, {}, queries, false);
+    for (int kh = 0; kh < this->shape_.geometry.n_kv_heads; ++kh) {  // cells, before any token
+      const std::size_t rows = std::min(this->shape_.at(layer, kh),
+                                        this->heads_[this->index(layer, kh)].size() + tokens);
+      detail::require(rows <= cell_limit_, "prefill: layer ", layer, " KV head ", kh,
+                      " would hold ", rows, " rows, expected <= cells_per_head = ", cell_limit_);
+    }
     decisions_.clear();
     // Rows of this block are read from `keys` until the engine applies the decisions.
     call_ = Call{stored_keys, {}, {}, keys.data(), this->layer_state(layer).next_seq};
@@ -261,8 +283,13 @@ class IndexCache
     this->heads_[i].cell.reserve(n);
     this->heads_[i].used.reserve(n);
   }
-  void prepare_head(int, int kh, std::size_t i, const std::vector<std::uint32_t>& victims) {
+  void prepare_head(int layer, int kh, std::size_t i, const std::vector<std::uint32_t>& victims) {
     auto& h = this->heads_[i];
+    // Live rows never outnumber cells, so an allocated cell is always below the limit
+    // (reachable only under an unbounded budget: bounded ones were checked at construction).
+    const std::size_t rows = h.size() - victims.size() + 1;
+    detail::require(rows <= cell_limit_, "append: layer ", layer, " KV head ", kh, " would hold ",
+                    rows, " rows, expected <= cells_per_head = ", cell_limit_);
     h.free_cells.reserve(h.free_cells.size() + victims.size());
     const std::uint32_t want = wanted_cell(kh);
     const std::size_t top = want != kAutoCell ? want + std::size_t{1} : h.next_cell + std::size_t{1};

@@ -2,7 +2,9 @@
 // kvevict: KV-cache eviction policies for LLM inference on the CPU. Includes everything.
 #include "attention.hpp"
 #include "cache.hpp"
+#include "checked.hpp"
 #include "errors.hpp"
+#include "file.hpp"
 #include "geometry.hpp"
 #include "head_budgets.hpp"
 #include "index_cache.hpp"

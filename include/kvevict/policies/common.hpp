@@ -5,12 +5,16 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "../bytes.hpp"
+#include "../checked.hpp"
 #include "../errors.hpp"
 #include "../policy.hpp"
 
@@ -22,6 +26,45 @@ inline void require_unbounded(const CacheShape& shape, const char* what, const c
   for (std::size_t c : shape.capacity)
     kvevict::detail::require(c == Budget::kUnbounded, what, " of ", c,
                              " tokens, expected Budget::unbounded() (", why, ")");
+}
+
+/// A named configuration value (for messages and saved state).
+using Field = std::pair<const char*, std::uint64_t>;
+
+/// min_capacity of a policy that protects the rows `parts` count: their sum + 1 (one slot
+/// to evict), or a kvevict::Error naming every part when that overflows size_t.
+inline std::size_t protected_plus_one(const char* policy, std::initializer_list<Field> parts) {
+  std::size_t sum = 1;
+  bool overflow = false;
+  for (const auto& [name, v] : parts) overflow |= __builtin_add_overflow(sum, v, &sum);
+  if (overflow) {
+    std::string named;
+    for (const auto& [name, v] : parts)
+      named += std::string(named.empty() ? "" : ", ") + name + " = " + std::to_string(v);
+    kvevict::detail::fail(policy, ": ", named, ": protected rows + 1 overflow size_t, expected a sum < ",
+                          std::numeric_limits<std::size_t>::max());
+  }
+  return sum;
+}
+
+/// Saved state of a policy whose state is only its configuration (StreamingLLM, KNorm,
+/// HashEvict, Oracle: their side data is rebuilt from the rows): the values in order.
+inline void save_config(std::vector<std::uint8_t>& out, const std::vector<Field>& fields) {
+  kvevict::detail::ByteWriter w(out);
+  for (const auto& f : fields) w.put<std::uint64_t>(f.second);
+}
+/// Reads what save_config wrote and requires it to equal `fields` (a save from a
+/// differently configured policy would decide differently after the restore).
+inline void check_config(std::span<const std::uint8_t> in, const char* policy,
+                         const std::vector<Field>& fields) {
+  kvevict::detail::ByteReader r(in);
+  for (const auto& [name, want] : fields) {
+    const auto got = r.get<std::uint64_t>(name);
+    kvevict::detail::require(got == want, policy, " state: saved with ", name, " = ", got,
+                             ", expected ", name, " = ", want, " (this cache's configuration)");
+  }
+  kvevict::detail::require(r.remaining() == 0, policy, " state: ", r.remaining(),
+                           " trailing bytes");
 }
 
 /// Sinks are the first `sinks` tokens ever appended to the layer; the recent window is

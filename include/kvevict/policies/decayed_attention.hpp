@@ -104,7 +104,9 @@ class DecayedAttention {
   /// Never reads stored keys/values: IndexCache need not gather them.
   static constexpr bool reads_stored_rows = false;
   [[nodiscard]] const Config& config() const { return config_; }
-  [[nodiscard]] std::size_t min_capacity() const { return config_.sinks + config_.recent + 1; }
+  [[nodiscard]] std::size_t min_capacity() const {
+    return detail::protected_plus_one(label_, {{"sinks", config_.sinks}, {"recent", config_.recent}});
+  }
   void bind(const CacheShape& shape) {
     scores_.bind(shape);
     hkv_ = static_cast<std::size_t>(shape.geometry.n_kv_heads);

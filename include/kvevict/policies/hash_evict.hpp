@@ -85,8 +85,11 @@ class HashEvictSimHash {
     detail_check_bits(c.bits);
     kvevict::detail::require(c.ensemble >= 1, name(), ": ensemble = ", c.ensemble,
                              ", expected >= 1");
-    kvevict::detail::require(c.bits * c.ensemble <= 256, name(), ": ensemble x bits = ", c.ensemble,
-                             " x ", c.bits, " = ", c.ensemble * c.bits, ", expected <= 256");
+    // bits is one of 8..256 here, so comparing ensemble with 256 / bits cannot overflow.
+    kvevict::detail::require(c.ensemble <= 256 / c.bits, name(), ": ensemble x bits = ", c.ensemble,
+                             " x ", c.bits, " = ", static_cast<long long>(c.ensemble) * c.bits,
+                             ", expected <= 256");
+    (void)min_capacity();  // sinks + recent + 1 must fit: a kvevict::Error now, not at bind
     if (c.isa)
       kvevict::detail::require(
           kernels::isa_supported(*c.isa), name(), ": isa = ", kernels::isa_name(*c.isa),
@@ -109,15 +112,23 @@ class HashEvictSimHash {
     return z ^ (z >> 31);
   }
 
-  [[nodiscard]] std::size_t min_capacity() const { return cfg_.sinks + cfg_.recent + 1; }
+  [[nodiscard]] std::size_t min_capacity() const {
+    return detail::protected_plus_one(name(), {{"sinks", cfg_.sinks}, {"recent", cfg_.recent}});
+  }
+  /// Saved state (serialize.hpp): the configuration, checked on load (codes are rebuilt
+  /// from the stored keys; the kernel ISA does not change decisions and is not saved).
+  void save_state(std::vector<std::uint8_t>& out) const { detail::save_config(out, saved_config()); }
+  void load_state(std::span<const std::uint8_t> in) const {
+    detail::check_config(in, name(), saved_config());
+  }
 
   void bind(const CacheShape& shape) {
     n_kv_heads_ = shape.geometry.n_kv_heads;
     dim_ = shape.geometry.head_dim;
     group_ = shape.geometry.group();
     // Summed distances plus one must fit the uint16 scores.
-    kvevict::detail::require(group_ * width_ < 65535, name(), ": group = ", group_, " with ",
-                             width_, "-bit codes, expected group x bits < 65535");
+    kvevict::detail::require(static_cast<long long>(group_) * width_ < 65535, name(), ": group = ",
+                             group_, " with ", width_, "-bit codes, expected group x bits < 65535");
     projections_.clear();
     for (int l = 0; l < shape.geometry.n_layers; ++l)
       projections_.emplace_back(dim_, width_, layer_seed(cfg_.seed, l));
@@ -353,6 +364,15 @@ class HashEvictSimHash {
         "HashEvictSimHash: bits = ", bits, ", expected 8, 16, 32, 64, 128 or 256");
   }
   [[nodiscard]] detail::Protection prot() const { return {cfg_.sinks, cfg_.recent}; }
+  [[nodiscard]] std::vector<detail::Field> saved_config() const {
+    return {{"bits", static_cast<std::uint64_t>(cfg_.bits)},
+            {"ensemble", static_cast<std::uint64_t>(cfg_.ensemble)},
+            {"sinks", cfg_.sinks},
+            {"recent", cfg_.recent},
+            {"seed", cfg_.seed},
+            {"combine", static_cast<std::uint64_t>(cfg_.combine)},
+            {"prefill", static_cast<std::uint64_t>(cfg_.prefill)}};
+  }
   std::size_t index(int layer, int kv_head) const {
     return static_cast<std::size_t>(layer) * static_cast<std::size_t>(n_kv_heads_) +
            static_cast<std::size_t>(kv_head);

@@ -124,7 +124,9 @@ struct StreamingLLM {
   static constexpr const char* name() { return "StreamingLLM"; }
   /// Never reads stored keys/values: IndexCache need not gather them.
   static constexpr bool reads_stored_rows = false;
-  [[nodiscard]] std::size_t min_capacity() const { return sinks + 1; }
+  [[nodiscard]] std::size_t min_capacity() const {
+    return detail::protected_plus_one(name(), {{"sinks", sinks}});
+  }
   void bind(const CacheShape& shape) { order.bind(shape); }
   /// Evicts the oldest non-sink rows: O(need) amortised, no scan over the rows.
   template <class S>
@@ -137,6 +139,13 @@ struct StreamingLLM {
   }
   void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     order.moved(layer, kv_head, from, to, sinks);
+  }
+  /// Saved state (serialize.hpp): the configuration, checked on load.
+  void save_state(std::vector<std::uint8_t>& out) const {
+    detail::save_config(out, {{"sinks", sinks}});
+  }
+  void load_state(std::span<const std::uint8_t> in) const {
+    detail::check_config(in, name(), {{"sinks", sinks}});
   }
 };
 
