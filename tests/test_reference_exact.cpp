@@ -92,15 +92,15 @@ struct BuzzRef {
   }
 };
 
-// Probabilities of query head g at step t over the attended seqs: small integers (exact
-// float sums, frequent ties) or, with `softmax`, a softmax of random logits.
+// Probabilities of query head g at step t over the attended seqs: quarters 0..3/4 (exact
+// float sums, frequent ties, inside observe's [0, 1] range) or, with `softmax`, a softmax of random logits.
 std::vector<float> buzz_probs(std::uint64_t salt, std::uint64_t t, std::vector<std::uint64_t> seqs,
                               int kh, int g, bool softmax) {
   std::vector<float> p(seqs.size());
   for (std::size_t i = 0; i < seqs.size(); ++i) {
     const std::uint64_t h = splitmix(salt ^ splitmix(t * 1000003u + seqs[i]) ^ splitmix(kh * 131u + g));
     p[i] = softmax ? static_cast<float>(h >> 40) / static_cast<float>(1ull << 24) * 6.0f
-                   : static_cast<float>(h % 4);
+                   : static_cast<float>(h % 4) * 0.25f;
   }
   if (softmax) {  // normalised in seq order, so both sides get the same floats
     std::vector<std::size_t> order(p.size());

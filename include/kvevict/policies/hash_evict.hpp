@@ -115,12 +115,6 @@ class HashEvictSimHash {
   [[nodiscard]] std::size_t min_capacity() const {
     return detail::protected_plus_one(name(), {{"sinks", cfg_.sinks}, {"recent", cfg_.recent}});
   }
-  /// Saved state (serialize.hpp): the configuration, checked on load (codes are rebuilt
-  /// from the stored keys; the kernel ISA does not change decisions and is not saved).
-  void save_state(std::vector<std::uint8_t>& out) const { detail::save_config(out, saved_config()); }
-  void load_state(std::span<const std::uint8_t> in) const {
-    detail::check_config(in, name(), saved_config());
-  }
 
   void bind(const CacheShape& shape) {
     n_kv_heads_ = shape.geometry.n_kv_heads;
@@ -250,7 +244,10 @@ class HashEvictSimHash {
   /// on restore; what cannot be derived is the reference slot order, so the state is the
   /// reference_slots flag and, when set, each head's slots. A state only loads into a policy
   /// with the same flag.
+  /// The configuration comes first and is checked on load (codes are rebuilt from the
+  /// stored keys; the kernel ISA does not change decisions and is not saved).
   void save_state(std::vector<std::uint8_t>& out) const {
+    detail::save_config(out, saved_config());
     kvevict::detail::ByteWriter w(out);
     w.put<std::uint8_t>(cfg_.reference_slots ? 1 : 0);
     if (!cfg_.reference_slots) return;
@@ -264,7 +261,12 @@ class HashEvictSimHash {
     }
   }
   void load_state(std::span<const std::uint8_t> in) {
-    kvevict::detail::ByteReader r(in);
+    const auto config = saved_config();
+    const std::size_t config_bytes = config.size() * sizeof(std::uint64_t);
+    kvevict::detail::require(in.size() >= config_bytes, name(), " state: ", in.size(),
+                             " bytes, expected at least ", config_bytes, " (its configuration)");
+    detail::check_config(in.first(config_bytes), name(), config);
+    kvevict::detail::ByteReader r(in.subspan(config_bytes));
     const auto flag = r.get<std::uint8_t>("HashEvict reference_slots");
     kvevict::detail::require(flag == (cfg_.reference_slots ? 1 : 0), name(),
                              " state: saved with reference_slots = ", int{flag}, ", expected ",
