@@ -1,7 +1,8 @@
 # The evaluation tool's headers live in examples/eval (and examples/common: the option
 # parser and policy registry every example shares); their tests include them directly.
 find_package(fmt REQUIRED)
-foreach(target kvevict_test_workloads kvevict_test_safetensors kvevict_test_eval_runner)
+foreach(target kvevict_test_workloads kvevict_test_safetensors kvevict_test_eval_runner
+               kvevict_test_example_cli)
   if(TARGET ${target})
     target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/examples/eval
                                                  ${PROJECT_SOURCE_DIR}/examples/common)

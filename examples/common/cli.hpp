@@ -97,7 +97,7 @@ class Parser {
   }
   /// --name VALUE, a number in `range`.
   template <class T>
-    requires std::is_arithmetic_v<T>
+  requires std::is_arithmetic_v<T>
   void number(std::string name, std::string metavar, std::string help, T& out,
               Range<T> range = {}) {
     auto n = name;
@@ -105,7 +105,7 @@ class Parser {
         [&out, n, range](const std::string& v) { out = parse_number<T>(n, v, range); });
   }
   template <class T>
-    requires std::is_arithmetic_v<T>
+  requires std::is_arithmetic_v<T>
   void number(std::string name, std::string metavar, std::string help, std::optional<T>& out,
               Range<T> range = {}) {
     auto n = name;
@@ -184,7 +184,7 @@ class Parser {
     for (const auto& o : options_)
       out += line(o.metavar.empty() ? o.name : o.name + " " + o.metavar, o.help);
     out += line("-h, --help", "this text");
-    if (!epilog_.empty()) out += "\n" + epilog_;
+    if (!epilog_.empty()) out += fmt::format("\n{}", epilog_);
     return out;
   }
 
@@ -199,7 +199,7 @@ class Parser {
   };
   void add(std::string name, std::string metavar, std::string help,
            std::function<void(const std::string&)> handle) {
-    if (find(name) != nullptr) throw std::logic_error("cli: option " + name + " declared twice");
+    if (find(name) != nullptr) throw std::logic_error(fmt::format("cli: option {} declared twice", name));
     options_.push_back({std::move(name), std::move(metavar), std::move(help), std::move(handle)});
   }
   [[nodiscard]] const Option* find(const std::string& name) const {
@@ -214,7 +214,7 @@ class Parser {
   static std::string line(const std::string& left, const std::string& help) {
     // Help text wrapped at 88 columns, indented under a 26-column left part.
     std::string out = fmt::format("  {:<24}", left);
-    if (left.size() > 24) out += "\n" + std::string(26, ' ');
+    if (left.size() > 24) out += fmt::format("\n{:26}", "");
     std::size_t col = 26;
     std::size_t start = 0;
     while (start < help.size()) {
@@ -222,7 +222,7 @@ class Parser {
       if (end == std::string::npos) end = help.size();
       const auto word = help.substr(start, end - start);
       if (col > 26 && col + 1 + word.size() > 88) {
-        out += "\n" + std::string(26, ' ');
+        out += fmt::format("\n{:26}", "");
         col = 26;
       } else if (col > 26) {
         out += ' ';

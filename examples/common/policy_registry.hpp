@@ -39,10 +39,14 @@ namespace kvevict::registry {
 enum class Family { kvevict, seed, baseline, ceiling };
 inline const char* family_name(Family f) {
   switch (f) {
-    case Family::kvevict: return "kvevict's own";
-    case Family::seed: return "the seed papers' methods";
-    case Family::baseline: return "baselines";
-    case Family::ceiling: return "reference and ceiling";
+    case Family::kvevict:
+      return "kvevict's own";
+    case Family::seed:
+      return "the seed papers' methods";
+    case Family::baseline:
+      return "baselines";
+    case Family::ceiling:
+      return "reference and ceiling";
   }
   return "";
 }
@@ -58,22 +62,32 @@ enum class Sizing { budget, unbounded, reference };
 /// Settings the tools expose as options (add_knob_options); each tool sets its defaults
 /// (the values its published tables were made with) before parsing.
 struct Knobs {
-  std::size_t sinks = 4;                  ///< StreamingLLM's sinks (--sinks)
+  std::size_t sinks = 4;                   ///< StreamingLLM's sinks (--sinks)
   std::optional<std::size_t> knorm_sinks;  ///< KNorm's sinks; unset: --sinks
-  std::size_t h2o_recent = 10;            ///< H2O's recent window
+  std::size_t h2o_recent = 10;             ///< H2O's recent window
   std::size_t h2o_sinks = 0;
   double h2o_recent_fraction = 0.0;  ///< > 0: H2O's window is this share of the budget
   std::size_t random_sinks = 0;
   std::size_t random_recent = 0;
   double random_recent_fraction = 0.0;  ///< > 0: Random's window is this share of the budget
   std::uint64_t seed = 0;               ///< Random's seed
+
+  /// The stories260K reference table's protocol (llama2c_e2e, llama2c_headline and
+  /// llama2c_diagnose): StreamingLLM 1 sink, H2O and Random recent = budget / 4.
+  static Knobs reference_protocol() {
+    Knobs k;
+    k.sinks = 1;
+    k.h2o_recent_fraction = 0.25;
+    k.random_recent_fraction = 0.25;
+    return k;
+  }
 };
 
 /// A prompt's keys and queries per layer (rotated as attention sees them): what the
 /// per-layer allocators (xkv, pyramidkv, uniform-w8) read before choosing budgets.
 struct PromptStats {
   Geometry geometry;
-  std::size_t prompt = 0;                     ///< prompt tokens
+  std::size_t prompt = 0;                       ///< prompt tokens
   std::vector<std::span<const float>> keys;     ///< per layer: prompt x (Hkv * d)
   std::vector<std::span<const float>> queries;  ///< per layer: prompt x (H * d)
 };
@@ -199,17 +213,16 @@ void for_each_policy(Fn&& fn) {
       {"h2o", "H2O: accumulated attention + recent window (--h2o-recent[-fraction], --h2o-sinks)",
        Family::baseline},
       [](const Args& a) {
-        return H2O({.recent = detail::share(a.knobs.h2o_recent_fraction, a.knobs.h2o_recent,
-                                            a.budget),
-                    .sinks = a.knobs.h2o_sinks});
+        return H2O(
+            {.recent = detail::share(a.knobs.h2o_recent_fraction, a.knobs.h2o_recent, a.budget),
+             .sinks = a.knobs.h2o_sinks});
       });
   add.template operator()<DecayedAttention>(
       {"tova", "TOVA: drop the row the latest queries attend least (DecayedAttention decay 0)",
        Family::baseline},
       [](const Args&) { return DecayedAttention({.decay = 0.0f}); });
   add.template operator()<KNorm>(
-      {"knorm", "KNorm: evict the key with the largest L2 norm (--knorm-sinks)",
-       Family::baseline},
+      {"knorm", "KNorm: evict the key with the largest L2 norm (--knorm-sinks)", Family::baseline},
       [](const Args& a) {
         return KNorm(KNorm::Config{a.knobs.knorm_sinks.value_or(a.knobs.sinks), 0});
       });
@@ -234,8 +247,8 @@ void for_each_policy(Fn&& fn) {
        Regime::prompt, Sizing::budget, true},
       [](const Args& a) { return detail::fixed_allocation_setup(a, true); });
   add.template operator()<SnapKV>(
-      {"uniform-w8", "uniform budgets + the same selection as xkv (w 8, pool 7)",
-       Family::baseline, Regime::prompt, Sizing::budget, true},
+      {"uniform-w8", "uniform budgets + the same selection as xkv (w 8, pool 7)", Family::baseline,
+       Regime::prompt, Sizing::budget, true},
       [](const Args& a) { return detail::fixed_allocation_setup(a, false); });
   add.template operator()<HashEvictKey>(
       {"hashevict", "HashEvict: SimHash of the new key (16 bits), evict the farthest",
@@ -251,10 +264,9 @@ void for_each_policy(Fn&& fn) {
       {"oracle", "Oracle: attends the true top-budget rows each step (not causal: the ceiling)",
        Family::ceiling, Regime::decode, Sizing::unbounded},
       [](const Args& a) { return Oracle{a.budget}; });
-  add.template operator()<FullCache>(
-      {"full", "FullCache: keeps every row (the reference)", Family::ceiling, Regime::reference,
-       Sizing::reference},
-      [](const Args&) { return FullCache{}; });
+  add.template operator()<FullCache>({"full", "FullCache: keeps every row (the reference)",
+                                      Family::ceiling, Regime::reference, Sizing::reference},
+                                     [](const Args&) { return FullCache{}; });
 }
 
 /// Every policy's Info, in listing order.
@@ -275,7 +287,7 @@ inline const Info* find(std::string_view name) {
 
 inline std::string names(const char* sep = ", ") {
   std::string out;
-  for (const auto& i : infos()) out += (out.empty() ? "" : sep) + std::string(i.name);
+  for (const auto& i : infos()) out += fmt::format("{}{}", out.empty() ? "" : sep, i.name);
   return out;
 }
 
@@ -325,6 +337,25 @@ void with_policy(std::string_view name, const Args& a, Fn&& fn) {
     invoke(e, a, fn);
   });
   if (!found) kvevict::detail::fail("policy '", name, "', expected one of: ", names());
+}
+
+/// Declares --policies LIST (registry names, checked; this program has no prompt
+/// statistics) and --budgets LIST (rows per layer and KV head) on a parser.
+inline void add_selection_options(cli::Parser& p, std::vector<std::string>& names,
+                                  std::vector<std::size_t>& budgets, std::string policies_help) {
+  p.custom("--policies", "LIST", std::move(policies_help), [&names](const std::string& v) {
+    names = cli::split_list(v);
+    check_names(names, "--policies", false);
+  });
+  std::string defaults;
+  for (std::size_t b : budgets) defaults += fmt::format("{}{}", defaults.empty() ? "" : ",", b);
+  p.custom("--budgets", "LIST", fmt::format("rows per layer and KV head (default {})", defaults),
+           [&budgets](const std::string& v) {
+             budgets.clear();
+             for (const auto& b : cli::split_list(v))
+               budgets.push_back(
+                   cli::parse_number<std::size_t>("--budgets", b, cli::Range<std::size_t>{1}));
+           });
 }
 
 /// Declares the Knobs options on a parser (each tool sets its defaults first).

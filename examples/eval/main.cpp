@@ -2,6 +2,7 @@
 // against the full cache, optionally writes JSON, CSV and an SVG plot.
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -329,7 +331,8 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
     for (const auto& w : loaded) {
       Panel p{w.name, {}};
       for (const auto& name : o.policies) {
-        Series s{name, {}, name == "oracle" || name == "full"};
+        const PolicyEntry& e = *find_policy(name);
+        Series s{name, {}, kvevict::registry::family_name(e.family)};
         const Row* full = nullptr;
         for (const auto& r : rows) {
           if (r.workload != w.name || r.policy != name) continue;
@@ -340,7 +343,9 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
         }
         if (full)  // the reference is one run: a flat line across the plotted budgets
           for (const auto& r : rows)
-            if (r.workload == w.name && !r.reference && r.policy == o.policies.front())
+            if (r.workload == w.name && !r.reference && r.policy != name &&
+                std::none_of(s.points.begin(), s.points.end(),
+                             [&](const auto& pt) { return pt.first == r.fraction; }))
               s.points.push_back({r.fraction, metric_of(*full, metric)});
         if (full && s.points.empty())
           s.points = {{0.0, metric_of(*full, metric)}, {1.0, metric_of(*full, metric)}};
@@ -356,6 +361,11 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
         {"needle", "needle retrieval rate"}};
     spec.y_label = labels.at(metric);
     spec.title = "kvevict-eval: " + spec.y_label + " against budget";
+    using kvevict::registry::Family;
+    for (Family f : {Family::baseline, Family::seed, Family::kvevict, Family::ceiling})
+      spec.groups.push_back(kvevict::registry::family_name(f));
+    spec.context = {"streaming", "oracle"};
+    if (metric == "mass" || metric == "topk") spec.auto_y_min = true;
     if (metric == "error") {
       double mx = 0.0;
       for (const auto& r : rows)
