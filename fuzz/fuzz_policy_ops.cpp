@@ -218,7 +218,9 @@ void dispatch(kvfuzz::Input& in) {
       hc.bits = 8 << in.range(0, 3);
       hc.sinks = sinks;
       hc.recent = recent;
-      hc.prefill = in.byte() & 1 ? pol::PrefillRule::decode : pol::PrefillRule::keep_ends;
+      const int flags = in.byte();  // bit 0: prefill rule, bit 1: reference slot order
+      hc.prefill = flags & 1 ? pol::PrefillRule::decode : pol::PrefillRule::keep_ends;
+      hc.reference_slots = (flags & 2) != 0;
       return run<pol::HashEvictSimHash<>, Scalar>(in, g, bounded, pol::HashEvictSimHash<>(hc));
     }
     case 7: {
@@ -226,7 +228,9 @@ void dispatch(kvfuzz::Input& in) {
       hc.bits = 16;
       hc.sinks = sinks;
       hc.recent = recent;
-      hc.combine = in.byte() & 1 ? pol::QueryCombine::sum : pol::QueryCombine::mean;
+      const int flags = in.byte();  // bit 0: group combination, bit 1: reference slot order
+      hc.combine = flags & 1 ? pol::QueryCombine::sum : pol::QueryCombine::mean;
+      hc.reference_slots = (flags & 2) != 0;
       return run<pol::HashEvictSimHash<pol::HashMode::query>, Scalar>(
           in, g, bounded, pol::HashEvictSimHash<pol::HashMode::query>(hc));
     }
@@ -240,7 +244,10 @@ void dispatch(kvfuzz::Input& in) {
       const int mode = in.range(0, 2);
       bc.budget_mode = mode == 1;
       bc.log_n = mode == 2;
-      return run<pol::BuzzBeehive, Scalar>(in, g, mode == 1 || (in.byte() & 1) ? bounded : Budget::unbounded(),
+      // bit 0: bounded budget (always in budget mode), bit 1: reference timing (plain form)
+      const int flags = mode == 1 ? 1 : in.byte();
+      bc.reference_timing = mode == 0 && (flags & 2) != 0;
+      return run<pol::BuzzBeehive, Scalar>(in, g, (flags & 1) ? bounded : Budget::unbounded(),
                                            pol::BuzzBeehive(bc));
     }
     case 10: {

@@ -1,6 +1,6 @@
 // Writes the small seed corpora committed under fuzz/corpus/<target>/ (run from the
 // repository root: scripts/fuzz.sh does not need it; it documents where seeds came from).
-//   clang++ -std=c++20 -Iinclude -Iexamples/llama2c -Iexamples/eval -I/usr/include/eigen3 \
+//   clang++ -std=c++20 -DFMT_HEADER_ONLY=1 -Iinclude -Iexamples/llama2c -Iexamples/eval -I/usr/include/eigen3 \
 //     fuzz/make_corpus.cpp -o /tmp/make_corpus && /tmp/make_corpus
 #include <kvevict/kvevict.hpp>
 #include <kvevict/policies/xkv.hpp>
@@ -58,6 +58,16 @@ int main() {
     b[0] = std::uint8_t(i % 2);
     b[12] = std::uint8_t(i / 2);  // policy selector position after geometry/budget bytes varies; a hint
     put("policy_ops", "program_" + std::to_string(i), b);
+  }
+  // paged_pool: random programs; byte 4 picks the block size (1, 2, 4 or 256 here), byte 5
+  // the pool size (small, so the pool runs out), then mostly operations.
+  for (int i = 0; i < 12; ++i) {
+    std::vector<std::uint8_t> b(800);
+    for (auto& x : b) x = std::uint8_t(gen());
+    const std::uint8_t block_choice[4] = {1, 2, 4, 8};  // fuzz_paged_pool: 8 -> 256 tokens
+    b[4] = block_choice[i % 4];
+    b[5] = std::uint8_t(8 + i * 3);
+    put("paged_pool", "program_" + std::to_string(i), b);
   }
   // llama2c_checkpoint: a tiny valid version-0 checkpoint and tokenizer.
   {

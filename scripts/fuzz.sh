@@ -11,12 +11,12 @@ secs=${1:-60}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(saved_state policy_ops llama2c_checkpoint safetensors xkv_profile)
+  targets=(saved_state policy_ops llama2c_checkpoint safetensors xkv_profile paged_pool)
 fi
 cxx=${CXX_FUZZ:-clang++}
 eigen=$(pkg-config --cflags eigen3 2>/dev/null || echo -I/usr/include/eigen3)
 flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
-       -fno-sanitize-recover=all -Iinclude -Iexamples/llama2c -Iexamples/eval $eigen)
+       -fno-sanitize-recover=all -DFMT_HEADER_ONLY=1 -Iinclude -Iexamples/llama2c -Iexamples/eval $eigen)
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 for t in "${targets[@]}"; do
   src=fuzz/fuzz_$t.cpp

@@ -10,7 +10,7 @@ mkdir -p "$dir"
 cxx=${CXX_TSAN:-clang++}
 eigen=$(pkg-config --cflags eigen3 2>/dev/null || echo -I/usr/include/eigen3)
 # Catch2's main is compiled once; the test itself with the same flags.
-flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=thread -Iinclude -Itests $eigen)
+flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=thread -DFMT_HEADER_ONLY=1 -Iinclude -Itests $eigen)
 "$cxx" "${flags[@]}" -c tests/main.cpp -o "$dir/catch_main.o"
 "$cxx" "${flags[@]}" tests/test_threads.cpp "$dir/catch_main.o" -o "$dir/kvevict_test_threads_tsan" -pthread
 TSAN_OPTIONS="halt_on_error=1 abort_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}" \

@@ -12,6 +12,8 @@
 #include <random>
 #include <vector>
 
+#include "support/test_support.hpp"
+
 using kvevict::Budget;
 using kvevict::Geometry;
 using kvevict::KVCache;
@@ -19,12 +21,7 @@ using kvevict::policies::BuzzBeehive;
 
 namespace {
 
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+std::uint64_t mix(std::uint64_t x) { return kvtest::splitmix(x); }
 
 // Synthetic "probability" of query head g at step t for token seq: a small integer, so
 // float sums are exact in any order and ties (first wins) happen often.

@@ -166,7 +166,60 @@ TEST_CASE("malformed files get a clear kvevict::Error") {
       CHECK(msg != "no error");
     }
     CHECK_THAT(open_error(write_raw("dup", R"({"t":1,"t":2})", eight)), Contains("duplicate key"));
-    CHECK_THAT(open_error(write_raw("trail", R"({} x)", eight)), Contains("trailing"));
+    CHECK_THAT(open_error(write_raw("trail", R"({} x)", eight)), Contains("expected end of input"));
+  }
+  SECTION("strictness kept around the JSON library") {
+    // nlohmann's lexer stops at a NUL byte: without the explicit check, bytes after it
+    // would pass unread.
+    const std::string ok = R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+    CHECK_THAT(open_error(write_raw("nul", ok + std::string(1, '\0') + "x", eight)),
+               Contains("NUL byte"));
+    CHECK_THAT(open_error(write_raw("nul_pad", "{}" + std::string(6, '\0'), eight)),
+               Contains("NUL byte"));
+    CHECK(open_error(write_raw("space_pad", "{}      ", eight)) == "no error");
+    CHECK_THAT(open_error(write_raw("bom", "\xEF\xBB\xBF{}", eight)), Contains("byte-order mark"));
+    CHECK_THAT(open_error(write_raw("dupmeta", R"({"__metadata__":{"a":"b","a":"c"}})", eight)),
+               Contains("duplicate key \"a\""));
+    CHECK_THAT(open_error(write_raw(
+                   "dupfield",
+                   R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"dtype":"F32"}})",
+                   eight)),
+               Contains("duplicate key \"dtype\""));
+    // Depth: 64 nested arrays inside the header object pass the parser, 65 do not.
+    auto nested = [](int d) {
+      return R"({"__metadata__":)" + std::string(std::size_t(d), '[') +
+             std::string(std::size_t(d), ']') + "}";
+    };
+    CHECK_THAT(open_error(write_raw("deep64", nested(64), eight)), Contains("not an object"));
+    CHECK_THAT(open_error(write_raw("deep65", nested(65), eight)), Contains("nesting deeper than 64"));
+    CHECK_THAT(open_error(write_raw("deep_huge", std::string(100000, '[') + std::string(100000, ']'),
+                                    eight)),
+               Contains("nesting deeper than 64"));
+    // Offsets and shape entries: exact non-negative integers of at most 19 digits.
+    for (const char* n : {"2.0", "2e0", "-0", "-2", "10000000000000000000", "18446744073709551615",
+                          "18446744073709551616", "1e400"}) {
+      const auto msg = open_error(write_raw(
+          "num", std::string(R"({"t":{"dtype":"F32","shape":[)") + n + R"(, 0],"data_offsets":[0,0]}})",
+          eight));
+      INFO(n << " -> " << msg);
+      CHECK_THAT(msg, Contains("safetensors"));
+      CHECK(msg != "no error");
+    }
+    CHECK(open_error(write_raw("num19",
+                               R"({"t":{"dtype":"F32","shape":[9999999999999999999, 0],"data_offsets":[0,0]}})",
+                               eight)) == "no error");
+    // Strings: escapes decoded, surrogates paired, control characters and ill-formed UTF-8
+    // rejected (the hand-written parser accepted ill-formed UTF-8; RFC 8259 does not).
+    CHECK(open_error(write_raw("esc", R"({"__metadata__":{"k\u00e9":"\ud83d\ude00 a\/b\n"}})",
+                               eight)) == "no error");
+    for (const std::string h : {std::string(R"({"__metadata__":{"k":"\ud83d"}})"), std::string(R"({"__metadata__":{"k":"\ude00"}})"),
+                                std::string(R"({"__metadata__":{"k":")") + "\xff" + "\"}}",
+                                std::string(R"({"__metadata__":{"k":")") + "\xed\xa0\x80" + "\"}}",
+                                std::string(R"({"__metadata__":{"k":"a)") + "\t" + "\"}}"}) {
+      const auto msg = open_error(write_raw("str", h, eight));
+      INFO(h << " -> " << msg);
+      CHECK_THAT(msg, Contains("bad JSON header"));
+    }
   }
   SECTION("offsets out of range or inconsistent with the shape") {
     CHECK_THAT(open_error(write_raw(

@@ -18,6 +18,10 @@
 #include <string_view>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
 #include "cli.hpp"
 #include "registry.hpp"
 #include "runner.hpp"
@@ -209,11 +213,15 @@ struct Row {
   double seconds = 0.0;
 };
 
+/// A figure with `prec` decimals for tables and CSV; "-" when not finite.
 std::string num(double v, int prec = 4) {
   if (!std::isfinite(v)) return "-";
-  char b[32];
-  std::snprintf(b, sizeof b, "%.*f", prec, v);
-  return b;
+  return fmt::format("{:.{}f}", v, prec);
+}
+
+/// A figure for the JSON outputs; non-finite (no needle probes, say) becomes null.
+nlohmann::ordered_json json_number(double v) {
+  return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json();
 }
 
 double metric_of(const Row& r, const std::string& m) {
@@ -277,44 +285,33 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
   if (!o.json.empty()) {
     std::ofstream f(o.json);
     if (!f) throw kvevict::Error("kvevict-eval: cannot write --json file '" + o.json + "'");
-    auto jnum = [](double v) { return std::isfinite(v) ? num(v, 6) : std::string("null"); };
-    auto jstr = [](const std::string& s) {
-      std::string out = "\"";
-      for (char c : s) {
-        if (c == '"' || c == '\\') out += '\\';
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += ' ';
-          continue;
-        }
-        out += c;
-      }
-      return out + "\"";
-    };
-    f << "{\n  \"command\": " << jstr(command) << ",\n  \"topk\": " << o.topk
-      << ",\n  \"workloads\": [\n";
-    for (std::size_t i = 0; i < loaded.size(); ++i) {
-      const auto& w = loaded[i];
-      f << "    {\"name\": " << jstr(w.name) << ", \"description\": " << jstr(w.description)
-        << ", \"tokens\": " << w.tokens << ", \"prompt\": " << w.prompt
-        << ", \"layers\": " << w.geometry.n_layers << ", \"heads\": " << w.geometry.n_heads
-        << ", \"kv_heads\": " << w.geometry.n_kv_heads << ", \"head_dim\": " << w.geometry.head_dim
-        << ", \"needles\": " << w.needles.size() << '}' << (i + 1 < loaded.size() ? "," : "")
-        << '\n';
-    }
-    f << "  ],\n  \"results\": [\n";
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const auto& r = rows[i];
-      f << "    {\"workload\": " << jstr(r.workload) << ", \"policy\": " << jstr(r.policy)
-        << ", \"causal\": " << (r.causal ? "true" : "false") << ", \"budget_tokens\": " << r.budget
-        << ", \"budget_fraction\": " << jnum(r.fraction)
-        << ", \"mass_recall\": " << jnum(r.q.mass_recall)
-        << ", \"output_error\": " << jnum(r.q.output_error)
-        << ", \"topk_recall\": " << jnum(r.q.topk_recall)
-        << ", \"needle_rate\": " << jnum(r.q.needle_rate())
-        << ", \"needle_probes\": " << r.q.needle_probes << ", \"samples\": " << r.q.samples
-        << ", \"seconds\": " << jnum(r.seconds) << '}' << (i + 1 < rows.size() ? "," : "") << '\n';
-    }
-    f << "  ]\n}\n";
+    nlohmann::ordered_json doc = {{"command", command}, {"topk", o.topk}};
+    auto& ws = doc["workloads"] = nlohmann::ordered_json::array();
+    for (const auto& w : loaded)
+      ws.push_back({{"name", w.name},
+                    {"description", w.description},
+                    {"tokens", w.tokens},
+                    {"prompt", w.prompt},
+                    {"layers", w.geometry.n_layers},
+                    {"heads", w.geometry.n_heads},
+                    {"kv_heads", w.geometry.n_kv_heads},
+                    {"head_dim", w.geometry.head_dim},
+                    {"needles", w.needles.size()}});
+    auto& rs = doc["results"] = nlohmann::ordered_json::array();
+    for (const auto& r : rows)
+      rs.push_back({{"workload", r.workload},
+                    {"policy", r.policy},
+                    {"causal", r.causal},
+                    {"budget_tokens", r.budget},
+                    {"budget_fraction", json_number(r.fraction)},
+                    {"mass_recall", json_number(r.q.mass_recall)},
+                    {"output_error", json_number(r.q.output_error)},
+                    {"topk_recall", json_number(r.q.topk_recall)},
+                    {"needle_rate", json_number(r.q.needle_rate())},
+                    {"needle_probes", r.q.needle_probes},
+                    {"samples", r.q.samples},
+                    {"seconds", json_number(r.seconds)}});
+    f << doc.dump(2) << '\n';
   }
   const auto metrics = split(o.metric);
   for (const auto& metric : metrics) {
@@ -435,23 +432,29 @@ int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
                 r.budget ? std::to_string(r.budget).c_str() : "all", num(r.fraction, 2).c_str(),
                 num(r.s.mean_kl, 5).c_str(), num(r.s.top1, 4).c_str(),
                 num(r.s.perplexity, 3).c_str(), num(r.s.perplexity_full, 3).c_str());
-  if (!o.csv.empty() || !o.json.empty()) {
-    std::ofstream c(o.csv.empty() ? "/dev/null" : o.csv), j(o.json.empty() ? "/dev/null" : o.json);
+  if (!o.csv.empty()) {
+    std::ofstream c(o.csv);
+    if (!c) throw kvevict::Error("kvevict-eval: cannot write --csv file '" + o.csv + "'");
     c << "policy,budget_tokens,budget_fraction,mean_kl,top1,perplexity,perplexity_full\n";
-    j << "{\n  \"model\": \"" << path << "\",\n  \"tokens\": " << T << ",\n  \"results\": [\n";
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const auto& r = rows[i];
-      c << r.policy << ',' << r.budget << ',' << num(r.fraction, 6) << ',' << num(r.s.mean_kl, 6)
-        << ',' << num(r.s.top1, 6) << ',' << num(r.s.perplexity, 6) << ','
-        << num(r.s.perplexity_full, 6) << '\n';
-      j << "    {\"policy\": \"" << r.policy << "\", \"budget_tokens\": " << r.budget
-        << ", \"budget_fraction\": " << num(r.fraction, 6)
-        << ", \"mean_kl\": " << num(r.s.mean_kl, 6) << ", \"top1\": " << num(r.s.top1, 6)
-        << ", \"perplexity\": " << num(r.s.perplexity, 6)
-        << ", \"perplexity_full\": " << num(r.s.perplexity_full, 6) << '}'
-        << (i + 1 < rows.size() ? "," : "") << '\n';
-    }
-    j << "  ]\n}\n";
+    for (const auto& r : rows)
+      c << fmt::format("{},{},{},{},{},{},{}\n", r.policy, r.budget, num(r.fraction, 6),
+                       num(r.s.mean_kl, 6), num(r.s.top1, 6), num(r.s.perplexity, 6),
+                       num(r.s.perplexity_full, 6));
+  }
+  if (!o.json.empty()) {
+    std::ofstream j(o.json);
+    if (!j) throw kvevict::Error("kvevict-eval: cannot write --json file '" + o.json + "'");
+    nlohmann::ordered_json doc = {{"model", path}, {"tokens", T}};
+    auto& rs = doc["results"] = nlohmann::ordered_json::array();
+    for (const auto& r : rows)
+      rs.push_back({{"policy", r.policy},
+                    {"budget_tokens", r.budget},
+                    {"budget_fraction", json_number(r.fraction)},
+                    {"mean_kl", json_number(r.s.mean_kl)},
+                    {"top1", json_number(r.s.top1)},
+                    {"perplexity", json_number(r.s.perplexity)},
+                    {"perplexity_full", json_number(r.s.perplexity_full)}});
+    j << doc.dump(2) << '\n';
   }
   return 0;
 }

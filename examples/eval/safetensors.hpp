@@ -13,234 +13,78 @@
 #include <kvevict/errors.hpp>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
-#include <variant>
 #include <vector>
 
 #include "workloads.hpp"
 
 namespace kvevict::eval {
 
-// --- a small strict JSON parser (RFC 8259; numbers kept as text for exact integers) ----
+// --- the JSON header: nlohmann::json, with the format's strictness checked around it ----
 namespace json {
 
-struct Value;
-using Object = std::vector<std::pair<std::string, Value>>;  // file order, keys unique
-using Array = std::vector<Value>;
-struct Number {
-  std::string text;
-};
-struct Value {
-  std::variant<std::nullptr_t, bool, Number, std::string, Array, Object> v;
-  [[nodiscard]] bool is_object() const { return std::holds_alternative<Object>(v); }
-  [[nodiscard]] bool is_array() const { return std::holds_alternative<Array>(v); }
-  [[nodiscard]] bool is_string() const { return std::holds_alternative<std::string>(v); }
-  [[nodiscard]] bool is_number() const { return std::holds_alternative<Number>(v); }
-};
+using Value = nlohmann::ordered_json;  // keeps the file's key order
 
-class Parser {
- public:
-  Parser(std::string_view text, std::string where) : s_(text), where_(std::move(where)) {}
-  Value parse_document() {
-    Value v = value(0);
-    ws();
-    if (i_ != s_.size()) error("unexpected trailing character");
-    return v;
-  }
+inline constexpr int kMaxDepth = 64;  ///< nesting deeper than this is rejected
+/// Largest integer accepted for a shape entry or offset (19 decimal digits; a data section
+/// that large cannot exist, and the bound keeps byte arithmetic far from wrapping).
+inline constexpr std::uint64_t kMaxInteger = 9'999'999'999'999'999'999ull;
 
- private:
-  [[noreturn]] void error(const std::string& what) const {
-    kvevict::detail::fail(where_, ": bad JSON header at byte ", i_, ": ", what);
-  }
-  void ws() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r'))
-      ++i_;
-  }
-  bool eat(char c) {
-    ws();
-    if (i_ < s_.size() && s_[i_] == c) {
-      ++i_;
-      return true;
-    }
-    return false;
-  }
-  void expect(char c) {
-    if (!eat(c)) error(std::string("expected '") + c + "'");
-  }
-  void literal(std::string_view word) {
-    if (s_.substr(i_, word.size()) != word) error("invalid literal");
-    i_ += word.size();
-  }
-  Value value(int depth) {
-    if (depth > 64) error("nesting deeper than 64");
-    ws();
-    if (i_ >= s_.size()) error("unexpected end of header");
-    const char c = s_[i_];
-    if (c == '{') return Value{object(depth)};
-    if (c == '[') return Value{array(depth)};
-    if (c == '"') return Value{string()};
-    if (c == 't') {
-      literal("true");
-      return Value{true};
-    }
-    if (c == 'f') {
-      literal("false");
-      return Value{false};
-    }
-    if (c == 'n') {
-      literal("null");
-      return Value{nullptr};
-    }
-    if (c == '-' || (c >= '0' && c <= '9')) return Value{number()};
-    error(std::string("unexpected character '") + c + "'");
-  }
-  Object object(int depth) {
-    Object o;
-    expect('{');
-    if (eat('}')) return o;
-    do {
-      ws();
-      if (i_ >= s_.size() || s_[i_] != '"') error("expected a string key");
-      std::string key = string();
-      for (const auto& kv : o)
-        if (kv.first == key) error("duplicate key \"" + key + "\"");
-      expect(':');
-      o.emplace_back(std::move(key), value(depth + 1));
-    } while (eat(','));
-    expect('}');
-    return o;
-  }
-  Array array(int depth) {
-    Array a;
-    expect('[');
-    if (eat(']')) return a;
-    do a.push_back(value(depth + 1));
-    while (eat(','));
-    expect(']');
-    return a;
-  }
-  Number number() {
-    const std::size_t start = i_;
-    auto digits = [&] {
-      const std::size_t d0 = i_;
-      while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') ++i_;
-      if (i_ == d0) error("expected a digit");
-    };
-    if (s_[i_] == '-') ++i_;
-    if (i_ < s_.size() && s_[i_] == '0')
-      ++i_;
-    else
-      digits();
-    if (i_ < s_.size() && s_[i_] == '.') {
-      ++i_;
-      digits();
-    }
-    if (i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
-      ++i_;
-      if (i_ < s_.size() && (s_[i_] == '+' || s_[i_] == '-')) ++i_;
-      digits();
-    }
-    return Number{std::string(s_.substr(start, i_ - start))};
-  }
-  unsigned hex4() {
-    if (i_ + 4 > s_.size()) error("truncated \\u escape");
-    unsigned v = 0;
-    for (int k = 0; k < 4; ++k) {
-      const char c = s_[i_++];
-      v <<= 4;
-      if (c >= '0' && c <= '9')
-        v |= unsigned(c - '0');
-      else if (c >= 'a' && c <= 'f')
-        v |= unsigned(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F')
-        v |= unsigned(c - 'A' + 10);
-      else
-        error("bad hex digit in \\u escape");
-    }
-    return v;
-  }
-  std::string string() {
-    ++i_;  // opening quote
-    std::string out;
-    while (true) {
-      if (i_ >= s_.size()) error("unterminated string");
-      const char c = s_[i_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) error("control character in string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (i_ >= s_.size()) error("unterminated escape");
-      const char e = s_[i_++];
-      switch (e) {
-        case '"':
-          out += '"';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '/':
-          out += '/';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          unsigned cp = hex4();
-          if (cp >= 0xD800 && cp <= 0xDBFF) {
-            if (s_.substr(i_, 2) != "\\u") error("lone high surrogate");
-            i_ += 2;
-            const unsigned lo = hex4();
-            if (lo < 0xDC00 || lo > 0xDFFF) error("bad low surrogate");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-            error("lone low surrogate");
-          }
-          // UTF-8 encode.
-          if (cp < 0x80)
-            out += char(cp);
-          else if (cp < 0x800) {
-            out += char(0xC0 | (cp >> 6));
-            out += char(0x80 | (cp & 0x3F));
-          } else if (cp < 0x10000) {
-            out += char(0xE0 | (cp >> 12));
-            out += char(0x80 | ((cp >> 6) & 0x3F));
-            out += char(0x80 | (cp & 0x3F));
-          } else {
-            out += char(0xF0 | (cp >> 18));
-            out += char(0x80 | ((cp >> 12) & 0x3F));
-            out += char(0x80 | ((cp >> 6) & 0x3F));
-            out += char(0x80 | (cp & 0x3F));
-          }
-          break;
-        }
-        default:
-          error(std::string("bad escape '\\") + e + "'");
-      }
-    }
-  }
+/// nlohmann's message without its "[json.exception.parse_error.101] parse error at line 1,
+/// column 7: " preamble (the byte offset is reported separately).
+inline std::string library_message(const char* what) {
+  std::string_view m(what);
+  if (!m.empty() && m.front() == '[') m.remove_prefix(std::min(m.size(), m.find("] ") + 2));
+  if (m.starts_with("parse error") && m.find(": ") != std::string_view::npos)
+    m.remove_prefix(m.find(": ") + 2);
+  return std::string(m);
+}
 
-  std::string_view s_;
-  std::string where_;
-  std::size_t i_ = 0;
-};
-
+/// Parses one JSON document (RFC 8259, UTF-8, no comments) and rejects what the library
+/// would accept but the format forbids: duplicate keys in an object, nesting deeper than
+/// kMaxDepth, a byte-order mark, a NUL byte (nlohmann's lexer reads NUL as the end of
+/// input, which would let bytes after it pass unread). Every failure is a kvevict::Error
+/// naming `where`.
 inline Value parse(std::string_view text, const std::string& where) {
-  return Parser(text, where).parse_document();
+  if (text.starts_with("\xEF\xBB\xBF"))
+    kvevict::detail::fail(where, ": bad JSON header: starts with a UTF-8 byte-order mark");
+  if (const auto nul = text.find('\0'); nul != std::string_view::npos)
+    kvevict::detail::fail(where, ": bad JSON header at byte ", nul,
+                          ": NUL byte (JSON allows none, escaped or not)");
+  std::vector<std::set<std::string>> keys;  // the keys seen so far, one set per open object
+  const Value::parser_callback_t check = [&](int depth, Value::parse_event_t event,
+                                             Value& parsed) {
+    using E = Value::parse_event_t;
+    if ((event == E::object_start || event == E::array_start || event == E::value) &&
+        depth > kMaxDepth)
+      kvevict::detail::fail(where, ": bad JSON header: nesting deeper than ", kMaxDepth);
+    if (event == E::object_start) keys.emplace_back();
+    if (event == E::object_end) keys.pop_back();
+    if (event == E::key && !keys.back().insert(parsed.get<std::string>()).second)
+      kvevict::detail::fail(where, ": bad JSON header: duplicate key \"",
+                            parsed.get<std::string>(), "\"");
+    return true;
+  };
+  try {
+    return Value::parse(text.begin(), text.end(), check, /*allow_exceptions=*/true,
+                        /*ignore_comments=*/false);
+  } catch (const nlohmann::json::parse_error& e) {
+    kvevict::detail::fail(where, ": bad JSON header at byte ", e.byte, ": ",
+                          library_message(e.what()));
+  } catch (const nlohmann::json::exception& e) {  // e.g. a number too large for a double
+    kvevict::detail::fail(where, ": bad JSON header: ", library_message(e.what()));
+  }
+}
+
+/// The value as an exact non-negative integer (no sign, fraction or exponent in the text).
+inline std::optional<std::uint64_t> exact_size(const Value& v) {
+  if (!v.is_number_unsigned()) return std::nullopt;
+  const auto n = v.get<std::uint64_t>();
+  if (n > kMaxInteger) return std::nullopt;
+  return n;
 }
 
 }  // namespace json
@@ -358,14 +202,14 @@ class SafetensorsFile {
     kvevict::detail::require(root.is_object(), "safetensors '", path,
                              "': header is not a JSON object");
     const std::size_t data_size = size - sf.data_;
-    for (const auto& [name, v] : std::get<json::Object>(root.v)) {
+    for (const auto& [name, v] : root.items()) {
       if (name == "__metadata__") {
         kvevict::detail::require(v.is_object(), "safetensors '", path,
                                  "': __metadata__ is not an object of strings");
-        for (const auto& [k, s] : std::get<json::Object>(v.v)) {
+        for (const auto& [k, s] : v.items()) {
           kvevict::detail::require(s.is_string(), "safetensors '", path, "': __metadata__.", k,
                                    " is not a string");
-          sf.metadata_[k] = std::get<std::string>(s.v);
+          sf.metadata_[k] = s.get<std::string>();
         }
         continue;
       }
@@ -412,17 +256,10 @@ class SafetensorsFile {
  private:
   static std::size_t to_size(const json::Value& v, const std::string& what,
                              const std::string& path) {
-    bool ok = v.is_number();
-    std::size_t out = 0;
-    if (ok) {
-      const auto& s = std::get<json::Number>(v.v).text;
-      ok = !s.empty() && s.size() <= 19 &&
-           std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-      if (ok) out = static_cast<std::size_t>(std::stoull(s));
-    }
-    kvevict::detail::require(ok, "safetensors '", path, "': ", what,
-                             " is not a non-negative integer");
-    return out;
+    const auto n = json::exact_size(v);
+    kvevict::detail::require(n.has_value(), "safetensors '", path, "': ", what,
+                             " is not a non-negative integer (at most ", json::kMaxInteger, ")");
+    return static_cast<std::size_t>(*n);
   }
 
   static TensorInfo parse_tensor(const std::string& name, const json::Value& v,
@@ -433,7 +270,7 @@ class SafetensorsFile {
     TensorInfo t;
     t.name = name;
     const json::Value *dt = nullptr, *sh = nullptr, *off = nullptr;
-    for (const auto& [k, x] : std::get<json::Object>(v.v)) {
+    for (const auto& [k, x] : v.items()) {
       if (k == "dtype")
         dt = &x;
       else if (k == "shape")
@@ -447,7 +284,7 @@ class SafetensorsFile {
                              " needs dtype, shape and data_offsets");
     kvevict::detail::require(dt->is_string(), "safetensors '", path, "': ", where,
                              " dtype is not a string");
-    const auto& d = std::get<std::string>(dt->v);
+    const auto d = dt->get<std::string>();
     if (d == "F32")
       t.dtype = DType::f32;
     else if (d == "F16")
@@ -459,7 +296,7 @@ class SafetensorsFile {
                             ", expected F32, F16 or BF16");
     kvevict::detail::require(sh->is_array(), "safetensors '", path, "': ", where,
                              " shape is not an array");
-    for (const auto& x : std::get<json::Array>(sh->v))
+    for (const auto& x : *sh)
       t.shape.push_back(to_size(x, where + " shape entry", path));
     std::size_t bytes = dtype_size(t.dtype);
     if (std::find(t.shape.begin(), t.shape.end(), std::size_t{0}) != t.shape.end()) bytes = 0;
@@ -467,10 +304,10 @@ class SafetensorsFile {
       if (bytes != 0)
         kvevict::detail::require(!__builtin_mul_overflow(bytes, s, &bytes), "safetensors '", path,
                                  "': ", where, " shape overflows a 64-bit byte count");
-    kvevict::detail::require(off->is_array() && std::get<json::Array>(off->v).size() == 2,
+    kvevict::detail::require(off->is_array() && off->size() == 2,
                              "safetensors '", path, "': ", where,
                              " data_offsets is not a [begin, end] pair");
-    const auto& o = std::get<json::Array>(off->v);
+    const auto& o = *off;
     t.begin = to_size(o[0], where + " data_offsets[0]", path);
     t.end = to_size(o[1], where + " data_offsets[1]", path);
     kvevict::detail::require(t.begin <= t.end && t.end <= data_size, "safetensors '", path,
@@ -501,25 +338,9 @@ struct TensorToWrite {
 /// Writes a safetensors file (header padded with spaces to a multiple of 8 bytes).
 inline void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                               const std::map<std::string, std::string>& metadata = {}) {
-  std::string header = "{";
+  json::Value root = json::Value::object();
   std::string body;
-  auto quote = [](const std::string& s) {
-    std::string o = "\"";
-    for (char c : s) {
-      if (c == '"' || c == '\\') o += '\\';
-      o += c;
-    }
-    return o + "\"";
-  };
-  if (!metadata.empty()) {
-    header += "\"__metadata__\":{";
-    bool first = true;
-    for (const auto& [k, v] : metadata) {
-      header += (first ? "" : ",") + quote(k) + ":" + quote(v);
-      first = false;
-    }
-    header += "}";
-  }
+  if (!metadata.empty()) root["__metadata__"] = metadata;
   for (const auto& t : tensors) {
     std::size_t n = 1;
     for (auto s : t.shape) n *= s;
@@ -537,14 +358,11 @@ inline void write_safetensors(const std::string& path, const std::vector<TensorT
         body += static_cast<char>(h >> 8);
       }
     }
-    if (header.size() > 1) header += ",";
-    header += quote(t.name) + ":{\"dtype\":\"" + dtype_name(t.dtype) + "\",\"shape\":[";
-    for (std::size_t i = 0; i < t.shape.size(); ++i)
-      header += (i ? "," : "") + std::to_string(t.shape[i]);
-    header +=
-        "],\"data_offsets\":[" + std::to_string(begin) + "," + std::to_string(body.size()) + "]}";
+    root[t.name] = {{"dtype", dtype_name(t.dtype)},
+                    {"shape", t.shape},
+                    {"data_offsets", {begin, body.size()}}};
   }
-  header += "}";
+  std::string header = root.dump();
   while (header.size() % 8 != 0) header += ' ';
   std::ofstream f(path, std::ios::binary);
   kvevict::detail::require(static_cast<bool>(f), "write_safetensors: cannot write '", path, "'");

@@ -1,11 +1,15 @@
 #pragma once
-// Reference attention for one decode step over a KVCache (Eigen, float accumulation).
-// GQA-native: the G query heads of a group read their KV head's rows directly; K/V are
-// never repeated per query head.
+// Attention for one decode step over a KVCache: GQA-native (the G query heads of a group read
+// their KV head's rows directly; K/V are never repeated per query head), float accumulation
+// whatever the storage type. fp32 / fp16 / bf16 rows go through the fused, runtime-dispatched
+// kernel (kernels/attention_decode.hpp); detail::attend_reference is the Eigen version it
+// replaced, kept as the test oracle. decode_attention() is the same kernel on raw rows, for an
+// engine without its own.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <span>
 #include <vector>
@@ -26,7 +30,43 @@ struct AttentionResult {
 
 struct AttendOptions {
   bool observe = true;  ///< hand the probabilities to the policy (if it declares attention)
-  float scale = 0.0f;   ///< 0: 1 / sqrt(head_dim)
+  float scale = 0.0f;   ///< 0: 1 / sqrt(head_dim); else finite and > 0
+};
+
+/// Scratch an engine keeps across steps so that attend / decode_attention allocate nothing
+/// once it has grown to the largest step: the probabilities of every KV head of the last
+/// step, back to back. Not shared between threads.
+class AttendWorkspace {
+ public:
+  /// Probabilities of KV head `kv_head` of the last attend(..., workspace) step:
+  /// group x size floats (after decode_attention: the one group it computed, kv_head 0).
+  [[nodiscard]] std::span<const float> probs(int kv_head) const {
+    detail::require(kv_head >= 0 && static_cast<std::size_t>(kv_head) + 1 < offset_.size(),
+                    "AttendWorkspace::probs: kv_head = ", kv_head, ", expected 0 <= kv_head < ",
+                    offset_.empty() ? 0 : offset_.size() - 1);
+    const auto h = static_cast<std::size_t>(kv_head);
+    return {probs_.data() + offset_[h], offset_[h + 1] - offset_[h]};
+  }
+
+  /// Prepares room for per-head blocks of the given float counts (no allocation when the
+  /// capacity suffices); returns the first float of each block via block().
+  template <class SizeOf>
+  void layout(std::size_t heads, SizeOf&& floats_of_head) {
+    offset_.resize(heads + 1);
+    offset_[0] = 0;
+    for (std::size_t h = 0; h < heads; ++h) {
+      const std::size_t f = floats_of_head(h);
+      detail::require(f <= std::numeric_limits<std::size_t>::max() / sizeof(float) - offset_[h],
+                      "AttendWorkspace: ", f, " more floats overflow size_t");
+      offset_[h + 1] = offset_[h] + f;
+    }
+    if (probs_.size() < offset_[heads]) probs_.resize(offset_[heads]);
+  }
+  [[nodiscard]] float* block(std::size_t h) { return probs_.data() + offset_[h]; }
+
+ private:
+  std::vector<float> probs_;
+  std::vector<std::size_t> offset_;
 };
 
 namespace detail {
@@ -35,11 +75,11 @@ concept RestrictsAttention = requires(const P& p, int layer, int head) {
   { p.attention_limit(layer, head) } -> std::convertible_to<std::size_t>;
 };
 
+using RowMajorF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
 // Keeps, per KV head, the `limit` rows of largest group-summed mass and renormalises
 // each query head over them (the Oracle's per-step ceiling). Ties: lowest row first.
-inline void restrict_to_top(Eigen::Ref<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic,
-                                                     Eigen::RowMajor>> p,
-                            std::size_t limit) {
+inline void restrict_to_top(Eigen::Ref<RowMajorF> p, std::size_t limit) {
   const auto n = static_cast<std::size_t>(p.cols());
   if (limit >= n) return;
   Eigen::RowVectorXf mass = p.colwise().sum();
@@ -60,26 +100,98 @@ inline void restrict_to_top(Eigen::Ref<Eigen::Matrix<float, Eigen::Dynamic, Eige
     if (s > 0.0f) p.row(g) /= s;
   }
 }
-}  // namespace detail
 
-/// Attention of one decode step of `layer`: queries is n_heads x head_dim. Policies that
-/// declare Signals::attention receive the probabilities unless options.observe is false.
-template <class Cache>
-AttentionResult attend(Cache& cache, int layer, std::span<const float> queries,
-                       AttendOptions options = {}) {
-  const Geometry& g = cache.geometry();
-  detail::require(layer >= 0 && layer < g.n_layers, "attend: layer = ", layer,
-                  ", expected 0 <= layer < ", g.n_layers);
-  const std::size_t expect = static_cast<std::size_t>(g.n_heads * g.head_dim);
-  detail::require(queries.size() == expect, "attend: queries has ", queries.size(),
-                  " floats, expected ", expect, " (n_heads x head_dim)");
+/// AttendOptions::scale: finite and > 0, or 0 for 1 / sqrt(d). Returns the scale to use.
+inline float resolve_scale(float scale, std::size_t d, const char* what) {
+  require(std::isfinite(scale) && scale >= 0.0f, what, ": scale = ", scale,
+          ", expected a finite value > 0 (or 0 for 1/sqrt(head_dim))");
+  return scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(d)) : scale;
+}
+
+/// attend()'s argument checks; returns the scale to use. n_heads x head_dim is computed in
+/// size_t (an int product could wrap for huge geometries).
+inline float check_attend_args(const Geometry& g, int layer, std::span<const float> queries,
+                               const AttendOptions& options) {
+  require(layer >= 0 && layer < g.n_layers, "attend: layer = ", layer,
+          ", expected 0 <= layer < ", g.n_layers);
+  const auto d = static_cast<std::size_t>(g.head_dim);
+  const std::size_t expect = static_cast<std::size_t>(g.n_heads) * d;
+  require(queries.size() == expect, "attend: queries has ", queries.size(), " floats, expected ",
+          expect, " (n_heads x head_dim)");
   // A NaN query would poison every accumulated score of an attention policy for good.
-  detail::check_finite(queries, "attend: queries");
+  check_finite(queries, "attend: queries");
+  return resolve_scale(options.scale, d, "attend");
+}
+
+/// p.V of one group: out (group x d, row stride d) = probs (group x n) * values (n x d).
+template <class Scalar>
+void group_output(const float* probs, std::size_t group, const Scalar* values, std::size_t n,
+                  std::size_t d, float* out) {
+  if constexpr (kernel_scalar<Scalar>) {
+    kernels::attention_output(probs, group, values, d, kv_format_of<Scalar>(), n, d, out, d);
+  } else {
+    using RowMajorS = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    const auto G = static_cast<Eigen::Index>(group), N = static_cast<Eigen::Index>(n),
+               D = static_cast<Eigen::Index>(d);
+    Eigen::Map<RowMajorF> o(out, G, D);
+    if (n == 0) {
+      o.setZero();
+      return;
+    }
+    o.noalias() = Eigen::Map<const RowMajorF>(probs, G, N) *
+                  Eigen::Map<const RowMajorS>(values, N, D).template cast<float>();
+  }
+}
+
+/// The whole step, with the strong guarantee: every KV head's probabilities and output are
+/// computed and checked before any policy observes anything. probs_of(kh, n) returns the
+/// group x n block for head kh; out is n_heads x head_dim.
+template <class Cache, class ProbsOf>
+void attend_step(Cache& cache, int layer, std::span<const float> queries, float* out,
+                 const AttendOptions& options, ProbsOf&& probs_of) {
+  const Geometry& g = cache.geometry();
+  const float scale = check_attend_args(g, layer, queries, options);
+  const auto G = static_cast<std::size_t>(g.group());
+  const auto d = static_cast<std::size_t>(g.head_dim);
+  const auto hkv = static_cast<std::size_t>(g.n_kv_heads);
+  for (std::size_t kh = 0; kh < hkv; ++kh) {
+    const auto k = cache.keys(layer, static_cast<int>(kh));
+    const auto v = cache.values(layer, static_cast<int>(kh));
+    const auto n = static_cast<std::size_t>(k.rows());
+    float* p = probs_of(kh, n);
+    float* o = out + kh * G * d;
+    const float* q = queries.data() + kh * G * d;
+    require(group_probabilities_checked(k.data(), n, d, q, G, p, scale), "attend: layer ", layer,
+            " KV head ", kh, ": a score q.k x scale (scale ", scale,
+            ") is not finite (query or key magnitudes overflow float); no policy observed "
+            "this step");
+    using Policy = typename Cache::policy_type;
+    if constexpr (RestrictsAttention<Policy>) {
+      Eigen::Map<RowMajorF> pm(p, static_cast<Eigen::Index>(G), static_cast<Eigen::Index>(n));
+      restrict_to_top(pm, cache.policy().attention_limit(layer, static_cast<int>(kh)));
+    }
+    group_output(p, G, v.data(), n, d, o);
+  }
+  if (options.observe)
+    for (std::size_t kh = 0; kh < hkv; ++kh) {
+      const auto n = static_cast<std::size_t>(cache.keys(layer, static_cast<int>(kh)).rows());
+      if (n == 0) continue;  // an empty head has nothing to observe
+      cache.observe(layer, static_cast<int>(kh), std::span<const float>(probs_of(kh, n), G * n));
+    }
+}
+
+/// The Eigen attention this kernel replaced (q K^T GEMM, Eigen exp, p V GEMM), kept as the
+/// test oracle. Same checks and contract as attend().
+template <class Cache>
+AttentionResult attend_reference(Cache& cache, int layer, std::span<const float> queries,
+                                 AttendOptions options = {}) {
+  const Geometry& g = cache.geometry();
+  const float scale = check_attend_args(g, layer, queries, options);
+  const auto d = static_cast<std::size_t>(g.head_dim);
   AttentionResult r;
   r.out.setZero(g.n_heads, g.head_dim);
   r.probs.resize(static_cast<std::size_t>(g.n_kv_heads));
   const int G = g.group();
-  const auto d = static_cast<std::size_t>(g.head_dim);
   for (int kh = 0; kh < g.n_kv_heads; ++kh) {
     const auto k = cache.keys(layer, kh);
     const auto v = cache.values(layer, kh);
@@ -87,19 +199,131 @@ AttentionResult attend(Cache& cache, int layer, std::span<const float> queries,
     auto& p = r.probs[static_cast<std::size_t>(kh)];
     p.resize(G, static_cast<Eigen::Index>(n));
     if (n == 0) continue;
-    detail::group_probabilities(k.data(), n, d, queries.data() + static_cast<std::size_t>(kh * G) * d,
-                                G, p.data(), options.scale);
+    group_probabilities_reference(k.data(), n, d,
+                                  queries.data() + static_cast<std::size_t>(kh) * std::size_t(G) * d,
+                                  G, p.data(), scale);
     using Policy = typename Cache::policy_type;
-    if constexpr (detail::RestrictsAttention<Policy>)
-      detail::restrict_to_top(p, cache.policy().attention_limit(layer, kh));
+    if constexpr (RestrictsAttention<Policy>)
+      restrict_to_top(p, cache.policy().attention_limit(layer, kh));
     if constexpr (std::is_same_v<typename Cache::scalar_type, float>)
       r.out.middleRows(kh * G, G).noalias() = p * v;
     else
       r.out.middleRows(kh * G, G).noalias() = p * v.template cast<float>();
-    if (options.observe)
-      cache.observe(layer, kh, std::span<const float>(p.data(), static_cast<std::size_t>(p.size())));
   }
+  for (const auto& p : r.probs)
+    check_finite(std::span<const float>(p.data(), static_cast<std::size_t>(p.size())),
+                 "attend: probabilities");
+  if (options.observe)
+    for (int kh = 0; kh < g.n_kv_heads; ++kh) {
+      const auto& p = r.probs[static_cast<std::size_t>(kh)];
+      cache.observe(layer, kh, std::span<const float>(p.data(), static_cast<std::size_t>(p.size())));
+    }
   return r;
+}
+}  // namespace detail
+
+/// Attention of one decode step of `layer`: queries is n_heads x head_dim. Policies that
+/// declare Signals::attention receive the probabilities unless options.observe is false.
+/// Strong guarantee: every KV head is computed and checked before any policy observes, so
+/// on an exception the cache and its policy are unchanged. Allocates the result; an engine
+/// stepping many times uses the workspace overload below.
+template <class Cache>
+AttentionResult attend(Cache& cache, int layer, std::span<const float> queries,
+                       AttendOptions options = {}) {
+  const Geometry& g = cache.geometry();
+  AttentionResult r;
+  r.out.resize(g.n_heads, g.head_dim);
+  r.probs.resize(static_cast<std::size_t>(g.n_kv_heads));
+  const auto G = static_cast<Eigen::Index>(g.group());
+  detail::attend_step(cache, layer, queries, r.out.data(), options,
+                      [&](std::size_t kh, std::size_t n) {
+                        auto& p = r.probs[kh];
+                        if (p.rows() != G || p.cols() != static_cast<Eigen::Index>(n))
+                          p.resize(G, static_cast<Eigen::Index>(n));
+                        return p.data();
+                      });
+  return r;
+}
+
+/// The same step writing into caller memory: out holds n_heads x head_dim floats, the
+/// probabilities stay in `workspace` (workspace.probs(kv_head)). Allocates nothing once the
+/// workspace has grown to the largest step. Same checks and guarantee as attend() (out may
+/// be partly written when it throws).
+template <class Cache>
+void attend(Cache& cache, int layer, std::span<const float> queries, std::span<float> out,
+            AttendWorkspace& workspace, AttendOptions options = {}) {
+  const Geometry& g = cache.geometry();
+  const std::size_t expect =
+      static_cast<std::size_t>(g.n_heads) * static_cast<std::size_t>(g.head_dim);
+  detail::require(out.size() == expect, "attend: out has ", out.size(), " floats, expected ",
+                  expect, " (n_heads x head_dim)");
+  detail::check_attend_args(g, layer, queries, options);  // before keys(layer, ...) below
+  const auto G = static_cast<std::size_t>(g.group());
+  workspace.layout(static_cast<std::size_t>(g.n_kv_heads), [&](std::size_t kh) {
+    return G * static_cast<std::size_t>(cache.keys(layer, static_cast<int>(kh)).rows());
+  });
+  detail::attend_step(cache, layer, queries, out.data(), options,
+                      [&](std::size_t kh, std::size_t) { return workspace.block(kh); });
+}
+
+namespace detail {
+template <class Scalar>
+void check_decode_args(const float* queries, std::size_t group, const Scalar* keys,
+                       std::size_t key_stride, const Scalar* values, std::size_t value_stride,
+                       std::size_t n, std::size_t d, const float* out) {
+  static_assert(kernel_scalar<Scalar>,
+                "decode_attention reads float, Eigen::half or Eigen::bfloat16 rows");
+  require(group >= 1, "decode_attention: group = ", group, ", expected >= 1");
+  require(d >= 1, "decode_attention: head_dim = ", d, ", expected >= 1");
+  require(key_stride >= d && value_stride >= d, "decode_attention: key_stride = ", key_stride,
+          ", value_stride = ", value_stride, ", expected both >= head_dim = ", d);
+  require(group <= std::numeric_limits<std::size_t>::max() / d / sizeof(float),
+          "decode_attention: group x head_dim = ", group, " x ", d, " overflows size_t");
+  require(queries != nullptr && out != nullptr, "decode_attention: queries or out is null");
+  require(n == 0 || (keys != nullptr && values != nullptr), "decode_attention: n = ", n,
+          " but keys or values is null");
+  require(n <= std::numeric_limits<std::size_t>::max() / sizeof(float) / group,
+          "decode_attention: group x n = ", group, " x ", n, " overflows size_t");
+  check_finite(std::span<const float>(queries, group * d), "decode_attention: queries");
+}
+}  // namespace detail
+
+/// One decode step of one KV head on an engine's own rows (no KVCache needed): the G query
+/// heads of the group (queries: group x head_dim floats, contiguous) against n K and V rows
+/// (row i at keys + i * key_stride, values + i * value_stride; Scalar float, Eigen::half or
+/// Eigen::bfloat16). Writes out (group x head_dim, contiguous) and probs (group x n,
+/// softmax over the rows, nullable). scale 0 means 1 / sqrt(head_dim). Throws
+/// kvevict::Error on bad arguments or when a score overflows float. Allocates nothing.
+template <class Scalar>
+void decode_attention(const float* queries, std::size_t group, const Scalar* keys,
+                      std::size_t key_stride, const Scalar* values, std::size_t value_stride,
+                      std::size_t n, std::size_t head_dim, float scale, float* out, float* probs) {
+  detail::check_decode_args(queries, group, keys, key_stride, values, value_stride, n, head_dim,
+                            out);
+  detail::require(n == 0 || probs != nullptr,
+                  "decode_attention: probs is null (use the AttendWorkspace overload)");
+  scale = detail::resolve_scale(scale, head_dim, "decode_attention");
+  if (n > 0)
+    detail::require(kernels::attention_probs(queries, head_dim, group, keys, key_stride,
+                                             detail::kv_format_of<Scalar>(), n, head_dim, scale,
+                                             probs),
+                    "decode_attention: a score q.k x scale (scale ", scale,
+                    ") is not finite (query or key magnitudes overflow float)");
+  kernels::attention_output(probs, group, values, value_stride, detail::kv_format_of<Scalar>(), n,
+                            head_dim, out, head_dim);
+}
+
+/// As above, with the probabilities kept in `workspace` (workspace.probs(0)).
+template <class Scalar>
+void decode_attention(const float* queries, std::size_t group, const Scalar* keys,
+                      std::size_t key_stride, const Scalar* values, std::size_t value_stride,
+                      std::size_t n, std::size_t head_dim, float scale, float* out,
+                      AttendWorkspace& workspace) {
+  detail::check_decode_args(queries, group, keys, key_stride, values, value_stride, n, head_dim,
+                            out);
+  workspace.layout(1, [&](std::size_t) { return group * n; });
+  decode_attention(queries, group, keys, key_stride, values, value_stride, n, head_dim, scale, out,
+                   workspace.block(0));
 }
 
 }  // namespace kvevict

@@ -88,13 +88,13 @@ struct CacheAccess {
       w.put<std::int64_t>(ls.last_position);
     }
     for (const auto& h : c.heads_) {
-      w.put<std::uint64_t>(h.size);
-      for (std::size_t r = 0; r < h.size; ++r) {
+      w.put<std::uint64_t>(h.size());
+      for (std::size_t r = 0; r < h.size(); ++r) {
         w.put<std::int64_t>(h.pos[r]);
         w.put<std::uint64_t>(h.seq[r]);
       }
-      w.put_array(h.k.data(), h.size * d);
-      w.put_array(h.v.data(), h.size * d);
+      w.put_array(h.k.data(), h.size() * d);
+      w.put_array(h.v.data(), h.size() * d);
     }
     if constexpr (HasSaveState<Policy>) {
       std::vector<std::uint8_t> state;
@@ -163,10 +163,10 @@ struct CacheAccess {
               " holds ", rows, " rows, expected <= capacity ", c.shape_.capacity[i],
               " and <= tokens seen ", ls.next_seq);
       r.need_elems(rows, 16 + 2 * d * sizeof(Scalar), "rows");
-      h.size = static_cast<std::size_t>(rows);
-      h.pos.resize(h.size);
-      h.seq.resize(h.size);
-      for (std::size_t k = 0; k < h.size; ++k) {
+      const auto n = static_cast<std::size_t>(rows);
+      h.pos.resize(n);
+      h.seq.resize(n);
+      for (std::size_t k = 0; k < n; ++k) {
         h.pos[k] = r.get<std::int64_t>("position");
         h.seq[k] = r.get<std::uint64_t>("seq");
         require(h.seq[k] < ls.next_seq && h.pos[k] <= ls.last_position, "saved state: head ", i,
@@ -183,10 +183,10 @@ struct CacheAccess {
         require(std::adjacent_find(p.begin(), p.end()) == p.end(), "saved state: head ", i,
                 " repeats a position");
       }
-      h.k.resize(h.size * d);
-      h.v.resize(h.size * d);
-      r.get_array(h.k.data(), h.size * d, "keys");
-      r.get_array(h.v.data(), h.size * d, "values");
+      h.k.resize(n * d);
+      h.v.resize(n * d);
+      r.get_array(h.k.data(), n * d, "keys");
+      r.get_array(h.v.data(), n * d, "values");
     }
     const auto has_state = r.get<std::uint8_t>("policy state flag");
     require(has_state <= 1, "saved state: policy state flag ", int(has_state), ", expected 0 or 1");
@@ -207,7 +207,7 @@ struct CacheAccess {
     for (int l = 0; l < g.n_layers; ++l)
       for (int kh = 0; kh < g.n_kv_heads; ++kh) {
         const auto& h = heads[static_cast<std::size_t>(l * g.n_kv_heads + kh)];
-        for (std::size_t row = 0; row < h.size; ++row) {
+        for (std::size_t row = 0; row < h.size(); ++row) {
           for (std::size_t j = 0; j < d; ++j) key[j] = static_cast<float>(h.k[row * d + j]);
           HeadView<Scalar> v;
           v.layer = l;

@@ -60,7 +60,9 @@ std::vector<const void*> inline_function_addresses() {
           reinterpret_cast<const void*>(&metrics::topk_recall),
           reinterpret_cast<const void*>(&policies::Random::stream_seed),
           reinterpret_cast<const void*>(&detail::group_probabilities<float>),
-          reinterpret_cast<const void*>(&attend<KVCache<policies::H2O>>)};
+          reinterpret_cast<const void*>(static_cast<AttentionResult (*)(
+              KVCache<policies::H2O>&, int, std::span<const float>, AttendOptions)>(
+              &attend<KVCache<policies::H2O>>))};
 }
 
 }  // namespace

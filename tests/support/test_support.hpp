@@ -42,6 +42,15 @@ class Rng {
   std::mt19937_64 gen_;
 };
 
+/// splitmix64's finaliser: a stateless hash of an integer, for test data indexed by
+/// (step, token, head) that must not depend on the order it is drawn in.
+inline std::uint64_t splitmix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 /// The text of an ostringstream reached through operator<< (which returns std::ostream&).
 inline std::string str(std::ostream& os) { return static_cast<std::ostringstream&>(os).str(); }
 

@@ -1,6 +1,7 @@
 // All kvevict kernels: dispatch, Hamming, SimHash, selection. See docs/kernels.md.
 #pragma once
 
+#include "attention_decode.hpp"
 #include "dispatch.hpp"
 #include "hamming.hpp"
 #include "select.hpp"

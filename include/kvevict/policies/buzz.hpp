@@ -12,7 +12,8 @@
 // appended and attended; here the rebuild runs when the next token arrives at a full head
 // (capacity or row_limit = S + W + T), from the scores accumulated so far, with the incoming
 // token counted in the window. The kept set is the reference's; the new token attends over
-// the rebuilt cache instead of the one just before the rebuild (docs/policies/buzz.md).
+// the rebuilt cache instead of the one just before the rebuild (docs/policies/buzz.md);
+// Config::reference_timing reproduces the reference's timing instead.
 //
 // Options: a budget mode that derives W and T from each head's capacity, and a "log n" form
 // (hierarchical thinning, see Config::log_n) whose sample region grows O(log n).
@@ -43,6 +44,15 @@ class BuzzBeehive {
     /// the same level into one of the next level, keeping every f-th. The rebuild fires
     /// when the newly evicted tokens exceed T, so the sample region grows O(log n).
     bool log_n = false;
+    /// Reference-exact timing (off by default): the head may hold S + W + T + 1 rows, so the
+    /// token that pushes the sample region past T is appended and attended over the full
+    /// cache first, and the rebuild runs when the next token arrives, over the cached rows
+    /// only (window = the last W cached rows). The chunk argmax then counts the triggering
+    /// token's attention, as the reference's rebuild after attention does, and every query
+    /// attends over exactly the reference's rows. Bounded form only (excludes budget_mode
+    /// and log_n); between the triggering step and the next append the head holds the
+    /// not-yet-rebuilt S + W + T + 1 rows (the reference's transient peak).
+    bool reference_timing = false;
   };
 
   /// W and T that budget mode uses for a head of `capacity` rows: the reference's
@@ -83,6 +93,10 @@ class BuzzBeehive {
         !(c.budget_mode && c.log_n),
         "BuzzBeehive: budget_mode and log_n both set, expected at most one (the "
         "log-n form grows past any fixed split of the budget)");
+    kvevict::detail::require(
+        !(c.reference_timing && (c.budget_mode || c.log_n)),
+        "BuzzBeehive: reference_timing with budget_mode = ", c.budget_mode, ", log_n = ", c.log_n,
+        "; expected neither (the reference timing is defined for the bounded form)");
   }
 
   static constexpr Signals signals = Signals::attention;
@@ -114,7 +128,9 @@ class BuzzBeehive {
   /// token arrives, holds T + 1. Budget mode relies on the capacity (S + W + T = C).
   [[nodiscard]] std::size_t row_limit(int layer, int kv_head) const {
     if (cfg_.budget_mode) return Budget::kUnbounded;
-    const std::size_t base = cfg_.sinks + cfg_.window + cfg_.threshold;
+    // Reference timing: one row more, the token that triggers the rebuild (see Config).
+    const std::size_t base =
+        cfg_.sinks + cfg_.window + cfg_.threshold + (cfg_.reference_timing ? 1 : 0);
     return cfg_.log_n ? base + head(layer, kv_head).samples : base;
   }
 
@@ -125,7 +141,10 @@ class BuzzBeehive {
     HeadState& st = head(v.layer, v.kv_head);
     auto& sc = scores_.of(v.layer, v.kv_head);
     const std::uint64_t inc = v.incoming_seq;
-    const std::uint64_t win_begin = inc + 1 > p.window ? inc + 1 - p.window : 0;
+    // Default: the incoming token counts in the window. Reference timing: the window is the
+    // last W cached rows, the incoming token arrives after the rebuild.
+    const std::uint64_t win_end = cfg_.reference_timing ? inc : inc + 1;
+    const std::uint64_t win_begin = win_end > p.window ? win_end - p.window : 0;
 
     // The sample region in arrival order; sinks' scores restart at 0 on every rebuild.
     region_.clear();
@@ -218,7 +237,7 @@ class BuzzBeehive {
     kvevict::detail::ByteWriter w(out);
     for (std::size_t x : {cfg_.sinks, cfg_.window, cfg_.threshold, cfg_.stride})
       w.put<std::uint64_t>(x);
-    w.put<std::uint8_t>(static_cast<std::uint8_t>(cfg_.budget_mode | (cfg_.log_n << 1)));
+    w.put<std::uint8_t>(flags());
     w.put<std::uint64_t>(heads_.size());
     for (const HeadState& h : heads_) {
       w.put<std::uint64_t>(h.boundary);
@@ -236,14 +255,14 @@ class BuzzBeehive {
     kvevict::detail::ByteReader r(in);
     std::size_t saved[4];
     for (auto& x : saved) x = static_cast<std::size_t>(r.get<std::uint64_t>("BUZZ shape"));
-    const auto flags = r.get<std::uint8_t>("BUZZ flags");
+    const auto saved_flags = r.get<std::uint8_t>("BUZZ flags");
     kvevict::detail::require(
         saved[0] == cfg_.sinks && saved[1] == cfg_.window && saved[2] == cfg_.threshold &&
-            saved[3] == cfg_.stride && flags == (cfg_.budget_mode | (cfg_.log_n << 1)),
+            saved[3] == cfg_.stride && saved_flags == flags(),
         "BuzzBeehive state: saved with sinks ", saved[0], ", window ", saved[1], ", threshold ",
-        saved[2], ", stride ", saved[3], ", flags ", int{flags}, "; expected ", cfg_.sinks, ", ",
-        cfg_.window, ", ", cfg_.threshold, ", ", cfg_.stride, ", ",
-        int{cfg_.budget_mode} | (int{cfg_.log_n} << 1));
+        saved[2], ", stride ", saved[3], ", flags ", int{saved_flags}, "; expected ", cfg_.sinks, ", ",
+        cfg_.window, ", ", cfg_.threshold, ", ", cfg_.stride, ", ", int{flags()},
+        " (flags: 1 budget_mode, 2 log_n, 4 reference_timing)");
     const auto n = r.get<std::uint64_t>("BUZZ head count");
     kvevict::detail::require(n == heads_.size(), "BuzzBeehive state: ", n, " heads, expected ",
                              heads_.size());
@@ -295,6 +314,12 @@ class BuzzBeehive {
     std::size_t rebuilds = 0;
     std::vector<Generation> gens;  // log-n form only
   };
+
+  // Mode bits carried by save_state: a state only loads into a policy of the same form.
+  [[nodiscard]] std::uint8_t flags() const {
+    return static_cast<std::uint8_t>(int{cfg_.budget_mode} | (int{cfg_.log_n} << 1) |
+                                     (int{cfg_.reference_timing} << 2));
+  }
 
   // Keeps items first, first + f, first + 2f, ... of [first, last); evicts the rest.
   template <class It, class Evict>

@@ -12,7 +12,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -59,6 +61,14 @@ class HashEvictSimHash {
     /// Pin the Hamming/selection kernels to one ISA level (tests, benchmarks); default: the
     /// process-wide active_isa().
     std::optional<kernels::Isa> isa;
+    /// Reference-exact slot order (off by default). The reference keeps a fixed array of
+    /// slots: empty slots fill in order, and an eviction writes the new token into the
+    /// evicted slot; ties at the largest distance go to the lowest slot. The container's rows
+    /// are swap-removed, so by default ties go to the lowest row, which is another token.
+    /// With this set the policy keeps each row's reference slot (a permutation that follows
+    /// the rows through on_move) and breaks ties by it: the kept sets are the reference's.
+    /// Costs one more pass over the distances per eviction (no fused argmax kernel).
+    bool reference_slots = false;
   };
 
   static constexpr HashMode mode = Mode;
@@ -109,6 +119,7 @@ class HashEvictSimHash {
     for (int l = 0; l < shape.geometry.n_layers; ++l)
       projections_.emplace_back(dim_, width_, layer_seed(cfg_.seed, l));
     heads_.assign(shape.capacity.size(), HeadState{});
+    slots_.assign(cfg_.reference_slots ? shape.capacity.size() : 0, SlotOrder{});
   }
 
   template <class S>
@@ -116,7 +127,10 @@ class HashEvictSimHash {
     HeadState& hs = head(v.layer, v.kv_head);
     hs.prune(v.incoming_seq, prot());
     const int ncodes = query_codes(v, hs);
-    select(hs, v.size, v.need, ncodes, out);
+    if (cfg_.reference_slots)
+      select_by_slot(hs, slots_[index(v.layer, v.kv_head)], v.size, v.need, ncodes, out);
+    else
+      select(hs, v.size, v.need, ncodes, out);
   }
 
   template <class S>
@@ -133,9 +147,11 @@ class HashEvictSimHash {
       hash_into(v.layer, key_buf_.data(), hs.codes.data() + row * w);
     }
     hs.add(v.incoming_seq, static_cast<std::uint32_t>(row), prot());
+    if (cfg_.reference_slots) slots_[index(v.layer, v.kv_head)].place(row);
   }
 
   void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
+    if (cfg_.reference_slots) slots_[index(layer, kv_head)].move(from, to);
     HeadState& hs = head(layer, kv_head);
     const std::size_t w = code_bytes();
     std::memcpy(hs.codes.data() + to * w, hs.codes.data() + from * w, w);
@@ -201,6 +217,71 @@ class HashEvictSimHash {
     keep.insert(keep.end(), tokens.begin(), tokens.end());
   }
 
+  /// reference_slots: the reference slot of each live row of (layer, kv_head), in row order.
+  [[nodiscard]] std::vector<std::uint32_t> slots(int layer, int kv_head) const {
+    if (!cfg_.reference_slots) return {};
+    const auto& so = slots_[index(layer, kv_head)];
+    return {so.of_row.begin(), so.of_row.begin() + static_cast<std::ptrdiff_t>(so.live)};
+  }
+
+  /// Serialisation hooks (serialize.hpp). The codes and protection are rebuilt from the rows
+  /// on restore; what cannot be derived is the reference slot order, so the state is the
+  /// reference_slots flag and, when set, each head's slots. A state only loads into a policy
+  /// with the same flag.
+  void save_state(std::vector<std::uint8_t>& out) const {
+    kvevict::detail::ByteWriter w(out);
+    w.put<std::uint8_t>(cfg_.reference_slots ? 1 : 0);
+    if (!cfg_.reference_slots) return;
+    w.put<std::uint64_t>(slots_.size());
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      w.put<std::uint64_t>(slots_[i].live);
+      for (std::size_t r = 0; r < slots_[i].live; ++r) w.put<std::uint32_t>(slots_[i].of_row[r]);
+      w.put<std::uint32_t>(slots_[i].next);
+      w.put<std::uint64_t>(slots_[i].free.size());
+      for (std::uint32_t f : slots_[i].free) w.put<std::uint32_t>(f);
+    }
+  }
+  void load_state(std::span<const std::uint8_t> in) {
+    kvevict::detail::ByteReader r(in);
+    const auto flag = r.get<std::uint8_t>("HashEvict reference_slots");
+    kvevict::detail::require(flag == (cfg_.reference_slots ? 1 : 0), name(),
+                             " state: saved with reference_slots = ", int{flag}, ", expected ",
+                             int{cfg_.reference_slots});
+    std::vector<SlotOrder> fresh(slots_.size());
+    if (cfg_.reference_slots) {
+      const auto n = r.get<std::uint64_t>("HashEvict head count");
+      kvevict::detail::require(n == slots_.size(), name(), " state: ", n, " heads, expected ",
+                               slots_.size());
+      for (std::size_t i = 0; i < fresh.size(); ++i) {
+        const std::size_t rows = slots_[i].live;  // rebuilt by on_append before load_state
+        const auto saved_rows = r.get<std::uint64_t>("HashEvict rows");
+        kvevict::detail::require(saved_rows == rows, name(), " state: head ", i, " has ",
+                                 saved_rows, " slots, expected ", rows, " (its rows)");
+        SlotOrder& so = fresh[i];
+        so.of_row.resize(rows);
+        so.live = rows;
+        for (auto& x : so.of_row) x = r.get<std::uint32_t>("HashEvict slot");
+        so.next = r.get<std::uint32_t>("HashEvict next slot");
+        const auto nfree = r.get<std::uint64_t>("HashEvict free slots");
+        kvevict::detail::require(nfree <= r.remaining() / 4, name(), " state: ", nfree,
+                                 " free slots, more than the input holds");
+        for (std::uint64_t k = 0; k < nfree; ++k) so.free.push_back(r.get<std::uint32_t>("slot"));
+        // Every slot below `next` is either held by one row or free, exactly once.
+        std::vector<std::uint32_t> all(so.of_row);
+        all.insert(all.end(), so.free.begin(), so.free.end());
+        std::sort(all.begin(), all.end());
+        bool perm = all.size() == so.next;
+        for (std::size_t k = 0; perm && k < all.size(); ++k) perm = all[k] == k;
+        kvevict::detail::require(perm, name(), " state: head ", i,
+                                 " slots are not a permutation of 0..", so.next);
+        std::sort(so.free.begin(), so.free.end(), std::greater<>());
+      }
+    }
+    kvevict::detail::require(r.remaining() == 0, name(), " state: ", r.remaining(),
+                             " trailing bytes");
+    slots_.swap(fresh);
+  }
+
   /// Codes of the live rows of (layer, kv_head), code_bytes() each, in row order.
   [[nodiscard]] const std::vector<std::uint8_t>& codes(int layer, int kv_head) const {
     return heads_[index(layer, kv_head)].codes;
@@ -227,6 +308,32 @@ class HashEvictSimHash {
       prune(seq + 1, p);
       if (p.is_protected(seq, seq + 1)) guarded.push_back({seq, row});
     }
+  };
+
+  // reference_slots: the reference's slot of each row. Evicted slots are freed and the
+  // lowest free slot is filled first (an eviction followed by an append writes the new
+  // token into the evicted slot, as the reference does); otherwise slots grow in order.
+  struct SlotOrder {
+    std::vector<std::uint32_t> of_row;
+    std::vector<std::uint32_t> free;  // sorted descending: the lowest at the back
+    std::uint32_t next = 0;
+    std::size_t live = 0;  // live rows: of_row[0, live) is meaningful
+
+    void release(std::uint32_t row) {
+      free.insert(std::upper_bound(free.begin(), free.end(), of_row[row], std::greater<>()),
+                  of_row[row]);
+    }
+    void place(std::size_t row) {
+      of_row.resize(row + 1);
+      live = row + 1;
+      if (free.empty()) {
+        of_row[row] = next++;
+      } else {
+        of_row[row] = free.back();
+        free.pop_back();
+      }
+    }
+    void move(std::size_t from, std::size_t to) { of_row[to] = of_row[from]; }
   };
 
   static void detail_check_bits(int bits) {
@@ -299,12 +406,8 @@ class HashEvictSimHash {
   // (distances summed over the codes); ties go to the lowest row.
   void select(HeadState& hs, std::size_t n, std::size_t need, int ncodes,
               std::vector<std::uint32_t>& out) {
-    const std::size_t w = code_bytes();
     const int bits = width_;
-    const std::size_t free_rows = n - std::min(n, hs.guarded.size());
-    if (n == 0 || need > free_rows)
-      throw std::logic_error(std::string("kvevict: ") + name() + ": " + std::to_string(free_rows) +
-                             " evictable rows, need " + std::to_string(need));
+    check_evictable(hs, n, need);
     if (ncodes == 1 && need == 1) {
       // The common decode step: one fused distance + masked argmax pass over the codes.
       hs.mask.resize(std::max(hs.mask.size(), (n + 63) / 64), 0);
@@ -319,18 +422,7 @@ class HashEvictSimHash {
       out.push_back(static_cast<std::uint32_t>(r));
       return;
     }
-    // Summed distances shifted by one, protected rows at zero: the largest are the victims.
-    score_.assign(n, 1);
-    dist_.resize(n);
-    for (int c = 0; c < ncodes; ++c) {
-      with_isa([&](auto isa) {
-        kernels::hamming_distances<isa()>(qcodes_.data() + static_cast<std::size_t>(c) * w,
-                                          hs.codes.data(), n, bits, dist_.data());
-      });
-      for (std::size_t i = 0; i < n; ++i)
-        score_[i] = static_cast<std::uint16_t>(score_[i] + dist_[i]);
-    }
-    for (const auto& g : hs.guarded) score_[g.row] = 0;
+    score_rows(hs, n, ncodes);
     if (need == 1) {
       out.push_back(static_cast<std::uint32_t>(std::max_element(score_.begin(), score_.end()) -
                                                score_.begin()));
@@ -341,6 +433,58 @@ class HashEvictSimHash {
     with_isa([&](auto isa) {
       kernels::counting_topk<isa()>(score_.data(), n, need, out.data() + base);
     });
+  }
+
+  void check_evictable(const HeadState& hs, std::size_t n, std::size_t need) const {
+    const std::size_t free_rows = n - std::min(n, hs.guarded.size());
+    if (n == 0 || need > free_rows)
+      throw std::logic_error(std::string("kvevict: ") + name() + ": " + std::to_string(free_rows) +
+                             " evictable rows, need " + std::to_string(need));
+  }
+
+  // Summed distances shifted by one into score_, protected rows at zero: the largest are
+  // the victims.
+  void score_rows(const HeadState& hs, std::size_t n, int ncodes) {
+    const std::size_t w = code_bytes();
+    score_.assign(n, 1);
+    dist_.resize(n);
+    for (int c = 0; c < ncodes; ++c) {
+      with_isa([&](auto isa) {
+        kernels::hamming_distances<isa()>(qcodes_.data() + static_cast<std::size_t>(c) * w,
+                                          hs.codes.data(), n, width_, dist_.data());
+      });
+      for (std::size_t i = 0; i < n; ++i)
+        score_[i] = static_cast<std::uint16_t>(score_[i] + dist_[i]);
+    }
+    for (const auto& g : hs.guarded) score_[g.row] = 0;
+  }
+
+  // reference_slots: the `need` unprotected rows farthest from the query codes, ties to the
+  // lowest reference slot; their slots are freed for the incoming token.
+  void select_by_slot(HeadState& hs, SlotOrder& so, std::size_t n, std::size_t need, int ncodes,
+                      std::vector<std::uint32_t>& out) {
+    check_evictable(hs, n, need);
+    score_rows(hs, n, ncodes);
+    so.live = n - need;  // after the container's swap-removes
+    auto before = [&](std::uint32_t a, std::uint32_t b) {  // a is a better victim than b
+      return score_[a] > score_[b] || (score_[a] == score_[b] && so.of_row[a] < so.of_row[b]);
+    };
+    if (need == 1) {
+      std::uint32_t best = 0;
+      for (std::uint32_t r = 1; r < n; ++r)
+        if (before(r, best)) best = r;
+      out.push_back(best);
+      so.release(best);
+      return;
+    }
+    order_.resize(n);
+    for (std::uint32_t r = 0; r < n; ++r) order_[r] = r;
+    std::partial_sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(need),
+                      order_.end(), before);
+    for (std::size_t i = 0; i < need; ++i) {
+      out.push_back(order_[i]);
+      so.release(order_[i]);
+    }
   }
 
   Config cfg_;
@@ -354,6 +498,8 @@ class HashEvictSimHash {
   std::vector<std::uint8_t> qcodes_;
   std::vector<std::uint16_t> dist_, score_;
   std::vector<float> mean_, key_buf_;
+  std::vector<SlotOrder> slots_;  // reference_slots only, per (layer, KV head)
+  std::vector<std::uint32_t> order_;
 };
 
 using HashEvictKey = HashEvictSimHash<HashMode::key>;

@@ -55,6 +55,8 @@ class Random {
   void save_state(std::vector<std::uint8_t>& out) const {
     kvevict::detail::ByteWriter w(out);
     for (std::uint64_t x : {seed, std::uint64_t(sinks), std::uint64_t(recent)}) w.put(x);
+    // The one stream left in include/ (docs/ARCHITECTURE.md): the standard defines a
+    // generator's state only as the text its operator<< writes and operator>> reads.
     std::ostringstream os;
     for (const auto& g : rngs_) os << g << ' ';
     w.put_string(os.str());

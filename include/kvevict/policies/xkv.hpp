@@ -20,12 +20,15 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <queue>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "../cache.hpp"
 #include "observation.hpp"
@@ -66,13 +69,23 @@ class XkvLayerAllocator {
     /// Floor per layer. The reference allocates zero to some layers and then crashes;
     /// here every layer keeps at least this many selected tokens besides its window.
     long long min_tokens = 1;
+    /// Reference-exact allocation (off by default), as the reference's wait list does it:
+    /// no floor (min_tokens is ignored, a layer may get 0); with GQA the statistics are
+    /// per query head after repeating K/V (observe_layer; set_layer_scores then takes
+    /// n_heads vectors), not per KV head with the group summed; budget mode hands out all
+    /// N tokens even when every candidate is taken (an exhausted layer's gain is 0, ties go
+    /// to the lowest layer, so the overflow lands on layer 0); target mode sums the gains
+    /// from 0 until the mean reaches the target and throws kvevict::Error where the
+    /// reference would loop forever (target out of reach). Gains are computed in double
+    /// (the reference: float32), and a layer with zero mass has gain 0 (the reference: NaN).
+    bool reference = false;
   };
 
   explicit XkvLayerAllocator(const Geometry& g) : XkvLayerAllocator(g, Config{}) {}
   XkvLayerAllocator(const Geometry& g, Config c) : geometry_(g), config_(c) {
     geometry_.validate();
     observation().validate("XkvLayerAllocator");
-    kvevict::detail::require(config_.min_tokens > 0,
+    kvevict::detail::require(config_.reference || config_.min_tokens > 0,
                              "XkvLayerAllocator: min_tokens = ", config_.min_tokens,
                              ", expected > 0 (a layer never gets zero)");
     layers_.resize(static_cast<std::size_t>(g.n_layers));
@@ -103,6 +116,10 @@ class XkvLayerAllocator {
         queries.size() == tokens * static_cast<std::size_t>(geometry_.n_heads) * d,
         "observe_layer: queries has ", queries.size(), " floats, expected ",
         tokens * static_cast<std::size_t>(geometry_.n_heads) * d, " (tokens x n_heads x head_dim)");
+    if (config_.reference) {
+      observe_layer_repeated(layer, tokens, keys, queries);
+      return;
+    }
     std::vector<std::vector<float>> pooled(static_cast<std::size_t>(geometry_.n_kv_heads));
     for (int kh = 0; kh < geometry_.n_kv_heads; ++kh) {
       PrefillView v{layer,
@@ -123,12 +140,15 @@ class XkvLayerAllocator {
   }
 
   /// Records a layer's pooled scores directly, one vector per KV head (same length,
-  /// finite, >= 0): for engines that compute the window attention themselves.
+  /// finite, >= 0): for engines that compute the window attention themselves. With
+  /// Config::reference, one vector per query head (n_heads), as the reference ranks them.
   void set_layer_scores(int layer, const std::vector<std::vector<float>>& pooled) {
     check_layer(layer, "set_layer_scores");
-    kvevict::detail::require(pooled.size() == static_cast<std::size_t>(geometry_.n_kv_heads),
-                             "set_layer_scores: ", pooled.size(), " heads, expected ",
-                             geometry_.n_kv_heads, " (n_kv_heads)");
+    const int heads = config_.reference ? geometry_.n_heads : geometry_.n_kv_heads;
+    kvevict::detail::require(pooled.size() == static_cast<std::size_t>(heads),
+                             "set_layer_scores: ", pooled.size(), " heads, expected ", heads,
+                             config_.reference ? " (n_heads: reference mode ranks query heads)"
+                                               : " (n_kv_heads)");
     const std::size_t n = pooled[0].size();
     std::vector<double> gains(n, 0.0);
     std::vector<float> sorted;
@@ -144,6 +164,7 @@ class XkvLayerAllocator {
       for (std::size_t k = 0; k < n; ++k) gains[k] += sorted[k];
     }
     auto& s = layers_[static_cast<std::size_t>(layer)];
+    s.gains = gains;
     s.prefix.assign(n + 1, 0.0);
     for (std::size_t k = 0; k < n; ++k) s.prefix[k + 1] = s.prefix[k] + gains[k];
     s.observed = true;
@@ -177,6 +198,11 @@ class XkvLayerAllocator {
   /// Budget mode: `total` selected tokens (per KV head, windows excluded) over all
   /// layers, maximising the mean R. Stops early only when every candidate is taken.
   [[nodiscard]] Allocation allocate(long long total) const {
+    if (config_.reference) {
+      kvevict::detail::require(total >= 0, "XkvLayerAllocator::allocate: total = ", total,
+                               " tokens, expected >= 0");
+      return run_reference(total, std::nullopt);
+    }
     const long long floor_total = config_.min_tokens * static_cast<long long>(layers_.size());
     kvevict::detail::require(total >= floor_total, "XkvLayerAllocator::allocate: total = ", total,
                              " tokens, expected >= ", floor_total, " (", layers_.size(),
@@ -190,12 +216,13 @@ class XkvLayerAllocator {
     kvevict::detail::require(std::isfinite(target) && target > 0.0 && target <= 1.0,
                              "XkvLayerAllocator::allocate_for_retention: target = ", target,
                              ", expected in (0, 1]");
-    return run(-1, target);
+    return config_.reference ? run_reference(-1, target) : run(-1, target);
   }
 
  private:
   struct LayerStats {
     std::vector<double> prefix{0.0};  ///< prefix[k] = sum of the k largest layer gains
+    std::vector<double> gains;        ///< gains[k]: sum over heads of the (k+1)-th largest
     bool observed = false;
   };
   struct Candidate {
@@ -253,6 +280,78 @@ class XkvLayerAllocator {
         heap.push_back({gain(c.layer, n), c.layer});
         std::push_heap(heap.begin(), heap.end());
       }
+    }
+    a.mean_retention = mean_retention(a.tokens);
+    return a;
+  }
+
+  // Reference mode: K/V repeated to every query head, so each query head is ranked on its
+  // own pooled scores (the G-fold copy lives only for this call).
+  void observe_layer_repeated(int layer, std::size_t tokens, std::span<const float> keys,
+                              std::span<const float> queries) {
+    const auto d = static_cast<std::size_t>(geometry_.head_dim);
+    const auto H = static_cast<std::size_t>(geometry_.n_heads);
+    const auto Hkv = static_cast<std::size_t>(geometry_.n_kv_heads);
+    const auto G = static_cast<std::size_t>(geometry_.group());
+    std::vector<float> repeated(tokens * H * d);
+    for (std::size_t t = 0; t < tokens; ++t)
+      for (std::size_t h = 0; h < H; ++h)
+        std::copy_n(keys.data() + (t * Hkv + h / G) * d, d, repeated.data() + (t * H + h) * d);
+    std::vector<std::vector<float>> pooled(H);
+    for (std::size_t h = 0; h < H; ++h) {
+      PrefillView v{layer,
+                    static_cast<int>(h),
+                    geometry_.head_dim,
+                    1,
+                    geometry_.n_heads,
+                    geometry_.n_heads,
+                    tokens,
+                    Budget::kUnbounded,
+                    0,
+                    0,
+                    repeated.data(),
+                    queries.data()};
+      observation_scores(v, observation(), pooled[h]);
+    }
+    set_layer_scores(layer, pooled);
+  }
+
+  // The reference's wait list: every layer starts at 0 tokens, each step gives one token to
+  // the first layer with the largest gain; a layer past its candidates has gain 0.
+  Allocation run_reference(long long total, std::optional<double> target) const {
+    const int L = geometry_.n_layers;
+    for (int l = 0; l < L; ++l) (void)observed(l);
+    auto gain_at = [&](int l, long long n) {
+      const auto& s = layers_[static_cast<std::size_t>(l)];
+      const double mass = s.prefix.back();
+      if (mass <= 0.0 || n >= static_cast<long long>(s.gains.size())) return 0.0;
+      return s.gains[static_cast<std::size_t>(n)] / mass;
+    };
+    Allocation a;
+    a.tokens.assign(static_cast<std::size_t>(L), 0);
+    std::vector<Candidate> heap;
+    for (int l = 0; l < L; ++l) heap.push_back({gain_at(l, 0), l});
+    std::make_heap(heap.begin(), heap.end());
+    const double goal = target ? *target * L : 0.0;
+    double rsum = 0.0;
+    for (long long i = 0; target ? goal > rsum : i < total; ++i) {
+      std::pop_heap(heap.begin(), heap.end());
+      Candidate& c = heap.back();
+      if (!target && c.gain <= 0.0) {
+        // Every gain is 0: the reference hands each remaining token to the lowest layer,
+        // layer 0, one at a time; add them at once.
+        a.tokens[0] += total - i;
+        break;
+      }
+      kvevict::detail::require(!target || c.gain > 0.0,
+                               "XkvLayerAllocator::allocate_for_retention: target = ", *target,
+                               " is out of reach (mean R ", rsum / L,
+                               " with every candidate taken); the reference would not stop");
+      rsum += c.gain;
+      long long& n = a.tokens[static_cast<std::size_t>(c.layer)];
+      ++n;
+      c.gain = gain_at(c.layer, n);
+      std::push_heap(heap.begin(), heap.end());
     }
     a.mean_retention = mean_retention(a.tokens);
     return a;
@@ -325,6 +424,53 @@ inline std::vector<long long> pyramid_budgets(int n_layers, long long total,
   return b;
 }
 
+/// PyramidKV's own schedule, reference-exact (the reference code's PyramidKVCluster), as
+/// an option next to pyramid_budgets: tokens each layer selects besides its window, for a
+/// per-layer cache of `capacity` = C tokens (window included, as the reference's
+/// max_capacity_prompt), window W, a prompt of T tokens and integer beta. Three branches:
+///  - T < C: the prompt is kept whole (T - W selected tokens per layer, 0 if T <= W);
+///  - C <= T < 2(C - W): uniform, every layer selects C - W (no pyramid at all);
+///  - otherwise min = floor((C - W) / beta), max = 2(C - W) - min; if max >= T - W then
+///    max = T - W and min = 2(C - W) - max; steps = floor((max - min) / (L - 1)); layer l
+///    selects max - l * steps. The total may overshoot L (C - W) (integer steps).
+/// Needs L >= 2 (the reference divides by L - 1) and C > W; a negative layer budget (the
+/// reference's top-k would fail) throws kvevict::Error.
+inline std::vector<long long> pyramid_budgets_reference(int n_layers, long long capacity,
+                                                        long long window, long long tokens,
+                                                        long long beta = 20) {
+  kvevict::detail::require(n_layers >= 2, "pyramid_budgets_reference: n_layers = ", n_layers,
+                           ", expected >= 2 (the reference divides by n_layers - 1)");
+  kvevict::detail::require(window >= 0 && capacity > window,
+                           "pyramid_budgets_reference: capacity = ", capacity, ", window = ",
+                           window, ", expected 0 <= window < capacity");
+  kvevict::detail::require(tokens >= 0, "pyramid_budgets_reference: tokens = ", tokens,
+                           ", expected >= 0");
+  kvevict::detail::require(beta >= 1, "pyramid_budgets_reference: beta = ", beta,
+                           ", expected >= 1");
+  const auto L = static_cast<std::size_t>(n_layers);
+  const long long B = capacity - window;
+  if (tokens < capacity) return std::vector<long long>(L, std::max(tokens - window, 0LL));
+  if (tokens < 2 * B) return std::vector<long long>(L, B);
+  auto floor_div = [](long long a, long long b) {  // Python's //, b > 0
+    return a / b - ((a % b != 0 && a < 0) ? 1 : 0);
+  };
+  long long min_num = B / beta;
+  long long max_num = 2 * B - min_num;
+  if (max_num >= tokens - window) {
+    max_num = tokens - window;
+    min_num = 2 * B - max_num;
+  }
+  const long long steps = floor_div(max_num - min_num, n_layers - 1);
+  std::vector<long long> b(L);
+  for (std::size_t l = 0; l < L; ++l) {
+    b[l] = max_num - static_cast<long long>(l) * steps;
+    kvevict::detail::require(b[l] >= 0, "pyramid_budgets_reference: layer ", l, " gets ", b[l],
+                             " tokens (capacity ", capacity, ", window ", window, ", tokens ",
+                             tokens, ", beta ", beta, "), expected >= 0");
+  }
+  return b;
+}
+
 // --- calibration profiles ------------------------------------------------------------
 
 /// Per-layer selection sizes averaged over sample prompts, reused for later requests so
@@ -359,13 +505,13 @@ struct Profile {
   }
 
   [[nodiscard]] std::string to_text() const {
-    std::ostringstream os;
-    os << "# XKV per-layer budgets (arXiv 2412.05896), tokens per KV head, window excluded\n"
-       << kMagic << ' ' << kVersion << "\nlayers " << tokens.size() << "\nwindow " << window
-       << "\nsamples " << samples << "\ntokens";
-    for (long long t : tokens) os << ' ' << t;
-    os << "\nend\n";
-    return os.str();
+    std::string out = fmt::format(
+        "# XKV per-layer budgets (arXiv 2412.05896), tokens per KV head, window excluded\n"
+        "{} {}\nlayers {}\nwindow {}\nsamples {}\ntokens",
+        kMagic, kVersion, tokens.size(), window, samples);
+    for (long long t : tokens) fmt::format_to(std::back_inserter(out), " {}", t);
+    out += "\nend\n";
+    return out;
   }
 
   static Profile from_text(const std::string& text) {

@@ -1,0 +1,118 @@
+// Paged bookkeeping against the decode attention step it serves. One layer, Hkv 8, G 4,
+// head dim 128, 16-token blocks, 256 tokens of budget per (sequence, KV head) (every 16th
+// token evicts a block). Per decode token of one layer:
+//   tables_append    PagedTables::append (block table bookkeeping, eviction included)
+//   tables_observe   PagedTables::observe (the score update, per KV head)
+//   paged_attention  attention over the table: per KV head, G queries x 256 keys read
+//                    from the pool's blocks, softmax, weighted sum of values (float)
+//   pool_alloc_free  one BlockAllocator allocate + release, at two pool sizes (O(1))
+// Thread CPU time (Google Benchmark's CPU column); compare ratios within one run.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <kvevict/paged.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using kvevict::BlockLayout;
+using kvevict::Geometry;
+using kvevict::PagedKV;
+using kvevict::PoolConfig;
+using kvevict::SequenceBudget;
+
+constexpr int kHkv = 8, kG = 4, kD = 128;
+constexpr std::uint32_t kBlock = 16, kBudgetTokens = 256;
+const Geometry kGeo{1, kHkv * kG, kHkv, kD};
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+// A pool with one sequence at its budget (the steady state of a long decode).
+struct Fixture {
+  PagedKV<float> kv{PoolConfig{kGeo, kBlock, 4096, BlockLayout::per_kv_head}};
+  std::uint32_t id = kv.add_sequence(SequenceBudget::tokens(kBudgetTokens, kBlock, 1, 1));
+  std::vector<float> k = std::vector<float>(kHkv * kD), q = std::vector<float>(kHkv * kG * kD);
+  std::int64_t pos = 0;
+  Fixture() {
+    std::mt19937 gen(1);
+    std::normal_distribution<float> nd;
+    for (auto& x : k) x = nd(gen);
+    for (auto& x : q) x = nd(gen);
+    for (std::uint32_t t = 0; t < kBudgetTokens + 8; ++t) kv.append(id, 0, pos++, k, k);
+  }
+};
+
+void BM_tables_append(benchmark::State& st) {
+  Fixture f;
+  for (auto _ : st) benchmark::DoNotOptimize(f.kv.PagedTables::append(f.id, 0, f.pos++).size());
+}
+BENCHMARK(BM_tables_append);
+
+void BM_tables_observe(benchmark::State& st) {
+  Fixture f;
+  std::vector<float> probs(kG * f.kv.tokens(f.id, 0, 0), 1.0f / 256.0f);
+  for (auto _ : st)
+    for (int h = 0; h < kHkv; ++h) f.kv.observe(f.id, 0, h, probs);
+}
+BENCHMARK(BM_tables_observe);
+
+void BM_paged_attention(benchmark::State& st) {
+  Fixture f;
+  std::vector<float> scores, out(kG * kD);
+  const float scale = 1.0f / std::sqrt(float(kD));
+  for (auto _ : st) {
+    for (int h = 0; h < kHkv; ++h) {
+      const auto table = f.kv.table(f.id, 0, h);
+      const std::size_t n = f.kv.tokens(f.id, 0, h);
+      scores.resize(n);
+      for (int g = 0; g < kG; ++g) {
+        const float* qg = f.q.data() + (std::size_t(h) * kG + std::size_t(g)) * kD;
+        float mx = -INFINITY;
+        for (std::size_t i = 0; i < n; ++i) {
+          const float* kr = f.kv.key_block(table[i / kBlock]) + (i % kBlock) * kD;
+          float s = 0.0f;
+          for (int j = 0; j < kD; ++j) s += qg[j] * kr[j];
+          scores[i] = s * scale;
+          mx = std::max(mx, scores[i]);
+        }
+        float z = 0.0f;
+        for (std::size_t i = 0; i < n; ++i) z += scores[i] = std::exp(scores[i] - mx);
+        float* o = out.data() + std::size_t(g) * kD;
+        std::fill(o, o + kD, 0.0f);
+        for (std::size_t i = 0; i < n; ++i) {
+          const float* vr = f.kv.value_block(table[i / kBlock]) + (i % kBlock) * kD;
+          const float w = scores[i] / z;
+          for (int j = 0; j < kD; ++j) o[j] += w * vr[j];
+        }
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+}
+BENCHMARK(BM_paged_attention);
+
+void BM_pool_alloc_free(benchmark::State& st) {
+  kvevict::BlockAllocator pool(static_cast<std::uint32_t>(st.range(0)));
+  for (std::uint32_t i = 0; i + 1 < pool.total(); ++i) pool.allocate(0);  // nearly full
+  for (auto _ : st) pool.release(pool.allocate(1));
+}
+BENCHMARK(BM_pool_alloc_free)->Arg(1 << 10)->Arg(1 << 20);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::AddCustomContext("cpu_model", cpu_model());
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

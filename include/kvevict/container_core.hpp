@@ -1,0 +1,419 @@
+#pragma once
+// ContainerCore: what every memory layout of a cache shares, written once. A layout
+// (KVCache: dense rows it owns; IndexCache: engine-owned cells; paged layouts) decides
+// only where a row's K/V lives and how a row moves; the core keeps the per-(layer, KV
+// head) live-row bookkeeping (position and arrival index of each row, in the order the
+// policy sees them), the per-layer arrival clocks, and runs every flow that touches the
+// policy: validate -> choose victims -> reserve -> apply (swap-remove) -> on_append, the
+// prefill paths (prefill_keep selection, or token by token with causal attention for
+// policies that observe it), observe, and a budget shrink.
+//
+// The layout is the derived class (CRTP). Hooks it may define (defaults below are no-ops):
+//   rows_data(layer, kv_head) const -> RowsData   keys/values a policy reads (size rows)
+//   load_rows(layer, kv_head, incoming_key, incoming_value)
+//                                make rows_data() valid (IndexCache gathers engine rows);
+//                                with an incoming row appended when given
+//   reserve_rows(i, n)           allocate room for n rows of head i (exact)
+//   prepare_head(layer, kv_head, i, victims)   more allocation before anything changes
+//   prepare_step(layer, total_victims, max_rows)
+//   remove_row(layer, kv_head, i, r, last)     row r leaves, last row moves into r
+//                                              (called before the core moves pos/seq)
+//   push_row(layer, kv_head, i, row, position, seq, key, value, token)
+//                                the new token's row goes to `row` (before pos/seq push)
+//   keep_prompt_row / drop_prompt_row(layer, kv_head, i, row, t, key, value, position, seq)
+//   begin_prompt_head(layer, kv_head), prepare_prompt(layer, tokens, keep)
+//   attention_rows(layer, kv_head) -> const Scalar*   rows for prefill attention
+//   shrink_rows(i, cap)          release storage beyond cap after a budget shrink
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "attention_core.hpp"
+#include "bookkeeping.hpp"
+#include "errors.hpp"
+#include "geometry.hpp"
+#include "policy.hpp"
+
+namespace kvevict::detail {
+
+/// The live rows of one (layer, KV head), in the order the policy sees them. A layout's
+/// per-head storage derives from it and adds where the rows' K/V live.
+struct HeadRows {
+  std::vector<std::int64_t> pos;
+  std::vector<std::uint64_t> seq;
+  [[nodiscard]] std::size_t size() const { return pos.size(); }
+};
+
+/// Rows to allocate so `rows` fit when `have` are allocated (0: enough already). Grows
+/// geometrically but never past the capacity, so storage follows the budget.
+inline std::size_t grown_rows(std::size_t have, std::size_t rows, std::size_t cap) {
+  if (have >= rows) return 0;
+  const std::size_t grown = std::max<std::size_t>({rows, 16, have * 2});
+  return std::min(grown, std::max(cap, rows));
+}
+
+/// Keys and values a policy reads for one head (row-major, size x head_dim each).
+template <class Scalar>
+struct RowsData {
+  const Scalar* keys = nullptr;
+  const Scalar* values = nullptr;
+};
+
+template <class Layout, class Policy, class Scalar, class Head>
+class ContainerCore {
+ public:
+  [[nodiscard]] const Geometry& geometry() const { return shape_.geometry; }
+  [[nodiscard]] const CacheShape& shape() const { return shape_; }
+  [[nodiscard]] Policy& policy() { return policy_; }
+  [[nodiscard]] const Policy& policy() const { return policy_; }
+  [[nodiscard]] std::size_t size(int layer, int kv_head) const { return head(layer, kv_head).size(); }
+  [[nodiscard]] std::size_t capacity(int layer, int kv_head) const {
+    check_head(layer, kv_head);
+    return shape_.at(layer, kv_head);
+  }
+  /// Tokens appended to a layer so far (kept or not).
+  [[nodiscard]] std::uint64_t tokens_seen(int layer) const { return layer_state(layer).next_seq; }
+  [[nodiscard]] std::span<const std::int64_t> positions(int layer, int kv_head) const {
+    return head(layer, kv_head).pos;
+  }
+  [[nodiscard]] std::span<const std::uint64_t> seqs(int layer, int kv_head) const {
+    return head(layer, kv_head).seq;
+  }
+
+  /// Hands one step's attention probabilities of (layer, kv_head) to the policy:
+  /// group x size floats over the live rows, in row order. Ignored by policies that do
+  /// not declare Signals::attention.
+  void observe(int layer, int kv_head, std::span<const float> probs) {
+    const std::size_t n = head(layer, kv_head).size();
+    check_probs(shape_.geometry, probs, n);
+    if constexpr (has(Policy::signals, Signals::attention)) {
+      static_assert(HasObserve<Policy>,
+                    "EvictionPolicy declares Signals::attention but has no observe(AttentionView)");
+      policy_.observe(AttentionView{layer, kv_head, group(), n, probs.data()});
+    }
+  }
+
+ protected:
+  using LayerState = LayerClock;
+
+  ContainerCore(const Geometry& geometry, const Budget& budget, Policy policy)
+      : policy_(std::move(policy)) {
+    geometry.validate();
+    budget.validate(geometry);
+    shape_.geometry = geometry;
+    shape_.capacity = resolve_capacities(geometry, budget);
+    check_capacities(policy_, geometry, shape_.capacity);
+    heads_.resize(shape_.capacity.size());
+    layers_.resize(static_cast<std::size_t>(geometry.n_layers));
+    policy_.bind(shape_);
+  }
+
+  // --- default layout hooks ---------------------------------------------------------
+  void load_rows(int, int, const float*, const float*) {}
+  void reserve_rows(std::size_t, std::size_t) {}
+  void prepare_head(int, int, std::size_t, const std::vector<std::uint32_t>&) {}
+  void prepare_step(int, std::size_t, std::size_t) {}
+  void begin_prompt_head(int, int) {}
+  void prepare_prompt(int, std::size_t, const std::vector<std::vector<std::uint32_t>>&) {}
+  void shrink_rows(std::size_t, std::size_t) {}
+
+  Layout& self() { return static_cast<Layout&>(*this); }
+  const Layout& self() const { return static_cast<const Layout&>(*this); }
+
+  int group() const { return shape_.geometry.group(); }
+  std::size_t udim() const { return static_cast<std::size_t>(shape_.geometry.head_dim); }
+  std::size_t index(int layer, int kv_head) const { return head_index(shape_.geometry, layer, kv_head); }
+  void check_head(int layer, int kv_head) const { detail::check_head(shape_.geometry, layer, kv_head); }
+  const Head& head(int layer, int kv_head) const {
+    check_head(layer, kv_head);
+    return heads_[index(layer, kv_head)];
+  }
+  const LayerState& layer_state(int layer) const {
+    check_layer(shape_.geometry, layer);
+    return layers_[static_cast<std::size_t>(layer)];
+  }
+
+  // --- argument checks shared by every layout ------------------------------------------
+  /// The checks of one decode token that do not depend on where K/V lives. values: required
+  /// (n_kv_heads x head_dim) unless `values_optional`, then empty or that size.
+  void check_token(int layer, std::int64_t position, std::span<const float> keys,
+                   std::span<const float> values, std::span<const float> queries,
+                   bool values_optional) const {
+    const Geometry& g = shape_.geometry;
+    check_layer(g, layer);
+    check_token_rows(g, keys, "append: keys");
+    if (values_optional) {
+      const std::size_t kv = static_cast<std::size_t>(g.n_kv_heads) * udim();
+      require(values.empty() || values.size() == kv, "append: values has ", values.size(),
+              " floats, expected 0 or ", kv, " (n_kv_heads x head_dim)");
+    } else {
+      check_token_rows(g, values, "append: values");
+    }
+    check_queries<Policy>(g, queries, 1, "append");
+    check_position(layers_[static_cast<std::size_t>(layer)], layer, position);
+    check_finite(keys, "append: keys");
+    check_finite(values, "append: values");
+    check_finite(queries, "append: queries");
+  }
+  /// The checks of a prefill block that do not depend on where K/V lives (values: none, or
+  /// tokens x n_kv_heads x head_dim).
+  void check_block(int layer, std::int64_t first_position, std::size_t tokens,
+                   std::span<const float> keys, std::span<const float> values,
+                   std::span<const float> queries, bool with_values) const {
+    const Geometry& g = shape_.geometry;
+    check_layer(g, layer);
+    require(tokens > 0, "prefill: tokens = 0, expected > 0");
+    check_block_rows(g, keys, tokens, "prefill: keys");
+    if (with_values) check_block_rows(g, values, tokens, "prefill: values");
+    constexpr bool wants_queries = has(Policy::signals, Signals::query) ||
+                                   has(Policy::signals, Signals::attention) ||
+                                   has(Policy::signals, Signals::prefill_window);
+    check_queries<Policy>(g, queries, tokens, "prefill", wants_queries);
+    check_position(layers_[static_cast<std::size_t>(layer)], layer, first_position);
+    check_finite(keys, "prefill: keys");
+    if (with_values) check_finite(values, "prefill: values");
+    check_finite(queries, "prefill: queries");
+  }
+
+  // --- views ----------------------------------------------------------------------------
+  HeadView<Scalar> make_view(int layer, int kv_head, std::size_t size) const {
+    const auto& h = heads_[index(layer, kv_head)];
+    const RowsData<Scalar> rows = self().rows_data(layer, kv_head);
+    HeadView<Scalar> v;
+    v.layer = layer;
+    v.kv_head = kv_head;
+    v.head_dim = shape_.geometry.head_dim;
+    v.group = group();
+    v.size = size;
+    v.capacity = shape_.at(layer, kv_head);
+    v.keys = rows.keys;
+    v.values = rows.values;
+    v.positions = h.pos.data();
+    v.seqs = h.seq.data();
+    return v;
+  }
+  HeadView<Scalar> incoming_view(int layer, int kh, std::size_t size, std::int64_t position,
+                                 const float* keys, const float* queries) const {
+    HeadView<Scalar> view = make_view(layer, kh, size);
+    view.incoming_seq = layers_[static_cast<std::size_t>(layer)].next_seq;
+    view.incoming_position = position;
+    view.incoming_key = keys + static_cast<std::size_t>(kh) * udim();
+    if constexpr (has(Policy::signals, Signals::query))
+      view.queries = queries + static_cast<std::size_t>(kh * group()) * udim();
+    else
+      (void)queries;
+    return view;
+  }
+
+  /// Allocates room for `rows` live rows of head i (bookkeeping and the layout's storage).
+  void reserve_head(std::size_t i, std::size_t rows, std::size_t cap) {
+    auto& h = heads_[i];
+    const std::size_t n = grown_rows(h.pos.capacity(), rows, cap);
+    if (n == 0) return;
+    self().reserve_rows(i, n);
+    h.pos.reserve(n);
+    h.seq.reserve(n);
+  }
+
+  /// Swap-removes `victims` (validated, sorted descending) from (layer, kv_head).
+  void evict_victims(int layer, int kv_head, const std::vector<std::uint32_t>& victims) {
+    const std::size_t i = index(layer, kv_head);
+    auto& h = heads_[i];
+    for (std::uint32_t r : victims) {
+      const std::size_t last = h.size() - 1;
+      self().remove_row(layer, kv_head, i, r, last);
+      if (r != last) {
+        h.pos[r] = h.pos[last];
+        h.seq[r] = h.seq[last];
+        policy_.on_move(layer, kv_head, last, r);
+      }
+      h.pos.pop_back();
+      h.seq.pop_back();
+    }
+  }
+
+  // --- one decode token (validated) ----------------------------------------------------
+  /// `keys` (and `values`, may be null) are n_kv_heads x head_dim; `token` is the token's
+  /// index within a prefill block (0 for a decode step), passed to the layout.
+  void step(int layer, std::int64_t position, const float* keys, const float* values,
+            const float* queries, std::uint32_t token = 0) {
+    const Geometry& g = shape_.geometry;
+    auto& ls = layers_[static_cast<std::size_t>(layer)];
+    const std::size_t d = udim();
+    // Phase 1: every decision and allocation that may throw, before anything changes.
+    scratch_victims_.resize(static_cast<std::size_t>(g.n_kv_heads));
+    std::size_t total_victims = 0, max_rows = 0;
+    for (int kh = 0; kh < g.n_kv_heads; ++kh) {
+      auto& victims = scratch_victims_[static_cast<std::size_t>(kh)];
+      victims.clear();
+      const std::size_t i = index(layer, kh);
+      const std::size_t n = heads_[i].size();
+      const std::size_t cap = shape_.at(layer, kh);
+      const std::size_t limit = append_limit(policy_, cap, layer, kh);
+      if (n >= limit) {
+        self().load_rows(layer, kh, nullptr, nullptr);
+        HeadView<Scalar> view = incoming_view(layer, kh, n, position, keys, queries);
+        view.need = n - limit + 1;
+        policy_.choose_victims(view, victims);
+        validate_victims<Policy>(victims, view.size, view.need);
+        total_victims += victims.size();
+      }
+      reserve_head(i, n - victims.size() + 1, cap);
+      self().prepare_head(layer, kh, i, victims);
+      max_rows = std::max(max_rows, n + 1);
+    }
+    self().prepare_step(layer, total_victims, max_rows);
+    // Phase 2: apply; nothing below throws except the policy's own bookkeeping.
+    for (int kh = 0; kh < g.n_kv_heads; ++kh) {
+      const std::size_t i = index(layer, kh);
+      const float* kin = keys + static_cast<std::size_t>(kh) * d;
+      const float* vin = values ? values + static_cast<std::size_t>(kh) * d : nullptr;
+      self().load_rows(layer, kh, kin, vin);
+      evict_victims(layer, kh, scratch_victims_[static_cast<std::size_t>(kh)]);
+      auto& h = heads_[i];
+      const std::size_t row = h.size();
+      self().push_row(layer, kh, i, row, position, ls.next_seq, kin, vin, token);
+      h.pos.push_back(position);
+      h.seq.push_back(ls.next_seq);
+      HeadView<Scalar> view = incoming_view(layer, kh, row + 1, position, keys, queries);
+      policy_.on_append(view, row);
+    }
+    ++ls.next_seq;
+    ls.last_position = position;
+  }
+
+  // --- prefill (validated) ---------------------------------------------------------------
+  /// keys and values (values may be null) are tokens x n_kv_heads x head_dim.
+  void prefill_block(int layer, std::int64_t first_position, std::size_t tokens, const float* keys,
+                     const float* values, const float* queries) {
+    if constexpr (HasPrefillKeep<Policy>) {
+      if (layers_[static_cast<std::size_t>(layer)].next_seq == 0) {
+        prefill_select(layer, first_position, tokens, keys, values, queries);
+        return;
+      }
+    }
+    const std::size_t stride = static_cast<std::size_t>(shape_.geometry.n_kv_heads) * udim();
+    const std::size_t hq = static_cast<std::size_t>(shape_.geometry.n_heads) * udim();
+    std::vector<float> probs;
+    for (std::size_t t = 0; t < tokens; ++t) {
+      const float* qt = queries ? queries + t * hq : nullptr;
+      step(layer, first_position + static_cast<std::int64_t>(t), keys + t * stride,
+           values ? values + t * stride : nullptr, qt, static_cast<std::uint32_t>(t));
+      if constexpr (has(Policy::signals, Signals::attention)) {
+        for (int kh = 0; kh < shape_.geometry.n_kv_heads; ++kh) {
+          const std::size_t n = heads_[index(layer, kh)].size();
+          const Scalar* rows = self().attention_rows(layer, kh);
+          probs.resize(static_cast<std::size_t>(group()) * n);
+          group_probabilities(rows, n, udim(), qt + static_cast<std::size_t>(kh * group()) * udim(),
+                              group(), probs.data());
+          policy_.observe(AttentionView{layer, kh, group(), n, probs.data()});
+        }
+      }
+    }
+  }
+
+  /// prefill_keep on an empty layer: the policy selects from the whole block per head.
+  void prefill_select(int layer, std::int64_t first_position, std::size_t tokens,
+                      const float* keys, const float* values, const float* queries) {
+    const Geometry& g = shape_.geometry;
+    auto& ls = layers_[static_cast<std::size_t>(layer)];
+    std::vector<std::vector<std::uint32_t>> keep(static_cast<std::size_t>(g.n_kv_heads));
+    for (int kh = 0; kh < g.n_kv_heads; ++kh) {
+      PrefillView pv{layer, kh, g.head_dim, group(), g.n_kv_heads, g.n_heads, tokens,
+                     shape_.at(layer, kh), first_position, ls.next_seq, keys, queries};
+      auto& kp = keep[static_cast<std::size_t>(kh)];
+      policy_.prefill_keep(pv, kp);
+      validate_prefill_keep<Policy>(kp, tokens, pv.capacity);
+      reserve_head(index(layer, kh), kp.size(), pv.capacity);
+    }
+    self().prepare_prompt(layer, tokens, keep);
+    const std::size_t d = udim();
+    const std::size_t stride = static_cast<std::size_t>(g.n_kv_heads) * d;
+    for (int kh = 0; kh < g.n_kv_heads; ++kh) {
+      const std::size_t i = index(layer, kh);
+      auto& h = heads_[i];
+      const auto& kp = keep[static_cast<std::size_t>(kh)];
+      std::size_t next = 0;
+      self().begin_prompt_head(layer, kh);
+      for (std::size_t t = 0; t < tokens; ++t) {
+        const float* kin = keys + t * stride + static_cast<std::size_t>(kh) * d;
+        const float* vin = values ? values + t * stride + static_cast<std::size_t>(kh) * d : nullptr;
+        const auto pos = first_position + static_cast<std::int64_t>(t);
+        const std::uint64_t seq = ls.next_seq + t;
+        if (next < kp.size() && kp[next] == t) {
+          ++next;
+          const std::size_t row = h.size();
+          self().keep_prompt_row(layer, kh, i, row, t, kin, vin, pos, seq);
+          h.pos.push_back(pos);
+          h.seq.push_back(seq);
+          HeadView<Scalar> view = make_view(layer, kh, row + 1);
+          view.incoming_seq = seq;
+          view.incoming_position = pos;
+          view.incoming_key = kin;
+          policy_.on_append(view, row);
+        } else {
+          self().drop_prompt_row(layer, kh, i, t, kin, vin, pos, seq);
+        }
+      }
+    }
+    ls.next_seq += tokens;
+    ls.last_position = first_position + static_cast<std::int64_t>(tokens) - 1;
+  }
+
+  // --- budget ----------------------------------------------------------------------------
+  /// Changes the budget: heads above their new capacity evict through the policy (chosen
+  /// for every head before anything moves); storage beyond the new capacity is released.
+  void change_budget(const Budget& budget) {
+    budget.validate(shape_.geometry);
+    auto caps = resolve_capacities(shape_.geometry, budget);
+    check_capacities(policy_, shape_.geometry, caps);
+    std::vector<std::vector<std::uint32_t>> victims(heads_.size());
+    const Geometry& g = shape_.geometry;
+    for (int l = 0; l < g.n_layers; ++l)
+      for (int kh = 0; kh < g.n_kv_heads; ++kh) {
+        const std::size_t i = index(l, kh);
+        const std::size_t n = heads_[i].size();
+        if (n <= caps[i]) continue;
+        self().load_rows(l, kh, nullptr, nullptr);
+        HeadView<Scalar> view = make_view(l, kh, n);
+        view.capacity = caps[i];
+        view.need = n - caps[i];
+        view.incoming_seq = layers_[static_cast<std::size_t>(l)].next_seq;
+        policy_.choose_victims(view, victims[i]);
+        validate_victims<Policy>(victims[i], view.size, view.need);
+      }
+    shape_.capacity = std::move(caps);
+    for (int l = 0; l < g.n_layers; ++l)
+      for (int kh = 0; kh < g.n_kv_heads; ++kh) {
+        const std::size_t i = index(l, kh);
+        evict_victims(l, kh, victims[i]);
+        shrink_head(i, shape_.capacity[i]);
+      }
+  }
+
+  void shrink_head(std::size_t i, std::size_t cap) {
+    auto& h = heads_[i];
+    if (h.pos.capacity() <= cap) return;
+    self().shrink_rows(i, cap);
+    shrink_vector(h.pos, cap);
+    shrink_vector(h.seq, cap);
+  }
+  template <class V>
+  static void shrink_vector(V& vec, std::size_t n) {
+    V fresh;
+    fresh.reserve(n);
+    fresh.assign(vec.begin(), vec.end());
+    vec.swap(fresh);
+  }
+
+  CacheShape shape_;
+  Policy policy_;
+  std::vector<Head> heads_;
+  std::vector<LayerState> layers_;
+  std::vector<std::vector<std::uint32_t>> scratch_victims_;
+};
+
+}  // namespace kvevict::detail

@@ -1,0 +1,261 @@
+#pragma once
+// PagedCache<Policy, Scalar>: the paged per-head layout over the container core. One
+// sequence's K/V rows live in blocks drawn from a BlockPool shared by many sequences;
+// every policy runs through the same core as KVCache (token-level decisions per KV head),
+// and rows are kept dense over each head's block list: row r sits in block
+// table(l, h)[r / block_tokens] at slot r % block_tokens. An eviction copies the head's
+// last row into the hole (the compaction KVCache does), so every block is full but the
+// last, and a block is returned to the pool the moment it empties. A paged attention
+// kernel reads table(l, h) and pool.key_block(id) directly.
+//
+// Same rows as KVCache on the same stream, in the same order, bit for bit, at every block
+// size (the core makes the decisions; the layout only says where rows live).
+// The policy reads rows through HeadView as one contiguous matrix, so this layout gathers a
+// head's rows into a scratch buffer when a policy reads them (O(rows x head_dim) per
+// head and step, like IndexCache).
+#include <algorithm>
+#include <bit>
+#include <limits>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "container_core.hpp"
+#include "paged.hpp"
+
+namespace kvevict {
+
+/// Blocks of K/V rows of one KV head each ([block_tokens][head_dim] per block), shared by
+/// any number of PagedCache sequences. Not thread-safe: sequences sharing a pool run on
+/// one thread (or the engine serialises their appends).
+template <class Scalar = float>
+class BlockPool {
+ public:
+  BlockPool(std::uint32_t blocks, std::uint32_t block_tokens, int head_dim) {
+    PoolConfig cfg{Geometry{1, 1, 1, head_dim}, block_tokens, blocks, BlockLayout::per_kv_head};
+    cfg.validate();
+    block_tokens_ = block_tokens;
+    d_ = static_cast<std::size_t>(head_dim);
+    const std::size_t per_block = static_cast<std::size_t>(block_tokens) * d_;
+    detail::require(per_block <= std::numeric_limits<std::size_t>::max() / 2 / sizeof(Scalar) / blocks,
+                    "pool: ", blocks, " blocks of ", per_block, " values overflow size_t");
+    alloc_.reset(blocks);
+    k_.assign(per_block * blocks, Scalar(0.0f));
+    v_.assign(per_block * blocks, Scalar(0.0f));
+  }
+  [[nodiscard]] const BlockAllocator& allocator() const { return alloc_; }
+  [[nodiscard]] std::uint32_t block_tokens() const { return block_tokens_; }
+  [[nodiscard]] int head_dim() const { return static_cast<int>(d_); }
+  [[nodiscard]] const Scalar* key_block(std::uint32_t b) const { return k_.data() + offset(b); }
+  [[nodiscard]] const Scalar* value_block(std::uint32_t b) const { return v_.data() + offset(b); }
+
+  // For layouts (PagedCache): accounting and unchecked row access.
+  std::uint32_t allocate(std::uint32_t owner) { return alloc_.allocate(owner); }
+  void release(std::uint32_t block) { alloc_.release(block); }
+  Scalar* key_row(std::uint32_t b, std::size_t slot) { return k_.data() + (static_cast<std::size_t>(b) * block_tokens_ + slot) * d_; }
+  Scalar* value_row(std::uint32_t b, std::size_t slot) { return v_.data() + (static_cast<std::size_t>(b) * block_tokens_ + slot) * d_; }
+
+ private:
+  std::size_t offset(std::uint32_t b) const {
+    detail::require(b < alloc_.total(), "block = ", b, ", expected < ", alloc_.total());
+    return static_cast<std::size_t>(b) * block_tokens_ * d_;
+  }
+  BlockAllocator alloc_;
+  std::uint32_t block_tokens_ = 1;
+  std::size_t d_ = 1;
+  std::vector<Scalar> k_, v_;
+};
+
+namespace detail {
+/// PagedCache's per-head state: the head's blocks in row order.
+struct PagedHead : HeadRows {
+  std::vector<std::uint32_t> blocks;
+};
+}  // namespace detail
+
+template <class Policy, class Scalar = float>
+  requires EvictionPolicy<Policy, Scalar>
+class PagedCache
+    : public detail::ContainerCore<PagedCache<Policy, Scalar>, Policy, Scalar, detail::PagedHead> {
+  using Core = detail::ContainerCore<PagedCache, Policy, Scalar, detail::PagedHead>;
+  friend Core;
+
+ public:
+  using scalar_type = Scalar;
+  using policy_type = Policy;
+
+  /// A sequence over `pool` (which must outlive it), owner id `sequence` in the pool's
+  /// accounting. Takes no blocks until tokens arrive; returns all of them when destroyed.
+  PagedCache(const Geometry& geometry, const Budget& budget, BlockPool<Scalar>& pool,
+             std::uint32_t sequence, Policy policy = Policy{})
+      : Core(geometry, budget, std::move(policy)), pool_(&pool), owner_(sequence) {
+    detail::require(pool.head_dim() == geometry.head_dim, "PagedCache: pool head_dim = ",
+                    pool.head_dim(), ", expected ", geometry.head_dim, " (the geometry's)");
+    detail::require(sequence != BlockAllocator::kFree, "PagedCache: sequence = ", sequence,
+                    ", expected < ", BlockAllocator::kFree);
+    shift_ = static_cast<unsigned>(std::countr_zero(pool.block_tokens()));
+  }
+  PagedCache(const PagedCache&) = delete;
+  PagedCache& operator=(const PagedCache&) = delete;
+  ~PagedCache() { release(); }
+
+  /// Returns every block to the pool. The sequence is over: append and prefill throw
+  /// afterwards (the policy's per-row state is not reset).
+  void release() noexcept {
+    released_ = true;
+    for (auto& h : this->heads_) {
+      for (std::uint32_t b : h.blocks) pool_->release(b);
+      h.blocks.clear();
+      h.pos.clear();
+      h.seq.clear();
+    }
+  }
+
+  /// Block ids of (layer, kv_head) in row order: row r is in block r / block_tokens.
+  [[nodiscard]] std::span<const std::uint32_t> table(int layer, int kv_head) const {
+    return this->head(layer, kv_head).blocks;
+  }
+  [[nodiscard]] const BlockPool<Scalar>& pool() const { return *pool_; }
+  /// Blocks this sequence holds.
+  [[nodiscard]] std::size_t blocks_in_use() const {
+    std::size_t n = 0;
+    for (const auto& h : this->heads_) n += h.blocks.size();
+    return n;
+  }
+
+  /// As KVCache::append. Also throws kvevict::Error (nothing changed) when the pool has no
+  /// free block for a head that needs one.
+  void append(int layer, std::int64_t position, std::span<const float> keys,
+              std::span<const float> values, std::span<const float> queries = {}) {
+    check_live();
+    this->check_token(layer, position, keys, values, queries, false);
+    need_blocks_ = 0;
+    this->step(layer, position, keys.data(), values.data(), queries.empty() ? nullptr : queries.data());
+  }
+  /// As KVCache::prefill.
+  void prefill(int layer, std::int64_t first_position, std::size_t tokens,
+               std::span<const float> keys, std::span<const float> values,
+               std::span<const float> queries = {}) {
+    check_live();
+    this->check_block(layer, first_position, tokens, keys, values, queries, true);
+    need_blocks_ = 0;
+    this->prefill_block(layer, first_position, tokens, keys.data(), values.data(),
+                        queries.empty() ? nullptr : queries.data());
+  }
+
+ private:
+  void check_live() const {
+    detail::require(!released_, "PagedCache: sequence ", owner_,
+                    " was released, expected a live sequence");
+  }
+  std::uint32_t block_of(const detail::PagedHead& h, std::size_t row) const { return h.blocks[row >> shift_]; }
+  std::size_t slot_of(std::size_t row) const { return row & (pool_->block_tokens() - 1); }
+  std::size_t blocks_for(std::size_t rows) const { return (rows + pool_->block_tokens() - 1) >> shift_; }
+
+  // --- layout hooks (container_core.hpp) ------------------------------------------------
+  detail::RowsData<Scalar> rows_data(int, int) const { return {gather_k_.data(), gather_v_.data()}; }
+  // The head's rows (and the incoming one) as contiguous matrices for the policy.
+  void load_rows(int layer, int kh, const float* key, const float* value) {
+    const auto& h = this->heads_[this->index(layer, kh)];
+    const std::size_t d = this->udim(), n = h.size();
+    gather_k_.resize((n + 1) * d);
+    gather_v_.resize((n + 1) * d);
+    for (std::size_t r = 0; r < n; ++r) {
+      std::memcpy(gather_k_.data() + r * d, pool_->key_row(block_of(h, r), slot_of(r)), d * sizeof(Scalar));
+      std::memcpy(gather_v_.data() + r * d, pool_->value_row(block_of(h, r), slot_of(r)), d * sizeof(Scalar));
+    }
+    for (std::size_t j = 0; j < d; ++j) {
+      gather_k_[n * d + j] = key ? static_cast<Scalar>(key[j]) : Scalar(0.0f);
+      gather_v_[n * d + j] = value ? static_cast<Scalar>(value[j]) : Scalar(0.0f);
+    }
+  }
+  const Scalar* attention_rows(int layer, int kh) {
+    load_rows(layer, kh, nullptr, nullptr);
+    return gather_k_.data();
+  }
+  void reserve_rows(std::size_t i, std::size_t n) { this->heads_[i].blocks.reserve(blocks_for(n)); }
+  void prepare_head(int, int, std::size_t i, const std::vector<std::uint32_t>& victims) {
+    const auto& h = this->heads_[i];
+    const std::size_t after = blocks_for(h.size() - victims.size() + 1);
+    if (after > h.blocks.size()) need_blocks_ += after - h.blocks.size();
+  }
+  void prepare_step(int layer, std::size_t total_victims, std::size_t max_rows) {
+    (void)total_victims;
+    const std::size_t d = this->udim();
+    gather_k_.reserve(max_rows * d);
+    gather_v_.reserve(max_rows * d);
+    check_pool(layer);
+  }
+  // prefill_keep on an empty layer: every kept row needs room in new blocks.
+  void prepare_prompt(int layer, std::size_t, const std::vector<std::vector<std::uint32_t>>& keep) {
+    for (const auto& kp : keep) need_blocks_ += blocks_for(kp.size());
+    check_pool(layer);
+  }
+  void check_pool(int layer) {
+    const std::size_t free = pool_->allocator().free_blocks();
+    detail::require(need_blocks_ <= free, "append: pool exhausted: layer ", layer, " of sequence ",
+                    owner_, " needs ", need_blocks_, " new blocks, ", free, " of ",
+                    pool_->allocator().total(), " free");
+    need_blocks_ = 0;
+  }
+  void remove_row(int, int, std::size_t i, std::uint32_t r, std::size_t last) noexcept {
+    auto& h = this->heads_[i];
+    const std::size_t d = this->udim();
+    if (r != last) {
+      std::memcpy(pool_->key_row(block_of(h, r), slot_of(r)), pool_->key_row(block_of(h, last), slot_of(last)),
+                  d * sizeof(Scalar));
+      std::memcpy(pool_->value_row(block_of(h, r), slot_of(r)),
+                  pool_->value_row(block_of(h, last), slot_of(last)), d * sizeof(Scalar));
+      std::memcpy(gather_k_.data() + r * d, gather_k_.data() + last * d, d * sizeof(Scalar));
+      std::memcpy(gather_v_.data() + r * d, gather_v_.data() + last * d, d * sizeof(Scalar));
+    }
+    if (slot_of(last) == 0) {  // the last block held only the removed row: back to the pool
+      pool_->release(h.blocks.back());
+      h.blocks.pop_back();
+    }
+  }
+  void write_row(detail::PagedHead& h, std::size_t row, const float* key, const float* value) {
+    if (slot_of(row) == 0) h.blocks.push_back(pool_->allocate(owner_));  // checked in phase 1
+    Scalar* kr = pool_->key_row(h.blocks.back(), slot_of(row));
+    Scalar* vr = pool_->value_row(h.blocks.back(), slot_of(row));
+    for (std::size_t j = 0; j < this->udim(); ++j) {
+      kr[j] = static_cast<Scalar>(key[j]);
+      vr[j] = static_cast<Scalar>(value[j]);
+    }
+  }
+  void push_row(int, int, std::size_t i, std::size_t row, std::int64_t, std::uint64_t,
+                const float* key, const float* value, std::uint32_t) {
+    write_row(this->heads_[i], row, key, value);
+    // The gathered matrices now hold the survivors in row order, then the incoming row.
+    const std::size_t d = this->udim();
+    std::memmove(gather_k_.data() + row * d, gather_k_.data() + (gather_k_.size() - d), d * sizeof(Scalar));
+    std::memmove(gather_v_.data() + row * d, gather_v_.data() + (gather_v_.size() - d), d * sizeof(Scalar));
+    gather_k_.resize((row + 1) * d);
+    gather_v_.resize((row + 1) * d);
+  }
+  void begin_prompt_head(int, int) {
+    gather_k_.clear();
+    gather_v_.clear();
+  }
+  void keep_prompt_row(int, int, std::size_t i, std::size_t row, std::size_t, const float* key,
+                       const float* value, std::int64_t, std::uint64_t) {
+    write_row(this->heads_[i], row, key, value);
+    for (std::size_t j = 0; j < this->udim(); ++j) {
+      gather_k_.push_back(static_cast<Scalar>(key[j]));
+      gather_v_.push_back(static_cast<Scalar>(value[j]));
+    }
+  }
+  void drop_prompt_row(int, int, std::size_t, std::size_t, const float*, const float*, std::int64_t,
+                       std::uint64_t) {}
+
+  BlockPool<Scalar>* pool_;
+  std::uint32_t owner_;
+  unsigned shift_ = 0;
+  std::size_t need_blocks_ = 0;
+  bool released_ = false;
+  std::vector<Scalar> gather_k_, gather_v_;
+};
+
+}  // namespace kvevict

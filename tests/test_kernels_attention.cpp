@@ -1,0 +1,320 @@
+// The decode-attention kernel (kernels/attention_decode.hpp) against the Eigen reference it
+// replaced (detail::group_probabilities_reference + an Eigen p.V), at every ISA level this
+// CPU runs (pinned templates; CTest also reruns the binary with KVEVICT_ISA=scalar / avx2),
+// for fp32 / fp16 / bf16 rows, G = 1, 4, 8, n from 1 to 3001 (non-multiples of every vector
+// width) and d = 8, 20, 64, 128. Also: attend()'s strong guarantee, scale validation,
+// size_t geometry arithmetic, the workspace overload and decode_attention on raw rows.
+//
+// Tolerances are derived per case from the data, not picked: a float dot product of d terms
+// (any summation order) is within d*u*sum_j |q_j k_j| of the exact value (u = 2^-24), so two
+// implementations differ by at most twice that in each score, times the scale. A score error
+// e moves a softmax probability by a relative exp(2e)-1 (about 2e); exp itself (2 ulp here,
+// ~1 ulp in Eigen) and the normalisation add a few u. For the output, row i contributes
+// |dp_i| |v_ij| plus the float accumulation over n rows, at most n*u*sum_i p_i |v_ij| per
+// implementation.
+#include <catch2/catch.hpp>
+
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "support/test_support.hpp"
+
+using namespace kvevict;
+namespace kk = kvevict::kernels;
+using kk::Isa;
+using kk::KvFormat;
+using kvtest::Rng;
+
+namespace {
+
+constexpr double u = 1.0 / (1 << 24);
+
+std::vector<Isa> levels() {
+  std::vector<Isa> v{Isa::scalar};
+  if (kk::isa_supported(Isa::avx2)) v.push_back(Isa::avx2);
+  if (kk::isa_supported(Isa::avx512)) v.push_back(Isa::avx512);
+  return v;
+}
+
+template <class F>
+auto at(Isa isa, F&& f) {
+  switch (isa) {
+    case Isa::avx512: return f(std::integral_constant<Isa, Isa::avx512>{});
+    case Isa::avx2: return f(std::integral_constant<Isa, Isa::avx2>{});
+    default: return f(std::integral_constant<Isa, Isa::scalar>{});
+  }
+}
+
+template <class S>
+std::vector<S> convert(const std::vector<float>& x) {
+  std::vector<S> y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = static_cast<S>(x[i]);
+  return y;
+}
+
+template <class S>
+double wide(S x) {
+  return static_cast<double>(static_cast<float>(x));
+}
+
+struct Case {
+  std::size_t G, n, d;
+  float qscale;  // query magnitude: 1 gives scores ~ N(0, 1); 12 gives a peaked softmax
+};
+
+/// Runs one case at one level and checks it against the Eigen reference.
+template <Isa I, class S>
+void check_case(const Case& c, Rng& rng) {
+  const std::size_t G = c.G, n = c.n, d = c.d;
+  // Rows with a stride larger than d (an engine's interleaved heads), padding filled with junk.
+  const std::size_t stride = d + 3;
+  const auto kf = rng.normals(n * stride), vf = rng.normals(n * stride);
+  const auto q = rng.normals(G * d, c.qscale);
+  const auto K = convert<S>(kf), V = convert<S>(vf);
+  std::vector<S> Kd(n * d), Vd(n * d);  // dense copies for the reference
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < d; ++j) {
+      Kd[i * d + j] = K[i * stride + j];
+      Vd[i * d + j] = V[i * stride + j];
+    }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  constexpr KvFormat fmt = detail::kv_format_of<S>();
+
+  std::vector<float> p(G * n, -1.0f), out(G * (d + 1), -7.0f);
+  REQUIRE(kk::attention_probs<I>(q.data(), d, G, K.data(), stride, fmt, n, d, scale, p.data()));
+  kk::attention_output<I>(p.data(), G, V.data(), stride, fmt, n, d, out.data(), d + 1);
+
+  std::vector<float> pr(G * n);
+  detail::group_probabilities_reference(Kd.data(), n, d, q.data(), int(G), pr.data(), scale);
+  using M = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const M orf = Eigen::Map<const M>(pr.data(), Eigen::Index(G), Eigen::Index(n)) *
+                Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+                    Vd.data(), Eigen::Index(n), Eigen::Index(d))
+                    .template cast<float>();
+
+  for (std::size_t g = 0; g < G; ++g) {
+    // Per-row score error bound, and the probability bound it implies.
+    double worst_s = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      double a = 0;
+      for (std::size_t j = 0; j < d; ++j) a += std::abs(double(q[g * d + j]) * wide(Kd[i * d + j]));
+      worst_s = std::max(worst_s, 2.0 * double(d) * u * a * double(scale));
+    }
+    const double prel = std::expm1(2.0 * worst_s) + 16.0 * u;
+    double sum = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double got = p[g * n + i], ref = pr[g * n + i];
+      sum += got;
+      const double tol = prel * ref + 2e-38;  // 2e-38: AVX2's exp flushes below FLT_MIN
+      if (!(std::abs(got - ref) <= tol)) {
+        INFO("g " << g << " row " << i << " kernel " << got << " reference " << ref << " tol " << tol);
+        REQUIRE(std::abs(got - ref) <= tol);
+      }
+    }
+    // The kernel's own probabilities sum to 1 up to the float normalisation.
+    REQUIRE(std::abs(sum - 1.0) <= double(n + 4) * u);
+    for (std::size_t j = 0; j < d; ++j) {
+      double tol = 0;
+      for (std::size_t i = 0; i < n; ++i)
+        tol += (prel * pr[g * n + i] + 2e-38 + 2.0 * double(n) * u * pr[g * n + i]) *
+               std::abs(wide(Vd[i * d + j]));
+      tol += 1e-30;
+      const double got = out[g * (d + 1) + j], ref = orf(Eigen::Index(g), Eigen::Index(j));
+      if (!(std::abs(got - ref) <= tol)) {
+        INFO("g " << g << " col " << j << " kernel " << got << " reference " << ref << " tol " << tol);
+        REQUIRE(std::abs(got - ref) <= tol);
+      }
+    }
+    REQUIRE(out[g * (d + 1) + d] == -7.0f);  // the stride padding of out is not written
+  }
+}
+
+}  // namespace
+
+TEST_CASE("attention kernel matches the Eigen reference at every level, format and shape",
+          "[kernels][attention]") {
+  for (const Isa isa : levels())
+    for (const std::size_t G : {1, 4, 8})
+      for (const std::size_t d : {8, 20, 64, 128})
+        for (const std::size_t n : {1, 2, 3, 7, 16, 17, 33, 100, 1000, 3001}) {
+          if (n > 1000 && G == 8 && d != 128) continue;  // keep the binary fast
+          const float qs = (n % 2) ? 12.0f : 1.0f;        // peaked softmax on odd n
+          INFO("isa " << kk::isa_name(isa) << " G " << G << " d " << d << " n " << n << " qscale " << qs);
+          Rng rng(G * 100003 + d * 1009 + n);
+          const Case c{G, n, d, qs};
+          at(isa, [&](auto I) {
+            check_case<decltype(I)::value, float>(c, rng);
+            check_case<decltype(I)::value, Eigen::half>(c, rng);
+            check_case<decltype(I)::value, Eigen::bfloat16>(c, rng);
+          });
+        }
+}
+
+TEST_CASE("attention kernel reports non-finite scores at every level", "[kernels][attention]") {
+  const std::size_t d = 24, n = 37;
+  for (const Isa isa : levels())
+    for (const std::size_t bad_row : {std::size_t(0), std::size_t(17), n - 1}) {
+      INFO("isa " << kk::isa_name(isa) << " row " << bad_row);
+      std::vector<float> k(n * d, 0.5f), q(4 * d, 1.0f), p(4 * n);
+      k[bad_row * d + 5] = 3e38f;  // finite key, but q.k = 3e38 + ... overflows
+      k[bad_row * d + 6] = 3e38f;
+      const bool ok = at(isa, [&](auto I) {
+        return kk::attention_probs<decltype(I)::value>(q.data(), d, 4, k.data(), d, KvFormat::f32,
+                                                       n, d, 1.0f, p.data());
+      });
+      CHECK_FALSE(ok);
+    }
+}
+
+TEST_CASE("attend: every head is computed and checked before any policy observes",
+          "[attention]") {
+  // KV head 0 is ordinary, KV head 1 overflows: attend must throw with H2O's scores of
+  // head 0 untouched (before the fix head 0 was observed first).
+  const Geometry g{1, 4, 2, 16};
+  KVCache<policies::H2O> cache(g, Budget::unbounded(), policies::H2O({4, 0}));
+  Rng rng(5);
+  for (int t = 0; t < 9; ++t) {
+    auto k = rng.normals(32);
+    if (t == 4)
+      for (int j = 16; j < 32; ++j) k[std::size_t(j)] = 2e38f;
+    cache.append(0, t, k, rng.normals(32));
+  }
+  std::vector<float> q(64, 0.1f);
+  for (int j = 32; j < 64; ++j) q[std::size_t(j)] = 100.0f;  // head 1's queries
+  const auto before0 = cache.policy().scores(0, 0);
+  const auto before1 = cache.policy().scores(0, 1);
+  REQUIRE_THROWS_AS(attend(cache, 0, q), Error);
+  REQUIRE_THROWS_WITH(attend(cache, 0, q), Catch::Contains("KV head 1"));
+  CHECK(cache.policy().scores(0, 0) == before0);
+  CHECK(cache.policy().scores(0, 1) == before1);
+  AttendWorkspace ws;
+  std::vector<float> out(64);
+  REQUIRE_THROWS_AS(attend(cache, 0, q, out, ws), Error);
+  CHECK(cache.policy().scores(0, 0) == before0);
+  // The same step without the overflowing head 1 query is fine and observed.
+  for (int j = 32; j < 64; ++j) q[std::size_t(j)] = 0.0f;
+  attend(cache, 0, q);
+  CHECK(cache.policy().scores(0, 0) != before0);
+}
+
+TEST_CASE("attend and decode_attention validate the scale", "[attention]") {
+  const Geometry g{1, 2, 1, 8};
+  KVCache<policies::H2O> cache(g, Budget::unbounded(), policies::H2O({2, 0}));
+  Rng rng(6);
+  for (int t = 0; t < 5; ++t) cache.append(0, t, rng.normals(8), rng.normals(8));
+  const auto q = rng.normals(16);
+  const auto before = cache.policy().scores(0, 0);
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), INFINITY, -INFINITY, -0.5f}) {
+    INFO("scale " << bad);
+    REQUIRE_THROWS_WITH(attend(cache, 0, q, AttendOptions{false, bad}), Catch::Contains("scale"));
+    REQUIRE_THROWS_AS(attend(cache, 0, q, AttendOptions{true, bad}), Error);
+    std::vector<float> out(16), p(10);
+    const auto k = cache.keys(0, 0);
+    const auto v = cache.values(0, 0);
+    REQUIRE_THROWS_WITH(decode_attention(q.data(), 2, k.data(), 8, v.data(), 8, 5, 8, bad,
+                                         out.data(), p.data()),
+                        Catch::Contains("scale"));
+  }
+  CHECK(cache.policy().scores(0, 0) == before);
+  // 0 means 1/sqrt(d); an explicit equal scale gives the same bits.
+  const auto a = attend(cache, 0, q, AttendOptions{false, 0.0f});
+  const auto b = attend(cache, 0, q, AttendOptions{false, 1.0f / std::sqrt(8.0f)});
+  CHECK(a.out == b.out);
+}
+
+TEST_CASE("attend computes n_heads x head_dim in size_t", "[attention]") {
+  // 32768 x 65536 = 2^31 does not fit an int.
+  const Geometry g{1, 32768, 1, 65536};
+  try {
+    KVCache<policies::FullCache> cache(g, Budget::uniform(1));
+    const std::vector<float> q(16, 0.0f);
+    REQUIRE_THROWS_WITH(attend(cache, 0, q), Catch::Contains("2147483648"));
+  } catch (const Error& e) {
+    // A geometry bound at construction is an equally valid answer; the message names it.
+    SUCCEED(std::string("rejected at construction: ") + e.what());
+  }
+}
+
+TEST_CASE("attend's workspace overload and decode_attention on raw rows agree with attend",
+          "[attention]") {
+  const Geometry g{2, 8, 2, 64};
+  KVCache<policies::H2O, Eigen::half> a(g, Budget::uniform(40), policies::H2O({4, 4}));
+  KVCache<policies::H2O, Eigen::half> b(g, Budget::uniform(40), policies::H2O({4, 4}));
+  Rng rng(8);
+  AttendWorkspace ws;
+  std::vector<float> out(8 * 64);
+  const float* first_block = nullptr;
+  for (int t = 0; t < 60; ++t)
+    for (int l = 0; l < 2; ++l) {
+      const auto k = rng.normals(128), v = rng.normals(128), q = rng.normals(512);
+      a.append(l, t, k, v);
+      b.append(l, t, k, v);
+      const auto r = attend(a, l, q);
+      attend(b, l, q, out, ws);
+      for (int kh = 0; kh < 2; ++kh) {
+        const auto p = ws.probs(kh);
+        REQUIRE(p.size() == std::size_t(r.probs[std::size_t(kh)].size()));
+        REQUIRE(std::equal(p.begin(), p.end(), r.probs[std::size_t(kh)].data()));
+      }
+      REQUIRE(std::equal(out.begin(), out.end(), r.out.data()));
+      REQUIRE(a.policy().scores(l, 1) == b.policy().scores(l, 1));
+      // The engine-side entry point on the cache's rows gives the same bits.
+      std::vector<float> o2(4 * 64), p2;
+      AttendWorkspace ws2;
+      const auto kk1 = a.keys(l, 1);
+      const auto vv1 = a.values(l, 1);
+      decode_attention(q.data() + 4 * 64, 4, kk1.data(), 64, vv1.data(), 64,
+                       std::size_t(kk1.rows()), 64, 0.0f, o2.data(), ws2);
+      REQUIRE(std::equal(o2.begin(), o2.end(), r.out.data() + 4 * 64));
+      REQUIRE(std::equal(ws2.probs(0).begin(), ws2.probs(0).end(), r.probs[1].data()));
+      // Once the budget is full the workspace stops growing: no allocation per step.
+      if (t == 45 && l == 0) first_block = ws.probs(0).data();
+      if (t > 45 && l == 0) REQUIRE(ws.probs(0).data() == first_block);
+    }
+}
+
+TEST_CASE("decode_attention rejects bad arguments with a message naming them", "[attention]") {
+  std::vector<float> q(8, 1.0f), k(16, 1.0f), v(16, 1.0f), out(8), p(2);
+  REQUIRE_THROWS_WITH(decode_attention(q.data(), 0, k.data(), 8, v.data(), 8, 2, 8, 0.0f,
+                                       out.data(), p.data()),
+                      Catch::Contains("group = 0"));
+  REQUIRE_THROWS_WITH(decode_attention(q.data(), 1, k.data(), 4, v.data(), 8, 2, 8, 0.0f,
+                                       out.data(), p.data()),
+                      Catch::Contains("key_stride = 4"));
+  REQUIRE_THROWS_WITH(decode_attention(q.data(), 1, static_cast<const float*>(nullptr), 8,
+                                       v.data(), 8, 2, 8, 0.0f, out.data(), p.data()),
+                      Catch::Contains("null"));
+  REQUIRE_THROWS_WITH(decode_attention(q.data(), 1, k.data(), 8, v.data(), 8, 2, 8, 0.0f,
+                                       out.data(), static_cast<float*>(nullptr)),
+                      Catch::Contains("probs is null"));
+  q[3] = std::numeric_limits<float>::quiet_NaN();
+  REQUIRE_THROWS_WITH(decode_attention(q.data(), 1, k.data(), 8, v.data(), 8, 2, 8, 0.0f,
+                                       out.data(), p.data()),
+                      Catch::Contains("queries[3]"));
+  // n = 0: zeros out, no probabilities needed.
+  q[3] = 1.0f;
+  decode_attention(q.data(), 1, k.data(), 8, v.data(), 8, 0, 8, 0.0f, out.data(),
+                   static_cast<float*>(nullptr));
+  for (float x : out) CHECK(x == 0.0f);
+}
+
+TEST_CASE("attend over Oracle still restricts attention to its limit", "[attention]") {
+  const Geometry g{1, 4, 1, 32};
+  KVCache<policies::Oracle> cache(g, Budget::unbounded(), policies::Oracle{5});
+  Rng rng(9);
+  for (int t = 0; t < 30; ++t) cache.append(0, t, rng.normals(32), rng.normals(32));
+  const auto q = rng.normals(128, 3.0f);
+  const auto r = attend(cache, 0, q);
+  const auto ref = detail::attend_reference(cache, 0, q);
+  int nonzero = 0;
+  for (int i = 0; i < 30; ++i) nonzero += r.probs[0].col(i).sum() > 0.0f;
+  CHECK(nonzero == 5);
+  for (int gq = 0; gq < 4; ++gq) {
+    CHECK(r.probs[0].row(gq).sum() == Approx(1.0f).margin(1e-5));
+    for (int i = 0; i < 30; ++i)
+      CHECK((r.probs[0](gq, i) > 0.0f) == (ref.probs[0](gq, i) > 0.0f));
+  }
+  CHECK((r.out - ref.out).cwiseAbs().maxCoeff() < 1e-5f);
+}

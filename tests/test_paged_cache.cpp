@@ -1,0 +1,183 @@
+// PagedCache: the paged per-head layout over the container core. On the same stream it
+// must keep exactly KVCache's rows (positions, arrival indices, K/V bit for bit, same row
+// order) at every block size, several sequences sharing one pool; blocks in use follow
+// the rows (ceil(rows / block_tokens) per head) and go back to the pool at once.
+#include <kvevict/paged_cache.hpp>
+
+#include "support/test_support.hpp"
+
+namespace {
+
+using kvevict::BlockPool;
+using kvevict::Budget;
+using kvevict::Geometry;
+using kvevict::KVCache;
+using kvevict::PagedCache;
+namespace pol = kvevict::policies;
+
+template <class S, class Policy>
+void check_same(const KVCache<Policy, S>& c, const PagedCache<Policy, S>& p, int l) {
+  const auto& g = c.geometry();
+  const std::size_t B = p.pool().block_tokens();
+  const auto d = static_cast<std::size_t>(g.head_dim);
+  for (int h = 0; h < g.n_kv_heads; ++h) {
+    INFO("layer " << l << " head " << h);
+    const auto pc = c.positions(l, h), pp = p.positions(l, h);
+    REQUIRE(std::vector<std::int64_t>(pc.begin(), pc.end()) == std::vector<std::int64_t>(pp.begin(), pp.end()));
+    const auto sc = c.seqs(l, h), sp = p.seqs(l, h);
+    REQUIRE(std::equal(sc.begin(), sc.end(), sp.begin(), sp.end()));
+    const auto table = p.table(l, h);
+    REQUIRE(table.size() == (pc.size() + B - 1) / B);
+    const auto K = c.keys(l, h), V = c.values(l, h);
+    std::size_t diff = 0;
+    for (std::size_t r = 0; r < pc.size(); ++r) {
+      const S* kr = p.pool().key_block(table[r / B]) + (r % B) * d;
+      const S* vr = p.pool().value_block(table[r / B]) + (r % B) * d;
+      for (std::size_t j = 0; j < d; ++j) {
+        const S kc = K(Eigen::Index(r), Eigen::Index(j)), vc = V(Eigen::Index(r), Eigen::Index(j));
+        diff += std::memcmp(&kr[j], &kc, sizeof(S)) != 0;
+        diff += std::memcmp(&vr[j], &vc, sizeof(S)) != 0;
+      }
+    }
+    REQUIRE(diff == 0);
+  }
+}
+
+// Two sequences share one pool; each is compared with its own KVCache.
+template <class S, class Policy>
+void run_same(Policy policy, Budget budget, std::uint32_t block_tokens, std::uint64_t seed, bool with_prefill) {
+  const Geometry g{2, 4, 2, 8};
+  const std::size_t kv = std::size_t(g.n_kv_heads * g.head_dim), qn = std::size_t(g.n_heads * g.head_dim);
+  BlockPool<S> pool(4096, block_tokens, g.head_dim);
+  for (std::uint32_t s = 0; s < 2; ++s) {
+    KVCache<Policy, S> cache(g, budget, policy);
+    {
+      PagedCache<Policy, S> paged(g, budget, pool, s, policy);
+      kvtest::Rng rng(seed + s);
+      std::int64_t pos = 0;
+      if (with_prefill) {
+        const std::size_t T = 25;
+        for (int l = 0; l < g.n_layers; ++l) {
+          auto k = rng.normals(T * kv), v = rng.normals(T * kv), q = rng.normals(T * qn);
+          cache.prefill(l, 0, T, k, v, q);
+          paged.prefill(l, 0, T, k, v, q);
+          check_same(cache, paged, l);
+        }
+        pos = 25;
+      }
+      for (int t = 0; t < 70; ++t, ++pos)
+        for (int l = 0; l < g.n_layers; ++l) {
+          auto k = rng.normals(kv, 1.0f + float(t % 5)), v = rng.normals(kv), q = rng.normals(qn);
+          cache.append(l, pos, k, v, q);
+          paged.append(l, pos, k, v, q);
+          check_same(cache, paged, l);
+          if constexpr (has(Policy::signals, kvevict::Signals::attention)) {
+            kvevict::attend(cache, l, q);
+            // The same probabilities from the paged rows, handed to the paged sequence.
+            for (int h = 0; h < g.n_kv_heads; ++h) {
+              const auto K = cache.keys(l, h);
+              std::vector<float> p(std::size_t(g.group()) * std::size_t(K.rows()));
+              kvevict::detail::group_probabilities(K.data(), std::size_t(K.rows()), std::size_t(g.head_dim),
+                                                   q.data() + std::size_t(h * g.group() * g.head_dim),
+                                                   g.group(), p.data());
+              paged.observe(l, h, p);
+            }
+          }
+        }
+      std::size_t rows = 0;
+      for (int l = 0; l < g.n_layers; ++l)
+        for (int h = 0; h < g.n_kv_heads; ++h) rows += (cache.size(l, h) + block_tokens - 1) / block_tokens;
+      REQUIRE(paged.blocks_in_use() == rows);
+      REQUIRE(pool.allocator().in_use() == rows);
+    }
+    REQUIRE(pool.allocator().in_use() == 0);  // the destructor returned every block
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("PagedCache keeps exactly KVCache's rows at every block size", "[paged]", float,
+                   Eigen::half) {
+  using S = TestType;
+  const bool prefill = GENERATE(false, true);
+  const std::uint32_t bt = GENERATE(1u, 4u, 16u);
+  CAPTURE(prefill, bt);
+  SECTION("StreamingLLM") { run_same<S>(pol::StreamingLLM{2}, Budget::uniform(9), bt, 1, prefill); }
+  SECTION("H2O") { run_same<S>(pol::H2O(pol::H2O::Config{3, 1}), Budget::uniform(10), bt, 2, prefill); }
+  SECTION("KNorm") { run_same<S>(pol::KNorm(pol::KNorm::Config{1, 2}), Budget::uniform(8), bt, 3, prefill); }
+  SECTION("DecayedAttention") {
+    run_same<S>(pol::DecayedAttention(pol::DecayedAttention::Config{.sinks = 1, .recent = 2}),
+                Budget::uniform(12), bt, 4, prefill);
+  }
+  SECTION("SnapKV") {
+    run_same<S>(pol::SnapKV(pol::SnapKV::Config{.window = 4, .kernel = 3}), Budget::per_layer({17, 21}), bt, 5, prefill);
+  }
+  SECTION("per-head budget") {
+    run_same<S>(pol::KNorm(pol::KNorm::Config{0, 1}), Budget::per_head({{4, 9}, {12, 5}}), bt, 6, prefill);
+  }
+}
+
+TEST_CASE("PagedCache: an exhausted pool is a kvevict::Error and nothing changes", "[paged]") {
+  const Geometry g{1, 2, 2, 4};
+  BlockPool<float> pool(3, 2, 4);
+  PagedCache<pol::StreamingLLM> a(g, Budget::uniform(8), pool, 0, pol::StreamingLLM{1});
+  kvtest::Rng rng(5);
+  for (int t = 0; t < 2; ++t) a.append(0, t, rng.normals(8), rng.normals(8));  // one block per head
+  REQUIRE(pool.allocator().in_use() == 2);
+  // The third token needs a second block for each KV head; one is free.
+  REQUIRE_THROWS_WITH(a.append(0, 2, rng.normals(8), rng.normals(8)),
+                      Catch::Contains("pool exhausted") && Catch::Contains("needs 2 new blocks, 1 of 3 free"));
+  REQUIRE(pool.allocator().in_use() == 2);
+  REQUIRE(a.size(0, 0) == 2);
+  REQUIRE(a.tokens_seen(0) == 2);
+  {
+    PagedCache<pol::StreamingLLM> b(g, Budget::uniform(8), pool, 1, pol::StreamingLLM{1});
+    REQUIRE_THROWS_WITH(b.append(0, 0, rng.normals(8), rng.normals(8)), Catch::Contains("sequence 1"));
+    REQUIRE(pool.allocator().in_use() == 2);
+  }
+  a.release();
+  REQUIRE(pool.allocator().in_use() == 0);
+  REQUIRE(a.size(0, 1) == 0);
+  REQUIRE_THROWS_WITH(a.append(0, 9, rng.normals(8), rng.normals(8)), Catch::Contains("sequence 0 was released"));
+  REQUIRE(pool.allocator().in_use() == 0);
+  REQUIRE_THROWS_WITH(BlockPool<float>(4, 6, 4), Catch::Contains("block_tokens = 6"));
+  REQUIRE_THROWS_WITH(PagedCache<pol::StreamingLLM>(Geometry{1, 2, 2, 8}, Budget::uniform(8), pool, 0),
+                      Catch::Contains("pool head_dim = 4"));
+}
+
+TEST_CASE("PagedCache: a prompt prefilled in chunks never needs more blocks than its budget", "[paged]") {
+  // The pool holds exactly the blocks the budget needs (layers x KV heads x ceil(cap / B)):
+  // any transient overshoot while a chunk is selected would throw "pool exhausted".
+  const Geometry g{2, 4, 2, 8};
+  const std::size_t kv = std::size_t(g.n_kv_heads * g.head_dim), qn = std::size_t(g.n_heads * g.head_dim);
+  const std::uint32_t bt = GENERATE(1u, 4u, 16u);
+  const std::size_t chunk = GENERATE(std::size_t{7}, std::size_t{32});
+  CAPTURE(bt, chunk);
+  const long long cap = 48;
+  const auto blocks = std::uint32_t(g.n_layers * g.n_kv_heads) * std::uint32_t((cap + bt - 1) / bt);
+  auto run = [&](auto policy) {
+    using P = decltype(policy);
+    BlockPool<float> pool(blocks, bt, g.head_dim);
+    PagedCache<P> paged(g, Budget::uniform(cap), pool, 0, policy);
+    KVCache<P> cache(g, Budget::uniform(cap), policy);
+    kvtest::Rng rng(11);
+    for (std::size_t first = 0; first < 200; first += chunk) {
+      const std::size_t T = std::min(chunk, 200 - first);
+      for (int l = 0; l < g.n_layers; ++l) {
+        auto k = rng.normals(T * kv), v = rng.normals(T * kv), q = rng.normals(T * qn);
+        paged.prefill(l, std::int64_t(first), T, k, v, q);
+        cache.prefill(l, std::int64_t(first), T, k, v, q);
+        for (int h = 0; h < g.n_kv_heads; ++h) {
+          REQUIRE(paged.size(l, h) <= std::size_t(cap));
+          const auto pp = paged.positions(l, h), pc = cache.positions(l, h);
+          REQUIRE(std::equal(pp.begin(), pp.end(), pc.begin(), pc.end()));
+        }
+      }
+      REQUIRE(pool.allocator().in_use() <= blocks);
+    }
+    REQUIRE(paged.size(0, 0) == std::size_t(cap));
+  };
+  run(pol::H2O(pol::H2O::Config{4, 1}));
+  run(pol::DecayedAttention::recommended());
+  run(pol::SnapKV(pol::SnapKV::Config{.window = 4, .kernel = 3}));
+}
