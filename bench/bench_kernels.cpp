@@ -373,6 +373,30 @@ void register_simhash() {
     set_counters(st, n, 128 * 4);
   });
   r->Arg(1 << 10)->Arg(1 << 15);
+  // One vector at a time (what a decode step hashes): the dispatched FMA path against the
+  // reference Eigen product it replaced (reference_one), 128-d to 16 and 64 bits.
+  for (int bits : {16, 64})
+    for (bool fast : {true, false}) {
+      const std::string name = "simhash_one/d128_b" + std::to_string(bits) +
+                               (fast ? "/kvevict" : "/eigen_reference");
+      benchmark::RegisterBenchmark(name.c_str(), [bits, fast](benchmark::State& st) {
+        const kk::SimHashProjection p(128, bits, 1);
+        std::mt19937_64 rng(8);
+        std::normal_distribution<float> g;
+        std::vector<float> x(64 * 128);
+        for (auto& v : x) v = g(rng);
+        std::vector<std::uint8_t> code(static_cast<std::size_t>(bits) / 8);
+        std::size_t i = 0;
+        for (auto _ : st) {
+          const float* row = x.data() + (i++ % 64) * 128;
+          if (fast)
+            p.hash_one(row, code.data());
+          else
+            p.reference_one(row, code.data());
+          benchmark::DoNotOptimize(code.data());
+        }
+      });
+    }
 }
 
 }  // namespace

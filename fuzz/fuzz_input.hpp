@@ -15,10 +15,18 @@ class Input {
   bool done() const { return at_ >= n_; }
   /// Uniform-ish integer in [lo, hi].
   int range(int lo, int hi) { return lo + static_cast<int>(byte() % static_cast<unsigned>(hi - lo + 1)); }
-  /// A finite float in [-8, 8) (one byte: fast to mutate), occasionally a large one.
+  /// A finite float in [-8, 8) (one byte: fast to mutate), occasionally one at the edge
+  /// of what every storage type holds: +-65504 (the largest half), a denormal, -0.
   float value() {
     const std::uint8_t b = byte();
-    return b == 255 ? 6.0e4f : (static_cast<float>(b) - 128.0f) / 16.0f;
+    switch (b) {
+      case 255: return 6.0e4f;
+      case 254: return 65504.0f;
+      case 253: return -65504.0f;
+      case 252: return 1e-40f;
+      case 251: return -0.0f;
+      default: return (static_cast<float>(b) - 128.0f) / 16.0f;
+    }
   }
   std::vector<float> values(std::size_t n) {
     std::vector<float> v(n);

@@ -1,7 +1,12 @@
 // Random operation sequences on every policy: append, attend, prefill, set_budget,
 // save/restore, and malformed calls, on a small random geometry and budget. After every
 // operation the cache invariants must hold; malformed calls must throw kvevict::Error and
-// change nothing. While no budget change has happened, an IndexCache runs the same stream
+// change nothing. The malformed classes include sizes that wrap (prefill token counts near
+// 2^64 with empty spans), a block passing INT64_MAX, values at the storage type's overflow
+// edge, probabilities outside [0, 1], and calls on a moved-from cache; some inputs build
+// configurations whose protected rows overflow, or raw geometries, which must be refused
+// with kvevict::Error (never bad_alloc or a crash). Shapes are small and decode steps come
+// in batches so a run covers many operations per second. While no budget change has happened, an IndexCache runs the same stream
 // and must keep exactly the same rows (differential check). Any other exception, or a
 // policy returning bad victims (std::logic_error), is a bug and aborts.
 #include <kvevict/index_cache.hpp>
@@ -15,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <optional>
 #include <set>
 
@@ -47,6 +53,10 @@ void check_invariants(const Cache& c) {
   for (int l = 0; l < g.n_layers; ++l)
     for (int h = 0; h < g.n_kv_heads; ++h) {
       const std::size_t n = c.size(l, h);
+      const auto keys = c.keys(l, h), values = c.values(l, h);  // kept rows are finite
+      for (Eigen::Index i = 0; i < keys.size(); ++i)
+        KVFUZZ_ASSERT(std::isfinite(static_cast<float>(keys.data()[i])) &&
+                      std::isfinite(static_cast<float>(values.data()[i])));
       KVFUZZ_ASSERT(n <= c.capacity(l, h));
       KVFUZZ_ASSERT(c.allocated_rows(l, h) >= n && c.allocated_rows(l, h) <= c.capacity(l, h));
       const auto pos = c.positions(l, h);
@@ -74,7 +84,8 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
   std::optional<kvevict::IndexCache<Policy, Scalar>> idx;
   try {
     made.emplace(g, budget, policy);
-    idx.emplace(g, budget, policy);
+    // Unbounded budgets: enough cells for every row an input can append (64 ops x 12).
+    idx.emplace(g, budget, policy, budget.is_unbounded() ? 1024u : 0u);
   } catch (const kvevict::Error&) {
     return;  // budget or configuration the policy rejects: a clean refusal
   }
@@ -101,19 +112,22 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
     const int l = in.range(0, g.n_layers - 1);
     switch (in.range(0, 7)) {
       case 0:
-      case 1: {  // decode step, then attention
-        auto k = in.values(kv), v = in.values(kv), q = in.values(qn);
-        const std::int64_t p = next_pos[std::size_t(l)];
-        next_pos[std::size_t(l)] += in.range(1, 3);
-        c.append(l, p, k, v, q);
-        last_pos[std::size_t(l)] = p;
-        if (idx) must([&] { apply(idx->append(l, p, k, rows_of(l), q), k); });
-        if (in.byte() & 1) {
-          const auto r = kvevict::attend(c, l, q);
-          if (idx)
-            for (int h = 0; h < g.n_kv_heads; ++h)
-              idx->observe(l, h, std::span<const float>(r.probs[std::size_t(h)].data(),
-                                                        std::size_t(r.probs[std::size_t(h)].size())));
+      case 1: {  // a batch of 1-4 decode steps, each followed by attention or not
+        const int steps = in.range(1, 4);
+        for (int s = 0; s < steps; ++s) {
+          auto k = in.values(kv), v = in.values(kv), q = in.values(qn);
+          const std::int64_t p = next_pos[std::size_t(l)];
+          next_pos[std::size_t(l)] += in.range(1, 3);
+          c.append(l, p, k, v, q);
+          last_pos[std::size_t(l)] = p;
+          if (idx) must([&] { apply(idx->append(l, p, k, rows_of(l), q), k); });
+          if (in.byte() & 1) {
+            const auto r = kvevict::attend(c, l, q);
+            if (idx)
+              for (int h = 0; h < g.n_kv_heads; ++h)
+                idx->observe(l, h, std::span<const float>(r.probs[std::size_t(h)].data(),
+                                                          std::size_t(r.probs[std::size_t(h)].size())));
+          }
         }
         break;
       }
@@ -149,7 +163,7 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
       }
       case 5: {  // malformed calls: rejected, nothing changed
         const auto before = kvevict::save_bytes(c);
-        const int which = in.range(0, 4);
+        const int which = in.range(0, 9);
         bool threw = false;
         try {
           auto k = in.values(kv), v = in.values(kv), q = in.values(qn);
@@ -158,11 +172,42 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
           if (which == 2) q.push_back(1.0f);
           // which == 3 repeats the last position appended to the layer.
           const std::int64_t p = which == 3 ? last_pos[std::size_t(l)] : next_pos[std::size_t(l)];
+          if (which == 7) {  // a finite float at the storage type's overflow edge (inf for float)
+            const float lim = kvevict::detail::storage_limit<Scalar>();
+            (in.byte() & 1 ? k : v)[std::size_t(in.range(0, int(kv) - 1))] = in.byte() & 1 ? lim : -lim;
+          }
           if (which == 4) {
             std::vector<float> bad(c.size(l, 0) * std::size_t(g.group()) + 1, 0.1f);
             c.observe(l, 0, bad);
           } else if (which == 3 && c.tokens_seen(l) == 0) {
             threw = true;  // no earlier position to repeat
+          } else if (which == 5) {  // a token count whose size product wraps, empty spans
+            constexpr std::size_t kCounts[] = {std::size_t{1} << 63, ~std::size_t{0},
+                                               (std::size_t{1} << 61) + 1, (std::size_t{1} << 62) + 3};
+            c.prefill(l, p, kCounts[in.range(0, 3)], {}, {}, {});
+          } else if (which == 6) {  // a block passing INT64_MAX
+            const std::size_t T = std::size_t(in.range(3, 5));
+            c.prefill(l, std::numeric_limits<std::int64_t>::max() - in.range(0, 1), T, in.values(T * kv),
+                      in.values(T * kv), in.values(T * qn));
+          } else if (which == 8) {  // one probability out of [0, 1]
+            const std::size_t n = c.size(l, 0) * std::size_t(g.group());
+            if (n == 0) {
+              threw = true;
+            } else {
+              constexpr float kBad[] = {-1e-3f, 1.0f + 2.0f / 64, 3e38f, NAN, -INFINITY, 2.0f};
+              std::vector<float> probs(n, 0.0f);
+              probs[std::size_t(in.range(0, int(n) - 1))] = kBad[in.range(0, 5)];
+              c.observe(l, 0, probs);
+            }
+          } else if (which == 9) {  // a moved-from cache refuses, the moved-to one works
+            auto moved = std::move(c);
+            try {
+              c.append(l, p, k, v, q);  // NOLINT(bugprone-use-after-move)
+            } catch (const kvevict::Error&) {
+              threw = true;
+            }
+            KVFUZZ_ASSERT(c.geometry().n_layers == 0 && c.allocated_bytes() == 0);
+            c = std::move(moved);
           } else {
             c.append(l, p, k, v, q);
           }
@@ -190,14 +235,33 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
   }
 }
 
+// A raw geometry (any int32 fields) must construct or be refused with kvevict::Error:
+// never std::bad_alloc or a crash (Geometry::validate has upper bounds).
+void raw_geometry(kvfuzz::Input& in) {
+  auto i32 = [&] {
+    std::uint32_t x = 0;
+    for (int b = 0; b < 4; ++b) x = (x << 8) | in.byte();
+    return static_cast<std::int32_t>(x);
+  };
+  Geometry g{i32(), i32(), i32(), i32()};
+  try {
+    kvevict::KVCache<pol::StreamingLLM> c(g, Budget::uniform(8), pol::StreamingLLM{1});
+    KVFUZZ_ASSERT(c.geometry() == g);
+  } catch (const kvevict::Error&) {
+  }
+}
+
 template <class Scalar>
 void dispatch(kvfuzz::Input& in) {
   Geometry g;
   g.n_layers = in.range(1, 2);
   g.n_kv_heads = in.range(1, 2);
   g.n_heads = g.n_kv_heads * in.range(1, 2);
-  g.head_dim = in.range(1, 8);
-  const auto sinks = std::size_t(in.range(0, 3)), recent = std::size_t(in.range(0, 3));
+  g.head_dim = in.range(1, 4);
+  auto sinks = std::size_t(in.range(0, 3)), recent = std::size_t(in.range(0, 3));
+  // Now and then protected counts near SIZE_MAX: sinks + recent + 1 must be refused, never wrap.
+  const std::uint8_t edge = in.byte();
+  if (edge >= 248) (edge & 1 ? sinks : recent) = ~std::size_t{0} - std::size_t(edge & 3);
   const int kind = in.range(0, 2);
   const int cap = in.range(1, 24);
   const Budget bounded = kind == 0   ? Budget::uniform(cap)
@@ -273,7 +337,10 @@ void dispatch(kvfuzz::Input& in) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   kvfuzz::Input in(data, size);
   try {
-    if (in.byte() & 1)
+    const std::uint8_t mode = in.byte();
+    if ((mode & 0x1e) == 0x1e)
+      raw_geometry(in);
+    else if (mode & 1)
       dispatch<Eigen::half>(in);
     else
       dispatch<float>(in);

@@ -34,7 +34,7 @@ std::vector<std::uint8_t> saved(Cache c, std::uint8_t selector, int steps) {
       kvevict::attend(c, l, q);
     }
   auto b = kvevict::save_bytes(c);
-  b.insert(b.begin(), selector);
+  b.insert(b.begin(), {selector, 0});  // no structured mutations: the fuzzer adds them
   return b;
 }
 
@@ -43,13 +43,37 @@ std::vector<std::uint8_t> saved(Cache c, std::uint8_t selector, int steps) {
 int main() {
   const kvevict::Geometry g{2, 4, 2, 4};
   const auto b6 = kvevict::Budget::uniform(6);
-  // saved_state: selector byte = (target << 1) | verify_checksum, as fuzz_saved_state reads it.
+  // saved_state: selector byte = (target << 1) | reseal, then the mutation count (0), as
+  // fuzz_saved_state reads them; the targets' policies and configurations match it.
   put("saved_state", "h2o", saved(kvevict::KVCache<pol::H2O>(g, b6, pol::H2O(pol::H2O::Config{2, 1})), 1, 9));
   put("saved_state", "random_half",
       saved(kvevict::KVCache<pol::Random, Eigen::half>(g, b6, pol::Random(pol::Random::Config{3, 1, 1})), 3, 9));
   put("saved_state", "knorm_bf16",
       saved(kvevict::KVCache<pol::KNorm, Eigen::bfloat16>(g, b6, pol::KNorm(pol::KNorm::Config{1, 1})), 4, 4));
   put("saved_state", "streaming_empty", saved(kvevict::KVCache<pol::StreamingLLM>(g, b6, pol::StreamingLLM{2}), 7, 0));
+  {
+    pol::DecayedAttention::Config dc;
+    dc.decay = 0.5f;
+    dc.sinks = 1;
+    dc.recent = 1;
+    put("saved_state", "decayed_half",
+        saved(kvevict::KVCache<pol::DecayedAttention, Eigen::half>(g, b6, pol::DecayedAttention(dc)), 9, 9));
+    pol::BuzzBeehive::Config bc;
+    bc.sinks = 1;
+    bc.window = 2;
+    bc.threshold = 2;
+    bc.stride = 3;
+    put("saved_state", "buzz", saved(kvevict::KVCache<pol::BuzzBeehive>(g, b6, pol::BuzzBeehive(bc)), 11, 9));
+    pol::HashEvictSimHash<>::Config hc;
+    hc.sinks = 1;
+    hc.recent = 1;
+    put("saved_state", "hashevict_bf16",
+        saved(kvevict::KVCache<pol::HashEvictSimHash<>, Eigen::bfloat16>(g, b6, pol::HashEvictSimHash<>(hc)), 13, 9));
+    pol::SnapKV::Config sc;
+    sc.window = 2;
+    sc.kernel = 3;
+    put("saved_state", "snapkv", saved(kvevict::KVCache<pol::SnapKV>(g, b6, pol::SnapKV(sc)), 15, 9));
+  }
   // policy_ops: random programs (every policy selector, both scalar types).
   std::mt19937 gen(1);
   for (int i = 0; i < 26; ++i) {

@@ -247,3 +247,45 @@ TEST_CASE("DecayedAttention state survives save/restore: the restored cache deci
                                         policies::DecayedAttention({.decay = 0.5f, .sinks = 1}));
   REQUIRE_THROWS_WITH(load_bytes(c, save_bytes(a)), Catch::Contains("DecayedAttention state"));
 }
+
+// Scores and spikes drawn from a handful of values, so equal scores (the oldest goes) and
+// equal spikes (the newest is kept) happen every step: the SIMD argmin + tie check and the
+// packed top-k of the reserve must follow the brute-force tie rules exactly.
+TEST_CASE("DecayedAttention breaks score and spike ties exactly as the brute-force rule") {
+  struct Setup {
+    float decay;
+    std::size_t sinks, recent, cap;
+    float recall;
+  };
+  for (const Setup& c : {Setup{1.0f, 0, 2, 40, 0.0f}, Setup{0.0f, 2, 3, 70, 0.0f},
+                         Setup{0.5f, 1, 4, 90, 0.1f}, Setup{0.0f, 0, 5, 130, 0.3f},
+                         Setup{1.0f, 3, 0, 65, 0.5f}}) {
+    const int G = 3;
+    const Geometry g{1, G, 1, 4};
+    const policies::DecayedAttention policy(
+        {.decay = c.decay, .sinks = c.sinks, .recent = c.recent, .recall_fraction = c.recall});
+    const std::size_t recall = policy.recall_for(c.cap);
+    KVCache<policies::DecayedAttention> cache(g, Budget::uniform(static_cast<long long>(c.cap)),
+                                              policy);
+    BruteDecayed brute{c.decay, c.sinks, c.recent, c.cap, recall, {}};
+    kvtest::Rng rng(900 + c.cap);
+    std::mt19937 pick(c.cap);
+    const float levels[] = {0.0f, 0.125f, 0.25f, 0.5f};
+    for (int t = 0; t < 600; ++t) {
+      cache.append(0, t, rng.normals(4), rng.normals(4));
+      brute.step(t, static_cast<std::uint64_t>(t));
+      const auto pos = cache.positions(0, 0);
+      std::set<std::int64_t> kept(pos.begin(), pos.end()), want;
+      for (const auto& [p, row] : brute.rows) want.insert(p);
+      REQUIRE(kept == want);
+      std::vector<float> probs(static_cast<std::size_t>(G) * pos.size());
+      for (auto& x : probs) x = levels[pick() % 4];
+      cache.observe(0, 0, probs);
+      for (std::size_t i = 0; i < pos.size(); ++i) {
+        float s = 0.0f;
+        for (int gq = 0; gq < G; ++gq) s += probs[static_cast<std::size_t>(gq) * pos.size() + i];
+        brute.observe(pos[i], static_cast<std::uint64_t>(t), s);
+      }
+    }
+  }
+}

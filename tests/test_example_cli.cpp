@@ -87,9 +87,13 @@ TEST_CASE("the registry holds every policy of include/kvevict/policies, recommen
                                        "HashEvictSimHash<query>",
                                        "BuzzBeehive",
                                        "Oracle",
-                                       "FullCache"};
+                                       "FullCache",
+                                       "ExpectedAttention",
+                                       "KeyDiff"};
   CHECK(types == expected);
-  for (const char* n : {"xkv", "pyramidkv", "uniform-w8", "tova"}) CHECK(names.count(n) == 1);
+  for (const char* n : {"xkv", "pyramidkv", "uniform-w8", "tova", "expected", "keydiff", "probfree",
+                        "decayed-excess"})
+    CHECK(names.count(n) == 1);
   // Every entry configures and hands over its policy (prompt statistics where needed).
   const kvevict::Geometry g{.n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8};
   const std::size_t prompt = 48;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -223,4 +224,84 @@ TEST_CASE("selection API rejects bad arguments with precise messages", "[kernels
   REQUIRE_THROWS_AS(kk::argmax_masked(nullptr, 3, nullptr), std::invalid_argument);
   REQUIRE(kk::argmin_masked(nullptr, 0, nullptr) == kk::npos);
   REQUIRE_NOTHROW(kk::topk_indices(nullptr, 0, 0, nullptr));
+}
+
+// The policies' per-step helpers (protect_outside, find_equal_masked, group_sum_checked),
+// scalar and AVX2 bodies, against plain loops.
+TEST_CASE("policy step kernels match plain loops at every level", "[kernels][select]") {
+  std::mt19937_64 rng(77);
+  const bool avx2 = kk::isa_supported(Isa::avx2);
+  for (std::size_t n : {0u, 1u, 5u, 63u, 64u, 65u, 200u, 1000u, 4099u}) {
+    // protect_outside: bit set unless lo <= seq < hi (seqs shuffled, as rows are).
+    std::vector<std::uint64_t> seqs(n);
+    std::iota(seqs.begin(), seqs.end(), std::uint64_t{3});
+    std::shuffle(seqs.begin(), seqs.end(), rng);
+    for (auto [lo, hi] : {std::pair<std::uint64_t, std::uint64_t>{0, 0}, {4, 4 + n / 2},
+                          {0, ~std::uint64_t{0}}, {10, 5}, {n / 3, n}}) {
+      const std::size_t words = (n + 63) / 64;
+      std::vector<std::uint64_t> want(words, ~std::uint64_t{0}), got(words, 0), got2(words, 0);
+      for (std::size_t i = 0; i < n; ++i)
+        if (seqs[i] >= lo && seqs[i] < hi) want[i / 64] &= ~(std::uint64_t{1} << (i % 64));
+      kk::detail::scalar::protect_outside(seqs.data(), n, lo, hi, got.data());
+      CHECK(got == want);
+      kk::protect_outside(seqs.data(), n, lo, hi, got2.data());
+      CHECK(got2 == want);
+#if KVEVICT_X86
+      if (avx2) {
+        std::vector<std::uint64_t> got3(words, 0);
+        kk::detail::avx2::protect_outside(seqs.data(), n, lo, hi, got3.data());
+        CHECK(got3 == want);
+      }
+#endif
+    }
+    // find_equal_masked: first eligible index >= from with s[i] == v.
+    std::vector<float> s(n);
+    for (auto& x : s) x = static_cast<float>(rng() % 7) - 3.0f;
+    if (n > 2) s[n / 2] = -0.0f;
+    std::vector<std::uint64_t> prot((n + 63) / 64);
+    for (auto& w : prot) w = rng() & rng();
+    for (float v : {0.0f, 2.0f, 9.0f})
+      for (std::size_t from : {std::size_t{0}, n / 3, n}) {
+        std::size_t want = kk::npos;
+        for (std::size_t i = from; i < n; ++i)
+          if (!((prot[i / 64] >> (i % 64)) & 1u) && s[i] == v) {
+            want = i;
+            break;
+          }
+        CHECK(kk::detail::scalar::find_eq(s.data(), n, from, prot.data(), v) == want);
+        CHECK(kk::find_equal_masked(s.data(), n, from, prot.data(), v) == want);
+#if KVEVICT_X86
+        if (avx2) CHECK(kk::detail::avx2::find_eq(s.data(), n, from, prot.data(), v) == want);
+#endif
+      }
+    // group_sum_checked: bit-identical to 0 + p0 + p1 + ..., false on any non-finite value.
+    for (std::size_t g : {1u, 4u, 7u}) {
+      std::vector<float> p(g * n);
+      std::uniform_real_distribution<float> u(0.0f, 1.0f);
+      for (auto& x : p) x = u(rng) * u(rng);
+      std::vector<float> want(n), got(n, -1.0f), got2(n, -1.0f);
+      for (std::size_t r = 0; r < n; ++r) {
+        float acc = 0.0f;
+        for (std::size_t k = 0; k < g; ++k) acc += p[k * n + r];
+        want[r] = acc;
+      }
+      CHECK(kk::detail::scalar::group_sum(p.data(), g, n, got.data()));
+      CHECK(std::memcmp(got.data(), want.data(), n * sizeof(float)) == 0);
+      CHECK(kk::group_sum_checked(p.data(), g, n, got2.data()));
+      CHECK(std::memcmp(got2.data(), want.data(), n * sizeof(float)) == 0);
+      if (n > 0) {
+        for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity()}) {
+          auto q = p;
+          q[(g - 1) * n + n - 1] = bad;
+          CHECK_FALSE(kk::detail::scalar::group_sum(q.data(), g, n, got.data()));
+          CHECK_FALSE(kk::group_sum_checked(q.data(), g, n, got.data()));
+        }
+        auto q = p;
+        q[0] = std::numeric_limits<float>::max();  // the largest finite value passes
+        CHECK(kk::group_sum_checked(q.data(), g, n, got.data()));
+      }
+    }
+  }
 }

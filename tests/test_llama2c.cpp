@@ -497,3 +497,11 @@ TEST_CASE("positions re-indexed inside the cache, past seq_len only with a bound
   }
   CHECK(differ > 1e-3);  // after eviction the rotations differ
 }
+
+TEST_CASE("a directory given as a checkpoint or tokenizer is named in the error") {
+  using Catch::Matchers::Contains;
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  CHECK_THROWS_AS(Model::load(dir), kvevict::Error);
+  CHECK_THROWS_WITH(Model::load(dir), Contains("'" + dir + "': is a directory, expected a file"));
+  CHECK_THROWS_WITH(Tokenizer::load(dir, 32), Contains("'" + dir + "': is a directory"));
+}

@@ -283,3 +283,10 @@ TEST_CASE("malformed files get a clear kvevict::Error") {
     std::filesystem::remove(p);
   }
 }
+
+TEST_CASE("a directory given as a safetensors file or trace is named in the error") {
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  CHECK_THROWS_AS(SafetensorsFile::open(dir), kvevict::Error);
+  CHECK_THROWS_WITH(SafetensorsFile::open(dir), Contains("safetensors '" + dir + "': is a directory"));
+  CHECK_THROWS_WITH(load_trace(dir), Contains("is a directory"));
+}

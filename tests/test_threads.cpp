@@ -11,6 +11,7 @@
 #include <kvevict/serialize.hpp>
 
 #include <atomic>
+#include <bit>
 #include <thread>
 
 #include "support/test_support.hpp"
@@ -153,4 +154,47 @@ TEST_CASE("independent caches on many threads match the single-threaded run", "[
       REQUIRE(got[std::size_t(t)][std::size_t(i)] == run_sequence(stream, t * per_thread + i));
     }
   }
+}
+
+// The thread-safety contract (docs/reliability.md) allows any number of threads to read
+// one cache at once while nobody changes it: views, sizes, counters and save_bytes.
+TEST_CASE("readers share one cache while nobody changes it", "[threads]") {
+  const Stream stream(7);
+  KVCache<pol::H2O> cache(kGeo, Budget::uniform(24), pol::H2O({4, 1}));
+  const std::size_t kv = std::size_t(kGeo.n_kv_heads * kGeo.head_dim);
+  for (int t = 0; t < 40; ++t)
+    for (int l = 0; l < kGeo.n_layers; ++l) {
+      const std::size_t i = std::size_t(t * kGeo.n_layers + l);
+      cache.append(l, t, stream.k[i], stream.v[i]);
+      kvevict::attend(cache, l, stream.q[i]);
+    }
+  auto read_all = [&cache, kv] {
+    std::uint64_t h = fingerprint(cache);
+    for (int l = 0; l < kGeo.n_layers; ++l) {
+      h = mix(h, cache.tokens_seen(l));
+      for (int kh = 0; kh < kGeo.n_kv_heads; ++kh) {
+        const auto k = cache.keys(l, kh), v = cache.values(l, kh);
+        for (Eigen::Index j = 0; j < k.size(); ++j)
+          h = mix(h, std::uint64_t(std::bit_cast<std::uint32_t>(k.data()[j] + v.data()[j])));
+        for (auto p : cache.positions(l, kh)) h = mix(h, std::uint64_t(p));
+        for (auto s : cache.seqs(l, kh)) h = mix(h, s);
+        h = mix(h, cache.size(l, kh) + cache.capacity(l, kh) + cache.allocated_rows(l, kh));
+      }
+    }
+    return mix(h, cache.allocated_bytes() + kv);
+  };
+  const std::uint64_t want = read_all();
+  std::vector<std::uint64_t> got(4);
+  std::atomic<int> ready{0};
+  {
+    std::vector<std::thread> pool;
+    for (std::size_t t = 0; t < got.size(); ++t)
+      pool.emplace_back([&, t] {
+        ready.fetch_add(1);
+        while (ready.load() < int(got.size())) std::this_thread::yield();
+        for (int rep = 0; rep < 20; ++rep) got[t] = read_all();
+      });
+    for (auto& th : pool) th.join();
+  }
+  for (auto g : got) REQUIRE(g == want);
 }

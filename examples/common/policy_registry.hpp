@@ -23,9 +23,11 @@
 #include "kvevict/geometry.hpp"
 #include "kvevict/policies/buzz.hpp"
 #include "kvevict/policies/decayed_attention.hpp"
+#include "kvevict/policies/expected_attention.hpp"
 #include "kvevict/policies/full_cache.hpp"
 #include "kvevict/policies/h2o.hpp"
 #include "kvevict/policies/hash_evict.hpp"
+#include "kvevict/policies/keydiff.hpp"
 #include "kvevict/policies/knorm.hpp"
 #include "kvevict/policies/oracle.hpp"
 #include "kvevict/policies/random.hpp"
@@ -71,6 +73,10 @@ struct Knobs {
   std::size_t random_recent = 0;
   double random_recent_fraction = 0.0;  ///< > 0: Random's window is this share of the budget
   std::uint64_t seed = 0;               ///< Random's seed
+  /// The RoPE layout ExpectedAttention un-rotates queries with: llama2.c's (interleaved
+  /// pairs, base 10000) by default; kvevict-eval's synthetic and trace workloads set none
+  /// (their positions are content directions, no rotation).
+  policies::RopeLayout rope = policies::RopeLayout::interleaved;
 
   /// The stories260K reference table's protocol (llama2c_e2e, llama2c_headline and
   /// llama2c_diagnose): StreamingLLM 1 sink, H2O and Random recent = budget / 4.
@@ -226,6 +232,44 @@ void for_each_policy(Fn&& fn) {
       [](const Args& a) {
         return KNorm(KNorm::Config{a.knobs.knorm_sinks.value_or(a.knobs.sinks), 0});
       });
+  add.template operator()<DecayedAttention>(
+      {"decayed-excess",
+       "recommended() with the recall reserve ranked by excess spike (spike minus the row's "
+       "mean long-range draw; RecallRank::excess, against repetitive text)",
+       Family::kvevict},
+      [](const Args&) {
+        return DecayedAttention({.sinks = 1,
+                                 .horizon = 3.0f,
+                                 .recent_fraction = 0.375f,
+                                 .recall_fraction = 0.125f,
+                                 .recall_rank = DecayedAttention::RecallRank::excess});
+      });
+  // kvevict's probability-free variant of recommended() (chosen with llama2c_headline
+  // --tune-scorers, docs/policies/expected_attention.md): 1 sink, the 3/8 recent band, the
+  // middle ranked by decayed expected attention.
+  add.template operator()<ExpectedAttention>(
+      {"probfree",
+       "probability-free recommended: 1 sink, 3/8 recent, decayed expected attention (W 1)",
+       Family::kvevict},
+      [](const Args& a) {
+        return ExpectedAttention({.sinks = 1,
+                                  .recent_fraction = 0.375f,
+                                  .query_window = 1,
+                                  .future_positions = 16,
+                                  .covariance = ExpectedAttention::Covariance::none,
+                                  .value_norm = true,
+                                  .rope = a.knobs.rope,
+                                  .horizon = 3.0f});
+      });
+  add.template operator()<ExpectedAttention>(
+      {"expected",
+       "ExpectedAttention: paper settings (4 sinks, covariance, value norm, W 128)",
+       Family::seed},
+      [](const Args& a) { return ExpectedAttention({.rope = a.knobs.rope}); });
+  add.template operator()<KeyDiff>(
+      {"keydiff", "KeyDiff: evict the key most similar to the mean unit key (paper settings)",
+       Family::seed},
+      [](const Args&) { return KeyDiff{}; });
   add.template operator()<Random>(
       {"random", "Random eviction, seeded (the floor; --random-sinks, --random-recent[-fraction])",
        Family::baseline},

@@ -18,6 +18,7 @@
 
 #include "cli.hpp"
 #include "policy_registry.hpp"
+#include <fmt/format.h>
 
 namespace {
 
@@ -109,10 +110,10 @@ int run(Policy policy, const kvevict::Budget& budget_rows, int tokens, int budge
     }
   }
   const double bytes = double(geo.n_layers) * double(cells) * hkv * d * 2 * sizeof(Half);
-  std::printf("tokens %d, budget %d, policy %s\n", tokens, budget, Policy::name());
-  std::printf("rows kept per (layer, KV head): %zu (layer 0 head 0), cells allocated %zu\n",
+  fmt::print("tokens {}, budget {}, policy {}\n", tokens, budget, Policy::name());
+  fmt::print("rows kept per (layer, KV head): {} (layer 0 head 0), cells allocated {}\n",
               index.size(0, 0), cells);
-  std::printf("placed %lld rows, evicted %lld; engine K/V memory %.1f KiB (fp16)\n", placed,
+  fmt::print("placed {} rows, evicted {}; engine K/V memory {:.1f} KiB (fp16)\n", placed,
               evicted, bytes / 1024.0);
   return 0;
 }
@@ -126,6 +127,7 @@ int main(int argc, char** argv) {
     kvevict::registry::Knobs knobs;
     knobs.h2o_recent = 32;
     knobs.h2o_sinks = 4;
+    knobs.rope = kvevict::policies::RopeLayout::none;  // this demo's keys carry no rotation
     kvevict::cli::Parser p(
         "kvevict_engine_owned",
         "An engine with its own fp16 cell array driving a policy via IndexCache.");

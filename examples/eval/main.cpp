@@ -13,7 +13,6 @@
 #include <iostream>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -184,7 +183,7 @@ class Progress {
   }
   void label(std::string l) { label_ = std::move(l); }
   void finish() {
-    if (enabled_ && drawn_) std::fprintf(stderr, "\r%-100s\r", "");
+    if (enabled_ && drawn_) fmt::print(stderr, "\r{:<100}\r", "");
   }
 
  private:
@@ -192,9 +191,9 @@ class Progress {
     const double f = total_ ? double(done_) / double(total_) : 1.0;
     const double el = std::chrono::duration<double>(now - start_).count();
     const int w = 30, fill = static_cast<int>(f * w);
-    std::fprintf(stderr, "\r[%s%s] %5.1f%% %6.0fs left  %-40.40s", std::string(fill, '#').c_str(),
-                 std::string(w - fill, '.').c_str(), 100.0 * f, f > 0 ? el * (1 - f) / f : 0.0,
-                 label_.c_str());
+    fmt::print(stderr, "\r[{}{}] {:5.1f}% {:6.0f}s left  {:<40.40}", std::string(fill, '#'),
+                 std::string(w - fill, '.'), 100.0 * f, f > 0 ? el * (1 - f) / f : 0.0,
+                 label_);
     std::fflush(stderr);
     drawn_ = true;
   }
@@ -248,21 +247,21 @@ void print_summary(const std::vector<Row>& rows, const std::vector<std::string>&
       if (!best_mass || r.q.mass_recall > best_mass->q.mass_recall) best_mass = &r;
       if (!best_err || r.q.output_error < best_err->q.output_error) best_err = &r;
     }
-    std::printf("\n%s at budget %.2f of the context:\n", w.c_str(), best_f);
+    fmt::print("\n{} at budget {:.2f} of the context:\n", w, best_f);
     if (best_mass)
-      std::printf("  best causal policy by mass recall: %s (%s); by output error: %s (%s)\n",
-                  best_mass->policy.c_str(), num(best_mass->q.mass_recall).c_str(),
-                  best_err->policy.c_str(), num(best_err->q.output_error).c_str());
+      fmt::print("  best causal policy by mass recall: {} ({}); by output error: {} ({})\n",
+                  best_mass->policy, num(best_mass->q.mass_recall),
+                  best_err->policy, num(best_err->q.output_error));
     if (stream && oracle) {
       const double gap = oracle->q.mass_recall - stream->q.mass_recall;
-      std::printf("  StreamingLLM -> Oracle mass-recall gap: %s -> %s (%s)\n",
-                  num(stream->q.mass_recall).c_str(), num(oracle->q.mass_recall).c_str(),
-                  num(gap).c_str());
+      fmt::print("  StreamingLLM -> Oracle mass-recall gap: {} -> {} ({})\n",
+                  num(stream->q.mass_recall), num(oracle->q.mass_recall),
+                  num(gap));
       if (std::abs(gap) > 1e-9)
         for (const auto& r : rows)
           if (r.workload == w && !r.reference && r.fraction == best_f && r.causal &&
               r.policy != "streaming")
-            std::printf("    %-12s closes %6.1f%% of the gap\n", r.policy.c_str(),
+            fmt::print("    {:<12} closes {:6.1f}% of the gap\n", r.policy,
                         100.0 * (r.q.mass_recall - stream->q.mass_recall) / gap);
     }
   }
@@ -276,11 +275,11 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
     f << "workload,policy,budget_tokens,budget_fraction,mass_recall,output_error,topk_recall,"
          "needle_rate,needle_probes,samples,seconds\n";
     for (const auto& r : rows)
-      f << r.workload << ',' << r.policy << ',' << r.budget << ',' << num(r.fraction, 6) << ','
-        << num(r.q.mass_recall, 6) << ',' << num(r.q.output_error, 6) << ','
-        << num(r.q.topk_recall, 6) << ','
-        << (std::isfinite(r.q.needle_rate()) ? num(r.q.needle_rate(), 6) : "") << ','
-        << r.q.needle_probes << ',' << r.q.samples << ',' << num(r.seconds, 3) << '\n';
+      f << fmt::format("{},{},{},{},{},{},{},{},{},{},{}\n", r.workload, r.policy, r.budget,
+                       num(r.fraction, 6), num(r.q.mass_recall, 6), num(r.q.output_error, 6),
+                       num(r.q.topk_recall, 6),
+                       std::isfinite(r.q.needle_rate()) ? num(r.q.needle_rate(), 6) : "",
+                       r.q.needle_probes, r.q.samples, num(r.seconds, 3));
   }
   if (!o.json.empty()) {
     std::ofstream f(o.json);
@@ -407,8 +406,8 @@ int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
   for (const auto& pname : o.policies) {
     const PolicyEntry& e = *find_policy(pname);
     if (e.needs_workload || !e.run_model) {
-      std::fprintf(stderr, "kvevict-eval: %s skipped with --model (needs prompt statistics)\n",
-                   e.name.c_str());
+      fmt::print(stderr, "kvevict-eval: {} skipped with --model (needs prompt statistics)\n",
+                   e.name);
       continue;
     }
     const std::size_t n = e.sizing == Sizing::reference ? 1 : budgets.size();
@@ -423,15 +422,15 @@ int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
       }
     }
   }
-  std::printf("model %s, one stream of %zu tokens sampled at temperature 1, seed %llu\n",
-              path.c_str(), T, static_cast<unsigned long long>(o.seed));
-  std::printf("%-12s %8s %6s %10s %8s %10s %10s\n", "policy", "budget", "frac", "mean_kl", "top1",
+  fmt::print("model {}, one stream of {} tokens sampled at temperature 1, seed {}\n",
+              path, T, static_cast<unsigned long long>(o.seed));
+  fmt::print("{:<12} {:>8} {:>6} {:>10} {:>8} {:>10} {:>10}\n", "policy", "budget", "frac", "mean_kl", "top1",
               "ppl", "ppl_full");
   for (const auto& r : rows)
-    std::printf("%-12s %8s %6s %10s %8s %10s %10s\n", r.policy.c_str(),
-                r.budget ? std::to_string(r.budget).c_str() : "all", num(r.fraction, 2).c_str(),
-                num(r.s.mean_kl, 5).c_str(), num(r.s.top1, 4).c_str(),
-                num(r.s.perplexity, 3).c_str(), num(r.s.perplexity_full, 3).c_str());
+    fmt::print("{:<12} {:>8} {:>6} {:>10} {:>8} {:>10} {:>10}\n", r.policy,
+                r.budget ? std::to_string(r.budget) : "all", num(r.fraction, 2),
+                num(r.s.mean_kl, 5), num(r.s.top1, 4),
+                num(r.s.perplexity, 3), num(r.s.perplexity_full, 3));
   if (!o.csv.empty()) {
     std::ofstream c(o.csv);
     if (!c) throw kvevict::Error("kvevict-eval: cannot write --csv file '" + o.csv + "'");
@@ -535,15 +534,15 @@ int run(int argc, char** argv) {
   }
   progress.finish();
 
-  std::printf("%-10s %-12s %8s %7s %10s %10s %9s %8s\n", "workload", "policy", "budget", "frac",
+  fmt::print("{:<10} {:<12} {:>8} {:>7} {:>10} {:>10} {:>9} {:>8}\n", "workload", "policy", "budget", "frac",
               "mass_rec", "out_err", "topk", "needle");
   for (const auto& r : rows)
-    std::printf("%-10s %-12s %8s %7s %10s %10s %9s %8s\n", r.workload.c_str(), r.policy.c_str(),
-                r.reference ? "all" : std::to_string(r.budget).c_str(),
-                r.reference ? "1.00" : num(r.fraction, 2).c_str(), num(r.q.mass_recall).c_str(),
-                num(r.q.output_error).c_str(), num(r.q.topk_recall).c_str(),
-                num(r.q.needle_rate(), 3).c_str());
-  std::printf("(means over decode steps x layers x query heads; top = top-%zu recall)\n", o.topk);
+    fmt::print("{:<10} {:<12} {:>8} {:>7} {:>10} {:>10} {:>9} {:>8}\n", r.workload, r.policy,
+                r.reference ? "all" : std::to_string(r.budget),
+                r.reference ? "1.00" : num(r.fraction, 2), num(r.q.mass_recall),
+                num(r.q.output_error), num(r.q.topk_recall),
+                num(r.q.needle_rate(), 3));
+  fmt::print("(means over decode steps x layers x query heads; top = top-{} recall)\n", o.topk);
   print_summary(rows, workload_names);
 
   std::string command = "kvevict-eval";

@@ -9,6 +9,7 @@
 #include <kvevict/geometry.hpp>
 #include <kvevict/policies/h2o.hpp>
 #include <kvevict/policies/hash_evict.hpp>
+#include <kvevict/policies/keydiff.hpp>
 #include <kvevict/policies/knorm.hpp>
 #include <kvevict/policies/oracle.hpp>
 #include <kvevict/policies/random.hpp>
@@ -75,6 +76,8 @@ inline registry::Knobs eval_knobs(std::uint64_t seed) {
   k.knorm_sinks = 0;
   k.h2o_recent_fraction = 0.5;
   k.seed = seed;
+  // The synthetic and trace workloads carry no rotation (positions are content directions).
+  k.rope = policies::RopeLayout::none;
   return k;
 }
 
@@ -114,7 +117,9 @@ inline const std::vector<PolicyEntry>& policy_registry() {
       if (!re.info.needs_prompt)
         e.run_model = [re](const std::shared_ptr<const llama2c::Model>& model,
                            std::span<const llama2c::Stream> streams, const PolicyArgs& a) {
-          const registry::Args ra{a.budget, eval_knobs(a.seed), nullptr};
+          registry::Knobs knobs = eval_knobs(a.seed);
+          knobs.rope = policies::RopeLayout::interleaved;  // llama2.c's RoPE (base 10000)
+          const registry::Args ra{a.budget, knobs, nullptr};
           return registry::invoke(re, ra, [&](Policy policy, const Budget& b) {
             return llama2c::evaluate<Policy>(model, streams, b, std::move(policy));
           });

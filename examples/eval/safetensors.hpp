@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <kvevict/errors.hpp>
+#include <kvevict/file.hpp>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -174,10 +175,7 @@ struct TensorInfo {
 class SafetensorsFile {
  public:
   static SafetensorsFile open(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    kvevict::detail::require(static_cast<bool>(f), "safetensors: cannot open '", path, "'");
-    std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    return from_bytes(std::move(bytes), path);
+    return from_bytes(kvevict::detail::read_file(path, "safetensors"), path);
   }
 
   static SafetensorsFile from_bytes(std::vector<char> bytes, const std::string& path) {

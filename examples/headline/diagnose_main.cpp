@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "cli.hpp"
 #include "e2e.hpp"
 #include "kvevict/kvevict.hpp"
@@ -95,7 +97,7 @@ struct Csv {
     if (path.empty()) return;
     f = std::fopen(path.c_str(), "w");
     kvevict::detail::require(f != nullptr, "--csv ", path, ": cannot open for writing");
-    std::fprintf(f, "section,policy,budget,layer,head,bucket,value\n");
+    fmt::print(f, "section,policy,budget,layer,head,bucket,value\n");
   }
   ~Csv() {
     if (f) std::fclose(f);
@@ -105,8 +107,8 @@ struct Csv {
   void row(const char* section, const std::string& policy, int budget, int layer, int head,
            const std::string& bucket, double value) const {
     if (f)
-      std::fprintf(f, "%s,\"%s\",%d,%d,%d,%s,%.6g\n", section, policy.c_str(), budget, layer, head,
-                   bucket.c_str(), value);
+      fmt::print(f, "{},\"{}\",{},{},{},{},{:.6g}\n", section, policy, budget, layer, head,
+                   bucket, value);
   }
 };
 
@@ -468,14 +470,14 @@ void print_hash_row(const char* label, const HashStudy& hs, const Csv& csv) {
   // Mass of the top quarter, as the share of the random -> exact-ranking gap it closes.
   const double exact = hs.exact.mean_mass();
   auto gap = [&](const RankStats& st) { return (st.mean_mass() - 0.25) / (exact - 0.25); };
-  std::printf("| %s | Spearman | ", label);
+  fmt::print("| {} | Spearman | ", label);
   for (int b = 0; b < kNumBits; ++b)
-    std::printf("%.3f / %.3f | ", hs.query[b].mean_spearman(), hs.key[b].mean_spearman());
-  std::printf("%.3f | %.3f |\n", hs.cosine.mean_spearman(), hs.recency.mean_spearman());
-  std::printf("| %s | top-1/4 mass, gap closed | ", label);
+    fmt::print("{:.3f} / {:.3f} | ", hs.query[b].mean_spearman(), hs.key[b].mean_spearman());
+  fmt::print("{:.3f} | {:.3f} |\n", hs.cosine.mean_spearman(), hs.recency.mean_spearman());
+  fmt::print("| {} | top-1/4 mass, gap closed | ", label);
   for (int b = 0; b < kNumBits; ++b)
-    std::printf("%.0f%% / %.0f%% | ", 100 * gap(hs.query[b]), 100 * gap(hs.key[b]));
-  std::printf("%.0f%% (exact q.k keeps %.3f) | %.0f%% |\n", 100 * gap(hs.cosine), exact,
+    fmt::print("{:.0f}% / {:.0f}% | ", 100 * gap(hs.query[b]), 100 * gap(hs.key[b]));
+  fmt::print("{:.0f}% (exact q.k keeps {:.3f}) | {:.0f}% |\n", 100 * gap(hs.cosine), exact,
               100 * gap(hs.recency));
   for (int b = 0; b < kNumBits; ++b) {
     const std::string bits = std::to_string(kBits[b]);
@@ -507,7 +509,7 @@ int main(int argc, char** argv) {
     st.H = c.n_kv_heads;
     st.T = c.seq_len;
     kvevict::detail::require(st.L <= 8, "model has ", st.L, " layers, expected <= 8");
-    std::fprintf(stderr, "llama2c_diagnose: %d streams\n", a.streams);
+    fmt::print(stderr, "llama2c_diagnose: {} streams\n", a.streams);
     for (int i = 0; i < a.streams; ++i) {
       SampleOptions o;
       o.seed = a.seed + static_cast<std::uint64_t>(i);
@@ -540,24 +542,24 @@ int main(int argc, char** argv) {
         st.run("Oracle (non-causal)", bi, s, ref, policies::Oracle{.rows = B}, true);
         st.ideal(bi, ref);
       }
-      std::fprintf(stderr, "  stream %d done\n", i);
+      fmt::print(stderr, "  stream {} done\n", i);
     }
     const double samples_per_lh = static_cast<double>(st.full_steps);  // steps x streams
-    std::printf(
-        "stories260K: %d streams (seeds %llu..%llu), T = %d, temperature 1; mass lost = "
+    fmt::print(
+        "stories260K: {} streams (seeds {}..{}), T = {}, temperature 1; mass lost = "
         "full model's attention (mean of the group's query heads) on positions the "
         "policy does not hold, mean over every step, layer and KV head\n\n",
         a.streams, static_cast<unsigned long long>(a.seed),
         static_cast<unsigned long long>(a.seed + static_cast<std::uint64_t>(a.streams) - 1), st.T);
 
     // 1. Mass lost and KL per policy and budget.
-    std::printf("### Mass lost and streaming KL\n\n| policy |");
-    for (auto B : st.budgets) std::printf(" lost %zu | KL %zu |", B, B);
-    std::printf("\n|---|");
-    for (std::size_t i = 0; i < st.budgets.size(); ++i) std::printf("---|---|");
-    std::printf("\n");
+    fmt::print("### Mass lost and streaming KL\n\n| policy |");
+    for (auto B : st.budgets) fmt::print(" lost {} | KL {} |", B, B);
+    fmt::print("\n|---|");
+    for (std::size_t i = 0; i < st.budgets.size(); ++i) fmt::print("---|---|");
+    fmt::print("\n");
     for (std::size_t p = 0; p < st.names.size(); ++p) {
-      std::printf("| %s |", st.names[p].c_str());
+      fmt::print("| {} |", st.names[p]);
       for (std::size_t bi = 0; bi < st.budgets.size(); ++bi) {
         const Acc& x = st.acc[p][bi];
         double lost = 0;
@@ -565,9 +567,9 @@ int main(int argc, char** argv) {
         lost /= samples_per_lh * st.L * st.H;
         const bool ideal = st.names[p].rfind("Top-B", 0) == 0;
         if (ideal)
-          std::printf(" %.4f | - |", lost);
+          fmt::print(" {:.4f} | - |", lost);
         else
-          std::printf(" %.4f | %.4f |", lost, x.kl / static_cast<double>(x.steps));
+          fmt::print(" {:.4f} | {:.4f} |", lost, x.kl / static_cast<double>(x.steps));
         csv.row("lost", st.names[p], static_cast<int>(st.budgets[bi]), -1, -1, "all", lost);
         if (!ideal)
           csv.row("kl", st.names[p], static_cast<int>(st.budgets[bi]), -1, -1, "all",
@@ -589,68 +591,68 @@ int main(int argc, char** argv) {
                   kBucketNames[b], x.kept_bucket[b] / std::max(1.0, x.full_samples));
         }
       }
-      std::printf("\n");
+      fmt::print("\n");
     }
 
     // 1b. The tail: how often one (step, layer, KV head) loses more than half its mass.
-    std::printf(
+    fmt::print(
         "\n### Share of (step, layer, KV head) samples losing more than half the mass\n\n"
         "| policy |");
-    for (auto B : st.budgets) std::printf(" %zu |", B);
-    std::printf("\n|---|");
-    for (std::size_t i = 0; i < st.budgets.size(); ++i) std::printf("---|");
-    std::printf("\n");
+    for (auto B : st.budgets) fmt::print(" {} |", B);
+    fmt::print("\n|---|");
+    for (std::size_t i = 0; i < st.budgets.size(); ++i) fmt::print("---|");
+    fmt::print("\n");
     for (std::size_t p = 0; p < st.names.size(); ++p) {
-      std::printf("| %s |", st.names[p].c_str());
+      fmt::print("| {} |", st.names[p]);
       for (std::size_t bi = 0; bi < st.budgets.size(); ++bi) {
         const double v = st.acc[p][bi].severe / (samples_per_lh * st.L * st.H);
-        std::printf(" %.4f |", v);
+        fmt::print(" {:.4f} |", v);
         csv.row("severe", st.names[p], static_cast<int>(st.budgets[bi]), -1, -1, "all", v);
       }
-      std::printf("\n");
+      fmt::print("\n");
     }
 
     // 2. Where the full model's attention sits by age, per layer.
-    std::printf(
+    fmt::print(
         "\n### Full model's attention mass by token age (mean over steps and KV heads)\n\n"
         "| layer |");
-    for (int b = 0; b < kBuckets; ++b) std::printf(" %s |", kBucketNames[b]);
-    std::printf("\n|---|");
-    for (int b = 0; b < kBuckets; ++b) std::printf("---|");
-    std::printf("\n");
+    for (int b = 0; b < kBuckets; ++b) fmt::print(" {} |", kBucketNames[b]);
+    fmt::print("\n|---|");
+    for (int b = 0; b < kBuckets; ++b) fmt::print("---|");
+    fmt::print("\n");
     double all_bucket[kBuckets] = {};
     for (int l = 0; l <= st.L; ++l) {
       if (l < st.L)
-        std::printf("| %d |", l);
+        fmt::print("| {} |", l);
       else
-        std::printf("| all |");
+        fmt::print("| all |");
       for (int b = 0; b < kBuckets; ++b) {
         const double v =
             l < st.L ? st.full_bucket[l][b] / (samples_per_lh * st.H) : all_bucket[b] / st.L;
         if (l < st.L) all_bucket[b] += v;
-        std::printf(" %.4f |", v);
+        fmt::print(" {:.4f} |", v);
         csv.row("full_age", "full", 0, l < st.L ? l : -1, -1, kBucketNames[b], v);
       }
-      std::printf("\n");
+      fmt::print("\n");
     }
 
     // 3. Per-layer and per-(layer, head) mass lost at each budget; age tables at 32.
     for (std::size_t bi = 0; bi < st.budgets.size(); ++bi) {
       const std::size_t B = st.budgets[bi];
-      std::printf("\n### Mass lost per layer at %zu rows\n\n| policy |", B);
-      for (int l = 0; l < st.L; ++l) std::printf(" layer %d |", l);
-      std::printf("\n|---|");
-      for (int l = 0; l < st.L; ++l) std::printf("---|");
-      std::printf("\n");
+      fmt::print("\n### Mass lost per layer at {} rows\n\n| policy |", B);
+      for (int l = 0; l < st.L; ++l) fmt::print(" layer {} |", l);
+      fmt::print("\n|---|");
+      for (int l = 0; l < st.L; ++l) fmt::print("---|");
+      fmt::print("\n");
       for (std::size_t p = 0; p < st.names.size(); ++p) {
-        std::printf("| %s |", st.names[p].c_str());
+        fmt::print("| {} |", st.names[p]);
         for (int l = 0; l < st.L; ++l) {
           double v = 0;
           for (int h = 0; h < st.H; ++h)
             v += st.acc[p][bi].lost_lh[static_cast<std::size_t>(l * st.H + h)];
-          std::printf(" %.4f |", v / (samples_per_lh * st.H));
+          fmt::print(" {:.4f} |", v / (samples_per_lh * st.H));
         }
-        std::printf("\n");
+        fmt::print("\n");
       }
     }
     // The per-head and age tables at 32 rows (or the second budget given) and at the last.
@@ -665,54 +667,54 @@ int main(int argc, char** argv) {
       age_budgets.push_back(b_last);
       held_budgets.push_back(b_last);
     }
-    std::printf("\n### Mass lost per (layer, KV head) at %zu rows\n\n| layer.head |",
-                st.budgets[b32]);
-    for (const auto& n : st.names) std::printf(" %s |", n.c_str());
-    std::printf("\n|---|");
-    for (std::size_t p = 0; p < st.names.size(); ++p) std::printf("---|");
-    std::printf("\n");
+    fmt::print("\n### Mass lost per (layer, KV head) at {} rows\n\n| layer.head |",
+               st.budgets[b32]);
+    for (const auto& n : st.names) fmt::print(" {} |", n);
+    fmt::print("\n|---|");
+    for (std::size_t p = 0; p < st.names.size(); ++p) fmt::print("---|");
+    fmt::print("\n");
     for (int l = 0; l < st.L; ++l)
       for (int h = 0; h < st.H; ++h) {
-        std::printf("| %d.%d |", l, h);
+        fmt::print("| {}.{} |", l, h);
         for (std::size_t p = 0; p < st.names.size(); ++p)
-          std::printf(" %.4f |", st.acc[p][b32].lost_lh[static_cast<std::size_t>(l * st.H + h)] /
+          fmt::print(" {:.4f} |", st.acc[p][b32].lost_lh[static_cast<std::size_t>(l * st.H + h)] /
                                      samples_per_lh);
-        std::printf("\n");
+        fmt::print("\n");
       }
     for (std::size_t bi : age_budgets) {
-      std::printf("\n### Mass lost by token age at %zu rows\n\n| policy |", st.budgets[bi]);
-      for (int b = 0; b < kBuckets; ++b) std::printf(" %s |", kBucketNames[b]);
-      std::printf("\n|---|");
-      for (int b = 0; b < kBuckets; ++b) std::printf("---|");
-      std::printf("\n");
+      fmt::print("\n### Mass lost by token age at {} rows\n\n| policy |", st.budgets[bi]);
+      for (int b = 0; b < kBuckets; ++b) fmt::print(" {} |", kBucketNames[b]);
+      fmt::print("\n|---|");
+      for (int b = 0; b < kBuckets; ++b) fmt::print("---|");
+      fmt::print("\n");
       for (std::size_t p = 0; p < st.names.size(); ++p) {
-        std::printf("| %s |", st.names[p].c_str());
+        fmt::print("| {} |", st.names[p]);
         for (int b = 0; b < kBuckets; ++b)
-          std::printf(" %.4f |", st.acc[p][bi].lost_bucket[b] / (samples_per_lh * st.L * st.H));
-        std::printf("\n");
+          fmt::print(" {:.4f} |", st.acc[p][bi].lost_bucket[b] / (samples_per_lh * st.L * st.H));
+        fmt::print("\n");
       }
     }
     for (std::size_t bi : held_budgets) {
-      std::printf(
-          "\n### Rows held by token age at %zu rows (mean rows per layer and KV head, "
+      fmt::print(
+          "\n### Rows held by token age at {} rows (mean rows per layer and KV head, "
           "steps where the cache is full)\n\n| policy |",
           st.budgets[bi]);
-      for (int b = 0; b < kBuckets; ++b) std::printf(" %s |", kBucketNames[b]);
-      std::printf(" mean age (non-sink) |\n|---|");
-      for (int b = 0; b <= kBuckets; ++b) std::printf("---|");
-      std::printf("\n");
+      for (int b = 0; b < kBuckets; ++b) fmt::print(" {} |", kBucketNames[b]);
+      fmt::print(" mean age (non-sink) |\n|---|");
+      for (int b = 0; b <= kBuckets; ++b) fmt::print("---|");
+      fmt::print("\n");
       for (std::size_t p = 0; p < st.names.size(); ++p) {
         const Acc& x = st.acc[p][bi];
-        std::printf("| %s |", st.names[p].c_str());
+        fmt::print("| {} |", st.names[p]);
         for (int b = 0; b < kBuckets; ++b)
-          std::printf(" %.2f |", x.kept_bucket[b] / std::max(1.0, x.full_samples));
-        std::printf(" %.1f |\n",
+          fmt::print(" {:.2f} |", x.kept_bucket[b] / std::max(1.0, x.full_samples));
+        fmt::print(" {:.1f} |\n",
                     x.kept_age_sum / std::max(1.0, x.kept_rows - x.kept_bucket[kSink]));
       }
     }
 
     // 4. SimHash ranking quality: head dim 8 (this model) against 128 (synthetic).
-    std::printf(
+    fmt::print(
         "\n### SimHash ranking against the true q.k (query mode / key mode)\n\n"
         "Spearman: rank correlation of -Hamming(code(q or incoming k), code(k_i)) with "
         "q.k_i over the cached rows; top-1/4 mass: attention mass of the quarter of rows "

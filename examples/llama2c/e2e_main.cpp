@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "e2e.hpp"
 #include "llama2c.hpp"
 #include "options.hpp"
@@ -107,47 +109,41 @@ int main(int argc, char** argv) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
       auto window = [](double f, std::size_t n) {
-        std::ostringstream os;
-        if (f > 0.0)
-          os << f << " x budget";
-        else
-          os << n;
-        return os.str();
+        return f > 0.0 ? fmt::format("{} x budget", f) : fmt::format("{}", n);
       };
-      std::printf(
-          "T = %d, %d streams (temperature %g, top-p %g, seeds %llu..%llu), positions counted from "
-          "%zu "
-          "(%zu per cell); StreamingLLM sinks %zu; H2O sinks %zu, recent %s; Random sinks "
-          "%zu, recent %s, seed %llu; full-cache perplexity %.4f; %.1f s\n\n",
+      fmt::print(
+          "T = {}, {} streams (temperature {:g}, top-p {:g}, seeds {}..{}), positions counted from "
+          "{} "
+          "({} per cell); StreamingLLM sinks {}; H2O sinks {}, recent {}; Random sinks "
+          "{}, recent {}, seed {}; full-cache perplexity {:.4f}; {:.1f} s\n\n",
           sample.tokens, n_streams, static_cast<double>(sample.temperature),
           static_cast<double>(sample.top_p), static_cast<unsigned long long>(seed0),
           static_cast<unsigned long long>(seed0 + static_cast<std::uint64_t>(n_streams) - 1),
           proto.skip, full.positions, knobs.sinks, knobs.h2o_sinks,
-          window(knobs.h2o_recent_fraction, knobs.h2o_recent).c_str(), knobs.random_sinks,
-          window(knobs.random_recent_fraction, knobs.random_recent).c_str(),
+          window(knobs.h2o_recent_fraction, knobs.h2o_recent), knobs.random_sinks,
+          window(knobs.random_recent_fraction, knobs.random_recent),
           static_cast<unsigned long long>(knobs.seed), full.perplexity_full, secs);
-      auto print = [&](const char* title, auto get, const char* fmt) {
-        std::printf("%s\n\n| budget |", title);
-        for (const auto& h : headers) std::printf(" %s |", h.c_str());
-        std::printf("\n|---|");
-        for (std::size_t p = 0; p < names.size(); ++p) std::printf("---|");
-        std::printf("\n");
+      auto print = [&](const char* title, auto get, int decimals) {
+        fmt::print("{}\n\n| budget |", title);
+        for (const auto& h : headers) fmt::print(" {} |", h);
+        fmt::print("\n|---|");
+        for (std::size_t p = 0; p < names.size(); ++p) fmt::print("---|");
+        fmt::print("\n");
         for (std::size_t b = 0; b < budgets.size(); ++b) {
-          std::printf("| %s |", budgets[b].c_str());
-          for (std::size_t p = 0; p < names.size(); ++p) std::printf(fmt, get(table[b][p]));
-          std::printf("\n");
+          fmt::print("| {} |", budgets[b]);
+          for (std::size_t p = 0; p < names.size(); ++p) fmt::print(" {:.{}f} |", get(table[b][p]), decimals);
+          fmt::print("\n");
         }
-        std::printf("\n");
+        fmt::print("\n");
       };
       print(
           "Mean KL(full || policy) per token, nats", [](const Summary& s) { return s.mean_kl; },
-          " %.4f |");
+          4);
       print(
-          "Top-1 agreement with the full cache", [](const Summary& s) { return s.top1; },
-          " %.3f |");
+          "Top-1 agreement with the full cache", [](const Summary& s) { return s.top1; }, 3);
       print(
-          "Perplexity of the stream under the policy",
-          [](const Summary& s) { return s.perplexity; }, " %.3f |");
+          "Perplexity of the stream under the policy", [](const Summary& s) { return s.perplexity; },
+          3);
     }
     return 0;
   });

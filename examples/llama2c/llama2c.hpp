@@ -16,6 +16,7 @@
 #include <numeric>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "kvevict/attention.hpp"
 #include "kvevict/cache.hpp"
 #include "kvevict/errors.hpp"
+#include "kvevict/file.hpp"
 #include "kvevict/geometry.hpp"
 
 namespace kvevict::llama2c {
@@ -47,17 +49,7 @@ namespace detail {
 using kvevict::detail::fail;
 using kvevict::detail::require;
 
-inline std::vector<char> read_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  require(static_cast<bool>(in), what, " '", path, "': cannot open file");
-  const auto size = static_cast<std::streamoff>(in.tellg());
-  require(size >= 0, what, " '", path, "': cannot determine file size");
-  std::vector<char> bytes(static_cast<std::size_t>(size));
-  in.seekg(0);
-  if (size > 0) in.read(bytes.data(), size);
-  require(static_cast<bool>(in), what, " '", path, "': read failed");
-  return bytes;
-}
+using kvevict::detail::read_file;  // names the path for a directory, missing file, failed read
 
 // Products of header fields, checked so a corrupt header cannot wrap around.
 inline std::uint64_t mul(std::uint64_t a, std::uint64_t b, const char* where) {
@@ -365,6 +357,14 @@ class Tokenizer {
   std::unordered_map<std::string, int> ids_;
 };
 
+/// The K/V store Transformer<Policy> runs over: KVCache<Policy, float>, unless a
+/// specialisation names another type with the same append(layer, pos, k, v, q) and an
+/// attend(store, layer, queries) overload (paged_adapter.hpp: PagedTables' decisions).
+template <class Policy>
+struct CacheFor {
+  using type = KVCache<Policy, float>;
+};
+
 /// What RoPE sees after eviction (docs/engine.md, "Generating past the trained length").
 enum class Positions {
   /// Keys are rotated at their token position before they are stored: a kept row keeps
@@ -385,7 +385,14 @@ enum class Positions {
 template <class Policy>
 class Transformer {
  public:
-  using Cache = KVCache<Policy, float>;
+  using Cache = typename CacheFor<Policy>::type;
+  /// Positions::reindex reads the stored rows back (keys(), values(), positions()): only
+  /// the KVCache store has them, not paged_adapter.hpp's PagedStore.
+  static constexpr bool kStoresRows = requires(Cache& c) {
+    c.keys(0, 0);
+    c.values(0, 0);
+    c.positions(0, 0);
+  };
 
   /// `model` must outlive the transformer (shared so several policies reuse one copy).
   Transformer(std::shared_ptr<const Model> model, const Budget& budget, Policy policy = Policy{},
@@ -396,6 +403,10 @@ class Transformer {
                budget, std::move(policy)),
         positions_(positions),
         bounded_(!budget.is_unbounded()) {
+    if constexpr (!kStoresRows)
+      kvevict::detail::require(positions == Positions::keep,
+                               "Transformer: Positions::reindex needs a KVCache (this store "
+                               "keeps keys rotated at their positions)");
     const Config& c = model_->config();
     x_.resize(c.dim);
     xb_.resize(c.dim);
@@ -448,7 +459,12 @@ class Transformer {
       const std::span<const float> qs(q_.data(), static_cast<std::size_t>(q_.size()));
       cache_.append(l, pos, std::span<const float>(k_.data(), static_cast<std::size_t>(k_.size())),
                     std::span<const float>(v_.data(), static_cast<std::size_t>(v_.size())), qs);
-      const AttentionResult att = reindex ? attend_reindexed(l) : attend(cache_, l, qs);
+      const AttentionResult att = [&] {
+        if constexpr (kStoresRows) {
+          if (reindex) return attend_reindexed(l);
+        }
+        return attend(cache_, l, qs);
+      }();
       if (observer_) observer_(l, qs, att);
       // att.out is n_heads x head_dim row-major: exactly the concatenated head outputs.
       x_.noalias() += m.wo(l) * Eigen::Map<const Eigen::VectorXf>(att.out.data(), c.dim);

@@ -3,19 +3,25 @@
 // policy identically: validating the caller's arguments, resolving a budget into
 // capacities, checking them against the policy, when an append must evict, and
 // validating what a policy returned.
+#include <Eigen/Core>
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "checked.hpp"
 #include "errors.hpp"
 #include "geometry.hpp"
+#include "kernels/select.hpp"
 #include "policy.hpp"
 
 namespace kvevict::detail {
@@ -26,13 +32,72 @@ struct LayerClock {
   std::int64_t last_position = 0;
 };
 
+/// Most tokens a layer may see (2^62): the arrival counter can never wrap, and a saved
+/// state claiming more is rejected. At 10^9 tokens a second it lasts 146 years.
+inline constexpr std::uint64_t kMaxTokensSeen = std::uint64_t{1} << 62;
+
+/// The thread-safety contract (docs/reliability.md): calls that change one container
+/// (append, prefill, observe, attend, set_budget, load) must not overlap, not even on
+/// different layers, because the policy's state is shared by all layers. With
+/// KVEVICT_CHECK_CONCURRENCY (on by default when NDEBUG is not defined) an overlapping
+/// call throws kvevict::Error instead of racing. The member exists in every build (one
+/// byte), so translation units compiled with and without the check agree on the layout.
+#ifndef KVEVICT_CHECK_CONCURRENCY
+#ifdef NDEBUG
+#define KVEVICT_CHECK_CONCURRENCY 0
+#else
+#define KVEVICT_CHECK_CONCURRENCY 1
+#endif
+#endif
+class ExclusiveUse {
+ public:
+  ExclusiveUse() = default;
+  ExclusiveUse(const ExclusiveUse&) noexcept {}  // a copy is a new container: not in use
+  ExclusiveUse& operator=(const ExclusiveUse&) noexcept { return *this; }
+
+  class Scope {
+   public:
+    explicit Scope(std::atomic<bool>* busy) : busy_(busy) {}
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+    ~Scope() {
+      if (busy_) busy_->store(false, std::memory_order_release);
+    }
+
+   private:
+    std::atomic<bool>* busy_;
+  };
+  /// Marks the container in use for the scope's lifetime; throws if it already is.
+  [[nodiscard]] Scope enter(const char* what) {
+#if KVEVICT_CHECK_CONCURRENCY
+    if (busy_.exchange(true, std::memory_order_acquire))
+      fail(what, ": another call is changing this cache (calls that change one cache must "
+                 "not overlap, even on different layers: docs/reliability.md)");
+    return Scope(&busy_);
+#else
+    (void)what;
+    return Scope(nullptr);
+#endif
+  }
+
+ private:
+  std::atomic<bool> busy_{false};
+};
+
 /// Flat index of (layer, kv_head) in per-head arrays (layer-major, as CacheShape::at).
 inline std::size_t head_index(const Geometry& g, int layer, int kv_head) {
   return static_cast<std::size_t>(layer) * static_cast<std::size_t>(g.n_kv_heads) +
          static_cast<std::size_t>(kv_head);
 }
 
+/// A moved-from container has no layers: name that instead of an empty range.
+inline void check_live(const Geometry& g, const char* what) {
+  require(g.n_layers > 0, what,
+          ": this cache has no layers (it was moved from); assign a constructed cache to it");
+}
+
 inline void check_layer(const Geometry& g, int layer) {
+  check_live(g, "layer access");
   require(layer >= 0 && layer < g.n_layers, "layer = ", layer, ", expected 0 <= layer < ",
           g.n_layers);
 }
@@ -56,6 +121,44 @@ inline void check_finite(std::span<const float> x, const char* what) {
     require(std::isfinite(x[i]), what, "[", i, "] = ", x[i], ", expected a finite value");
 }
 
+/// Storage types narrower than float overflow to infinity on conversion; a finite float
+/// at or beyond this magnitude does (round to nearest even: the midpoint between the
+/// largest finite value and the next power of two rounds up). Infinity for float/double.
+template <class Scalar>
+float storage_limit() {
+  if constexpr (sizeof(Scalar) >= sizeof(float)) {
+    return std::numeric_limits<float>::infinity();
+  } else {
+    const double mx = static_cast<double>(static_cast<float>(std::numeric_limits<Scalar>::max()));
+    const double next_pow2 = std::ldexp(1.0, std::ilogb(mx) + 1);
+    return static_cast<float>((mx + next_pow2) / 2);
+  }
+}
+template <class Scalar>
+const char* storage_name() {
+  if constexpr (std::is_same_v<Scalar, Eigen::half>) return "Eigen::half";
+  else if constexpr (std::is_same_v<Scalar, Eigen::bfloat16>) return "Eigen::bfloat16";
+  else if constexpr (std::is_same_v<Scalar, double>) return "double";
+  else return "float";
+}
+
+/// Values to be stored as `Scalar`: finite, and within the storage type's range, so a
+/// kept row is never an infinity the caller did not pass (bf16/fp16 caches). One
+/// branch-free pass like check_finite (for float it is exactly the finiteness test).
+template <class Scalar>
+void check_storable(std::span<const float> x, const char* what) {
+  const std::uint32_t limit = std::bit_cast<std::uint32_t>(storage_limit<Scalar>());
+  std::uint32_t bad = 0;
+  for (float v : x) bad |= static_cast<std::uint32_t>((std::bit_cast<std::uint32_t>(v) & 0x7fffffffu) >= limit);
+  if (bad == 0) return;
+  check_finite(x, what);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    require(std::fabs(x[i]) < storage_limit<Scalar>(), what, "[", i, "] = ", x[i],
+            " does not fit ", storage_name<Scalar>(), " (largest finite ",
+            static_cast<float>(std::numeric_limits<Scalar>::max()), "), expected |value| < ",
+            storage_limit<Scalar>());
+}
+
 /// One token's keys or values: n_kv_heads x head_dim floats.
 inline void check_token_rows(const Geometry& g, std::span<const float> x, const char* what) {
   const std::size_t expect =
@@ -67,8 +170,9 @@ inline void check_token_rows(const Geometry& g, std::span<const float> x, const 
 /// A prefill block's keys or values: tokens x n_kv_heads x head_dim floats.
 inline void check_block_rows(const Geometry& g, std::span<const float> x, std::size_t tokens,
                              const char* what) {
-  const std::size_t expect =
-      tokens * static_cast<std::size_t>(g.n_kv_heads) * static_cast<std::size_t>(g.head_dim);
+  const std::size_t expect = checked_mul(
+      tokens, static_cast<std::size_t>(g.n_kv_heads) * static_cast<std::size_t>(g.head_dim), what,
+      ": tokens x n_kv_heads x head_dim");
   require(x.size() == expect, what, " has ", x.size(), " floats, expected ", expect, " (", tokens,
           " tokens x n_kv_heads x head_dim)");
 }
@@ -78,7 +182,8 @@ template <class Policy>
 void check_queries(const Geometry& g, std::span<const float> q, std::size_t tokens,
                    const char* what, bool required = has(Policy::signals, Signals::query)) {
   const std::size_t expect =
-      tokens * static_cast<std::size_t>(g.n_heads) * static_cast<std::size_t>(g.head_dim);
+      checked_mul(tokens, static_cast<std::size_t>(g.n_heads) * static_cast<std::size_t>(g.head_dim),
+                  what, ": tokens x n_heads x head_dim");
   if (q.empty()) {
     require(!required, what, ": policy ", Policy::name(), " needs queries (", expect,
             " floats), got none");
@@ -94,12 +199,80 @@ inline void check_position(const LayerClock& clock, int layer, std::int64_t posi
           " in layer ", layer, ", expected > ", clock.last_position, " (positions must increase)");
 }
 
+/// A block of `tokens` >= 1 arrivals starting at `first_position`: positions must
+/// increase (check_position), the last one must not pass INT64_MAX, and the layer's
+/// arrival counter must stay <= kMaxTokensSeen.
+inline void check_arrivals(const LayerClock& clock, int layer, std::int64_t first_position,
+                           std::size_t tokens, const char* what) {
+  check_position(clock, layer, first_position);
+  (void)checked_last_position(first_position, tokens, what);
+  require(tokens <= kMaxTokensSeen - std::min(clock.next_seq, kMaxTokensSeen), what, ": layer ",
+          layer, " has seen ", clock.next_seq, " tokens, ", tokens, " more pass the limit of ",
+          kMaxTokensSeen);
+}
+
+/// Probabilities may exceed 1 by this much: an engine's softmax in bf16 rounds to 2^-7
+/// steps near 1 (fp16: 2^-10) and fast exp approximations add a few float ulps, so two
+/// bf16 steps of slack. Anything larger (or negative, NaN, inf) is not a probability; with
+/// every addend <= group x (1 + slack), a float score saturates (the addend falls below
+/// half an ulp) long before it could reach infinity, so H2O, DecayedAttention and BUZZ
+/// scores stay finite forever and a saved state always loads again.
+inline constexpr float kProbabilitySlack = 1.0f / 64;
+
 /// One step's attention probabilities of a head holding `size` rows: group x size floats.
-inline void check_probs(const Geometry& g, std::span<const float> probs, std::size_t size) {
+inline void check_probs_size(const Geometry& g, std::span<const float> probs, std::size_t size) {
   const std::size_t expect = static_cast<std::size_t>(g.group()) * size;
   require(probs.size() == expect, "observe: probs has ", probs.size(), " floats, expected ", expect,
           " (group ", g.group(), " x size ", size, ")");
-  check_finite(probs, "observe: probs");
+}
+
+/// Every value in [0, 1 + kProbabilitySlack] (-0 included): rejects negatives, values above
+/// 1 + slack, inf and NaN.
+inline void check_prob_range(std::span<const float> probs) {
+  // Branch-free like check_finite: a non-negative float's bits order like its value, so
+  // one unsigned compare rejects > 1 + slack, +inf and NaN; the sign bit rejects negatives
+  // (except -0). The slow loop only runs to name the bad value.
+  constexpr std::uint32_t hi = std::bit_cast<std::uint32_t>(1.0f + kProbabilitySlack);
+  std::uint32_t bad = 0;
+  for (float p : probs) {
+    const std::uint32_t u = std::bit_cast<std::uint32_t>(p);
+    bad |= static_cast<std::uint32_t>((u & 0x7fffffffu) > hi) | static_cast<std::uint32_t>(u > 0x80000000u);
+  }
+  if (bad == 0) return;
+  for (std::size_t i = 0; i < probs.size(); ++i)
+    require(probs[i] == 0.0f || (probs[i] > 0.0f && probs[i] <= 1.0f + kProbabilitySlack),
+            "observe: probs[", i, "] = ", probs[i], ", expected a probability in [0, 1] (",
+            kProbabilitySlack, " of rounding slack above 1)");
+}
+
+/// One step's attention probabilities of a head holding `size` rows: group x size floats,
+/// each in [0, 1 + kProbabilitySlack] (-0 included).
+inline void check_probs(const Geometry& g, std::span<const float> probs, std::size_t size) {
+  check_probs_size(g, probs, size);
+  check_prob_range(probs);
+}
+
+/// observe() of both containers: checks one step's probabilities and returns the view the
+/// policy receives. For a policy that reads attention the G rows are summed per row in the
+/// same pass that checks finiteness (one read of the probabilities, into `sums`); nothing
+/// but `sums` is written before the check has passed.
+template <class Policy>
+AttentionView observed_view(const Geometry& g, int layer, int kv_head,
+                            std::span<const float> probs, std::size_t size,
+                            std::vector<float>& sums) {
+  AttentionView view{layer, kv_head, g.group(), size, probs.data()};
+  if constexpr (has(Policy::signals, Signals::attention)) {
+    check_probs_size(g, probs, size);
+    check_prob_range(probs);
+    sums.resize(size);
+    if (!kernels::group_sum_checked(probs.data(), static_cast<std::size_t>(g.group()), size,
+                                    sums.data()))
+      check_finite(probs, "observe: probs");  // names the bad value and throws
+    view.sums = sums.data();
+  } else {
+    check_probs(g, probs, size);
+  }
+  return view;
 }
 
 /// capacity[l * Hkv + h] of every (layer, KV head) under `b`.

@@ -98,6 +98,7 @@ class KVCache
   /// guarantee: on any exception the cache is unchanged.
   void append(int layer, std::int64_t position, std::span<const float> keys,
               std::span<const float> values, std::span<const float> queries = {}) {
+    const auto in_use = this->exclusive("append");
     this->check_token(layer, position, keys, values, queries, false);
     this->step(layer, position, keys.data(), values.data(),
                queries.empty() ? nullptr : queries.data());
@@ -113,6 +114,7 @@ class KVCache
   void prefill(int layer, std::int64_t first_position, std::size_t tokens,
                std::span<const float> keys, std::span<const float> values,
                std::span<const float> queries = {}) {
+    const auto in_use = this->exclusive("prefill");
     this->check_block(layer, first_position, tokens, keys, values, queries, true);
     this->prefill_block(layer, first_position, tokens, keys.data(), values.data(),
                         queries.empty() ? nullptr : queries.data());
@@ -121,7 +123,10 @@ class KVCache
   // --- budget -------------------------------------------------------------------------
   /// Changes the budget. Heads above their new capacity evict through the policy (every
   /// row reaches the callback); storage beyond the new capacity is released.
-  void set_budget(const Budget& budget) { this->change_budget(budget); }
+  void set_budget(const Budget& budget) {
+    const auto in_use = this->exclusive("set_budget");
+    this->change_budget(budget);
+  }
 
  private:
   friend struct detail::CacheAccess<KVCache>;

@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -87,12 +88,15 @@ class ContainerCore {
   /// group x size floats over the live rows, in row order. Ignored by policies that do
   /// not declare Signals::attention.
   void observe(int layer, int kv_head, std::span<const float> probs) {
+    const auto in_use = exclusive("observe");
     const std::size_t n = head(layer, kv_head).size();
-    check_probs(shape_.geometry, probs, n);
+    // Checked and group-summed in one pass (bookkeeping.hpp); the policy reads the sums.
+    const AttentionView view =
+        observed_view<Policy>(shape_.geometry, layer, kv_head, probs, n, sums_);
     if constexpr (has(Policy::signals, Signals::attention)) {
       static_assert(HasObserve<Policy>,
                     "EvictionPolicy declares Signals::attention but has no observe(AttentionView)");
-      policy_.observe(AttentionView{layer, kv_head, group(), n, probs.data()});
+      policy_.observe(view);
     }
   }
 
@@ -110,6 +114,33 @@ class ContainerCore {
     layers_.resize(static_cast<std::size_t>(geometry.n_layers));
     policy_.bind(shape_);
   }
+
+  ContainerCore(const ContainerCore&) = default;
+  ContainerCore& operator=(const ContainerCore&) = default;
+  /// A moved-from cache is valid and empty: it has no layers, geometry() is all zeros,
+  /// and every call that names a layer (or set_budget, save, load) throws kvevict::Error
+  /// saying it was moved from. Assigning a cache revives it. The layout's own members
+  /// move with their defaults (vectors are left empty).
+  ContainerCore(ContainerCore&& o) noexcept(std::is_nothrow_move_constructible_v<Policy>)
+      : shape_(std::exchange(o.shape_, CacheShape{})),
+        policy_(std::move(o.policy_)),
+        heads_(std::exchange(o.heads_, {})),
+        layers_(std::exchange(o.layers_, {})),
+        scratch_victims_(std::exchange(o.scratch_victims_, {})) {}
+  ContainerCore& operator=(ContainerCore&& o) noexcept(std::is_nothrow_move_assignable_v<Policy>) {
+    if (this != &o) {
+      shape_ = std::exchange(o.shape_, CacheShape{});
+      policy_ = std::move(o.policy_);
+      heads_ = std::exchange(o.heads_, {});
+      layers_ = std::exchange(o.layers_, {});
+      scratch_victims_ = std::exchange(o.scratch_victims_, {});
+    }
+    return *this;
+  }
+
+  /// Marks the cache in use by a changing call for the returned scope's lifetime; with
+  /// KVEVICT_CHECK_CONCURRENCY an overlapping changing call throws (bookkeeping.hpp).
+  [[nodiscard]] ExclusiveUse::Scope exclusive(const char* what) { return exclusive_.enter(what); }
 
   // --- default layout hooks ---------------------------------------------------------
   void load_rows(int, int, const float*, const float*) {}
@@ -153,9 +184,9 @@ class ContainerCore {
       check_token_rows(g, values, "append: values");
     }
     check_queries<Policy>(g, queries, 1, "append");
-    check_position(layers_[static_cast<std::size_t>(layer)], layer, position);
-    check_finite(keys, "append: keys");
-    check_finite(values, "append: values");
+    check_arrivals(layers_[static_cast<std::size_t>(layer)], layer, position, 1, "append");
+    check_storable<Scalar>(keys, "append: keys");
+    check_storable<Scalar>(values, "append: values");
     check_finite(queries, "append: queries");
   }
   /// The checks of a prefill block that do not depend on where K/V lives (values: none, or
@@ -172,9 +203,10 @@ class ContainerCore {
                                    has(Policy::signals, Signals::attention) ||
                                    has(Policy::signals, Signals::prefill_window);
     check_queries<Policy>(g, queries, tokens, "prefill", wants_queries);
-    check_position(layers_[static_cast<std::size_t>(layer)], layer, first_position);
-    check_finite(keys, "prefill: keys");
-    if (with_values) check_finite(values, "prefill: values");
+    check_arrivals(layers_[static_cast<std::size_t>(layer)], layer, first_position, tokens,
+                   "prefill");
+    check_storable<Scalar>(keys, "prefill: keys");
+    if (with_values) check_storable<Scalar>(values, "prefill: values");
     check_finite(queries, "prefill: queries");
   }
 
@@ -367,6 +399,7 @@ class ContainerCore {
   /// Changes the budget: heads above their new capacity evict through the policy (chosen
   /// for every head before anything moves); storage beyond the new capacity is released.
   void change_budget(const Budget& budget) {
+    check_live(shape_.geometry, "set_budget");
     budget.validate(shape_.geometry);
     auto caps = resolve_capacities(shape_.geometry, budget);
     check_capacities(policy_, shape_.geometry, caps);
@@ -414,6 +447,8 @@ class ContainerCore {
   std::vector<Head> heads_;
   std::vector<LayerState> layers_;
   std::vector<std::vector<std::uint32_t>> scratch_victims_;
+  std::vector<float> sums_;  ///< observe scratch: the group sum of each row
+  ExclusiveUse exclusive_;
 };
 
 }  // namespace kvevict::detail

@@ -3,13 +3,20 @@
 // what was expected, so a user can fix the call without reading our source.
 //
 // Messages are built with fmt (https://fmt.dev), used header-only: the kvevict CMake
-// target links fmt::fmt-header-only, which defines FMT_HEADER_ONLY. A build without
-// CMake defines FMT_HEADER_ONLY=1 itself or links libfmt.
-#include <fmt/core.h>
-
-#include <cstddef>
+// target links fmt::fmt-header-only, which defines FMT_HEADER_ONLY; a build without
+// CMake adds -DFMT_HEADER_ONLY=1 (or links libfmt).
+//
+// Compile cost (bench/compile_time.sh, docs/benchmarks.md): every translation unit that
+// instantiates a throwing path compiles the formatting code it reaches. Each part is
+// therefore formatted by the narrowest fmt entry point for its type (strings appended,
+// integers by fmt::format_int, floating point by fmt::to_string) rather than through
+// fmt::format's general engine, which would be compiled for every argument type.
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
+
+#include <fmt/format.h>
 
 namespace kvevict {
 
@@ -21,22 +28,31 @@ class Error : public std::invalid_argument {
 
 namespace detail {
 
-/// "kvevict: " and one "{}" per part, cut to length at the call (at most 32 parts).
-inline constexpr fmt::string_view kErrorFormat =
-    "kvevict: {}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}";
-
-/// The one place a message is formatted: the arguments arrive type-erased, so each
-/// call site instantiates only the small argument store, not fmt's formatting code.
-[[noreturn]] inline void throw_error(std::size_t n_parts, fmt::format_args args) {
-  throw Error(fmt::vformat(fmt::string_view(kErrorFormat.data(), 9 + 2 * n_parts), args));
+/// Appends one part of a message as fmt's "{}" would write it.
+template <class T>
+void append_part(std::string& out, const T& part) {
+  if constexpr (std::is_convertible_v<const T&, std::string_view>) {
+    out += std::string_view(part);
+  } else if constexpr (std::is_same_v<T, char>) {
+    out += part;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    out += part ? "true" : "false";
+  } else if constexpr (std::is_integral_v<T>) {
+    const fmt::format_int digits(part);
+    out.append(digits.data(), digits.size());
+  } else if constexpr (std::is_floating_point_v<T>) {
+    out += fmt::to_string(part);  // shortest text that reads back as the same value
+  } else {
+    out += fmt::format("{}", part);
+  }
 }
 
-/// The message "kvevict: " followed by every part formatted with fmt's "{}" (numbers in
-/// their shortest round-trip form, strings as they are).
+/// Throws kvevict::Error("kvevict: " + every part formatted in order).
 template <class... Parts>
-[[noreturn]] inline void fail(const Parts&... parts) {
-  static_assert(sizeof...(Parts) <= 32, "kvevict::detail::fail takes at most 32 parts");
-  throw_error(sizeof...(Parts), fmt::make_format_args(parts...));
+[[noreturn]] void fail(const Parts&... parts) {
+  std::string message = "kvevict: ";
+  (append_part(message, parts), ...);
+  throw Error(message);
 }
 
 template <class... Parts>

@@ -28,7 +28,22 @@ struct Geometry {
     detail::require(head_dim > 0, "geometry: head_dim = ", head_dim, ", expected > 0");
     detail::require(n_heads % n_kv_heads == 0, "geometry: n_heads = ", n_heads,
                     " is not a multiple of n_kv_heads = ", n_kv_heads);
+    // Upper bounds, so an absurd shape is named here instead of surfacing as bad_alloc or
+    // an int overflow later; each is far above any real model (Llama 3.1 405B: 126 layers
+    // x 8 KV heads, 128 heads x 128 dims).
+    detail::require(n_layers <= kMaxExtent && n_heads <= kMaxExtent && head_dim <= kMaxExtent,
+                    "geometry: (layers ", n_layers, ", heads ", n_heads, ", head_dim ", head_dim,
+                    "), expected each <= ", kMaxExtent);
+    const long long heads = static_cast<long long>(n_layers) * n_kv_heads;
+    detail::require(heads <= kMaxCacheHeads, "geometry: n_layers x n_kv_heads = ", n_layers,
+                    " x ", n_kv_heads, " = ", heads, ", expected <= ", kMaxCacheHeads);
+    const long long width = static_cast<long long>(n_heads) * head_dim;
+    detail::require(width <= kMaxTokenWidth, "geometry: n_heads x head_dim = ", n_heads, " x ",
+                    head_dim, " = ", width, ", expected <= ", kMaxTokenWidth);
   }
+  static constexpr int kMaxExtent = 1 << 16;               ///< layers, heads, head_dim each
+  static constexpr long long kMaxCacheHeads = 1 << 20;     ///< n_layers x n_kv_heads
+  static constexpr long long kMaxTokenWidth = 1 << 24;     ///< n_heads x head_dim (one token)
   friend bool operator==(const Geometry&, const Geometry&) = default;
 };
 

@@ -83,16 +83,30 @@ class IndexCache
   static constexpr std::uint32_t kAutoCell = std::numeric_limits<std::uint32_t>::max();
 
   /// `cells_per_head`: cells the engine has per (layer, KV head); cell ids must be below
-  /// it. 0: the largest capacity + 1 (one spare for engines that write the new token
-  /// before evicting), or 2^20 under an unbounded budget.
+  /// it, and it must be >= every finite capacity (a full head holds one row per cell). 0:
+  /// the largest capacity + 1 (one spare for engines that write the new token before
+  /// evicting), at least 2^20 under an unbounded budget (an append or prefill that would
+  /// need more live rows than cells is then refused before anything changes).
   IndexCache(const Geometry& geometry, const Budget& budget, Policy policy = Policy{},
              std::uint32_t cells_per_head = 0)
       : Core(geometry, budget, std::move(policy)) {
-    if (cells_per_head == 0) {
-      const auto& caps = this->shape_.capacity;
-      const std::size_t cap = *std::max_element(caps.begin(), caps.end());
-      cells_per_head = cap >= (std::size_t{1} << 20) ? (1u << 20) : static_cast<std::uint32_t>(cap + 1);
+    std::size_t finite = 0;  // the largest finite capacity
+    bool unbounded = false;
+    for (std::size_t c : this->shape_.capacity) {
+      if (c == Budget::kUnbounded) unbounded = true;
+      else finite = std::max(finite, c);
     }
+    if (cells_per_head == 0) {
+      detail::require(finite < kAutoCell - 1, "IndexCache: capacity ", finite,
+                      " rows, expected < ", kAutoCell - 1, " (cells are 32-bit ids)");
+      cells_per_head = static_cast<std::uint32_t>(finite + 1);
+      if (unbounded) cells_per_head = std::max<std::uint32_t>(cells_per_head, 1u << 20);
+    }
+    detail::require(cells_per_head >= finite, "IndexCache: cells_per_head = ", cells_per_head,
+                    ", expected >= the largest capacity ", finite,
+                    " (a full head holds one row per cell)");
+    detail::require(cells_per_head < kAutoCell, "IndexCache: cells_per_head = ", cells_per_head,
+                    ", expected < ", kAutoCell, " (reserved for kAutoCell)");
     cell_limit_ = cells_per_head;
   }
 
@@ -120,6 +134,7 @@ class IndexCache
                                    std::span<const std::uint32_t> new_cells = {},
                                    std::span<const float> values = {},
                                    CellRows<Scalar> stored_values = {}) {
+    const auto in_use = this->exclusive("append");
     this->check_token(layer, position, keys, values, queries, true);
     // Policies may read stored rows through HeadView, so the engine must locate them.
     detail::require(stored_keys.data != nullptr || size_of_layer(layer) == 0,
@@ -142,7 +157,14 @@ class IndexCache
   std::span<const Decision> prefill(int layer, std::int64_t first_position, std::size_t tokens,
                                     std::span<const float> keys, std::span<const float> queries,
                                     CellRows<Scalar> stored_keys) {
+    const auto in_use = this->exclusive("prefill");
     this->check_block(layer, first_position, tokens, keys, {}, queries, false);
+    for (int kh = 0; kh < this->shape_.geometry.n_kv_heads; ++kh) {  // cells, before any token
+      const std::size_t rows = std::min(this->shape_.at(layer, kh),
+                                        this->heads_[this->index(layer, kh)].size() + tokens);
+      detail::require(rows <= cell_limit_, "prefill: layer ", layer, " KV head ", kh,
+                      " would hold ", rows, " rows, expected <= cells_per_head = ", cell_limit_);
+    }
     decisions_.clear();
     // Rows of this block are read from `keys` until the engine applies the decisions.
     call_ = Call{stored_keys, {}, {}, keys.data(), this->layer_state(layer).next_seq};
@@ -242,10 +264,14 @@ class IndexCache
 
   // --- layout hooks (container_core.hpp): rows live in engine cells ------------------
   // The policy reads keys/values gathered from the engine's cells into gather_/gather_v_.
+  // A policy declaring reads_stored_rows = false gets views without keys/values, and
+  // decode steps gather nothing from engine memory (kGather).
   detail::RowsData<Scalar> rows_data(int, int) const {
+    if constexpr (!kGather) return {nullptr, nullptr};
     return {gather_.data(), gather_v_.empty() ? nullptr : gather_v_.data()};
   }
   void load_rows(int layer, int kh, const float* key, const float* value) {
+    if constexpr (!kGather) return;
     gather_rows(layer, kh, call_.stored_keys, key, call_.block, call_.block_seq);
     gather_values(layer, kh, call_.stored_values, value);
   }
@@ -257,8 +283,13 @@ class IndexCache
     this->heads_[i].cell.reserve(n);
     this->heads_[i].used.reserve(n);
   }
-  void prepare_head(int, int kh, std::size_t i, const std::vector<std::uint32_t>& victims) {
+  void prepare_head(int layer, int kh, std::size_t i, const std::vector<std::uint32_t>& victims) {
     auto& h = this->heads_[i];
+    // Live rows never outnumber cells, so an allocated cell is always below the limit
+    // (reachable only under an unbounded budget: bounded ones were checked at construction).
+    const std::size_t rows = h.size() - victims.size() + 1;
+    detail::require(rows <= cell_limit_, "append: layer ", layer, " KV head ", kh, " would hold ",
+                    rows, " rows, expected <= cells_per_head = ", cell_limit_);
     h.free_cells.reserve(h.free_cells.size() + victims.size());
     const std::uint32_t want = wanted_cell(kh);
     const std::size_t top = want != kAutoCell ? want + std::size_t{1} : h.next_cell + std::size_t{1};
@@ -266,8 +297,10 @@ class IndexCache
   }
   void prepare_step(int, std::size_t total_victims, std::size_t max_rows) {
     const std::size_t d = this->udim();
-    gather_.reserve(max_rows * d);
-    if (call_.stored_values.data != nullptr) gather_v_.reserve(max_rows * d);
+    if constexpr (kGather) {
+      gather_.reserve(max_rows * d);
+      if (call_.stored_values.data != nullptr) gather_v_.reserve(max_rows * d);
+    }
     reserve_decisions(2 * total_victims + static_cast<std::size_t>(this->shape_.geometry.n_kv_heads));
   }
   void prepare_prompt(int, std::size_t tokens, const std::vector<std::vector<std::uint32_t>>&) {
@@ -288,7 +321,7 @@ class IndexCache
       decisions_.push_back(Decision{Decision::Kind::move, layer, kh, r, static_cast<std::uint32_t>(last),
                                     h.cell[last], h.pos[last], h.seq[last]});
       h.cell[r] = h.cell[last];
-      move_gathered(r, last);
+      if constexpr (kGather) move_gathered(r, last);
     }
     h.cell.pop_back();
   }
@@ -296,12 +329,15 @@ class IndexCache
                 std::uint64_t seq, const float*, const float*, std::uint32_t token) {
     // The gathered block now holds the survivors in row order, then the incoming row.
     const std::size_t d = this->udim();
-    std::memmove(gather_.data() + n * d, gather_.data() + (gather_.size() - d), d * sizeof(Scalar));
-    gather_.resize((n + 1) * d);
-    if (!gather_v_.empty()) {
-      std::memmove(gather_v_.data() + n * d, gather_v_.data() + (gather_v_.size() - d),
+    if constexpr (kGather) {
+      std::memmove(gather_.data() + n * d, gather_.data() + (gather_.size() - d),
                    d * sizeof(Scalar));
-      gather_v_.resize((n + 1) * d);
+      gather_.resize((n + 1) * d);
+      if (!gather_v_.empty()) {
+        std::memmove(gather_v_.data() + n * d, gather_v_.data() + (gather_v_.size() - d),
+                     d * sizeof(Scalar));
+        gather_v_.resize((n + 1) * d);
+      }
     }
     const std::uint32_t cell = take_cell(this->heads_[i], wanted_cell(kh));
     decisions_.push_back(Decision{Decision::Kind::place, layer, kh, static_cast<std::uint32_t>(n),
@@ -333,6 +369,8 @@ class IndexCache
   Call call_;
   std::vector<Decision> decisions_;
   std::vector<Scalar> gather_, gather_v_;
+  /// Whether decode steps gather stored rows from engine memory for the policy's views.
+  static constexpr bool kGather = detail::reads_stored_rows<Policy>();
 };
 
 }  // namespace kvevict

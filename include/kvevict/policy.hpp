@@ -36,8 +36,10 @@ struct HeadView {
   std::size_t size = 0;        ///< live rows
   std::size_t capacity = 0;    ///< rows allowed (Budget::kUnbounded for no limit)
   std::size_t need = 0;        ///< choose_victims: the minimum number of victims required
-  const Scalar* keys = nullptr;    ///< size x head_dim, row-major
-  const Scalar* values = nullptr;  ///< size x head_dim, row-major
+  /// size x head_dim, row-major. nullptr in IndexCache's views for a policy that declares
+  /// reads_stored_rows = false (see detail::reads_stored_rows).
+  const Scalar* keys = nullptr;
+  const Scalar* values = nullptr;  ///< size x head_dim, row-major (nullptr as keys)
   const std::int64_t* positions = nullptr;  ///< engine positions of the rows
   const std::uint64_t* seqs = nullptr;      ///< arrival index of each row within the layer
   std::uint64_t incoming_seq = 0;    ///< arrival index of the token being appended
@@ -63,8 +65,12 @@ struct AttentionView {
   int group = 1;
   std::size_t size = 0;
   const float* probs = nullptr;  ///< group x size, row-major
+  /// When not null: the group sums of every row, precomputed by the container in one pass
+  /// (summed(row) == sums[row], bit for bit). Policies read attention through summed().
+  const float* sums = nullptr;
 
   [[nodiscard]] float summed(std::size_t row) const {
+    if (sums != nullptr) return sums[row];
     float s = 0.0f;
     for (int g = 0; g < group; ++g) s += probs[static_cast<std::size_t>(g) * size + row];
     return s;
@@ -140,6 +146,17 @@ concept EvictionPolicy =
     };
 
 namespace detail {
+/// Whether a policy reads the keys/values of stored rows through HeadView::keys / values /
+/// key() / value(). A policy opts out with `static constexpr bool reads_stored_rows =
+/// false;`; IndexCache then hands it views without them (keys == values == nullptr) and
+/// skips gathering the rows from engine memory every step. Default: it reads them.
+template <class P>
+constexpr bool reads_stored_rows() {
+  if constexpr (requires { P::reads_stored_rows; })
+    return static_cast<bool>(P::reads_stored_rows);
+  else
+    return true;
+}
 template <class P>
 concept HasObserve = requires(P& p, const AttentionView& a) { p.observe(a); };
 template <class P>

@@ -17,6 +17,7 @@
 // target cache untouched: everything is parsed and checked into new storage first.
 #include <Eigen/Core>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -25,11 +26,13 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "bytes.hpp"
 #include "cache.hpp"
 #include "errors.hpp"
+#include "file.hpp"
 
 namespace kvevict {
 
@@ -73,6 +76,7 @@ struct CacheAccess {
 
   static void save(const Cache& c, std::vector<std::uint8_t>& out) {
     const Geometry& g = c.shape_.geometry;
+    check_live(g, "save");
     const std::size_t d = static_cast<std::size_t>(g.head_dim);
     out.clear();
     ByteWriter w(out);
@@ -108,8 +112,53 @@ struct CacheAccess {
     w.put<std::uint64_t>(fnv1a(out));
   }
 
+  // A stored K or V element that is not finite (a row the cache could never have accepted).
+  static void check_rows_finite(const std::vector<Scalar>& x, std::size_t head, const char* what) {
+    for (std::size_t j = 0; j < x.size(); ++j)
+      require(std::isfinite(static_cast<float>(x[j])), "saved state: head ", head, " ", what,
+              " element ", j, " = ", static_cast<float>(x[j]), ", expected a finite value");
+  }
+
+  // Every KV head of a layer received each token at the same position, positions increase
+  // by at least one per arrival (so between two rows at least their seq gap), and the
+  // layer's newest token sits at its last position.
+  static void check_arrival_order(const std::vector<typename Cache::HeadStore>& heads,
+                                  std::size_t layer, std::size_t hkv,
+                                  const typename Cache::LayerState& ls) {
+    std::vector<std::pair<std::uint64_t, std::int64_t>> rows;
+    for (std::size_t h = layer * hkv; h < (layer + 1) * hkv; ++h)
+      for (std::size_t k = 0; k < heads[h].size(); ++k) rows.emplace_back(heads[h].seq[k], heads[h].pos[k]);
+    std::sort(rows.begin(), rows.end());
+    auto gap = [](std::int64_t hi, std::int64_t lo) {  // hi - lo for hi >= lo, exact
+      return static_cast<std::uint64_t>(hi) - static_cast<std::uint64_t>(lo);
+    };
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const auto [seq, pos] = rows[i];
+      if (seq + 1 == ls.next_seq)
+        require(pos == ls.last_position, "saved state: layer ", layer, " newest token (seq ", seq,
+                ") at position ", pos, ", expected the layer's last position ", ls.last_position,
+                " (positions increase with arrival order)");
+      require(gap(ls.last_position, pos) >= ls.next_seq - 1 - seq, "saved state: layer ", layer,
+              " seq ", seq, " at position ", pos, " leaves too few positions before the last one (",
+              ls.last_position, ") for the ", ls.next_seq - 1 - seq,
+              " tokens after it (positions increase with arrival order)");
+      if (i == 0) continue;
+      const auto [pseq, ppos] = rows[i - 1];
+      if (seq == pseq) {
+        require(pos == ppos, "saved state: layer ", layer, " seq ", seq, " at positions ", ppos,
+                " and ", pos, " in different KV heads, expected one position per token");
+        continue;
+      }
+      require(pos > ppos && gap(pos, ppos) >= seq - pseq, "saved state: layer ", layer, " seq ",
+              pseq, " at position ", ppos, " and seq ", seq, " at position ", pos,
+              ", expected positions to increase with arrival order");
+    }
+  }
+
   // Parses and checks everything into fresh storage, then commits with non-throwing swaps.
   static void load(Cache& c, std::span<const std::uint8_t> in, bool verify_checksum) {
+    const auto in_use = c.exclusive_.enter("load");
+    check_live(c.shape_.geometry, "load");
     require(in.size() >= 8 + 4 + 8 && std::memcmp(in.data(), "KVEVSAVE", 8) == 0,
             "saved state: bad magic (", in.size(), " bytes), expected a kvevict save file");
     ByteReader hdr(in.subspan(8));
@@ -149,9 +198,14 @@ struct CacheAccess {
               c.shape_.capacity[i], " (the target cache's budget)");
     }
     std::vector<typename Cache::LayerState> layers(static_cast<std::size_t>(g.n_layers));
-    for (auto& ls : layers) {
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      auto& ls = layers[l];
       ls.next_seq = r.get<std::uint64_t>("tokens seen");
       ls.last_position = r.get<std::int64_t>("last position");
+      require(ls.next_seq <= kMaxTokensSeen, "saved state: layer ", l, " has seen ", ls.next_seq,
+              " tokens, expected <= ", kMaxTokensSeen);
+      require(ls.next_seq > 0 || ls.last_position == 0, "saved state: layer ", l,
+              " has seen no tokens but its last position is ", ls.last_position, ", expected 0");
     }
     const std::size_t d = static_cast<std::size_t>(g.head_dim);
     std::vector<typename Cache::HeadStore> heads(n_heads);
@@ -187,6 +241,10 @@ struct CacheAccess {
       h.v.resize(n * d);
       r.get_array(h.k.data(), n * d, "keys");
       r.get_array(h.v.data(), n * d, "values");
+      check_rows_finite(h.k, i, "key");
+      check_rows_finite(h.v, i, "value");
+      const auto hkv = static_cast<std::size_t>(g.n_kv_heads);
+      if (i % hkv == hkv - 1) check_arrival_order(heads, i / hkv, hkv, ls);
     }
     const auto has_state = r.get<std::uint8_t>("policy state flag");
     require(has_state <= 1, "saved state: policy state flag ", int(has_state), ", expected 0 or 1");
@@ -266,11 +324,9 @@ void save(const KVCache<Policy, Scalar>& cache, const std::string& path) {
 /// Restores the cache from a file written by save().
 template <class Policy, class Scalar>
 void load(KVCache<Policy, Scalar>& cache, const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  detail::require(f.good(), "load: cannot open ", path);
-  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  detail::require(!f.bad(), "load: reading ", path, " failed");
-  load_bytes(cache, bytes);
+  const std::vector<char> bytes = detail::read_file(path, "load: saved cache");
+  load_bytes(cache, std::span<const std::uint8_t>(
+                        reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()));
 }
 
 }  // namespace kvevict

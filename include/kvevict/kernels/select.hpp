@@ -381,4 +381,38 @@ inline std::size_t argmin_masked(const float* s, std::size_t n,
                           [&](auto isa) { return argmin_masked<isa()>(s, n, protected_bits); });
 }
 
+/// Protection bits for rows whose arrival index lies outside [lo, hi): bit i of word i/64
+/// set = protected, the layout argmin_masked / argmax_masked take. Writes ceil(n/64) words;
+/// bits past n are set. (AVX-512 CPUs run the AVX2 form.)
+inline void protect_outside(const std::uint64_t* seqs, std::size_t n, std::uint64_t lo,
+                            std::uint64_t hi, std::uint64_t* bits) {
+  detail::require_nonnull(seqs, n, "seqs");
+  detail::require_nonnull(bits, n, "bits");
+#if KVEVICT_X86
+  if (active_isa() != Isa::scalar) return detail::avx2::protect_outside(seqs, n, lo, hi, bits);
+#endif
+  detail::scalar::protect_outside(seqs, n, lo, hi, bits);
+}
+
+/// First index i >= from with s[i] == v among unprotected rows (protected_bits may be
+/// null), or npos: the follow-up to argmin_masked when ties need a second key.
+inline std::size_t find_equal_masked(const float* s, std::size_t n, std::size_t from,
+                                     const std::uint64_t* protected_bits, float v) {
+  detail::require_nonnull(s, n, "scores");
+#if KVEVICT_X86
+  if (active_isa() != Isa::scalar) return detail::avx2::find_eq(s, n, from, protected_bits, v);
+#endif
+  return detail::scalar::find_eq(s, n, from, protected_bits, v);
+}
+
+/// Sums g rows of n floats (row-major, g x n) into out[0, n) in one row-wise pass, adding
+/// in row order starting from 0.0f (bit-identical to that scalar loop), and returns whether
+/// every input was finite. out may be written even when it returns false.
+inline bool group_sum_checked(const float* p, std::size_t g, std::size_t n, float* out) {
+#if KVEVICT_X86
+  if (active_isa() != Isa::scalar) return detail::avx2::group_sum(p, g, n, out);
+#endif
+  return detail::scalar::group_sum(p, g, n, out);
+}
+
 }  // namespace kvevict::kernels

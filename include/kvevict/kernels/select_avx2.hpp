@@ -82,6 +82,55 @@ KVEVICT_TARGET_AVX2 inline std::size_t find_first_eq(const float* s, std::size_t
   return m;
 }
 
+/// protect_outside with 4-wide 64-bit compares (unsigned range test via the sign flip).
+KVEVICT_TARGET_AVX2 inline void protect_outside(const std::uint64_t* seqs, std::size_t n,
+                                                std::uint64_t lo, std::uint64_t hi,
+                                                std::uint64_t* bits) noexcept {
+  const std::uint64_t span = hi > lo ? hi - lo : 0;
+  const __m256i flip = _mm256_set1_epi64x(static_cast<long long>(0x8000000000000000ull));
+  const __m256i vlo = _mm256_set1_epi64x(static_cast<long long>(lo));
+  // x - lo < span (unsigned)  <=>  (span ^ flip) > ((x - lo) ^ flip) (signed)
+  const __m256i vspan = _mm256_xor_si256(_mm256_set1_epi64x(static_cast<long long>(span)), flip);
+  const std::size_t full = n / 64;
+  for (std::size_t w = 0; w < full; ++w) {
+    std::uint64_t in = 0;
+    const std::uint64_t* q = seqs + w * 64;
+    for (std::size_t j = 0; j < 64; j += 4) {
+      const __m256i x = _mm256_xor_si256(
+          _mm256_sub_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j)), vlo), flip);
+      const auto m = static_cast<unsigned>(
+          _mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpgt_epi64(vspan, x))));
+      in |= static_cast<std::uint64_t>(m) << j;
+    }
+    bits[w] = ~in;
+  }
+  if (n % 64) scalar::protect_outside_body(seqs + full * 64, n % 64, lo, hi, bits + full);
+}
+
+/// find_eq with 8-wide compares.
+KVEVICT_TARGET_AVX2 inline std::size_t find_eq(const float* s, std::size_t n, std::size_t from,
+                                               const std::uint64_t* prot, float v) noexcept {
+  const __m256 t = _mm256_set1_ps(v);
+  std::size_t i = from;
+  for (; i < n && (i & 7); ++i)
+    if (s[i] == v && !(prot != nullptr && ((prot[i >> 6] >> (i & 63)) & 1u))) return i;
+  for (; i + 8 <= n; i += 8) {
+    auto hit = static_cast<unsigned>(
+        _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(s + i), t, _CMP_EQ_OQ)));
+    if (prot != nullptr) hit &= ~static_cast<unsigned>(prot[i >> 6] >> (i & 63)) & 0xFFu;
+    if (hit) return i + static_cast<std::size_t>(std::countr_zero(hit));
+  }
+  for (; i < n; ++i)
+    if (s[i] == v && !(prot != nullptr && ((prot[i >> 6] >> (i & 63)) & 1u))) return i;
+  return npos;
+}
+
+/// group_sum compiled for AVX2 (the portable body vectorises 8-wide).
+KVEVICT_TARGET_AVX2 inline bool group_sum(const float* p, std::size_t g, std::size_t n,
+                                          float* out) noexcept {
+  return scalar::group_sum_body(p, g, n, out);
+}
+
 }  // namespace kvevict::kernels::detail::avx2
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif

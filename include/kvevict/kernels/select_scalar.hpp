@@ -122,5 +122,63 @@ inline std::size_t topk_pass(const float* s, std::size_t n, float thi, float tlo
   return topk_pass_body(s, n, thi, tlo, above, mid, n_mid);
 }
 
+/// Protection bits from arrival indices: bit i set unless lo <= seqs[i] < hi. Writes
+/// ceil(n/64) words; bits beyond n are set (never eligible).
+KVEVICT_ALWAYS_INLINE void protect_outside_body(const std::uint64_t* seqs, std::size_t n,
+                                                std::uint64_t lo, std::uint64_t hi,
+                                                std::uint64_t* bits) noexcept {
+  const std::uint64_t span = hi > lo ? hi - lo : 0;
+  const std::size_t words = (n + 63) / 64;
+  for (std::size_t w = 0; w < words; ++w) {
+    const std::size_t base = w * 64, m = n - base < 64 ? n - base : 64;
+    std::uint64_t word = ~std::uint64_t{0};
+    for (std::size_t j = 0; j < m; ++j)
+      word &= ~(static_cast<std::uint64_t>(seqs[base + j] - lo < span) << j);
+    bits[w] = word;
+  }
+}
+inline void protect_outside(const std::uint64_t* seqs, std::size_t n, std::uint64_t lo,
+                            std::uint64_t hi, std::uint64_t* bits) noexcept {
+  protect_outside_body(seqs, n, lo, hi, bits);
+}
+
+/// First i in [from, n) with protection bit clear and s[i] == v, or npos.
+inline std::size_t find_eq(const float* s, std::size_t n, std::size_t from,
+                           const std::uint64_t* prot, float v) noexcept {
+  for (std::size_t i = from; i < n; ++i)
+    if (s[i] == v && !(prot != nullptr && ((prot[i >> 6] >> (i & 63)) & 1u))) return i;
+  return npos;
+}
+
+/// out[r] = 0 + p[0][r] + p[1][r] + ... + p[g-1][r] (rows of length n, that order of
+/// additions); returns whether every input value is finite (exponent test, OR-reduced).
+KVEVICT_ALWAYS_INLINE bool group_sum_body(const float* p, std::size_t g, std::size_t n,
+                                          float* out) noexcept {
+  std::uint32_t carry = 0;
+  constexpr std::size_t kBlock = 512;  // the block of out stays in L1 across the g rows
+  for (std::size_t base = 0; base < n; base += kBlock) {
+    const std::size_t m = n - base < kBlock ? n - base : kBlock;
+    float* o = out + base;
+    const float* r0 = p + base;
+    for (std::size_t i = 0; i < m; ++i) {
+      const float x = r0[i];
+      carry |= (std::bit_cast<std::uint32_t>(x) & 0x7fffffffu) + 0x00800000u;
+      o[i] = 0.0f + x;
+    }
+    for (std::size_t k = 1; k < g; ++k) {
+      const float* r = p + k * n + base;
+      for (std::size_t i = 0; i < m; ++i) {
+        const float x = r[i];
+        carry |= (std::bit_cast<std::uint32_t>(x) & 0x7fffffffu) + 0x00800000u;
+        o[i] += x;
+      }
+    }
+  }
+  return (carry & 0x80000000u) == 0;
+}
+inline bool group_sum(const float* p, std::size_t g, std::size_t n, float* out) noexcept {
+  return group_sum_body(p, g, n, out);
+}
+
 }  // namespace scalar
 }  // namespace kvevict::kernels::detail

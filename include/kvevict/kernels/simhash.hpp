@@ -10,6 +10,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "dispatch.hpp"
 #include "hamming.hpp"
@@ -45,6 +46,85 @@ class PortableGaussian {
   bool has_spare_ = false;
 };
 
+#if KVEVICT_X86
+KVEVICT_SUPPRESS_INTRIN_WARNINGS_BEGIN
+/// Projections of 8 L outputs (columns base.. of wt, row stride `bits`) into acc[0..L):
+/// the dim loop is split into 8 / L independent chains (8 accumulators in all, kept in
+/// registers: L is a compile-time constant) so FMA latency is hidden. The order of the
+/// additions does not matter for the sign bound.
+template <int L>
+__attribute__((target("avx2,fma"), always_inline)) inline void simhash_block(
+    const float* x, int dim, int bits, const float* w, __m256* out) noexcept {
+  constexpr int P = 8 / L;
+  __m256 acc[P][L];
+  for (int q = 0; q < P; ++q)
+    for (int c = 0; c < L; ++c) acc[q][c] = _mm256_setzero_ps();
+  const auto stride = static_cast<std::size_t>(bits);
+  int k = 0;
+  for (; k + P <= dim; k += P)
+    for (int q = 0; q < P; ++q) {
+      const __m256 xb = _mm256_set1_ps(x[k + q]);
+      const float* wq = w + static_cast<std::size_t>(k + q) * stride;
+      for (int c = 0; c < L; ++c) acc[q][c] = _mm256_fmadd_ps(xb, _mm256_loadu_ps(wq + 8 * c), acc[q][c]);
+    }
+  for (; k < dim; ++k) {
+    const __m256 xb = _mm256_set1_ps(x[k]);
+    const float* wq = w + static_cast<std::size_t>(k) * stride;
+    for (int c = 0; c < L; ++c) acc[0][c] = _mm256_fmadd_ps(xb, _mm256_loadu_ps(wq + 8 * c), acc[0][c]);
+  }
+  for (int c = 0; c < L; ++c) {
+    __m256 s = acc[0][c];
+    for (int q = 1; q < P; ++q) s = _mm256_add_ps(s, acc[q][c]);
+    out[c] = s;
+  }
+}
+
+/// Sign code of one vector by FMA: out byte b bit t = (x . column 8b+t >= 0), computed from
+/// wt (dim x bits, row-major). Returns false, leaving the code unspecified, when some
+/// projection is within its rounding bound thr[j] * |x| of zero (or not finite): there the
+/// sign could differ from the reference product's, and the caller recomputes.
+__attribute__((target("avx2,fma"))) inline bool simhash_fma(const float* x, int dim, int bits,
+                                                             const float* wt, const float* thr,
+                                                             std::uint8_t* code) noexcept {
+  __m256 sq = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 8 <= dim; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    sq = _mm256_fmadd_ps(v, v, sq);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sq);
+  float norm2 = 0.0f;
+  for (float l : lanes) norm2 += l;
+  for (; i < dim; ++i) norm2 += x[i] * x[i];
+  // Tiny (or non-finite) vectors: underflow breaks the relative bound; use the reference.
+  if (!(norm2 >= 0x1p-100f) || !(norm2 <= 0x1p+100f)) return false;
+  const __m256 xn = _mm256_set1_ps(std::sqrt(norm2));
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int base = 0; base < bits; base += 64) {
+    const int lanes8 = std::min(64, bits - base) / 8;  // 1, 2, 4 or 8 registers of 8 outputs
+    __m256 acc[8];
+    const float* w = wt + base;
+    switch (lanes8) {
+      case 1: simhash_block<1>(x, dim, bits, w, acc); break;
+      case 2: simhash_block<2>(x, dim, bits, w, acc); break;
+      case 4: simhash_block<4>(x, dim, bits, w, acc); break;
+      default: simhash_block<8>(x, dim, bits, w, acc); break;
+    }
+    for (int c = 0; c < lanes8; ++c) {
+      const __m256 bound = _mm256_mul_ps(_mm256_loadu_ps(thr + base + 8 * c), xn);
+      // clear of the bound (false for NaN): the sign is the exact product's sign
+      const __m256 safe = _mm256_cmp_ps(_mm256_and_ps(acc[c], abs_mask), bound, _CMP_GT_OQ);
+      if (_mm256_movemask_ps(safe) != 0xFF) return false;
+      const __m256 ge = _mm256_cmp_ps(acc[c], _mm256_setzero_ps(), _CMP_GE_OQ);
+      code[(base >> 3) + c] = static_cast<std::uint8_t>(_mm256_movemask_ps(ge));
+    }
+  }
+  return true;
+}
+KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
+#endif
+
 }  // namespace detail
 
 /// A dim x bits Gaussian projection. hash() maps each dim-float row to a bits-bit code: bit j
@@ -64,12 +144,41 @@ class SimHashProjection {
     detail::PortableGaussian g(seed);
     for (int j = 0; j < bits; ++j)
       for (int i = 0; i < dim; ++i) matrix_(i, j) = static_cast<float>(g());
+    // The FMA path's copy (row-major) and per-column rounding bounds: any order of the dim
+    // products and sums (the reference Eigen product included) is within
+    // gamma * sum |x_i w_ij| <= gamma * |x| |w_j| of the exact value, gamma = dim u / (1 - dim u)
+    // with u = 2^-24. A projection farther than twice that from zero (the FMA error plus the
+    // reference's) has the exact sign in both; nearer, hash_one recomputes by the reference.
+    wt_.resize(static_cast<std::size_t>(dim) * static_cast<std::size_t>(bits));
+    thr_.resize(static_cast<std::size_t>(bits));
+    const double u = 0x1.0p-24, n = dim + 4.0;  // + 4: the norm's own rounding
+    const double gamma = n * u / (1.0 - n * u);
+    for (int j = 0; j < bits; ++j) {
+      double norm2 = 0.0;
+      for (int i = 0; i < dim; ++i) {
+        const float w = matrix_(i, j);
+        wt_[static_cast<std::size_t>(i) * static_cast<std::size_t>(bits) + static_cast<std::size_t>(j)] = w;
+        norm2 += static_cast<double>(w) * w;
+      }
+      thr_[static_cast<std::size_t>(j)] = static_cast<float>(2.0 * gamma * std::sqrt(norm2) * 1.01);
+    }
   }
 
   /// Codes for n row-major rows (rows[i*dim + c]); writes n * bits/8 bytes to codes_out.
   void hash(const float* rows, std::size_t n, std::uint8_t* codes_out) const {
     detail::require_nonnull(rows, n, "rows");
     detail::require_nonnull(codes_out, n, "codes_out");
+#if KVEVICT_X86
+    // A few rows (a group's queries): the FMA path per row; if any projection is too near
+    // zero, the whole call runs the reference product below (identical codes either way).
+    if (n <= 16 && active_isa() != Isa::scalar) {
+      bool ok = true;
+      for (std::size_t i = 0; i < n && ok; ++i)
+        ok = detail::simhash_fma(rows + i * static_cast<std::size_t>(dim_), dim_, bits_, wt_.data(),
+                                 thr_.data(), codes_out + i * static_cast<std::size_t>(bits_ / 8));
+      if (ok) return;
+    }
+#endif
     using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     constexpr std::size_t kChunk = 256;  // bounds the temporary to kChunk x bits floats
     RowMat proj;
@@ -87,6 +196,18 @@ class SimHashProjection {
   void hash_one(const float* x, std::uint8_t* code_out) const {
     if (x == nullptr || code_out == nullptr)
       throw std::invalid_argument("kvevict::kernels::SimHashProjection::hash_one: null pointer");
+#if KVEVICT_X86
+    // Dispatched FMA projection; falls back to the reference product below only when a
+    // projection is too near zero for its sign to be certain (identical codes either way).
+    if (active_isa() != Isa::scalar &&
+        detail::simhash_fma(x, dim_, bits_, wt_.data(), thr_.data(), code_out))
+      return;
+#endif
+    reference_one(x, code_out);
+  }
+
+  /// hash_one by the reference Eigen product (what the FMA path must agree with).
+  void reference_one(const float* x, std::uint8_t* code_out) const {
     Eigen::Map<const Eigen::RowVectorXf> v(x, dim_);
     // bits <= 256: the projection fits a stack buffer, so hashing allocates nothing.
     Eigen::Matrix<float, 1, Eigen::Dynamic, Eigen::RowMajor, 1, kMaxBits> p;
@@ -112,6 +233,8 @@ class SimHashProjection {
   int dim_;
   int bits_;
   Eigen::MatrixXf matrix_;
+  std::vector<float> wt_;   ///< matrix_ row-major (dim x bits), for the FMA path
+  std::vector<float> thr_;  ///< per column: 2 gamma |w_j|, the sign-certainty bound / |x|
 };
 
 }  // namespace kvevict::kernels

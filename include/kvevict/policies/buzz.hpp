@@ -97,10 +97,18 @@ class BuzzBeehive {
         !(c.reference_timing && (c.budget_mode || c.log_n)),
         "BuzzBeehive: reference_timing with budget_mode = ", c.budget_mode, ", log_n = ", c.log_n,
         "; expected neither (the reference timing is defined for the bounded form)");
+    // min_capacity (S + 3, or S + W + 2) and the row limit S + W + T must not wrap.
+    if (c.budget_mode)
+      (void)detail::protected_plus_one(name(), {{"sinks", c.sinks}, {"window and threshold", 2}});
+    else
+      (void)detail::protected_plus_one(
+          name(), {{"sinks", c.sinks}, {"window", c.window}, {"threshold", c.threshold}});
   }
 
   static constexpr Signals signals = Signals::attention;
   static constexpr const char* name() { return "BuzzBeehive"; }
+  /// Never reads stored keys/values: IndexCache need not gather them.
+  static constexpr bool reads_stored_rows = false;
   [[nodiscard]] const Config& config() const { return cfg_; }
   [[nodiscard]] std::size_t thin_stride() const { return (cfg_.stride + 1) / 2; }
 
@@ -222,13 +230,9 @@ class BuzzBeehive {
   void observe(const AttentionView& a) {
     float* sc = scores_.of(a.layer, a.kv_head).data();
     const std::size_t n = a.size;
-    // Group sum first, then one add per row, as the reference; row-wise passes vectorise.
-    sum_.assign(a.probs, a.probs + n);
-    float* s = sum_.data();
-    for (int j = 1; j < a.group; ++j) {
-      const float* p = a.probs + static_cast<std::size_t>(j) * n;
-      for (std::size_t r = 0; r < n; ++r) s[r] += p[r];
-    }
+    // Group sum first (the container's one checked pass), then one add per row, as the
+    // reference.
+    const float* s = detail::group_sums(a, sum_);
     for (std::size_t r = 0; r < n; ++r) sc[r] += s[r];
   }
 
@@ -267,16 +271,26 @@ class BuzzBeehive {
     kvevict::detail::require(n == heads_.size(), "BuzzBeehive state: ", n, " heads, expected ",
                              heads_.size());
     std::vector<HeadState> fresh(heads_.size());
-    for (HeadState& h : fresh) {
+    for (std::size_t i = 0; i < fresh.size(); ++i) {
+      HeadState& h = fresh[i];
       h.boundary = r.get<std::uint64_t>("BUZZ boundary");
       h.samples = static_cast<std::size_t>(r.get<std::uint64_t>("BUZZ samples"));
       h.rebuilds = static_cast<std::size_t>(r.get<std::uint64_t>("BUZZ rebuilds"));
+      // Counters consistent with the restored rows (on_append ran over them first).
+      const std::size_t rows = scores_.of(static_cast<int>(i / static_cast<std::size_t>(n_kv_heads_)),
+                                          static_cast<int>(i % static_cast<std::size_t>(n_kv_heads_)))
+                                   .size();
+      kvevict::detail::require(h.samples <= rows, "BuzzBeehive state: head ", i, " has ", h.samples,
+                               " old samples, expected <= its ", rows, " rows");
       const auto gens = r.get<std::uint64_t>("BUZZ generations");
       kvevict::detail::require(gens <= r.remaining() / 12, "BuzzBeehive state: ", gens,
                                " generations, more than the input holds");
-      for (std::uint64_t i = 0; i < gens; ++i) {
+      for (std::uint64_t g = 0; g < gens; ++g) {
         const auto begin = r.get<std::uint64_t>("BUZZ generation begin");
         const auto level = r.get<std::uint32_t>("BUZZ generation level");
+        kvevict::detail::require((h.gens.empty() || begin >= h.gens.back().begin) && begin <= h.boundary,
+                                 "BuzzBeehive state: head ", i, " generation ", g, " begins at ",
+                                 begin, ", expected non-decreasing and <= the boundary ", h.boundary);
         h.gens.push_back({begin, level});
       }
     }

@@ -2,14 +2,19 @@
 // Pieces the policies share: protection by arrival order, per-row side columns that
 // follow their rows, and "evict the `need` lowest-ranked eligible rows".
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "../bytes.hpp"
+#include "../checked.hpp"
 #include "../errors.hpp"
 #include "../policy.hpp"
 
@@ -23,6 +28,45 @@ inline void require_unbounded(const CacheShape& shape, const char* what, const c
                              " tokens, expected Budget::unbounded() (", why, ")");
 }
 
+/// A named configuration value (for messages and saved state).
+using Field = std::pair<const char*, std::uint64_t>;
+
+/// min_capacity of a policy that protects the rows `parts` count: their sum + 1 (one slot
+/// to evict), or a kvevict::Error naming every part when that overflows size_t.
+inline std::size_t protected_plus_one(const char* policy, std::initializer_list<Field> parts) {
+  std::size_t sum = 1;
+  bool overflow = false;
+  for (const auto& [name, v] : parts) overflow |= __builtin_add_overflow(sum, v, &sum);
+  if (overflow) {
+    std::string named;
+    for (const auto& [name, v] : parts)
+      named += std::string(named.empty() ? "" : ", ") + name + " = " + std::to_string(v);
+    kvevict::detail::fail(policy, ": ", named, ": protected rows + 1 overflow size_t, expected a sum < ",
+                          std::numeric_limits<std::size_t>::max());
+  }
+  return sum;
+}
+
+/// Saved state of a policy whose state is only its configuration (StreamingLLM, KNorm,
+/// HashEvict, Oracle: their side data is rebuilt from the rows): the values in order.
+inline void save_config(std::vector<std::uint8_t>& out, const std::vector<Field>& fields) {
+  kvevict::detail::ByteWriter w(out);
+  for (const auto& f : fields) w.put<std::uint64_t>(f.second);
+}
+/// Reads what save_config wrote and requires it to equal `fields` (a save from a
+/// differently configured policy would decide differently after the restore).
+inline void check_config(std::span<const std::uint8_t> in, const char* policy,
+                         const std::vector<Field>& fields) {
+  kvevict::detail::ByteReader r(in);
+  for (const auto& [name, want] : fields) {
+    const auto got = r.get<std::uint64_t>(name);
+    kvevict::detail::require(got == want, policy, " state: saved with ", name, " = ", got,
+                             ", expected ", name, " = ", want, " (this cache's configuration)");
+  }
+  kvevict::detail::require(r.remaining() == 0, policy, " state: ", r.remaining(),
+                           " trailing bytes");
+}
+
 /// Sinks are the first `sinks` tokens ever appended to the layer; the recent window is
 /// the `recent` tokens that arrived just before the incoming one. Both use arrival index
 /// (seq), so they do not depend on the engine's positions or on row order.
@@ -33,6 +77,23 @@ struct Protection {
     return seq < sinks || seq + recent >= incoming_seq;
   }
 };
+
+/// Recent rows protected in a head of `capacity` rows: max(recent, floor(fraction x
+/// capacity)), the fraction's share capped so that one row stays evictable after the sinks
+/// (an absolute `recent` is never lowered: min_capacity() covers it). Unbounded: `recent`.
+inline std::size_t recent_rows(std::size_t recent, float fraction, std::size_t sinks,
+                               std::size_t capacity) {
+  if (capacity == Budget::kUnbounded) return recent;
+  std::size_t r = std::max(recent, static_cast<std::size_t>(fraction * static_cast<float>(capacity)));
+  if (r > recent && capacity > sinks) r = std::min(r, std::max(recent, capacity - sinks - 1));
+  return r;
+}
+
+/// Throws kvevict::Error unless `value` is a finite fraction in [0, 1).
+inline void require_fraction(const char* policy, const char* field, float value) {
+  kvevict::detail::require(std::isfinite(value) && value >= 0.0f && value < 1.0f, policy, ": ",
+                           field, " = ", value, ", expected in [0, 1)");
+}
 
 /// One value per live row of every (layer, KV head), moved in lockstep with the rows.
 template <class T>
@@ -89,6 +150,16 @@ class RowColumn {
   int n_kv_heads_ = 1;
   std::vector<std::vector<T>> cols_;
 };
+
+/// The group sum of every row of one step's attention: the container's precomputed sums
+/// when it passed them (KVCache/IndexCache::observe), else computed here into `scratch`
+/// with the same additions in the same order (AttentionView::summed).
+inline const float* group_sums(const AttentionView& a, std::vector<float>& scratch) {
+  if (a.sums != nullptr) return a.sums;
+  scratch.resize(a.size);
+  for (std::size_t r = 0; r < a.size; ++r) scratch[r] = a.summed(r);
+  return scratch.data();
+}
 
 /// Appends to `out` the `need` eligible rows with the lowest (rank(row), seq) — the
 /// oldest first on equal rank — in O(n).

@@ -21,10 +21,14 @@
 // recommended() is the setting chosen on stories260K (docs/quality.md): h = 3,
 // f = 3/8, r = 1/8, one sink.
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "../bytes.hpp"
 #include "../errors.hpp"
+#include "../kernels/select.hpp"
 #include "common.hpp"
 
 namespace kvevict::policies {
@@ -33,6 +37,14 @@ class H2O;
 
 class DecayedAttention {
  public:
+  /// How the recall reserve ranks rows.
+  enum class RecallRank {
+    spike,   ///< the largest long-range attention drawn (recommended()'s rule)
+    /// the largest long-range draw minus the row's mean long-range draw: a row every query
+    /// attends alike (a repeated sentence boundary acting as a sink) scores near zero, a row
+    /// attended rarely but strongly (a name referred back to) keeps its spike
+    excess,
+  };
   struct Config {
     float decay = 0.0f;       ///< 0 = TOVA, 1 = H2O-style accumulation (when horizon = 0)
     std::size_t sinks = 0;    ///< first rows never evicted
@@ -40,6 +52,7 @@ class DecayedAttention {
     float horizon = 0.0f;     ///< > 0: decay = 1 - horizon / capacity, per head
     float recent_fraction = 0.0f;  ///< protect max(recent, floor(fraction * capacity)) rows
     float recall_fraction = 0.0f;  ///< keep floor(fraction * capacity) rows by long-range spike
+    RecallRank recall_rank = RecallRank::spike;  ///< the reserve's ranking (with recall_fraction > 0)
   };
   DecayedAttention() = default;
   explicit DecayedAttention(Config c) : config_(c) {
@@ -53,6 +66,10 @@ class DecayedAttention {
     kvevict::detail::require(
         std::isfinite(c.recall_fraction) && c.recall_fraction >= 0.0f && c.recall_fraction < 1.0f,
         "DecayedAttention: recall_fraction = ", c.recall_fraction, ", expected in [0, 1)");
+    kvevict::detail::require(
+        c.recall_rank == RecallRank::spike || c.recall_rank == RecallRank::excess,
+        "DecayedAttention: recall_rank = ", static_cast<int>(c.recall_rank),
+        ", expected RecallRank::spike or RecallRank::excess");
   }
   /// The setting recommended for streaming generation and for recalling early facts
   /// (chosen on held-in streams of stories260K, reported on held-out ones: docs/quality.md).
@@ -84,8 +101,12 @@ class DecayedAttention {
 
   static constexpr Signals signals = Signals::attention;
   static constexpr const char* name() { return "DecayedAttention"; }
+  /// Never reads stored keys/values: IndexCache need not gather them.
+  static constexpr bool reads_stored_rows = false;
   [[nodiscard]] const Config& config() const { return config_; }
-  [[nodiscard]] std::size_t min_capacity() const { return config_.sinks + config_.recent + 1; }
+  [[nodiscard]] std::size_t min_capacity() const {
+    return detail::protected_plus_one(label_, {{"sinks", config_.sinks}, {"recent", config_.recent}});
+  }
   void bind(const CacheShape& shape) {
     scores_.bind(shape);
     hkv_ = static_cast<std::size_t>(shape.geometry.n_kv_heads);
@@ -96,6 +117,7 @@ class DecayedAttention {
       spikes_.bind(shape);
       seqs_.bind(shape);
       latest_.assign(shape.capacity.size(), 0);
+      if (excess()) bind_excess(shape);
     }
   }
   template <class S>
@@ -105,18 +127,21 @@ class DecayedAttention {
     const std::size_t h = head_index(v.layer, v.kv_head);
     decay_[h] = decay_for(v.capacity);
     capacity_[h] = v.capacity;
-    const detail::Protection prot{config_.sinks, recent_for(v.capacity)};
-    const auto score = [&](std::size_t r) { return sc[r]; };
-    if (!recalls()) {  // H2O, TOVA and the plain setting: no marking pass
-      detail::evict_lowest(
-          v, score, [&](std::size_t r) { return !prot.is_protected(v.seqs[r], v.incoming_seq); },
-          out, label_);
+    // Protection as bits (set = never evicted): a row is evictable iff its arrival index
+    // lies in [sinks, incoming - recent). One vectorised pass over the seqs.
+    const std::size_t recent = recent_for(v.capacity);
+    const std::uint64_t hi = v.incoming_seq >= recent ? v.incoming_seq - recent : 0;
+    bits_.resize((v.size + 63) / 64);
+    kernels::protect_outside(v.seqs, v.size, config_.sinks, hi, bits_.data());
+    if (recalls()) keep_recalled(v);
+    const std::uint64_t* bits = bits_.data();
+    if (v.need == 1) {
+      out.push_back(lowest(sc.data(), v.seqs, v.size, bits));
       return;
     }
-    kept_.assign(v.size, 0);
-    for (std::size_t r = 0; r < v.size; ++r) kept_[r] = prot.is_protected(v.seqs[r], v.incoming_seq);
-    keep_recalled(v);
-    detail::evict_lowest(v, score, [&](std::size_t r) { return kept_[r] == 0; }, out, label_);
+    detail::evict_lowest(
+        v, [&](std::size_t r) { return sc[r]; },
+        [&](std::size_t r) { return ((bits[r >> 6] >> (r & 63)) & 1u) == 0; }, out, label_);
   }
   template <class S>
   void on_append(const HeadView<S>& v, std::size_t row) {
@@ -125,6 +150,7 @@ class DecayedAttention {
       spikes_.set(v.layer, v.kv_head, row, 0.0f);
       seqs_.set(v.layer, v.kv_head, row, v.seqs[row]);
       latest_[head_index(v.layer, v.kv_head)] = v.seqs[row];
+      if (excess()) append_excess(v.layer, v.kv_head, row);
     }
   }
   void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
@@ -132,14 +158,20 @@ class DecayedAttention {
     if (recalls()) {
       spikes_.move(layer, kv_head, from, to);
       seqs_.move(layer, kv_head, from, to);
+      if (excess()) move_excess(layer, kv_head, from, to);
     }
   }
   void observe(const AttentionView& a) {
     auto& sc = scores_.of(a.layer, a.kv_head);
     const std::size_t h = head_index(a.layer, a.kv_head);
     const float g = decay_[h];
+    const float* x = detail::group_sums(a, sum_);
     if (!recalls()) {
-      for (std::size_t r = 0; r < a.size; ++r) sc[r] = g * sc[r] + a.summed(r);
+      for (std::size_t r = 0; r < a.size; ++r) sc[r] = g * sc[r] + x[r];
+      return;
+    }
+    if (excess()) {
+      observe_excess(a, g);
       return;
     }
     // A row older than the recent band at the next eviction counts as long-range.
@@ -148,9 +180,8 @@ class DecayedAttention {
     const std::uint64_t band = recent_for(capacity_[h]);
     const std::uint64_t latest = latest_[h];
     for (std::size_t r = 0; r < a.size; ++r) {
-      const float x = a.summed(r);
-      sc[r] = g * sc[r] + x;
-      if (latest - sq[r] >= band) sp[r] = std::max(sp[r], x);
+      sc[r] = g * sc[r] + x[r];
+      if (latest - sq[r] >= band) sp[r] = std::max(sp[r], x[r]);
     }
   }
   /// Saved state for serialize.hpp: the configuration (checked on load), the per-head
@@ -170,6 +201,10 @@ class DecayedAttention {
       spikes_.save(w);
       seqs_.save(w);
       for (std::uint64_t s : latest_) w.put<std::uint64_t>(s);
+      if (excess()) {  // only with RecallRank::excess: other states keep their format
+        draws_.save(w);
+        counts_.save(w);
+      }
     }
   }
   void load_state(std::span<const std::uint8_t> in) {
@@ -203,6 +238,8 @@ class DecayedAttention {
     auto spikes = spikes_;
     auto seqs = seqs_;
     auto latest = latest_;
+    auto draws = draws_;
+    auto counts = counts_;
     const auto valid = [](float x) { return std::isfinite(x) && x >= 0.0f; };
     scores.load(r, name(), valid);
     if (recalls()) {
@@ -214,6 +251,10 @@ class DecayedAttention {
           kvevict::detail::require(s <= latest[i], "DecayedAttention state: row arrival ", s,
                                    " after the head's latest arrival ", latest[i]);
       }
+      if (excess()) {
+        draws.load(r, name(), valid);
+        counts.load(r, name());
+      }
     }
     kvevict::detail::require(r.remaining() == 0, "DecayedAttention state: ", r.remaining(),
                              " trailing bytes");
@@ -222,6 +263,8 @@ class DecayedAttention {
     spikes_ = std::move(spikes);
     seqs_ = std::move(seqs);
     latest_ = std::move(latest);
+    draws_ = std::move(draws);
+    counts_ = std::move(counts);
   }
   [[nodiscard]] const std::vector<float>& scores(int layer, int kv_head) const {
     return scores_.of(layer, kv_head);
@@ -235,31 +278,118 @@ class DecayedAttention {
   // H2O is this policy at decay 1; it keeps its own name and save format (h2o.hpp).
   friend class H2O;
   [[nodiscard]] bool recalls() const { return config_.recall_fraction > 0.0f; }
+  [[nodiscard]] bool excess() const { return config_.recall_rank == RecallRank::excess; }
 
-  /// Marks in kept_ the unprotected rows with the largest non-zero long-range spike
-  /// (ties: the newer row), leaving at least `need` rows evictable.
+  // RecallRank::excess: per row, the sum and count of its long-range draws (the spike is
+  // kept as for RecallRank::spike); kept apart from the default path.
+  void bind_excess(const CacheShape& shape) {
+    draws_.bind(shape);
+    counts_.bind(shape);
+  }
+  void append_excess(int layer, int kv_head, std::size_t row) {
+    draws_.set(layer, kv_head, row, 0.0f);
+    counts_.set(layer, kv_head, row, 0u);
+  }
+  void move_excess(int layer, int kv_head, std::size_t from, std::size_t to) {
+    draws_.move(layer, kv_head, from, to);
+    counts_.move(layer, kv_head, from, to);
+  }
+  void observe_excess(const AttentionView& a, float g) {
+    auto& sc = scores_.of(a.layer, a.kv_head);
+    auto& sp = spikes_.of(a.layer, a.kv_head);
+    auto& dr = draws_.of(a.layer, a.kv_head);
+    auto& ct = counts_.of(a.layer, a.kv_head);
+    const auto& sq = seqs_.of(a.layer, a.kv_head);
+    const std::size_t h = head_index(a.layer, a.kv_head);
+    const std::uint64_t band = recent_for(capacity_[h]);
+    const std::uint64_t latest = latest_[h];
+    for (std::size_t r = 0; r < a.size; ++r) {
+      const float x = a.summed(r);
+      sc[r] = g * sc[r] + x;
+      if (latest - sq[r] >= band) {
+        sp[r] = std::max(sp[r], x);
+        dr[r] += x;
+        ++ct[r];
+      }
+    }
+  }
+  /// The reserve's rank of row r under RecallRank::excess: spike - mean long-range draw.
+  [[nodiscard]] float excess_of(int layer, int kv_head, std::size_t r) const {
+    const std::uint32_t n = counts_.of(layer, kv_head)[r];
+    if (n == 0) return 0.0f;
+    return spikes_.of(layer, kv_head)[r] - draws_.of(layer, kv_head)[r] / static_cast<float>(n);
+  }
+
+  /// The unprotected row (bit clear in `bits`) with the lowest score, the oldest (lowest
+  /// seq) among equal scores: the library's SIMD masked argmin finds the lowest score, then
+  /// a masked equality scan checks the rows after it for a tie with an older seq.
+  std::size_t lowest(const float* sc, const std::uint64_t* seqs, std::size_t n,
+                     const std::uint64_t* bits) const {
+    std::size_t best = kernels::argmin_masked(sc, n, bits);
+    if (best == kernels::npos)
+      throw std::logic_error(std::string("kvevict: ") + label_ + ": no evictable row");
+    const float m = sc[best];
+    for (std::size_t j = best; (j = kernels::find_equal_masked(sc, n, j + 1, bits, m)) !=
+                               kernels::npos;)
+      if (seqs[j] < seqs[best]) best = j;
+    return best;
+  }
+
+  /// Sets in bits_ the unprotected rows with the largest non-zero long-range spike (ties:
+  /// the newer row), leaving at least `need` rows evictable. The spikes of the candidates
+  /// are packed into a float array and the k-th largest found with the library's top-k
+  /// select; only rows equal to that threshold need the seq tie rule.
   template <class S>
   void keep_recalled(const HeadView<S>& v) {
     const auto& sp = spikes_.of(v.layer, v.kv_head);
     std::size_t evictable = 0;
-    ranked_.clear();
-    for (std::size_t r = 0; r < v.size; ++r) {
-      if (kept_[r]) continue;
-      ++evictable;
-      if (sp[r] > 0.0f) ranked_.push_back({sp[r], v.seqs[r], static_cast<std::uint32_t>(r)});
+    cand_spike_.clear();
+    cand_row_.clear();
+    const std::size_t words = bits_.size();
+    for (std::size_t w = 0; w < words; ++w) {
+      std::uint64_t open = ~bits_[w];  // bits past size are set, so never open
+      evictable += static_cast<std::size_t>(std::popcount(open));
+      while (open) {
+        const std::size_t r = w * 64 + static_cast<std::size_t>(std::countr_zero(open));
+        open &= open - 1;
+        const float rank = excess() ? excess_of(v.layer, v.kv_head, r) : sp[r];
+        if (rank > 0.0f) {
+          cand_spike_.push_back(rank);
+          cand_row_.push_back(static_cast<std::uint32_t>(r));
+        }
+      }
     }
-    std::size_t k = std::min(recall_for(v.capacity), ranked_.size());
+    const std::size_t m = cand_spike_.size();
+    std::size_t k = std::min(recall_for(v.capacity), m);
     k = std::min(k, evictable > v.need ? evictable - v.need : 0);
     if (k == 0) return;
-    const auto first = [](const Ranked& a, const Ranked& b) {
-      return a.spike != b.spike ? a.spike > b.spike : a.seq > b.seq;
-    };
-    std::nth_element(ranked_.begin(), ranked_.begin() + static_cast<std::ptrdiff_t>(k - 1),
-                     ranked_.end(), first);
-    for (std::size_t i = 0; i < k; ++i) kept_[ranked_[i].row] = 1;
+    const auto keep = [&](std::uint32_t r) { bits_[r >> 6] |= std::uint64_t{1} << (r & 63); };
+    if (k == m) {
+      for (std::uint32_t r : cand_row_) keep(r);
+      return;
+    }
+    top_.resize(k);
+    kernels::topk_indices(cand_spike_.data(), m, k, top_.data());
+    float t = cand_spike_[top_[0]];
+    for (std::uint32_t i : top_) t = std::min(t, cand_spike_[i]);
+    // Every candidate above the threshold is kept; of those equal to it, the newest.
+    std::size_t above = 0;
+    ties_.clear();
+    for (std::size_t i = 0; i < m; ++i) {
+      if (cand_spike_[i] > t) {
+        keep(cand_row_[i]);
+        ++above;
+      } else if (cand_spike_[i] == t) {
+        ties_.push_back({v.seqs[cand_row_[i]], cand_row_[i]});
+      }
+    }
+    const std::size_t take = k - above;
+    if (take < ties_.size())
+      std::nth_element(ties_.begin(), ties_.begin() + static_cast<std::ptrdiff_t>(take),
+                       ties_.end(), [](const Tie& a, const Tie& b) { return a.seq > b.seq; });
+    for (std::size_t i = 0; i < take; ++i) keep(ties_[i].row);
   }
-  struct Ranked {
-    float spike;
+  struct Tie {
     std::uint64_t seq;
     std::uint32_t row;
   };
@@ -277,9 +407,13 @@ class DecayedAttention {
   detail::RowColumn<float> spikes_;  ///< largest attention drawn while long-range
   detail::RowColumn<std::uint64_t> seqs_;  ///< arrival index, for the row's age in observe
   std::vector<std::uint64_t> latest_;  ///< per head: arrival index of the newest row
-  // Scratch for choose_victims (no allocation per step once warm).
-  std::vector<char> kept_;
-  std::vector<Ranked> ranked_;
+  detail::RowColumn<float> draws_;           ///< RecallRank::excess: sum of long-range draws
+  detail::RowColumn<std::uint32_t> counts_;  ///< RecallRank::excess: number of them
+  // Scratch for choose_victims and observe (no allocation per step once warm).
+  std::vector<std::uint64_t> bits_;  ///< protected (and reserved) rows, one bit each
+  std::vector<float> cand_spike_, sum_;
+  std::vector<std::uint32_t> cand_row_, top_;
+  std::vector<Tie> ties_;
   const char* label_ = name();  ///< the policy named in errors (H2O when it wraps this)
 };
 

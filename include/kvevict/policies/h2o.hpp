@@ -25,7 +25,11 @@ class H2O {
 
   static constexpr Signals signals = Signals::attention;
   static constexpr const char* name() { return "H2O"; }
-  [[nodiscard]] std::size_t min_capacity() const { return sinks + recent + 1; }
+  /// Never reads stored keys/values: IndexCache need not gather them.
+  static constexpr bool reads_stored_rows = false;
+  [[nodiscard]] std::size_t min_capacity() const {
+    return detail::protected_plus_one(name(), {{"sinks", sinks}, {"recent", recent}});
+  }
   void bind(const CacheShape& shape) {
     inner_ = DecayedAttention({.decay = 1.0f, .sinks = sinks, .recent = recent});
     inner_.label_ = name();

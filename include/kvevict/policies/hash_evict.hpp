@@ -73,6 +73,9 @@ class HashEvictSimHash {
 
   static constexpr HashMode mode = Mode;
   static constexpr Signals signals = Mode == HashMode::query ? Signals::query : Signals::none;
+  /// Codes are computed from the incoming key; stored keys are read only when a view has
+  /// no incoming key (a restored KVCache replaying its rows), which IndexCache never sends.
+  static constexpr bool reads_stored_rows = false;
   static constexpr const char* name() {
     return Mode == HashMode::query ? "HashEvictSimHash<query>" : "HashEvictSimHash<key>";
   }
@@ -82,8 +85,11 @@ class HashEvictSimHash {
     detail_check_bits(c.bits);
     kvevict::detail::require(c.ensemble >= 1, name(), ": ensemble = ", c.ensemble,
                              ", expected >= 1");
-    kvevict::detail::require(c.bits * c.ensemble <= 256, name(), ": ensemble x bits = ", c.ensemble,
-                             " x ", c.bits, " = ", c.ensemble * c.bits, ", expected <= 256");
+    // bits is one of 8..256 here, so comparing ensemble with 256 / bits cannot overflow.
+    kvevict::detail::require(c.ensemble <= 256 / c.bits, name(), ": ensemble x bits = ", c.ensemble,
+                             " x ", c.bits, " = ", static_cast<long long>(c.ensemble) * c.bits,
+                             ", expected <= 256");
+    (void)min_capacity();  // sinks + recent + 1 must fit: a kvevict::Error now, not at bind
     if (c.isa)
       kvevict::detail::require(
           kernels::isa_supported(*c.isa), name(), ": isa = ", kernels::isa_name(*c.isa),
@@ -106,15 +112,17 @@ class HashEvictSimHash {
     return z ^ (z >> 31);
   }
 
-  [[nodiscard]] std::size_t min_capacity() const { return cfg_.sinks + cfg_.recent + 1; }
+  [[nodiscard]] std::size_t min_capacity() const {
+    return detail::protected_plus_one(name(), {{"sinks", cfg_.sinks}, {"recent", cfg_.recent}});
+  }
 
   void bind(const CacheShape& shape) {
     n_kv_heads_ = shape.geometry.n_kv_heads;
     dim_ = shape.geometry.head_dim;
     group_ = shape.geometry.group();
     // Summed distances plus one must fit the uint16 scores.
-    kvevict::detail::require(group_ * width_ < 65535, name(), ": group = ", group_, " with ",
-                             width_, "-bit codes, expected group x bits < 65535");
+    kvevict::detail::require(static_cast<long long>(group_) * width_ < 65535, name(), ": group = ",
+                             group_, " with ", width_, "-bit codes, expected group x bits < 65535");
     projections_.clear();
     for (int l = 0; l < shape.geometry.n_layers; ++l)
       projections_.emplace_back(dim_, width_, layer_seed(cfg_.seed, l));
@@ -139,7 +147,15 @@ class HashEvictSimHash {
     const std::size_t w = code_bytes();
     hs.codes.resize((row + 1) * w);  // row is the last live row: drop stale codes beyond it
     if (v.incoming_key != nullptr) {
-      hash_into(v.layer, v.incoming_key, hs.codes.data() + row * w);
+      std::uint8_t* dst = hs.codes.data() + row * w;
+      if (key_code_.valid && key_code_.layer == v.layer && key_code_.kv_head == v.kv_head &&
+          key_code_.seq == v.incoming_seq &&
+          std::memcmp(key_code_.key.data(), v.incoming_key,
+                      key_code_.key.size() * sizeof(float)) == 0)
+        std::memcpy(dst, key_code_.code.data(), w);  // hashed already in choose_victims
+      else
+        hash_into(v.layer, v.incoming_key, dst);
+      key_code_.valid = false;
     } else {
       key_buf_.resize(static_cast<std::size_t>(dim_));
       const auto k = v.key(row);
@@ -225,10 +241,12 @@ class HashEvictSimHash {
   }
 
   /// Serialisation hooks (serialize.hpp). The codes and protection are rebuilt from the rows
-  /// on restore; what cannot be derived is the reference slot order, so the state is the
-  /// reference_slots flag and, when set, each head's slots. A state only loads into a policy
-  /// with the same flag.
+  /// on restore; what cannot be derived is the reference slot order. The state is the
+  /// configuration (checked on load; the kernel ISA does not change decisions and is not
+  /// saved), then the reference_slots flag and, when set, each head's slots. A state only
+  /// loads into a policy with the same configuration and flag.
   void save_state(std::vector<std::uint8_t>& out) const {
+    detail::save_config(out, saved_config());
     kvevict::detail::ByteWriter w(out);
     w.put<std::uint8_t>(cfg_.reference_slots ? 1 : 0);
     if (!cfg_.reference_slots) return;
@@ -242,7 +260,11 @@ class HashEvictSimHash {
     }
   }
   void load_state(std::span<const std::uint8_t> in) {
-    kvevict::detail::ByteReader r(in);
+    const std::size_t config_bytes = saved_config().size() * sizeof(std::uint64_t);
+    kvevict::detail::require(in.size() >= config_bytes, name(), " state: ", in.size(),
+                             " bytes, expected at least ", config_bytes, " (the configuration)");
+    detail::check_config(in.first(config_bytes), name(), saved_config());
+    kvevict::detail::ByteReader r(in.subspan(config_bytes));
     const auto flag = r.get<std::uint8_t>("HashEvict reference_slots");
     kvevict::detail::require(flag == (cfg_.reference_slots ? 1 : 0), name(),
                              " state: saved with reference_slots = ", int{flag}, ", expected ",
@@ -342,6 +364,15 @@ class HashEvictSimHash {
         "HashEvictSimHash: bits = ", bits, ", expected 8, 16, 32, 64, 128 or 256");
   }
   [[nodiscard]] detail::Protection prot() const { return {cfg_.sinks, cfg_.recent}; }
+  [[nodiscard]] std::vector<detail::Field> saved_config() const {
+    return {{"bits", static_cast<std::uint64_t>(cfg_.bits)},
+            {"ensemble", static_cast<std::uint64_t>(cfg_.ensemble)},
+            {"sinks", cfg_.sinks},
+            {"recent", cfg_.recent},
+            {"seed", cfg_.seed},
+            {"combine", static_cast<std::uint64_t>(cfg_.combine)},
+            {"prefill", static_cast<std::uint64_t>(cfg_.prefill)}};
+  }
   std::size_t index(int layer, int kv_head) const {
     return static_cast<std::size_t>(layer) * static_cast<std::size_t>(n_kv_heads_) +
            static_cast<std::size_t>(kv_head);
@@ -388,6 +419,15 @@ class HashEvictSimHash {
     qcodes_.resize(w);
     if (v.incoming_key != nullptr) {
       hash_into(v.layer, v.incoming_key, qcodes_.data());
+      // on_append stores the same key's code: keep it so the key is hashed once per step.
+      // (The key itself is compared too: an append that threw may be retried with the same
+      // seq and another key.)
+      key_code_.code.assign(qcodes_.begin(), qcodes_.end());
+      key_code_.key.assign(v.incoming_key, v.incoming_key + dim_);
+      key_code_.layer = v.layer;
+      key_code_.kv_head = v.kv_head;
+      key_code_.seq = v.incoming_seq;
+      key_code_.valid = true;
     } else {
       const std::size_t newest =
           static_cast<std::size_t>(std::max_element(v.seqs, v.seqs + v.size) - v.seqs);
@@ -487,7 +527,18 @@ class HashEvictSimHash {
     }
   }
 
+  /// The incoming key's code computed by choose_victims (key mode), reused by on_append.
+  struct KeyCode {
+    int layer = 0;
+    int kv_head = 0;
+    std::uint64_t seq = 0;
+    bool valid = false;
+    std::vector<std::uint8_t> code;
+    std::vector<float> key;
+  };
+
   Config cfg_;
+  KeyCode key_code_;
   int width_ = 8;  // bits per stored code: m * b rounded up to a kernel width
   int n_kv_heads_ = 1;
   int dim_ = 0;

@@ -20,7 +20,9 @@ class KNorm {
 
   static constexpr Signals signals = Signals::none;
   static constexpr const char* name() { return "KNorm"; }
-  [[nodiscard]] std::size_t min_capacity() const { return sinks + recent + 1; }
+  [[nodiscard]] std::size_t min_capacity() const {
+    return detail::protected_plus_one(name(), {{"sinks", sinks}, {"recent", recent}});
+  }
   void bind(const CacheShape& shape) { norms_.bind(shape); }
   template <class S>
   void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
@@ -40,6 +42,14 @@ class KNorm {
   }
   void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     norms_.move(layer, kv_head, from, to);
+  }
+  /// Saved state (serialize.hpp): the configuration, checked on load (norms are rebuilt
+  /// from the stored keys).
+  void save_state(std::vector<std::uint8_t>& out) const {
+    detail::save_config(out, {{"sinks", sinks}, {"recent", recent}});
+  }
+  void load_state(std::span<const std::uint8_t> in) const {
+    detail::check_config(in, name(), {{"sinks", sinks}, {"recent", recent}});
   }
 
  private:

@@ -26,6 +26,11 @@ struct Oracle {
   template <class S>
   void on_append(const HeadView<S>&, std::size_t) {}
   void on_move(int, int, std::size_t, std::size_t) {}
+  /// Saved state (serialize.hpp): the configuration, checked on load.
+  void save_state(std::vector<std::uint8_t>& out) const { detail::save_config(out, {{"rows", rows}}); }
+  void load_state(std::span<const std::uint8_t> in) const {
+    detail::check_config(in, name(), {{"rows", rows}});
+  }
 };
 
 }  // namespace kvevict::policies

@@ -23,7 +23,9 @@ class Random {
 
   static constexpr Signals signals = Signals::none;
   static constexpr const char* name() { return "Random"; }
-  [[nodiscard]] std::size_t min_capacity() const { return sinks + recent + 1; }
+  [[nodiscard]] std::size_t min_capacity() const {
+    return detail::protected_plus_one(name(), {{"sinks", sinks}, {"recent", recent}});
+  }
   void bind(const CacheShape& shape) {
     hkv_ = static_cast<std::size_t>(shape.geometry.n_kv_heads);
     rngs_.clear();

@@ -34,7 +34,8 @@ class SnapKV {
   static constexpr const char* name() { return "SnapKV"; }
   /// The window, one selected token (never zero) and the decode reserve.
   [[nodiscard]] std::size_t min_capacity() const {
-    return config_.window + 1 + config_.decode_reserve;
+    return detail::protected_plus_one(
+        name(), {{"window", config_.window}, {"decode_reserve", config_.decode_reserve}});
   }
   [[nodiscard]] const Config& config() const { return config_; }
   [[nodiscard]] ObservationConfig observation() const {

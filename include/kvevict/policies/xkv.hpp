@@ -31,6 +31,7 @@
 #include <fmt/format.h>
 
 #include "../cache.hpp"
+#include "../file.hpp"
 #include "observation.hpp"
 #include "snapkv.hpp"
 
@@ -626,13 +627,9 @@ struct Profile {
     kvevict::detail::require(static_cast<bool>(out), "XKV profile: writing '", path, "' failed");
   }
   static Profile load(const std::string& path) {
-    std::ifstream in(path);
-    kvevict::detail::require(static_cast<bool>(in), "XKV profile: cannot open '", path,
-                             "' for reading");
-    std::ostringstream ss;
-    ss << in.rdbuf();
+    const std::vector<char> bytes = kvevict::detail::read_file(path, "XKV profile");
     try {
-      return from_text(ss.str());
+      return from_text(std::string(bytes.begin(), bytes.end()));
     } catch (const Error& e) {
       throw Error(std::string(e.what()) + " (file '" + path + "')");
     }

@@ -1,0 +1,219 @@
+// Per-decode-step cost of each eviction policy next to kvevict's own attention step, at a
+// full cache of n rows per KV head, one layer, head dim 128, G = 4 query heads per KV head.
+//   policy step = cache.append (incl. the eviction decision and the K/V copy)
+//               + cache.observe for every KV head (only for policies that read attention)
+//   attend step = kvevict::attend(cache, 0, q, {.observe = false}) over the same geometry.
+// BUZZ rebuilds only when its sample region overflows: its amortised per-step cost is the
+// steady step (BM_buzz_steady) plus the rebuild step (BM_buzz_rebuild) divided by the
+// number of steps between rebuilds (reported as the counter `period`).
+// Thread CPU time (the machine is shared), run with --benchmark_repetitions=5 and read the
+// medians; scripts: bench/run_policy_step_bench.sh writes the table in docs/benchmarks.md.
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <fstream>
+#include <kvevict/kvevict.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace kvevict;
+
+namespace {
+
+constexpr int kDim = 128;
+constexpr int kGroup = 4;
+
+Geometry geometry(int hkv) { return Geometry{1, kGroup * hkv, hkv, kDim}; }
+
+// Random token rows (keys, values, queries) and probability rows, reused cyclically.
+struct Pool {
+  static constexpr std::size_t kTokens = 509;
+  static constexpr std::size_t kProbs = (std::size_t{1} << 16) * kGroup + 4096;
+  std::vector<float> k, v, q, p;
+  Pool() {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> d;
+    k.resize(kTokens * 8 * kDim);
+    v.resize(k.size());
+    q.resize(kTokens * 8 * kGroup * kDim);
+    for (auto* vec : {&k, &v, &q})
+      for (auto& x : *vec) x = d(rng);
+    p.resize(kProbs);
+    std::exponential_distribution<float> e(1.0f);
+    for (auto& x : p) x = e(rng) * 1e-4f;
+  }
+  std::span<const float> key(std::size_t t, int hkv) const {
+    const std::size_t w = static_cast<std::size_t>(hkv) * kDim;
+    return {k.data() + (t % kTokens) * 8 * kDim, w};
+  }
+  std::span<const float> value(std::size_t t, int hkv) const {
+    const std::size_t w = static_cast<std::size_t>(hkv) * kDim;
+    return {v.data() + (t % kTokens) * 8 * kDim, w};
+  }
+  std::span<const float> query(std::size_t t, int hkv) const {
+    const std::size_t w = static_cast<std::size_t>(hkv) * kGroup * kDim;
+    return {q.data() + ((t * 7 + 3) % kTokens) * 8 * kGroup * kDim, w};
+  }
+  std::span<const float> probs(std::size_t t, std::size_t size) const {
+    return {p.data() + (t * 37) % 4096, size * kGroup};
+  }
+};
+const Pool& pool() {
+  static const Pool p;
+  return p;
+}
+
+template <class Policy>
+struct Run {
+  KVCache<Policy> cache;
+  int hkv;
+  std::size_t t = 0;
+  Run(int h, std::size_t n, Policy p)
+      : cache(geometry(h), Budget::uniform(static_cast<long long>(n)), std::move(p)), hkv(h) {}
+
+  void append() {
+    const Pool& P = pool();
+    if constexpr (has(Policy::signals, Signals::query))
+      cache.append(0, static_cast<std::int64_t>(t), P.key(t, hkv), P.value(t, hkv),
+                   P.query(t, hkv));
+    else
+      cache.append(0, static_cast<std::int64_t>(t), P.key(t, hkv), P.value(t, hkv));
+  }
+  void observe() {
+    if constexpr (has(Policy::signals, Signals::attention))
+      for (int h = 0; h < hkv; ++h) cache.observe(0, h, pool().probs(t, cache.size(0, h)));
+  }
+  void step() {
+    append();
+    observe();
+    ++t;
+  }
+  // Fill without attention (cheap), then observe a few hundred steps so scores differ.
+  void fill(std::size_t n) {
+    while (cache.size(0, 0) < n) {
+      append();
+      ++t;
+    }
+    for (int i = 0; i < 256; ++i) step();
+  }
+};
+
+template <class Policy>
+void BM_policy(benchmark::State& state, Policy policy) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const int hkv = static_cast<int>(state.range(1));
+  Run<Policy> run(hkv, n, std::move(policy));
+  run.fill(n);
+  for (auto _ : state) run.step();
+  state.counters["n"] = static_cast<double>(n);
+  state.counters["hkv"] = hkv;
+}
+
+void BM_attend(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const int hkv = static_cast<int>(state.range(1));
+  Run<policies::StreamingLLM> run(hkv, n, policies::StreamingLLM{});
+  run.fill(n);
+  const auto q = pool().query(3, hkv);
+  for (auto _ : state) {
+    auto r = attend(run.cache, 0, q, {.observe = false});
+    benchmark::DoNotOptimize(r.out.data());
+  }
+  state.counters["n"] = static_cast<double>(n);
+  state.counters["hkv"] = hkv;
+}
+
+policies::BuzzBeehive buzz() {
+  return policies::BuzzBeehive({.sinks = 4, .budget_mode = true});
+}
+
+// BUZZ between rebuilds (its head is not full: append only writes the row).
+void BM_buzz_steady(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const int hkv = static_cast<int>(state.range(1));
+  Run<policies::BuzzBeehive> run(hkv, n, buzz());
+  run.fill(n);  // includes at least one rebuild, so the head now has room
+  for (auto _ : state) {
+    if (run.cache.size(0, 0) + 1 >= n) {  // next step would rebuild: refill elsewhere
+      state.PauseTiming();
+      run.step();
+      state.ResumeTiming();
+    }
+    run.step();
+  }
+  state.counters["n"] = static_cast<double>(n);
+  state.counters["hkv"] = hkv;
+}
+
+// The rebuild step, and the period between rebuilds (steps from one rebuild to the next).
+void BM_buzz_rebuild(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const int hkv = static_cast<int>(state.range(1));
+  Run<policies::BuzzBeehive> run(hkv, n, buzz());
+  run.fill(n);
+  double period = 0;
+  std::size_t rebuilds = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::size_t steps = 0;
+    while (run.cache.size(0, 0) < n) {
+      run.append();
+      ++run.t;
+      ++steps;
+    }
+    state.ResumeTiming();
+    run.step();  // the head is full: this append rebuilds
+    period += static_cast<double>(steps + 1);
+    ++rebuilds;
+  }
+  state.counters["period"] = period / static_cast<double>(rebuilds);
+  state.counters["n"] = static_cast<double>(n);
+  state.counters["hkv"] = hkv;
+}
+
+void sizes(benchmark::internal::Benchmark* b) {
+  for (int hkv : {1, 8})
+    for (long n : {1024L, 4096L, 16384L, 65536L}) b->Args({n, hkv});
+  b->Unit(benchmark::kMicrosecond);
+}
+
+policies::HashEvictKey hash_key(int bits) {
+  return policies::HashEvictKey({.bits = bits});
+}
+policies::HashEvictQuery hash_query(int bits) {
+  return policies::HashEvictQuery({.bits = bits});
+}
+
+}  // namespace
+
+BENCHMARK(BM_attend)->Apply(sizes);
+BENCHMARK_CAPTURE(BM_policy, streaming_llm, policies::StreamingLLM{})->Apply(sizes);
+BENCHMARK_CAPTURE(BM_policy, h2o, policies::H2O({.recent = 64}))->Apply(sizes);
+BENCHMARK_CAPTURE(BM_policy, decayed_recommended, policies::DecayedAttention::recommended())
+    ->Apply(sizes);
+BENCHMARK(BM_buzz_steady)->Apply(sizes);
+BENCHMARK(BM_buzz_rebuild)->Apply(sizes)->Iterations(3);
+BENCHMARK_CAPTURE(BM_policy, hashevict_key_b16, hash_key(16))->Apply(sizes);
+BENCHMARK_CAPTURE(BM_policy, hashevict_key_b64, hash_key(64))->Apply(sizes);
+BENCHMARK_CAPTURE(BM_policy, hashevict_query_b16, hash_query(16))->Apply(sizes);
+BENCHMARK_CAPTURE(BM_policy, hashevict_query_b64, hash_query(64))->Apply(sizes);
+
+int main(int argc, char** argv) {
+  std::string cpu = "unknown";
+  std::ifstream info("/proc/cpuinfo");
+  for (std::string line; std::getline(info, line);)
+    if (line.rfind("model name", 0) == 0) {
+      cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  std::printf("CPU: %s; kvevict kernels ISA: %s\n", cpu.c_str(),
+              kernels::isa_name(kernels::active_isa()));
+  benchmark::AddCustomContext("cpu_model", cpu);
+  benchmark::AddCustomContext("kvevict_isa", kernels::isa_name(kernels::active_isa()));
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

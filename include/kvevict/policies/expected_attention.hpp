@@ -1,0 +1,372 @@
+#pragma once
+// ExpectedAttention (Devoto et al. 2025, arXiv 2510.00636; reference: NVIDIA kvpress,
+// ExpectedAttentionPress): score each cached key by the attention that *future* queries are
+// expected to pay it, in closed form from Gaussian statistics of recent queries, without
+// ever reading attention probabilities.
+//
+// Per query head, the queries of the last `query_window` tokens (un-rotated to position 0)
+// give a mean mu and a covariance S. A query at a future position t is R(t) q, so over the
+// next `future_positions` positions p .. p + n - 1 (p = the incoming token's position) its
+// mean is Rbar mu and its covariance about Rbar S Rbar^T, with Rbar the average RoPE
+// rotation. For a stored (rotated) key k the expected logit is
+//     z(k) = (Rbar mu) . k / sqrt(d) + k^T (Rbar S Rbar^T) k / (2 d)
+// (the second term is the Gaussian moment-generating correction). The scores are a softmax
+// of z over the scored rows, averaged over the G query heads of the KV head's group, then
+// multiplied by ||v|| (optionally after adding `epsilon`). The row with the lowest score
+// goes; sinks and an optional recent band are never evicted.
+//
+// GQA: statistics are kept per query head; each of the G heads of a group gives its own
+// softmax over the group's rows, and the G distributions are averaged (kvpress's rule).
+//
+// RoPE: the policy needs the queries (Signals::query) as the engine attends with them,
+// rotated at the incoming token's position, and assumes the stored keys were rotated at
+// their own positions by the same RoPE (`rope`, `rope_base`; every dimension rotated). It
+// un-rotates each query by its position before the statistics. `RopeLayout::none` is for
+// engines without RoPE or that pass un-rotated queries and keys.
+//
+// Differences from the reference, which compresses a prompt once (or every N decode steps
+// with a buffer of the hidden states since the last compression): here the decision is
+// made per decode step, before attention, over the rows of one head (the incoming row is
+// in the softmax's normaliser but never a victim); the statistics are of the queries
+// themselves (the reference projects hidden states with W_q: the same thing for a linear
+// projection); queries of the first `sinks` tokens are left out of the statistics, as the
+// reference leaves out the first n_sink hidden states.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../errors.hpp"
+#include "common.hpp"
+
+namespace kvevict::policies {
+
+/// How the engine applies rotary position embedding to queries and keys.
+enum class RopeLayout {
+  none,         ///< no RoPE (or queries and keys are passed un-rotated)
+  interleaved,  ///< pairs (2i, 2i+1), as llama2.c / Meta's reference Llama code
+  halves,       ///< pairs (i, i + d/2), as Hugging Face transformers / GPT-NeoX
+};
+
+class ExpectedAttention {
+ public:
+  /// What part of the query covariance enters the expected logit.
+  enum class Covariance {
+    full,  ///< k^T S' k / (2d) with the full d x d covariance (the paper; O(d^2) per key)
+    none,  ///< mean only (O(d) per key)
+  };
+  struct Config {
+    std::size_t sinks = 4;        ///< first rows never evicted (the reference's n_sink)
+    std::size_t recent = 0;       ///< rows that arrived last, never evicted
+    float recent_fraction = 0.0f; ///< protect max(recent, floor(fraction x capacity)) rows
+    std::size_t query_window = 128;     ///< queries whose mean / covariance are used
+    std::size_t future_positions = 512; ///< positions the rotation is averaged over
+    Covariance covariance = Covariance::full;
+    bool value_norm = true;  ///< multiply the score by ||v|| (the reference's use_vnorm)
+    float epsilon = 0.0f;    ///< added to the score before the value norm
+    RopeLayout rope = RopeLayout::interleaved;
+    float rope_base = 10000.0f;  ///< theta_i = base^(-2i / d)
+    /// kvevict extension (0 = off, the paper): rank by the scores decayed over steps,
+    /// acc <- (1 - horizon / capacity) x acc + score, as DecayedAttention does with attention.
+    float horizon = 0.0f;
+  };
+
+  ExpectedAttention() : ExpectedAttention(Config{}) {}
+  explicit ExpectedAttention(Config c) : config_(c) {
+    detail::require_fraction(name(), "recent_fraction", c.recent_fraction);
+    kvevict::detail::require(c.query_window >= 1 && c.query_window <= (1u << 20), name(),
+                             ": query_window = ", c.query_window, ", expected 1..", 1u << 20);
+    kvevict::detail::require(c.future_positions >= 1 && c.future_positions <= (1u << 24), name(),
+                             ": future_positions = ", c.future_positions, ", expected 1..",
+                             1u << 24);
+    kvevict::detail::require(std::isfinite(c.epsilon) && c.epsilon >= 0.0f, name(),
+                             ": epsilon = ", c.epsilon, ", expected finite and >= 0");
+    kvevict::detail::require(std::isfinite(c.horizon) && c.horizon >= 0.0f, name(),
+                             ": horizon = ", c.horizon, ", expected finite and >= 0");
+    kvevict::detail::require(
+        c.rope == RopeLayout::none || (std::isfinite(c.rope_base) && c.rope_base > 1.0f), name(),
+        ": rope_base = ", c.rope_base, ", expected finite and > 1");
+  }
+
+  static constexpr Signals signals = Signals::query;
+  static constexpr const char* name() { return "ExpectedAttention"; }
+  [[nodiscard]] const Config& config() const { return config_; }
+  [[nodiscard]] std::size_t min_capacity() const { return config_.sinks + config_.recent + 1; }
+  [[nodiscard]] std::size_t recent_for(std::size_t capacity) const {
+    return detail::recent_rows(config_.recent, config_.recent_fraction, config_.sinks, capacity);
+  }
+
+  void bind(const CacheShape& shape) {
+    const Geometry& g = shape.geometry;
+    kvevict::detail::require(config_.rope == RopeLayout::none || g.head_dim % 2 == 0, name(),
+                             ": head_dim = ", g.head_dim, ", expected even with RoPE");
+    d_ = static_cast<std::size_t>(g.head_dim);
+    group_ = static_cast<std::size_t>(g.group());
+    hkv_ = static_cast<std::size_t>(g.n_kv_heads);
+    vnorms_.bind(shape);
+    if (config_.horizon > 0.0f) acc_.bind(shape);
+    stats_.assign(static_cast<std::size_t>(g.n_layers) * static_cast<std::size_t>(g.n_heads),
+                  QueryStats{});
+    for (auto& s : stats_) s.reset(d_, config_.query_window);
+    // Per rotated pair: theta and the sum over t = 0..n-1 of exp(i t theta).
+    theta_.clear();
+    future_re_.clear();
+    future_im_.clear();
+    if (config_.rope != RopeLayout::none) {
+      for (std::size_t j = 0; j < d_ / 2; ++j) {
+        const double th = std::pow(static_cast<double>(config_.rope_base),
+                                   -2.0 * static_cast<double>(j) / static_cast<double>(d_));
+        double re = 0.0, im = 0.0;
+        for (std::size_t t = 0; t < config_.future_positions; ++t) {
+          re += std::cos(static_cast<double>(t) * th);
+          im += std::sin(static_cast<double>(t) * th);
+        }
+        theta_.push_back(th);
+        future_re_.push_back(re / static_cast<double>(config_.future_positions));
+        future_im_.push_back(im / static_cast<double>(config_.future_positions));
+      }
+    }
+    last_added_.assign(static_cast<std::size_t>(g.n_layers) * hkv_, kNone);
+  }
+
+  template <class S>
+  void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
+    add_queries(v);
+    score_rows(v);
+    if (config_.horizon > 0.0f) {
+      auto& acc = acc_.of(v.layer, v.kv_head);
+      const double decay =
+          v.capacity == Budget::kUnbounded
+              ? 1.0
+              : std::clamp(1.0 - static_cast<double>(config_.horizon) / static_cast<double>(v.capacity), 0.0, 1.0);
+      for (std::size_t r = 0; r < v.size; ++r) score_[r] = acc[r] = decay * acc[r] + score_[r];
+    }
+    const detail::Protection prot{config_.sinks, recent_for(v.capacity)};
+    detail::evict_lowest(
+        v, [&](std::size_t r) { return score_[r]; },
+        [&](std::size_t r) { return !prot.is_protected(v.seqs[r], v.incoming_seq); }, out,
+        name());
+  }
+  template <class S>
+  void on_append(const HeadView<S>& v, std::size_t row) {
+    add_queries(v);
+    double s = 0.0;
+    for (const S& x : v.value(row)) s += static_cast<double>(x) * static_cast<double>(x);
+    vnorms_.set(v.layer, v.kv_head, row, static_cast<float>(std::sqrt(s)));
+    if (config_.horizon > 0.0f) acc_.set(v.layer, v.kv_head, row, 0.0);
+  }
+  void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
+    vnorms_.move(layer, kv_head, from, to);
+    if (config_.horizon > 0.0f) acc_.move(layer, kv_head, from, to);
+  }
+
+  /// The scores the last choose_victims call ranked by (decayed when horizon > 0), one per
+  /// live row (for tests and tools).
+  [[nodiscard]] const std::vector<double>& last_scores() const { return score_; }
+  /// Un-rotated query statistics of query head `head` (0..n_heads) of `layer`: how many
+  /// queries, their sum and the sum of their outer products (row-major d x d).
+  struct Moments {
+    std::size_t count;
+    const std::vector<double>* sum;
+    const std::vector<double>* outer;
+  };
+  [[nodiscard]] Moments moments(int layer, int head) const {
+    const auto& s = stats_[static_cast<std::size_t>(layer) * hkv_ * group_ +
+                           static_cast<std::size_t>(head)];
+    return {s.count, &s.sum, &s.outer};
+  }
+
+ private:
+  static constexpr std::uint64_t kNone = ~std::uint64_t{0};
+
+  // Sliding-window moments of one query head's un-rotated queries.
+  struct QueryStats {
+    std::vector<float> ring;      // window x d, the queries in the window
+    std::vector<double> sum;      // d
+    std::vector<double> outer;    // d x d
+    std::size_t count = 0, next = 0, window = 1;
+    void reset(std::size_t d, std::size_t w) {
+      window = w;
+      ring.assign(w * d, 0.0f);
+      sum.assign(d, 0.0);
+      outer.assign(d * d, 0.0);
+      count = next = 0;
+    }
+    void add(const float* q, std::size_t d) {
+      float* slot = ring.data() + next * d;
+      if (count == window) accumulate(slot, d, -1.0);
+      std::copy(q, q + d, slot);
+      accumulate(slot, d, 1.0);
+      next = (next + 1) % window;
+      count = std::min(count + 1, window);
+    }
+    void accumulate(const float* q, std::size_t d, double sign) {
+      for (std::size_t i = 0; i < d; ++i) {
+        const double qi = sign * static_cast<double>(q[i]);
+        sum[i] += qi;
+        for (std::size_t j = 0; j < d; ++j) outer[i * d + j] += qi * static_cast<double>(q[j]);
+      }
+    }
+  };
+
+  std::size_t rope_index(std::size_t j, bool second) const {
+    // The two coordinates of rotated pair j.
+    if (config_.rope == RopeLayout::halves) return second ? j + d_ / 2 : j;
+    return second ? 2 * j + 1 : 2 * j;
+  }
+
+  // Adds the incoming token's G queries (un-rotated) to the statistics, once per token.
+  template <class S>
+  void add_queries(const HeadView<S>& v) {
+    if (v.queries == nullptr) return;
+    auto& last = last_added_[static_cast<std::size_t>(v.layer) * hkv_ + static_cast<std::size_t>(v.kv_head)];
+    if (last == v.incoming_seq) return;
+    last = v.incoming_seq;
+    if (v.incoming_seq < config_.sinks) return;  // the reference leaves out the sink tokens
+    buf_.resize(d_);
+    for (std::size_t g = 0; g < group_; ++g) {
+      const float* q = v.queries + g * d_;
+      std::copy(q, q + d_, buf_.begin());
+      if (config_.rope != RopeLayout::none) {
+        const double p = static_cast<double>(v.incoming_position);
+        for (std::size_t j = 0; j < d_ / 2; ++j) {
+          const double c = std::cos(p * theta_[j]), s = std::sin(p * theta_[j]);
+          const std::size_t a = rope_index(j, false), b = rope_index(j, true);
+          const double x = q[a], y = q[b];
+          buf_[a] = static_cast<float>(x * c + y * s);  // R(-p)
+          buf_[b] = static_cast<float>(-x * s + y * c);
+        }
+      }
+      stats(v.layer, v.kv_head, g).add(buf_.data(), d_);
+    }
+  }
+
+  QueryStats& stats(int layer, int kv_head, std::size_t g) {
+    return stats_[(static_cast<std::size_t>(layer) * hkv_ + static_cast<std::size_t>(kv_head)) *
+                      group_ + g];
+  }
+
+  // Mean and covariance of query head g, moved to the future positions' average rotation:
+  // mean_ = Rbar mu, cov_ = Rbar S Rbar^T (d x d).
+  void future_moments(const QueryStats& st, std::int64_t position) {
+    const std::size_t d = d_;
+    mean_.assign(d, 0.0);
+    cov_.assign(d * d, 0.0);
+    if (st.count == 0) return;
+    const double n = static_cast<double>(st.count);
+    for (std::size_t i = 0; i < d; ++i) mean_[i] = st.sum[i] / n;
+    if (config_.covariance == Covariance::full)
+      for (std::size_t i = 0; i < d; ++i)
+        for (std::size_t j = 0; j < d; ++j)
+          cov_[i * d + j] = st.outer[i * d + j] / n - mean_[i] * mean_[j];
+    if (config_.rope == RopeLayout::none) return;
+    // Rbar is block-diagonal: pair j is [[c, -s], [s, c]] with c + i s the mean of
+    // exp(i t theta_j) over t = p .. p + n - 1, i.e. exp(i p theta_j) x the precomputed mean.
+    const std::size_t pairs = d / 2;
+    rc_.resize(pairs);
+    rs_.resize(pairs);
+    const double p = static_cast<double>(position);
+    for (std::size_t j = 0; j < pairs; ++j) {
+      const double c0 = std::cos(p * theta_[j]), s0 = std::sin(p * theta_[j]);
+      rc_[j] = c0 * future_re_[j] - s0 * future_im_[j];
+      rs_[j] = s0 * future_re_[j] + c0 * future_im_[j];
+    }
+    rotate_pairs(mean_.data(), 1, 1, 0);  // mean <- Rbar mean
+    if (config_.covariance != Covariance::full) return;
+    rotate_pairs(cov_.data(), d, d, 1);  // rows of cov: Rbar cov
+    rotate_pairs(cov_.data(), d, 1, d);  // its columns: (Rbar cov) Rbar^T
+  }
+
+  // Applies Rbar (rc_, rs_) to `count` vectors of `m`: coordinate i of vector k is
+  // m[i * coord_stride + k * vector_stride].
+  void rotate_pairs(double* m, std::size_t count, std::size_t coord_stride,
+                    std::size_t vector_stride) const {
+    for (std::size_t j = 0; j < d_ / 2; ++j) {
+      const std::size_t a = rope_index(j, false) * coord_stride;
+      const std::size_t b = rope_index(j, true) * coord_stride;
+      for (std::size_t k = 0; k < count; ++k) {
+        double& x = m[a + k * vector_stride];
+        double& y = m[b + k * vector_stride];
+        const double x0 = x, y0 = y;
+        x = rc_[j] * x0 - rs_[j] * y0;
+        y = rs_[j] * x0 + rc_[j] * y0;
+      }
+    }
+  }
+
+  double logit(const double* key) const {
+    const std::size_t d = d_;
+    double lin = 0.0;
+    for (std::size_t i = 0; i < d; ++i) lin += mean_[i] * key[i];
+    double z = lin / std::sqrt(static_cast<double>(d));
+    if (config_.covariance == Covariance::full) {
+      double quad = 0.0;
+      for (std::size_t i = 0; i < d; ++i) {
+        double row = 0.0;
+        for (std::size_t j = 0; j < d; ++j) row += cov_[i * d + j] * key[j];
+        quad += key[i] * row;
+      }
+      z += quad / (2.0 * static_cast<double>(d));
+    }
+    return z;
+  }
+
+  // score_[r] for every live row: the group's mean softmax of z over the scored rows (all
+  // but the sinks, plus the incoming key), times ||v|| when value_norm is on.
+  template <class S>
+  void score_rows(const HeadView<S>& v) {
+    const std::size_t n = v.size, d = d_;
+    score_.assign(n, 0.0);
+    keyd_.resize((n + 1) * d);
+    for (std::size_t r = 0; r < n; ++r) {
+      const auto k = v.key(r);
+      for (std::size_t j = 0; j < d; ++j) keyd_[r * d + j] = static_cast<double>(k[j]);
+    }
+    const bool incoming = v.incoming_key != nullptr;
+    if (incoming)
+      for (std::size_t j = 0; j < d; ++j) keyd_[n * d + j] = static_cast<double>(v.incoming_key[j]);
+    const std::size_t m = n + (incoming ? 1 : 0);
+    z_.resize(m);
+    // Shrinking a budget there is no incoming token: the next position stands in for it.
+    std::int64_t position = v.incoming_position;
+    if (!incoming)
+      for (std::size_t r = 0; r < n; ++r) position = std::max(position, v.positions[r] + 1);
+    for (std::size_t g = 0; g < group_; ++g) {
+      future_moments(stats(v.layer, v.kv_head, g), position);
+      double zmax = -HUGE_VAL;
+      for (std::size_t r = 0; r < m; ++r) {
+        if (r < n && v.seqs[r] < config_.sinks) continue;
+        z_[r] = logit(keyd_.data() + r * d);
+        zmax = std::max(zmax, z_[r]);
+      }
+      double total = 0.0;
+      for (std::size_t r = 0; r < m; ++r) {
+        if (r < n && v.seqs[r] < config_.sinks) continue;
+        z_[r] = std::exp(z_[r] - zmax);
+        total += z_[r];
+      }
+      for (std::size_t r = 0; r < n; ++r)
+        if (v.seqs[r] >= config_.sinks) score_[r] += z_[r] / total;
+    }
+    const auto& vn = vnorms_.of(v.layer, v.kv_head);
+    for (std::size_t r = 0; r < n; ++r) {
+      score_[r] /= static_cast<double>(group_);
+      if (config_.value_norm)
+        score_[r] = (score_[r] + static_cast<double>(config_.epsilon)) * static_cast<double>(vn[r]);
+    }
+  }
+
+  Config config_;
+  std::size_t d_ = 0, group_ = 1, hkv_ = 1;
+  detail::RowColumn<float> vnorms_;
+  detail::RowColumn<double> acc_;  ///< decayed scores (horizon > 0 only)
+  std::vector<QueryStats> stats_;            ///< per (layer, query head)
+  std::vector<std::uint64_t> last_added_;    ///< per (layer, KV head): seq whose queries are in
+  std::vector<double> theta_, future_re_, future_im_;  ///< per rotated pair
+  // Scratch (no allocation per step once warm).
+  std::vector<float> buf_;
+  std::vector<double> mean_, cov_, rc_, rs_, keyd_, z_, score_;
+};
+
+}  // namespace kvevict::policies

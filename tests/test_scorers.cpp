@@ -1,0 +1,394 @@
+// ExpectedAttention and KeyDiff against brute-force re-implementations written from the
+// papers' formulas with dense matrices (no running sums, no closed forms): same stream,
+// kept positions compared after every step; plus hand-checked cases and bad configurations.
+#include <kvevict/policies/expected_attention.hpp>
+#include <kvevict/policies/keydiff.hpp>
+#include <map>
+#include <set>
+
+#include "support/test_support.hpp"
+
+using namespace kvevict;
+using policies::ExpectedAttention;
+using policies::KeyDiff;
+using policies::RopeLayout;
+
+namespace {
+
+using Mat = std::vector<std::vector<double>>;
+
+// Dense RoPE matrix of angle set pos * theta_j, in the given layout.
+Mat rope_matrix(int d, double pos, RopeLayout layout, double base) {
+  Mat R(static_cast<std::size_t>(d), std::vector<double>(static_cast<std::size_t>(d), 0.0));
+  if (layout == RopeLayout::none) {
+    for (int i = 0; i < d; ++i) R[i][i] = 1.0;
+    return R;
+  }
+  for (int j = 0; j < d / 2; ++j) {
+    const double th = std::pow(base, -2.0 * j / d);
+    const int a = layout == RopeLayout::halves ? j : 2 * j;
+    const int b = layout == RopeLayout::halves ? j + d / 2 : 2 * j + 1;
+    R[a][a] = std::cos(pos * th);
+    R[a][b] = -std::sin(pos * th);
+    R[b][a] = std::sin(pos * th);
+    R[b][b] = std::cos(pos * th);
+  }
+  return R;
+}
+std::vector<double> mul(const Mat& A, const std::vector<double>& x) {
+  std::vector<double> y(A.size(), 0.0);
+  for (std::size_t i = 0; i < A.size(); ++i)
+    for (std::size_t j = 0; j < x.size(); ++j) y[i] += A[i][j] * x[j];
+  return y;
+}
+Mat mul(const Mat& A, const Mat& B) {
+  Mat C(A.size(), std::vector<double>(B[0].size(), 0.0));
+  for (std::size_t i = 0; i < A.size(); ++i)
+    for (std::size_t k = 0; k < B.size(); ++k)
+      for (std::size_t j = 0; j < B[0].size(); ++j) C[i][j] += A[i][k] * B[k][j];
+  return C;
+}
+Mat transpose(const Mat& A) {
+  Mat T(A[0].size(), std::vector<double>(A.size()));
+  for (std::size_t i = 0; i < A.size(); ++i)
+    for (std::size_t j = 0; j < A[0].size(); ++j) T[j][i] = A[i][j];
+  return T;
+}
+
+struct Row {
+  std::uint64_t seq;
+  std::vector<float> key, value;
+};
+
+// The victim among `rows` (position -> row) with the lowest score, oldest first on ties,
+// sinks and the recent band excluded.
+template <class Score>
+std::int64_t brute_victim(const std::map<std::int64_t, Row>& rows, std::size_t sinks,
+                          std::size_t recent, std::uint64_t seq, Score&& score) {
+  std::int64_t best = -1;
+  double best_score = 0.0;
+  std::uint64_t best_seq = 0;
+  for (const auto& [p, r] : rows) {
+    if (r.seq < sinks || r.seq + recent >= seq) continue;
+    const double s = score(p, r);
+    if (best < 0 || s < best_score || (s == best_score && r.seq < best_seq)) {
+      best = p;
+      best_score = s;
+      best_seq = r.seq;
+    }
+  }
+  REQUIRE(best >= 0);
+  return best;
+}
+
+// ExpectedAttention written out: every query kept (un-rotated with the dense inverse
+// rotation), the last W (after the sinks) give mean and covariance; Rbar is the average of
+// the dense rotation matrices over the future positions.
+struct BruteExpected {
+  ExpectedAttention::Config c;
+  int d, G;
+  std::size_t capacity;
+  std::map<std::int64_t, Row> rows;
+  std::vector<std::vector<std::vector<double>>> queries;  // per g: un-rotated queries
+  std::map<std::int64_t, double> acc;                     // decayed scores (horizon > 0)
+
+  void step(std::int64_t pos, std::uint64_t seq, const std::vector<float>& key,
+            const std::vector<float>& value, const float* q) {
+    if (seq >= c.sinks)
+      for (int g = 0; g < G; ++g) {
+        std::vector<double> x(q + g * d, q + (g + 1) * d);
+        queries[static_cast<std::size_t>(g)].push_back(
+            mul(transpose(rope_matrix(d, static_cast<double>(pos), c.rope, c.rope_base)), x));
+      }
+    if (rows.size() >= capacity) {
+      Mat Rbar(static_cast<std::size_t>(d), std::vector<double>(static_cast<std::size_t>(d), 0.0));
+      for (std::size_t t = 0; t < c.future_positions; ++t) {
+        const Mat R = rope_matrix(d, static_cast<double>(pos + static_cast<std::int64_t>(t)), c.rope, c.rope_base);
+        for (int i = 0; i < d; ++i)
+          for (int j = 0; j < d; ++j) Rbar[i][j] += R[i][j] / static_cast<double>(c.future_positions);
+      }
+      std::map<std::int64_t, double> score;
+      for (const auto& [p, r] : rows) score[p] = 0.0;
+      for (int g = 0; g < G; ++g) {
+        const auto& all = queries[static_cast<std::size_t>(g)];
+        const std::size_t n = std::min(all.size(), c.query_window);
+        std::vector<double> mu(static_cast<std::size_t>(d), 0.0);
+        Mat S(static_cast<std::size_t>(d), std::vector<double>(static_cast<std::size_t>(d), 0.0));
+        for (std::size_t i = all.size() - n; i < all.size(); ++i)
+          for (int a = 0; a < d; ++a) mu[a] += all[i][a] / static_cast<double>(n);
+        for (std::size_t i = all.size() - n; i < all.size(); ++i)
+          for (int a = 0; a < d; ++a)
+            for (int b = 0; b < d; ++b)
+              S[a][b] += (all[i][a] - mu[a]) * (all[i][b] - mu[b]) / static_cast<double>(n);
+        const auto m = mul(Rbar, mu);
+        const Mat Sr = mul(Rbar, mul(S, transpose(Rbar)));
+        auto z = [&](const std::vector<float>& k) {
+          double lin = 0.0, quad = 0.0;
+          for (int a = 0; a < d; ++a) lin += m[a] * k[a];
+          for (int a = 0; a < d; ++a)
+            for (int b = 0; b < d; ++b) quad += k[a] * Sr[a][b] * k[b];
+          return lin / std::sqrt(static_cast<double>(d)) +
+                 (c.covariance == ExpectedAttention::Covariance::full ? quad / (2.0 * d) : 0.0);
+        };
+        double total = std::exp(z(key));  // the incoming key is in the normaliser
+        for (const auto& [p, r] : rows)
+          if (r.seq >= c.sinks) total += std::exp(z(r.key));
+        for (const auto& [p, r] : rows)
+          if (r.seq >= c.sinks) score[p] += std::exp(z(r.key)) / total / G;
+      }
+      const std::size_t recent = std::max(c.recent, static_cast<std::size_t>(c.recent_fraction * static_cast<float>(capacity)));
+      for (const auto& [p, r] : rows) {
+        double& s = score[p];
+        if (c.value_norm) {
+          double vn = 0.0;
+          for (float x : r.value) vn += static_cast<double>(x) * x;
+          s = (s + c.epsilon) * std::sqrt(vn);
+        }
+        if (c.horizon > 0.0f) s = acc[p] = (1.0 - c.horizon / static_cast<double>(capacity)) * acc[p] + s;
+      }
+      const auto victim = brute_victim(rows, c.sinks, recent, seq,
+                                       [&](std::int64_t p, const Row&) { return score[p]; });
+      rows.erase(victim);
+      acc.erase(victim);
+    }
+    rows[pos] = {seq, key, value};
+  }
+};
+
+// KeyDiff written out: anchor = mean of the unit keys (live rows and the incoming key),
+// evict the highest cosine similarity to it.
+struct BruteKeyDiff {
+  KeyDiff::Config c;
+  std::size_t capacity;
+  std::map<std::int64_t, Row> rows;
+  static std::vector<double> unit(const std::vector<float>& k) {
+    double n = 0.0;
+    for (float x : k) n += static_cast<double>(x) * x;
+    std::vector<double> u(k.size(), 0.0);
+    if (n > 0.0)
+      for (std::size_t j = 0; j < k.size(); ++j) u[j] = k[j] / std::sqrt(n);
+    return u;
+  }
+  void step(std::int64_t pos, std::uint64_t seq, const std::vector<float>& key,
+            const std::vector<float>& value) {
+    if (rows.size() >= capacity) {
+      std::vector<double> anchor(key.size(), 0.0);
+      auto add = [&](const std::vector<float>& k) {
+        const auto u = unit(k);
+        for (std::size_t j = 0; j < k.size(); ++j) anchor[j] += u[j] / static_cast<double>(rows.size() + 1);
+      };
+      for (const auto& [p, r] : rows) add(r.key);
+      add(key);
+      double an = 0.0;
+      for (double x : anchor) an += x * x;
+      const std::size_t recent = std::max(c.recent, static_cast<std::size_t>(c.recent_fraction * static_cast<float>(capacity)));
+      rows.erase(brute_victim(rows, c.sinks, recent, seq, [&](std::int64_t, const Row& r) {
+        const auto u = unit(r.key);
+        double dot = 0.0;
+        for (std::size_t j = 0; j < u.size(); ++j) dot += u[j] * anchor[j];
+        return -dot / std::sqrt(an);  // -cosine
+      }));
+    }
+    rows[pos] = {seq, key, value};
+  }
+};
+
+// Feeds the same random stream (positions with gaps, queries rotated at their position) to
+// the cache and to one brute-force model per (layer, KV head); compares kept positions.
+template <class Policy, class MakeBrute>
+void compare(const Geometry& g, std::size_t cap, const Policy& policy, MakeBrute&& make,
+             RopeLayout layout, float base, std::uint64_t seed, int steps = 150) {
+  KVCache<Policy> cache(g, Budget::uniform(static_cast<long long>(cap)), policy);
+  std::vector<decltype(make())> brute;
+  for (int i = 0; i < g.n_layers * g.n_kv_heads; ++i) brute.push_back(make());
+  kvtest::Rng rng(seed);
+  const int d = g.head_dim, G = g.group();
+  std::int64_t pos = 0;
+  for (int t = 0; t < steps; ++t) {
+    pos += rng.uniform(1, 3);  // engine positions may skip
+    for (int l = 0; l < g.n_layers; ++l) {
+      auto k = rng.normals(static_cast<std::size_t>(g.n_kv_heads * d));
+      auto v = rng.normals(static_cast<std::size_t>(g.n_kv_heads * d));
+      // Pre-RoPE queries with a persistent direction (so the mean matters), then rotated.
+      auto q0 = rng.normals(static_cast<std::size_t>(g.n_heads * d));
+      for (std::size_t i = 0; i < q0.size(); ++i) q0[i] += (i % 3 == 0) ? 1.5f : 0.0f;
+      std::vector<float> q(q0.size());
+      const Mat R = rope_matrix(d, static_cast<double>(pos), layout, base);
+      for (int h = 0; h < g.n_heads; ++h) {
+        std::vector<double> x(q0.begin() + h * d, q0.begin() + (h + 1) * d);
+        const auto y = mul(R, x);
+        for (int j = 0; j < d; ++j) q[static_cast<std::size_t>(h * d + j)] = static_cast<float>(y[j]);
+      }
+      cache.append(l, pos, k, v, q);
+      for (int h = 0; h < g.n_kv_heads; ++h) {
+        auto& b = brute[static_cast<std::size_t>(l * g.n_kv_heads + h)];
+        std::vector<float> kh(k.begin() + h * d, k.begin() + (h + 1) * d);
+        std::vector<float> vh(v.begin() + h * d, v.begin() + (h + 1) * d);
+        if constexpr (std::is_same_v<Policy, KeyDiff>)
+          b.step(pos, static_cast<std::uint64_t>(t), kh, vh);
+        else
+          b.step(pos, static_cast<std::uint64_t>(t), kh, vh, q.data() + h * G * d);
+        const auto kept_pos = cache.positions(l, h);
+        std::set<std::int64_t> kept(kept_pos.begin(), kept_pos.end()), want;
+        for (const auto& [p, row] : b.rows) want.insert(p);
+        INFO("step " << t << " layer " << l << " head " << h);
+        REQUIRE(kept == want);
+      }
+    }
+  }
+}
+
+void compare_expected(const ExpectedAttention::Config& c, int G, std::size_t cap,
+                      std::uint64_t seed, int d = 8) {
+  const Geometry g{2, 2 * G, 2, d};
+  compare(g, cap, ExpectedAttention(c),
+          [&] {
+            BruteExpected b{c, d, G, cap, {}, {}, {}};
+            b.queries.resize(static_cast<std::size_t>(G));
+            return b;
+          },
+          c.rope, c.rope_base, seed);
+}
+
+}  // namespace
+
+TEST_CASE("ExpectedAttention agrees with a dense brute-force rule", "[scorers]") {
+  using C = ExpectedAttention::Covariance;
+  for (int G : {1, 4}) {
+    // The paper's form (full covariance, value norms), llama2.c's RoPE layout.
+    compare_expected({.sinks = 2, .query_window = 16, .future_positions = 32}, G, 20, 100 + G);
+    // Hugging Face's layout, a small base (fast rotations), mean only.
+    compare_expected({.sinks = 0, .query_window = 5, .future_positions = 7,
+                      .covariance = C::none, .rope = RopeLayout::halves, .rope_base = 50.0f},
+                     G, 16, 200 + G);
+    // No RoPE, no value norm, a recent band and an epsilon.
+    compare_expected({.sinks = 1, .recent = 3, .recent_fraction = 0.25f, .query_window = 300,
+                      .future_positions = 1, .value_norm = false, .rope = RopeLayout::none},
+                     G, 24, 300 + G);
+    compare_expected({.sinks = 4, .query_window = 8, .future_positions = 64, .epsilon = 0.01f,
+                      .rope_base = 100.0f},
+                     G, 12, 400 + G, 6);
+    // kvevict's extension: decayed scores behind a sink and a recent band.
+    compare_expected({.sinks = 1, .recent_fraction = 0.375f, .query_window = 4,
+                      .future_positions = 4, .covariance = C::none, .horizon = 3.0f},
+                     G, 16, 500 + G);
+  }
+}
+
+TEST_CASE("KeyDiff agrees with a brute-force rule", "[scorers]") {
+  for (const KeyDiff::Config c : {KeyDiff::Config{}, KeyDiff::Config{.sinks = 2, .recent = 3},
+                                  KeyDiff::Config{.sinks = 1, .recent_fraction = 0.375f}}) {
+    const Geometry g{2, 4, 2, 16};
+    compare(g, 20, KeyDiff(c), [&] { return BruteKeyDiff{c, 20, {}}; }, RopeLayout::none,
+            10000.0f, 7 + c.sinks);
+  }
+}
+
+TEST_CASE("KeyDiff by hand: the key most like the others leaves, not the odd one", "[scorers]") {
+  // Capacity 3, d 2: keys e1, e1 (scaled), e2; incoming e1. The anchor points mostly along
+  // e1, so an e1 row goes (the older one on the tie: both have cosine exactly equal).
+  const Geometry g{1, 1, 1, 2};
+  KVCache<KeyDiff> cache(g, Budget::uniform(3), KeyDiff{});
+  const std::vector<float> e1{1.0f, 0.0f}, e1b{3.0f, 0.0f}, e2{0.0f, 2.0f};
+  cache.append(0, 0, e1, e1);
+  cache.append(0, 1, e2, e1);
+  cache.append(0, 2, e1b, e1);
+  cache.append(0, 3, e1, e1);
+  const auto pos = cache.positions(0, 0);
+  CHECK(std::set<std::int64_t>(pos.begin(), pos.end()) == std::set<std::int64_t>{1, 2, 3});
+  // A zero key has cosine 0 with any anchor: with every other key along the anchor, it stays.
+  KVCache<KeyDiff> z(g, Budget::uniform(2), KeyDiff{});
+  const std::vector<float> zero{0.0f, 0.0f};
+  z.append(0, 0, zero, e1);
+  z.append(0, 1, e1, e1);
+  z.append(0, 2, e1b, e1);
+  const auto zp = z.positions(0, 0);
+  CHECK(std::set<std::int64_t>(zp.begin(), zp.end()) == std::set<std::int64_t>{0, 2});
+}
+
+TEST_CASE("ExpectedAttention by hand: queries that point at a key keep it", "[scorers]") {
+  // No RoPE, mean only, no value norm: the score is the softmax of q_mean . k / sqrt(d).
+  const Geometry g{1, 1, 1, 2};
+  KVCache<ExpectedAttention> cache(
+      g, Budget::uniform(3),
+      ExpectedAttention({.sinks = 0, .covariance = ExpectedAttention::Covariance::none,
+                         .value_norm = false, .rope = RopeLayout::none}));
+  const std::vector<float> q{0.0f, 1.0f}, v{1.0f, 1.0f};
+  cache.append(0, 0, std::vector<float>{0.0f, 2.0f}, v, q);   // aligned with the queries
+  cache.append(0, 1, std::vector<float>{1.0f, 0.0f}, v, q);   // orthogonal
+  cache.append(0, 2, std::vector<float>{0.0f, -1.0f}, v, q);  // opposite: evicted first
+  cache.append(0, 3, std::vector<float>{0.0f, 1.0f}, v, q);
+  auto pos = cache.positions(0, 0);
+  CHECK(std::set<std::int64_t>(pos.begin(), pos.end()) == std::set<std::int64_t>{0, 1, 3});
+  cache.append(0, 4, std::vector<float>{0.0f, 1.0f}, v, q);  // then the orthogonal one
+  pos = cache.positions(0, 0);
+  CHECK(std::set<std::int64_t>(pos.begin(), pos.end()) == std::set<std::int64_t>{0, 3, 4});
+}
+
+TEST_CASE("ExpectedAttention un-rotates queries: the statistics do not depend on position",
+          "[scorers]") {
+  // The same pre-RoPE query at every position, rotated by llama2.c's RoPE: the window's
+  // mean must be that query and its covariance zero.
+  const Geometry g{1, 2, 1, 4};
+  KVCache<ExpectedAttention> cache(g, Budget::uniform(64), ExpectedAttention({.sinks = 0}));
+  const std::vector<double> q0{0.5, -1.0, 2.0, 0.25};
+  for (int p = 0; p < 40; ++p) {
+    const Mat R = rope_matrix(4, p * 7.0, RopeLayout::interleaved, 10000.0);
+    const auto y = mul(R, q0);
+    std::vector<float> q;
+    for (int h = 0; h < 2; ++h)
+      for (double x : y) q.push_back(static_cast<float>(x));
+    cache.append(0, p * 7, std::vector<float>(4, 1.0f), std::vector<float>(4, 1.0f), q);
+  }
+  const auto m = cache.policy().moments(0, 1);
+  REQUIRE(m.count == 40);
+  for (int i = 0; i < 4; ++i) {
+    CHECK((*m.sum)[static_cast<std::size_t>(i)] / 40.0 == Approx(q0[static_cast<std::size_t>(i)]).epsilon(1e-5));
+    for (int j = 0; j < 4; ++j)
+      CHECK((*m.outer)[static_cast<std::size_t>(i * 4 + j)] / 40.0 ==
+            Approx(q0[static_cast<std::size_t>(i)] * q0[static_cast<std::size_t>(j)]).epsilon(1e-5).margin(1e-6));
+  }
+}
+
+TEST_CASE("Bad scorer configurations are rejected with the value", "[scorers]") {
+  REQUIRE_THROWS_AS(ExpectedAttention({.query_window = 0}), Error);
+  REQUIRE_THROWS_WITH(ExpectedAttention({.query_window = 0}), Catch::Contains("query_window = 0"));
+  REQUIRE_THROWS_WITH(ExpectedAttention({.future_positions = 0}),
+                      Catch::Contains("future_positions = 0"));
+  REQUIRE_THROWS_WITH(ExpectedAttention({.epsilon = -1.0f}), Catch::Contains("epsilon = -1"));
+  REQUIRE_THROWS_WITH(ExpectedAttention({.epsilon = NAN}), Catch::Contains("epsilon = nan"));
+  REQUIRE_THROWS_WITH(ExpectedAttention({.rope_base = 1.0f}), Catch::Contains("rope_base = 1"));
+  REQUIRE_THROWS_WITH(ExpectedAttention({.horizon = -2.0f}), Catch::Contains("horizon = -2"));
+  REQUIRE_THROWS_WITH(ExpectedAttention({.recent_fraction = 1.0f}),
+                      Catch::Contains("recent_fraction = 1"));
+  REQUIRE_THROWS_WITH(KeyDiff({.recent_fraction = -0.5f}), Catch::Contains("recent_fraction = -0.5"));
+  // Odd head dim with RoPE: at construction of the cache, the cache unchanged (none made).
+  REQUIRE_THROWS_WITH(KVCache<ExpectedAttention>(Geometry{1, 1, 1, 3}, Budget::uniform(8)),
+                      Catch::Contains("head_dim = 3"));
+  CHECK_NOTHROW(KVCache<ExpectedAttention>(Geometry{1, 1, 1, 3}, Budget::uniform(8),
+                                           ExpectedAttention({.rope = RopeLayout::none})));
+  // A budget below sinks + recent + 1.
+  REQUIRE_THROWS_AS(KVCache<KeyDiff>(Geometry{1, 1, 1, 4}, Budget::uniform(3),
+                                     KeyDiff({.sinks = 2, .recent = 1})),
+                    Error);
+}
+
+TEST_CASE("Scorers shrink a budget without an incoming token", "[scorers]") {
+  const Geometry g{1, 4, 2, 8};
+  KVCache<ExpectedAttention> ea(g, Budget::uniform(32), ExpectedAttention{});
+  KVCache<KeyDiff> kd(g, Budget::uniform(32), KeyDiff({.sinks = 1}));
+  kvtest::Rng rng(3);
+  for (int t = 0; t < 50; ++t) {
+    auto k = rng.normals(16), v = rng.normals(16), q = rng.normals(32);
+    ea.append(0, t, k, v, q);
+    kd.append(0, t, k, v);
+  }
+  ea.set_budget(Budget::uniform(10));
+  kd.set_budget(Budget::uniform(10));
+  for (int h = 0; h < 2; ++h) {
+    CHECK(ea.positions(0, h).size() == 10);
+    CHECK(kd.positions(0, h).size() == 10);
+    const auto p = ea.positions(0, h);
+    for (std::int64_t s = 0; s < 4; ++s) CHECK(std::find(p.begin(), p.end(), s) != p.end());  // sinks
+  }
+}
