@@ -453,6 +453,51 @@ TEST_CASE("e2e protocol: KL is 0 for the full cache and positive under eviction"
                     Catch::Matchers::Contains("seq_len"));
 }
 
+TEST_CASE("positions re-indexed inside the cache, past seq_len only with a bounded cache",
+          "[llama2c]") {
+  Tiny c;
+  const TinyWeights w = make_weights(c, 5);
+  auto model = std::make_shared<const Model>(Model::parse(serialize(w)));
+  const auto tokens = random_tokens(3 * c.seq_len, c.vocab, 13);
+  // Nothing evicted: ranks equal positions, so re-indexing changes nothing.
+  Transformer<policies::FullCache> reindex(model, Budget::unbounded(), {}, Positions::reindex);
+  double worst = 0.0;
+  Transformer<policies::FullCache> keep2(model, Budget::unbounded());
+  for (int pos = 0; pos < c.seq_len; ++pos) {
+    const int tok = tokens[static_cast<std::size_t>(pos)];
+    const auto k = keep2.forward(tok, pos);
+    const std::vector<float> kv(k.begin(), k.end());
+    worst = std::max(worst, max_abs_diff(reindex.forward(tok, pos), kv));
+  }
+  CHECK(worst < 1e-5);
+  // The full cache stops at the checkpoint's positions, naming the limit.
+  CHECK_THROWS_WITH(keep2.forward(tokens[0], c.seq_len),
+                    Catch::Matchers::Contains("seq_len = 48"));
+  // A bounded cache runs on in both modes; re-indexed rows differ from kept positions.
+  for (Positions mode : {Positions::keep, Positions::reindex}) {
+    Transformer<policies::StreamingLLM> tf(model, Budget::uniform(12), policies::StreamingLLM{2},
+                                           mode);
+    bool finite = true;
+    for (int pos = 0; pos < 3 * c.seq_len; ++pos)
+      for (float x : tf.forward(tokens[static_cast<std::size_t>(pos)], pos))
+        finite = finite && std::isfinite(x);
+    CHECK(finite);
+    CHECK(tf.cache().size(0, 0) == 12);
+    CHECK(tf.cache().positions(0, 0).size() == 12);
+  }
+  Transformer<policies::StreamingLLM> a(model, Budget::uniform(12), policies::StreamingLLM{2});
+  Transformer<policies::StreamingLLM> b(model, Budget::uniform(12), policies::StreamingLLM{2},
+                                        Positions::reindex);
+  double differ = 0.0;
+  for (int pos = 0; pos < c.seq_len; ++pos) {
+    const int tok = tokens[static_cast<std::size_t>(pos)];
+    const auto x = a.forward(tok, pos);
+    const std::vector<float> xv(x.begin(), x.end());
+    differ = std::max(differ, max_abs_diff(b.forward(tok, pos), xv));
+  }
+  CHECK(differ > 1e-3);  // after eviction the rotations differ
+}
+
 TEST_CASE("a directory given as a checkpoint or tokenizer is named in the error") {
   using Catch::Matchers::Contains;
   const std::string dir = std::filesystem::temp_directory_path().string();

@@ -4,6 +4,8 @@
     python3 docs/img/make_diag_plots.py docs/quality/diagnosis.csv docs/img"""
 import csv, os, sys
 from collections import defaultdict
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plot_style import panels_svg
 
 src = sys.argv[1] if len(sys.argv) > 1 else "docs/quality/diagnosis.csv"
 out_dir = sys.argv[2] if len(sys.argv) > 2 else "docs/img"
@@ -98,22 +100,42 @@ POLICIES = ["StreamingLLM (1 sink)", "H2O (recent B/4)", "TOVA (decay 0, 1 sink)
             "DecayedAttention (h 3, f 1/2, no recall)", "DecayedAttention::recommended()", "HashEvict query", "HashEvict key",
             "BUZZ (budget mode)", "Oracle (non-causal)"]
 
+FAMILIES = [("baselines", ["StreamingLLM (1 sink)", "H2O (recent B/4)", "TOVA (decay 0, 1 sink)"]),
+            ("the seed papers' methods", ["HashEvict query", "HashEvict key", "BUZZ (budget mode)"]),
+            ("kvevict's own", ["DecayedAttention (h 3, f 1/2, no recall)", "DecayedAttention::recommended()"])]
+
+
+def family_plot(path, title, xlabels, xtitle, ylabel, value, context):
+    """Shared style (plot_style.py): a panel per family, context series in grey."""
+    n = len(xlabels)
+    panels = [(fam, [(p, [(i, value(p, i)) for i in range(n)]) for p in names]) for fam, names in FAMILIES]
+    ymax = max(y for _, series in panels for _, pts in series for _, y in pts)
+    ymax = max([ymax] + [y for _, pts in context for _, y in pts]) * 1.08
+    step = next(st for st in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0) if ymax / st <= 6)
+    ticks = [(k * step, f"{k * step:.2g}") for k in range(int(ymax / step) + 1)]
+    xt = [(i, lab) for i, lab in enumerate(xlabels) if n <= 6 or i % 2 == 0]
+    open(path, "w").write(panels_svg(title, panels, context, lambda i: i / (n - 1), lambda v: v / ymax,
+                                     xt, ticks, xtitle, ylabel, pw=400, ph=300))
+
+
 # (1) mass lost by token age at 32 rows, with where the full model's mass sits.
 B = 32
-series = {"full model's attention": [data[("full_age", "full", 0, -1, -1)][b] for b in BUCKETS]}
-for p in POLICIES:
-    series[p] = [data[("lost_age", p, B, -1, -1)][b] for b in BUCKETS]
-line_plot(os.path.join(out_dir, "diag_lost_by_age.svg"),
-          f"stories260K, {B} rows: attention mass lost by token age (16 streams)",
-          BUCKETS, "token age t - pos (log2 buckets; pos 0 = first token)", "mean mass per step",
-          series, dashed=("full model's attention", "Oracle (non-causal)"))
+full_age = [(i, data[("full_age", "full", 0, -1, -1)][b]) for i, b in enumerate(BUCKETS)]
+oracle_age = [(i, data[("lost_age", "Oracle (non-causal)", B, -1, -1)][b]) for i, b in enumerate(BUCKETS)]
+family_plot(os.path.join(out_dir, "diag_lost_by_age.svg"),
+            f"stories260K, {B} rows: attention mass lost by token age (16 streams)",
+            BUCKETS, "token age t - pos (log2 buckets; every other labelled)", "mean mass per step",
+            lambda p, i: data[("lost_age", p, B, -1, -1)][BUCKETS[i]],
+            [("full model's attention (where the mass is)", full_age), ("Oracle (non-causal)", oracle_age)])
 
 # (2) mass lost per layer at 32 rows.
-series = {p: [data[("lost_layer", p, B, l, -1)]["all"] for l in range(5)] for p in POLICIES}
-line_plot(os.path.join(out_dir, "diag_lost_by_layer.svg"),
-          f"stories260K, {B} rows: attention mass lost per layer (16 streams)",
-          [f"layer {l}" for l in range(5)], "layer", "mean mass lost per step", series,
-          dashed=("Oracle (non-causal)",))
+oracle_layer = [(l, data[("lost_layer", "Oracle (non-causal)", B, l, -1)]["all"]) for l in range(5)]
+family_plot(os.path.join(out_dir, "diag_lost_by_layer.svg"),
+            f"stories260K, {B} rows: attention mass lost per layer (16 streams)",
+            [f"layer {l}" for l in range(5)], "layer", "mean mass lost per step",
+            lambda p, l: data[("lost_layer", p, B, l, -1)]["all"],
+            [("StreamingLLM (1 sink)", [(l, data[("lost_layer", "StreamingLLM (1 sink)", B, l, -1)]["all"]) for l in range(5)]),
+             ("Oracle (non-causal)", oracle_layer)])
 
 # (3) rows held by token age at 32 rows.
 kept = ["StreamingLLM (1 sink)", "H2O (recent B/4)", "DecayedAttention (h 3, f 1/2, no recall)",

@@ -6,16 +6,18 @@
 // (H2O here) over row indices: each token, the engine hands it the new K (and the queries
 // and attention probabilities the policy declares) and applies the returned decisions:
 // `place` writes the new token into a cell, `evict` frees a cell (here: offload count).
-// Usage: kvevict_engine_owned [tokens=2000] [budget=256]
+// Usage: kvevict_engine_owned [TOKENS=2000] [BUDGET=256] [--policy NAME] (any bounded
+// policy of the registry; default h2o with 32 recent rows and 4 sinks).
 #include <Eigen/Core>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <kvevict/index_cache.hpp>
-#include <kvevict/policies/h2o.hpp>
 #include <random>
 #include <vector>
 
+#include "cli.hpp"
+#include "policy_registry.hpp"
 #include <fmt/format.h>
 
 namespace {
@@ -38,7 +40,8 @@ void attend_cells(const LayerCells& m, std::span<const std::uint32_t> cells, int
     float* p = probs.data() + static_cast<std::size_t>(g) * n;
     float mx = -INFINITY;
     for (std::size_t r = 0; r < n; ++r) {
-      const Half* kr = m.k.data() + (std::size_t(cells[r]) * std::size_t(hkv) + std::size_t(h)) * std::size_t(d);
+      const Half* kr =
+          m.k.data() + (std::size_t(cells[r]) * std::size_t(hkv) + std::size_t(h)) * std::size_t(d);
       float s = 0.0f;
       for (int j = 0; j < d; ++j) s += q[g * d + j] * static_cast<float>(kr[j]);
       p[r] = s * scale;
@@ -48,24 +51,21 @@ void attend_cells(const LayerCells& m, std::span<const std::uint32_t> cells, int
     for (std::size_t r = 0; r < n; ++r) z += (p[r] = std::exp(p[r] - mx));
     for (std::size_t r = 0; r < n; ++r) {
       p[r] /= z;
-      const Half* vr = m.v.data() + (std::size_t(cells[r]) * std::size_t(hkv) + std::size_t(h)) * std::size_t(d);
+      const Half* vr =
+          m.v.data() + (std::size_t(cells[r]) * std::size_t(hkv) + std::size_t(h)) * std::size_t(d);
       for (int j = 0; j < d; ++j) out[g * d + j] += p[r] * static_cast<float>(vr[j]);
     }
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const int tokens = argc > 1 ? std::atoi(argv[1]) : 2000;
-  const int budget = argc > 2 ? std::atoi(argv[2]) : 256;
+template <class Policy>
+int run(Policy policy, const kvevict::Budget& budget_rows, int tokens, int budget) {
   const kvevict::Geometry geo{4, 8, 2, 64};  // layers, query heads, KV heads, head dim
   const int hkv = geo.n_kv_heads, d = geo.head_dim, group = geo.group();
-  using Policy = kvevict::policies::H2O;
   // cells_per_head = budget: IndexCache allocates cells itself (a victim's cell is reused),
   // so the engine never needs more cells than the budget.
-  kvevict::IndexCache<Policy, Half> index(geo, kvevict::Budget::uniform(budget),
-                                          Policy(Policy::Config{32, 4}), std::uint32_t(budget));
+  kvevict::IndexCache<Policy, Half> index(geo, budget_rows, std::move(policy),
+                                          std::uint32_t(budget));
   const std::size_t cells = index.cells_per_head();
   std::vector<LayerCells> mem(std::size_t(geo.n_layers));
   for (auto& m : mem) {
@@ -92,14 +92,15 @@ int main(int argc, char** argv) {
           ++evicted;  // cell e.cell is free now; an engine could offload it first
         } else if (e.kind == kvevict::Decision::Kind::place) {
           ++placed;
-          const std::size_t off = (std::size_t(e.cell) * std::size_t(hkv) + std::size_t(e.kv_head)) * std::size_t(d);
+          const std::size_t off =
+              (std::size_t(e.cell) * std::size_t(hkv) + std::size_t(e.kv_head)) * std::size_t(d);
           for (int j = 0; j < d; ++j) {
             m.k[off + std::size_t(j)] = static_cast<Half>(k[std::size_t(e.kv_head * d + j)]);
             m.v[off + std::size_t(j)] = static_cast<Half>(v[std::size_t(e.kv_head * d + j)]);
           }
         }  // move records only matter to engines that keep rows dense in row order
       }
-      // The engine's own attention, then the probabilities H2O declares it needs.
+      // The engine's own attention, then the probabilities (for policies that declare them).
       std::fill(out.begin(), out.end(), 0.0f);
       for (int h = 0; h < hkv; ++h) {
         attend_cells(m, index.cells(l, h), h, hkv, d, q.data() + h * group * d, group, probs,
@@ -115,4 +116,47 @@ int main(int argc, char** argv) {
   fmt::print("placed {} rows, evicted {}; engine K/V memory {:.1f} KiB (fp16)\n", placed,
               evicted, bytes / 1024.0);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return kvevict::cli::main_guard("kvevict_engine_owned", [&]() -> int {
+    using kvevict::cli::Range;
+    std::string tokens_text, budget_text, policy = "h2o";
+    kvevict::registry::Knobs knobs;
+    knobs.h2o_recent = 32;
+    knobs.h2o_sinks = 4;
+    knobs.rope = kvevict::policies::RopeLayout::none;  // this demo's keys carry no rotation
+    kvevict::cli::Parser p(
+        "kvevict_engine_owned",
+        "An engine with its own fp16 cell array driving a policy via IndexCache.");
+    p.positional("TOKENS", "tokens to run (default 2000)", tokens_text);
+    p.positional("BUDGET", "rows per layer and KV head = cells (default 256)", budget_text);
+    p.custom("--policy", "NAME", "a bounded policy of the registry (default h2o; see --list)",
+             [&](const std::string& v) {
+               kvevict::registry::check_names({v}, "--policy", false);
+               const auto* i = kvevict::registry::find(v);
+               if (i->sizing != kvevict::registry::Sizing::budget)
+                 throw kvevict::cli::UsageError(
+                     "--policy " + v +
+                     ": keeps every row, but this engine's cells are sized to the budget");
+               policy = v;
+             });
+    kvevict::registry::add_knob_options(p, knobs);
+    p.info("--list", "list the policies, then exit",
+           [] { fmt::print("policies:\n{}", kvevict::registry::listing()); });
+    if (!p.parse(argc, argv)) return 0;
+    const int tokens = tokens_text.empty()
+                           ? 2000
+                           : kvevict::cli::parse_number<int>("TOKENS", tokens_text, Range<int>{1});
+    const int budget = budget_text.empty() ? 256
+                                           : kvevict::cli::parse_number<int>(
+                                                 "BUDGET", budget_text, Range<int>{1, 1 << 20});
+    int rc = 0;
+    kvevict::registry::with_policy(
+        policy, kvevict::registry::Args{std::size_t(budget), knobs, nullptr},
+        [&](auto pol, const kvevict::Budget& b) { rc = run(std::move(pol), b, tokens, budget); });
+    return rc;
+  });
 }

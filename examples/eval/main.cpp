@@ -2,6 +2,7 @@
 // against the full cache, optionally writes JSON, CSV and an SVG plot.
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -9,14 +10,18 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
+
 #include <nlohmann/json.hpp>
 
+#include "cli.hpp"
 #include "registry.hpp"
 #include "runner.hpp"
 #include "safetensors.hpp"
@@ -27,44 +32,19 @@ namespace {
 
 using namespace kvevict::eval;
 
-struct ArgError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using ArgError = kvevict::cli::UsageError;
 
-constexpr const char* kUsage = R"(usage: kvevict-eval [options]
-
-Runs each policy at each budget over a workload, feeding it token by token through
+constexpr const char* kSummary = R"(Runs each policy at each budget over a workload, feeding it token by token through
 KVCache<Policy> and kvevict::attend, and compares every decode step with the full cache:
   mass    attention-mass recall (share of the full cache's attention that was attended)
   error   attention-output relative error ||o_full - o|| / ||o_full||
   topk    top-k recall (share of the full cache's k most-attended rows that were kept)
-  needle  needle retrieval rate (the late query's attention peaks on the planted key)
+  needle  needle retrieval rate (the late query's attention peaks on the planted key))";
 
-Options:
-  --policies LIST   comma-separated policy names, or 'all' (default: all; see --list)
-  --budgets LIST    fractions of the context in (0, 1] written with a '.', e.g. 0.1,0.5,
-                    or token counts (integers >= 1); default 0.1,0.2,...,0.9
-  --workload LIST   synthetic workloads, comma-separated, or 'all' (default: mixed)
-  --trace FILE      a safetensors trace instead (tensor names in docs/traces.md)
-  --model PATH      a llama2.c checkpoint (file, or directory holding one .bin besides
-                    tok*.bin): sample --steps tokens (default 512) with the full cache at
-                    temperature 1, then feed them one at a time under each policy and
-                    report KL(full || policy), top-1 agreement and perplexity (no SVG;
-                    xkv is skipped: it needs prompt statistics)
-  --steps N         decode steps (synthetic default 768; a trace: all after the prompt)
-  --prompt N        prompt tokens prefilled first (synthetic default 256; trace: 25%)
-  --layers N        layers of a synthetic workload (default 2)
-  --seed N          seed of the generators and of the random policy (default 1)
-  --topk K          k of top-k recall (default 10)
-  --json FILE       write the results as JSON
-  --csv FILE        write the results as CSV
-  --svg FILE        write an SVG plot of a metric against budget, a panel per workload
-  --metric LIST     metrics to plot: mass, error, topk, needle (default mass); with
-                    several, --svg FILE.svg writes FILE-<metric>.svg for each
-  --quiet           no progress bar (shown on stderr after 2 s on a terminal)
-  --progress        show the progress bar even when stderr is not a terminal
-  --list            list policies and workloads, then exit
-  --help            this text
+constexpr const char* kEpilog = R"(--model PATH: a llama2.c checkpoint (file, or directory holding one .bin besides tok*.bin):
+sample --steps tokens (default 512) with the full cache at temperature 1, then feed them
+one at a time under each policy and report KL(full || policy), top-1 agreement and
+perplexity (no SVG; xkv, pyramidkv and uniform-w8 are skipped: they need prompt statistics).
 Exit status: 0 on success, 2 on bad arguments or input, 1 on other failures.
 )";
 
@@ -80,24 +60,12 @@ struct Options {
   bool quiet = false, force_progress = false;
 };
 
-std::vector<std::string> split(std::string_view s) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= s.size()) {
-    const auto end = std::min(s.find(',', start), s.size());
-    out.emplace_back(s.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
+using kvevict::cli::split_list;
+std::vector<std::string> split(std::string_view s) { return split_list(s); }
 
 template <class T>
 T parse_int(const std::string& flag, const std::string& s, T min) {
-  T v{};
-  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || p != s.data() + s.size() || v < min)
-    throw ArgError(flag + ": '" + s + "' is not an integer >= " + std::to_string(min));
-  return v;
+  return kvevict::cli::parse_number<T>(flag, s, kvevict::cli::Range<T>{min});
 }
 
 // A budget: a fraction in (0, 1] when written with '.', else a token count.
@@ -124,72 +92,68 @@ BudgetSpec parse_budget(const std::string& s) {
   return b;
 }
 
-Options parse(int argc, char** argv) {
+// Returns nullopt when the program should exit 0 (--help, --list).
+std::optional<Options> parse(int argc, char** argv) {
+  using kvevict::cli::Range;
   Options o;
   for (const auto& e : policy_registry()) o.policies.push_back(e.name);
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw ArgError(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      fmt::print("{}", kUsage);
-      std::exit(0);
-    } else if (a == "--list") {
-      fmt::print("policies:\n");
-      for (const auto& e : policy_registry())
-        fmt::print("  {:<12} {}\n", e.name, e.description);
-      fmt::print("synthetic workloads: {}\n", fmt::join(synthetic_workload_names(), " "));
-      std::exit(0);
-    } else if (a == "--policies") {
-      const auto v = value();
-      if (v != "all") o.policies = split(v);
-    } else if (a == "--budgets") {
-      o.budgets = split(value());
-    } else if (a == "--workload") {
-      const auto v = value();
-      o.workloads = v == "all" ? synthetic_workload_names() : split(v);
-    } else if (a == "--trace") {
-      o.trace = value();
-    } else if (a == "--model") {
-      o.model = value();
-      if (!KVEVICT_EVAL_HAS_LLAMA2C) throw ArgError("--model: built without examples/llama2c");
-    } else if (a == "--steps") {
-      o.steps = parse_int<std::size_t>(a, value(), 1);
-    } else if (a == "--prompt") {
-      o.prompt = parse_int<std::size_t>(a, value(), 0);
-    } else if (a == "--layers") {
-      o.layers = parse_int<int>(a, value(), 1);
-    } else if (a == "--seed") {
-      o.seed = parse_int<std::uint64_t>(a, value(), 0);
-    } else if (a == "--topk") {
-      o.topk = parse_int<std::size_t>(a, value(), 1);
-    } else if (a == "--json") {
-      o.json = value();
-    } else if (a == "--csv") {
-      o.csv = value();
-    } else if (a == "--svg") {
-      o.svg = value();
-    } else if (a == "--metric") {
-      o.metric = value();
-      for (const auto& m : split(o.metric))
-        if (m != "mass" && m != "error" && m != "topk" && m != "needle")
-          throw ArgError("--metric: '" + m + "', expected mass, error, topk or needle");
-    } else if (a == "--quiet") {
-      o.quiet = true;
-    } else if (a == "--progress") {
-      o.force_progress = true;
-    } else {
-      throw ArgError("unknown argument '" + a + "' (see --help)");
-    }
-  }
-  for (const auto& p : o.policies) {
-    if (find_policy(p) != nullptr) continue;
-    std::string known;
-    for (const auto& e : policy_registry()) known += (known.empty() ? "" : ", ") + e.name;
-    throw ArgError("--policies: unknown policy '" + p + "', expected one of: " + known);
-  }
+  kvevict::cli::Parser p("kvevict-eval", kSummary);
+  p.custom("--policies", "LIST",
+           "comma-separated policy names, or 'all' (default: all; see --list)",
+           [&](const std::string& v) {
+             if (v != "all") o.policies = split(v);
+             kvevict::registry::check_names(o.policies, "--policies");
+           });
+  p.custom("--budgets", "LIST",
+           "fractions of the context in (0, 1] written with a '.', e.g. 0.1,0.5, or token "
+           "counts (integers >= 1); default 0.1,0.2,...,0.9",
+           [&](const std::string& v) {
+             o.budgets = split(v);
+             for (const auto& b : o.budgets) (void)parse_budget(b);
+           });
+  p.custom("--workload", "LIST", "synthetic workloads, comma-separated, or 'all' (default: mixed)",
+           [&](const std::string& v) {
+             o.workloads = v == "all" ? synthetic_workload_names() : split(v);
+           });
+  p.text("--trace", "FILE", "a safetensors trace instead (tensor names in docs/traces.md)",
+         o.trace);
+  p.custom("--model", "PATH", "a llama2.c checkpoint instead (see below)",
+           [&](const std::string& v) {
+             if (!KVEVICT_EVAL_HAS_LLAMA2C) throw ArgError("--model: built without examples/llama2c");
+             o.model = v;
+           });
+  p.number("--steps", "N", "decode steps (synthetic default 768; a trace: all after the prompt)",
+           o.steps, Range<std::size_t>{1});
+  p.number("--prompt", "N", "prompt tokens prefilled first (synthetic default 256; trace: 25%)",
+           o.prompt, Range<std::size_t>{0});
+  p.number("--layers", "N", "layers of a synthetic workload", o.layers, Range<int>{1, 1024});
+  p.number("--seed", "N", "seed of the generators and of the random policy", o.seed,
+           Range<std::uint64_t>{0});
+  p.number("--topk", "K", "k of top-k recall", o.topk, Range<std::size_t>{1});
+  p.text("--json", "FILE", "write the results as JSON", o.json);
+  p.text("--csv", "FILE", "write the results as CSV", o.csv);
+  p.text("--svg", "FILE",
+         "write an SVG plot of a metric against budget: a panel per workload and policy family",
+         o.svg);
+  p.custom("--metric", "LIST",
+           "metrics to plot: mass, error, topk, needle (default mass); with several, --svg "
+           "FILE.svg writes FILE-<metric>.svg for each",
+           [&](const std::string& v) {
+             o.metric = v;
+             for (const auto& m : split(o.metric))
+               if (m != "mass" && m != "error" && m != "topk" && m != "needle")
+                 throw ArgError("--metric: '" + m + "', expected mass, error, topk or needle");
+           });
+  p.flag("--quiet", "no progress bar (shown on stderr after 2 s on a terminal)", o.quiet);
+  p.flag("--progress", "show the progress bar even when stderr is not a terminal",
+         o.force_progress);
+  p.info("--list", "list policies and workloads, then exit", [] {
+    fmt::print("policies:\n{}synthetic workloads:", kvevict::registry::listing());
+    for (const auto& n : synthetic_workload_names()) fmt::print(" {}", n);
+    fmt::print("\n");
+  });
+  p.epilog(kEpilog);
+  if (!p.parse(argc, argv)) return std::nullopt;
   if (o.trace.empty())
     for (const auto& w : o.workloads) {
       const auto& n = synthetic_workload_names();
@@ -200,6 +164,8 @@ Options parse(int argc, char** argv) {
                        " or all");
       }
     }
+  if (!o.model.empty() && !o.trace.empty())
+    throw ArgError("--model and --trace: give one workload source");
   return o;
 }
 
@@ -361,7 +327,8 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
     for (const auto& w : loaded) {
       Panel p{w.name, {}};
       for (const auto& name : o.policies) {
-        Series s{name, {}, name == "oracle" || name == "full"};
+        const PolicyEntry& e = *find_policy(name);
+        Series s{name, {}, kvevict::registry::family_name(e.family)};
         const Row* full = nullptr;
         for (const auto& r : rows) {
           if (r.workload != w.name || r.policy != name) continue;
@@ -372,7 +339,9 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
         }
         if (full)  // the reference is one run: a flat line across the plotted budgets
           for (const auto& r : rows)
-            if (r.workload == w.name && !r.reference && r.policy == o.policies.front())
+            if (r.workload == w.name && !r.reference && r.policy != name &&
+                std::none_of(s.points.begin(), s.points.end(),
+                             [&](const auto& pt) { return pt.first == r.fraction; }))
               s.points.push_back({r.fraction, metric_of(*full, metric)});
         if (full && s.points.empty())
           s.points = {{0.0, metric_of(*full, metric)}, {1.0, metric_of(*full, metric)}};
@@ -388,6 +357,11 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
         {"needle", "needle retrieval rate"}};
     spec.y_label = labels.at(metric);
     spec.title = "kvevict-eval: " + spec.y_label + " against budget";
+    using kvevict::registry::Family;
+    for (Family f : {Family::baseline, Family::seed, Family::kvevict, Family::ceiling})
+      spec.groups.push_back(kvevict::registry::family_name(f));
+    spec.context = {"streaming", "oracle"};
+    if (metric == "mass" || metric == "topk") spec.auto_y_min = true;
     if (metric == "error") {
       double mx = 0.0;
       for (const auto& r : rows)
@@ -486,13 +460,14 @@ int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
 #endif
 
 int run(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+  const auto parsed = parse(argc, argv);
+  if (!parsed) return 0;
+  const Options& o = *parsed;
   std::vector<BudgetSpec> budgets;
   for (const auto& b : o.budgets) budgets.push_back(parse_budget(b));
   if (budgets.empty()) throw ArgError("--budgets: empty list");
 #if KVEVICT_EVAL_HAS_LLAMA2C
   if (!o.model.empty()) {
-    if (!o.trace.empty()) throw ArgError("--model and --trace: give one workload source");
     return run_model(o, budgets);
   }
 #endif
@@ -579,16 +554,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const ArgError& e) {
-    fmt::print(stderr, "kvevict-eval: {}\n", e.what());
-    return 2;
-  } catch (const kvevict::Error& e) {
-    fmt::print(stderr, "{}\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "kvevict-eval: error: {}\n", e.what());
-    return 1;
-  }
+  return kvevict::cli::main_guard("kvevict-eval", [&] { return run(argc, argv); });
 }

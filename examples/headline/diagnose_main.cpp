@@ -17,14 +17,17 @@
 #include <cstring>
 #include <exception>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "cli.hpp"
 #include "e2e.hpp"
 #include "kvevict/kvevict.hpp"
 #include "llama2c.hpp"
+#include "policy_registry.hpp"
 #include "workloads.hpp"
 
 namespace {
@@ -53,37 +56,36 @@ struct Args {
   std::string csv;
   bool synthetic = true;
   int hash_stride = 4;  // sample every n-th step for the SimHash ranking
+  std::vector<std::string> policies;  // registry names instead of the built-in list
+  std::vector<std::size_t> budgets{16, 32, 64, 128};
 };
 
-Args parse(int argc, char** argv) {
+// nullopt: exit 0 (--help, --list).
+std::optional<Args> parse(int argc, char** argv) {
+  using kvevict::cli::Range;
   Args a;
   if (const char* env = std::getenv("KVEVICT_MODEL_DIR")) a.model_dir = env;
-  for (int i = 1; i < argc; ++i) {
-    const std::string s = argv[i];
-    auto next = [&]() -> std::string {
-      kvevict::detail::require(i + 1 < argc, "option ", s, " needs a value");
-      return argv[++i];
-    };
-    if (s == "--model-dir")
-      a.model_dir = next();
-    else if (s == "--streams")
-      a.streams = std::stoi(next());
-    else if (s == "--seed")
-      a.seed = std::stoull(next());
-    else if (s == "--csv")
-      a.csv = next();
-    else if (s == "--no-synthetic")
-      a.synthetic = false;
-    else if (s == "--hash-stride")
-      a.hash_stride = std::stoi(next());
-    else
-      kvevict::detail::fail("unknown option ", s,
-                            ", expected --model-dir DIR, --streams N, --seed S, --csv FILE, "
-                            "--no-synthetic or --hash-stride N");
-  }
+  bool no_synthetic = false;
+  kvevict::cli::Parser p("llama2c_diagnose",
+                         "Where each policy loses attention mass on a llama2.c checkpoint (per "
+                         "layer, KV head and token age), and SimHash ranking quality.");
+  p.text("--model-dir", "DIR", "model directory (default $KVEVICT_MODEL_DIR, else the shared "
+         "stories260K)", a.model_dir);
+  p.number("--streams", "N", "streams sampled", a.streams, Range<int>{1, 100000});
+  p.number("--seed", "S", "seed of stream 0", a.seed, Range<std::uint64_t>{0});
+  p.text("--csv", "FILE", "long-form CSV for the plots", a.csv);
+  p.flag("--no-synthetic", "skip the synthetic SimHash comparison", no_synthetic);
+  p.number("--hash-stride", "N", "sample every N-th step for the SimHash ranking", a.hash_stride,
+           Range<int>{1, 1 << 20});
+  kvevict::registry::add_selection_options(
+      p, a.policies, a.budgets,
+      "registry policies to diagnose instead of the built-in list (labels = names; "
+             "StreamingLLM 1 sink, H2O and Random recent B/4 as in the headline)");
+  p.info("--list", "list the registry's policies, then exit",
+         [] { fmt::print("policies:\n{}", kvevict::registry::listing()); });
+  if (!p.parse(argc, argv)) return std::nullopt;
+  a.synthetic = !no_synthetic;
   if (a.model_dir.empty()) a.model_dir = KVEVICT_DEFAULT_MODEL_DIR;
-  kvevict::detail::require(a.streams >= 1, "--streams ", a.streams, ", expected >= 1");
-  kvevict::detail::require(a.hash_stride >= 1, "--hash-stride ", a.hash_stride, ", expected >= 1");
   return a;
 }
 
@@ -324,9 +326,15 @@ struct Study {
   void run(const std::string& name, std::size_t bi, const Stream& s, const Reference& ref,
            Policy policy, bool unbounded = false) {
     const std::size_t B = budgets[bi];
+    run(name, bi, s, ref, std::move(policy),
+        unbounded ? Budget::unbounded() : Budget::uniform(static_cast<long long>(B)));
+  }
+  template <class Policy>
+  void run(const std::string& name, std::size_t bi, const Stream& s, const Reference& ref,
+           Policy policy, const Budget& budget) {
+    const std::size_t B = budgets[bi];
     Acc& a = slot(name, bi);
-    Transformer<Policy> tf(model, unbounded ? Budget::unbounded() : Budget::uniform(B),
-                           std::move(policy));
+    Transformer<Policy> tf(model, budget, std::move(policy));
     int t = 0;
     std::vector<char> held;
     tf.set_attention_observer([&](int l, std::span<const float>, const AttentionResult& att) {
@@ -488,10 +496,13 @@ void print_hash_row(const char* label, const HashStudy& hs, const Csv& csv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    const Args a = parse(argc, argv);
+  return kvevict::cli::main_guard("llama2c_diagnose", [&] {
+    const auto parsed = parse(argc, argv);
+    if (!parsed) return 0;
+    const Args& a = *parsed;
     const Csv csv(a.csv);
     Study st;
+    st.budgets = a.budgets;
     st.model = std::make_shared<const Model>(Model::load(a.model_dir + "/stories260K.bin"));
     const Config& c = st.model->config();
     st.L = c.n_layers;
@@ -508,6 +519,14 @@ int main(int argc, char** argv) {
       const Reference ref = st.reference(s, a.hash_stride);
       for (std::size_t bi = 0; bi < st.budgets.size(); ++bi) {
         const std::size_t B = st.budgets[bi];
+        if (!a.policies.empty()) {  // registry policies, the headline's knobs
+          const registry::Knobs k = registry::Knobs::reference_protocol();
+          for (const auto& name : a.policies)
+            registry::with_policy(name, registry::Args{B, k, nullptr},
+                                  [&](auto pol, const Budget& b) { st.run(name, bi, s, ref, pol, b); });
+          st.ideal(bi, ref);
+          continue;
+        }
         st.run("StreamingLLM (1 sink)", bi, s, ref, policies::StreamingLLM{.sinks = 1});
         st.run("H2O (recent B/4)", bi, s, ref, policies::H2O({.recent = B / 4}));
         st.run("TOVA (decay 0, 1 sink)", bi, s, ref,
@@ -636,8 +655,20 @@ int main(int argc, char** argv) {
         fmt::print("\n");
       }
     }
-    const std::size_t b32 = 1;  // budgets[1] = 32
-    fmt::print("\n### Mass lost per (layer, KV head) at 32 rows\n\n| layer.head |");
+    // The per-head and age tables at 32 rows (or the second budget given) and at the last.
+    const std::size_t n_budgets = st.budgets.size();
+    std::size_t b32 = std::min<std::size_t>(1, n_budgets - 1);
+    for (std::size_t bi = 0; bi < n_budgets; ++bi)
+      if (st.budgets[bi] == 32) b32 = bi;
+    const std::size_t b_last = n_budgets - 1;
+    std::vector<std::size_t> age_budgets{0}, held_budgets{b32};
+    if (b32 != 0) age_budgets.push_back(b32);
+    if (b_last != b32) {
+      age_budgets.push_back(b_last);
+      held_budgets.push_back(b_last);
+    }
+    fmt::print("\n### Mass lost per (layer, KV head) at {} rows\n\n| layer.head |",
+               st.budgets[b32]);
     for (const auto& n : st.names) fmt::print(" {} |", n);
     fmt::print("\n|---|");
     for (std::size_t p = 0; p < st.names.size(); ++p) fmt::print("---|");
@@ -650,7 +681,7 @@ int main(int argc, char** argv) {
                                      samples_per_lh);
         fmt::print("\n");
       }
-    for (std::size_t bi : {std::size_t{0}, b32, std::size_t{3}}) {
+    for (std::size_t bi : age_budgets) {
       fmt::print("\n### Mass lost by token age at {} rows\n\n| policy |", st.budgets[bi]);
       for (int b = 0; b < kBuckets; ++b) fmt::print(" {} |", kBucketNames[b]);
       fmt::print("\n|---|");
@@ -663,7 +694,7 @@ int main(int argc, char** argv) {
         fmt::print("\n");
       }
     }
-    for (std::size_t bi : {b32, std::size_t{3}}) {
+    for (std::size_t bi : held_budgets) {
       fmt::print(
           "\n### Rows held by token age at {} rows (mean rows per layer and KV head, "
           "steps where the cache is full)\n\n| policy |",
@@ -700,8 +731,5 @@ int main(int argc, char** argv) {
       }
     }
     return 0;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "llama2c_diagnose: {}\n", e.what());
-    return 2;
-  }
+  });
 }

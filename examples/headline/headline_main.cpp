@@ -6,15 +6,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "cli.hpp"
 #include "e2e.hpp"
 #include "kvevict/kvevict.hpp"
 #include "llama2c.hpp"
 #include "paged_adapter.hpp"
+#include "policy_registry.hpp"
 
 namespace {
 
@@ -27,39 +30,48 @@ struct Args {
   std::uint64_t seed = 1000;
   bool tune = false;
   bool retrieval = false;
+  std::vector<std::string> policies;  // registry names instead of the headline rows
+  std::vector<std::size_t> budgets{16, 32, 64, 128};
   bool paged = false;     ///< --paged: block-granular eviction through PagedKV
   bool scorers = false;  ///< --tune-scorers: the probability-free grid instead of the table
   bool haystack = false;  ///< --haystack: the repeated-filler retrieval measure
   bool brief = false;     ///< --brief: retrieval rows of the compared policies only
 };
 
-Args parse(int argc, char** argv) {
+// nullopt: exit 0 (--help, --list).
+std::optional<Args> parse(int argc, char** argv) {
+  using kvevict::cli::Range;
   Args a;
   if (const char* env = std::getenv("KVEVICT_MODEL_DIR")) a.model_dir = env;
-  for (int i = 1; i < argc; ++i) {
-    const std::string s = argv[i];
-    auto next = [&]() -> std::string {
-      kvevict::detail::require(i + 1 < argc, "option ", s, " needs a value");
-      return argv[++i];
-    };
-    if (s == "--model-dir") a.model_dir = next();
-    else if (s == "--streams") a.streams = std::stoi(next());
-    else if (s == "--seed") a.seed = std::stoull(next());
-    else if (s == "--tune") a.tune = true;
-    else if (s == "--retrieval") a.retrieval = true;
-    else if (s == "--paged") a.paged = true;
-    else if (s == "--tune-scorers") a.scorers = true;
-    else if (s == "--haystack") a.haystack = true;
-    else if (s == "--brief") a.brief = true;
-    else kvevict::detail::fail("unknown option ", s,
-                               ", expected --model-dir DIR, --streams N, --seed S, --tune, "
-                               "--tune-scorers, --haystack, --brief, --paged and/or --retrieval");
-  }
+  kvevict::cli::Parser p("llama2c_headline",
+                         "Streaming KL (or --retrieval: far name retrieval) of kvevict's "
+                         "recommended policy against the baselines on a llama2.c checkpoint.");
+  p.text("--model-dir", "DIR", "model directory (default $KVEVICT_MODEL_DIR, else the shared "
+         "stories260K)", a.model_dir);
+  p.number("--streams", "N", "streams (a positive multiple of 4; --retrieval: stories / 4 per name)",
+           a.streams, Range<int>{4, 100000});
+  p.number("--seed", "S", "seed of stream 0", a.seed, Range<std::uint64_t>{0});
+  p.flag("--tune", "the tuning grids instead of the reported rows", a.tune);
+  p.flag("--retrieval", "far name retrieval instead of streaming KL", a.retrieval);
+  p.flag("--tune-scorers", "the probability-free grid instead of the table", a.scorers);
+  p.flag("--haystack", "the repeated-filler retrieval measure (needle in a haystack)",
+         a.haystack);
+  p.flag("--brief", "with --retrieval: only the rows of the compared policies", a.brief);
+  p.flag("--paged", "block-granular eviction through PagedKV (the paged rows)", a.paged);
+  kvevict::registry::add_selection_options(
+      p, a.policies, a.budgets,
+      "registry policies (labels = names) instead of the headline rows; StreamingLLM 1 sink, "
+             "H2O and Random recent B/4");
+  p.info("--list", "list the registry's policies, then exit",
+         [] { fmt::print("policies:\n{}", kvevict::registry::listing()); });
+  if (!p.parse(argc, argv)) return std::nullopt;
   if (a.model_dir.empty()) a.model_dir = KVEVICT_DEFAULT_MODEL_DIR;
-  kvevict::detail::require(a.streams >= 4 && a.streams % 4 == 0, "--streams ", a.streams,
-                           ", expected a positive multiple of 4");
+  if (a.streams % 4 != 0)
+    throw kvevict::cli::UsageError(
+        fmt::format("--streams = {}, expected a positive multiple of 4", a.streams));
   return a;
 }
+
 
 // The first recommended setting (before the recall reserve): kept for comparison.
 const policies::DecayedAttention kNoRecall({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.5f});
@@ -414,8 +426,10 @@ constexpr HeadAllocation kHalfPerHead{.floor = 4, .uniform_share = 0.5};
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    const Args a = parse(argc, argv);
+  return kvevict::cli::main_guard("llama2c_headline", [&] {
+    const auto parsed = parse(argc, argv);
+    if (!parsed) return 0;
+    const Args& a = *parsed;
     Runner r;
     r.model = std::make_shared<const Model>(Model::load(a.model_dir + "/stories260K.bin"));
     if (a.haystack) {
@@ -427,7 +441,7 @@ int main(int argc, char** argv) {
                   cases.size(), a.tune ? "tuning" : "held-out");
       fmt::print("| budget | policy | cue: top-1 = name (stories where the full cache recalls it) | mean KL |\n");
       fmt::print("|---|---|---|---|\n");
-      for (std::size_t B : {16u, 32u, 64u, 128u}) {
+      for (std::size_t B : a.budgets) {
         haystack_row(r.model, cases, B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
         haystack_row(r.model, cases, B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}));
         haystack_row(r.model, cases, B, "DecayedAttention without recall (h 3, f 1/2)", kNoRecall);
@@ -442,10 +456,11 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
-    const auto& mc = r.model->config();
-    const AttentionAgeProfile profile =  // --paged uses no per-head budgets: skip calibration
-        a.paged ? AttentionAgeProfile(mc.geometry(), static_cast<std::size_t>(mc.seq_len))
-                : calibrate(r.model);
+    // The per-head rows need the calibration pass; --policies, --tune and --paged rows do not.
+    const AttentionAgeProfile profile =
+        a.policies.empty() && !a.tune && !a.paged
+            ? calibrate(r.model)
+            : AttentionAgeProfile(r.model->config().geometry(), 1);
     if (a.retrieval) {
       const Tokenizer tok = Tokenizer::load(a.model_dir + "/tok512.bin", r.model->config().vocab_size);
       const int per_name = a.streams / 4;
@@ -454,7 +469,15 @@ int main(int argc, char** argv) {
                   streams.size(), per_name, static_cast<unsigned long long>(a.seed));
       fmt::print("| budget | policy | far: top-1 = name (positions) | near: top-1 = name (positions) | mean KL |\n");
       fmt::print("|---|---|---|---|---|\n");
-      for (std::size_t B : {16u, 32u, 64u, 128u}) {
+      for (std::size_t B : a.budgets) {
+        if (!a.policies.empty()) {
+          for (const auto& name : a.policies)
+            registry::with_policy(name, registry::Args{B, registry::Knobs::reference_protocol(), nullptr},
+                                  [&](auto pol, const Budget& b) {
+                                    retrieval_row(r.model, streams, B, name.c_str(), pol, b);
+                                  });
+          continue;
+        }
         if (a.scorers) {  // the retrieval side of the probability-free grid
           retrieval_row(r.model, streams, B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
           for_each_scorer_candidate([&](const char* name, const auto& p) {
@@ -509,15 +532,24 @@ int main(int argc, char** argv) {
     fmt::print("streams {} (seeds {}..{}), T = 512, temperature 1, KL(full || policy)\n\n",
                 a.streams, static_cast<unsigned long long>(a.seed),
                 static_cast<unsigned long long>(a.seed + static_cast<std::uint64_t>(a.streams) - 1));
-    fmt::print("| budget | policy | mean KL | range over 4-stream groups | groups below "
-                "{} | top-1 |\n", a.paged ? "block StreamingLLM" : "StreamingLLM (1 sink)");
+    fmt::print("| budget | policy | mean KL | range over 4-stream groups | groups below {} | "
+               "top-1 |\n",
+               a.paged             ? std::string("block StreamingLLM")
+               : a.policies.empty() ? std::string("StreamingLLM (1 sink)")
+                                    : a.policies.front());
     fmt::print("|---|---|---|---|---|---|\n");
     if (a.paged) {
       r.row(512, "paged full cache (unbounded; check: KL should be ~0)", llama2c::PagedSpec{}, true);
       paged_rows(r, a.tune);
       return 0;
     }
-    for (std::size_t B : {16u, 32u, 64u, 128u}) {
+    for (std::size_t B : a.budgets) {
+      if (!a.policies.empty()) {
+        for (const auto& name : a.policies)
+          registry::with_policy(name, registry::Args{B, registry::Knobs::reference_protocol(), nullptr},
+                                [&](auto pol, const Budget& b) { r.row(B, name.c_str(), pol, b); });
+        continue;
+      }
       r.row(B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
       if (a.scorers) {
         r.row(B, "**DecayedAttention::recommended()**", policies::DecayedAttention::recommended());
@@ -558,8 +590,5 @@ int main(int argc, char** argv) {
       r.row(B, "Oracle (non-causal ceiling)", policies::Oracle{.rows = B}, true);
     }
     return 0;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "llama2c_headline: {}\n", e.what());
-    return 2;
-  }
+  });
 }

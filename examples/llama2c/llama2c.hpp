@@ -13,8 +13,10 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -363,20 +365,48 @@ struct CacheFor {
   using type = KVCache<Policy, float>;
 };
 
-/// A Llama forward pass whose K/V of all layers live in one KVCache<Policy>. Keys are
-/// rotated (RoPE) before they are stored, at their original token position, so rows kept
-/// after eviction keep the positions they were computed with.
+/// What RoPE sees after eviction (docs/engine.md, "Generating past the trained length").
+enum class Positions {
+  /// Keys are rotated at their token position before they are stored: a kept row keeps
+  /// the position it was computed with, and positions grow without bound.
+  keep,
+  /// StreamingLLM's re-indexing: keys are stored before rotation and rotated at attention
+  /// by their rank inside the cache (the oldest kept row is 0, the newest n - 1), queries
+  /// at n - 1; positions seen by the model never exceed the cache's rows.
+  reindex,
+};
+
+/// A Llama forward pass whose K/V of all layers live in one KVCache<Policy>. With
+/// Positions::keep (the default) keys are rotated (RoPE) before they are stored, at their
+/// original token position, so rows kept after eviction keep the positions they were
+/// computed with; Positions::reindex stores them unrotated and re-indexes at attention.
+/// A bounded cache (any budget but Budget::unbounded()) may run past the checkpoint's
+/// seq_len; an unbounded one (FullCache, the Oracle) stops there with an Error.
 template <class Policy>
 class Transformer {
  public:
   using Cache = typename CacheFor<Policy>::type;
+  /// Positions::reindex reads the stored rows back (keys(), values(), positions()): only
+  /// the KVCache store has them, not paged_adapter.hpp's PagedStore.
+  static constexpr bool kStoresRows = requires(Cache& c) {
+    c.keys(0, 0);
+    c.values(0, 0);
+    c.positions(0, 0);
+  };
 
   /// `model` must outlive the transformer (shared so several policies reuse one copy).
-  Transformer(std::shared_ptr<const Model> model, const Budget& budget, Policy policy = Policy{})
+  Transformer(std::shared_ptr<const Model> model, const Budget& budget, Policy policy = Policy{},
+              Positions positions = Positions::keep)
       : model_(std::move(model)),
         cache_((kvevict::detail::require(model_ != nullptr, "Transformer: model is null"),
                 model_->config().geometry()),
-               budget, std::move(policy)) {
+               budget, std::move(policy)),
+        positions_(positions),
+        bounded_(!budget.is_unbounded()) {
+    if constexpr (!kStoresRows)
+      kvevict::detail::require(positions == Positions::keep,
+                               "Transformer: Positions::reindex needs a KVCache (this store "
+                               "keeps keys rotated at their positions)");
     const Config& c = model_->config();
     x_.resize(c.dim);
     xb_.resize(c.dim);
@@ -410,21 +440,31 @@ class Transformer {
     const Config& c = model_->config();
     kvevict::detail::require(token >= 0 && token < c.vocab_size, "forward: token = ", token,
                              ", expected 0 <= token < ", c.vocab_size);
-    kvevict::detail::require(pos >= 0 && pos < c.seq_len, "forward: pos = ", pos,
-                             ", expected 0 <= pos < seq_len = ", c.seq_len);
+    kvevict::detail::require(pos >= 0, "forward: pos = ", pos, ", expected >= 0");
+    kvevict::detail::require(
+        pos < c.seq_len || bounded_, "forward: pos = ", pos, " is past the checkpoint's seq_len = ",
+        c.seq_len, "; only a bounded cache (a policy with a row budget) generates further");
     const Model& m = *model_;
+    const bool reindex = positions_ == Positions::reindex;
     x_ = m.token_embedding().row(token).transpose();
     for (int l = 0; l < c.n_layers; ++l) {
       rmsnorm(xb_, x_, m.rms_att(l));
       q_.noalias() = m.wq(l) * xb_;
       k_.noalias() = m.wk(l) * xb_;
       v_.noalias() = m.wv(l) * xb_;
-      rope(q_, pos);
-      rope(k_, pos);
+      if (!reindex) {
+        rope(q_, pos);
+        rope(k_, pos);
+      }
       const std::span<const float> qs(q_.data(), static_cast<std::size_t>(q_.size()));
       cache_.append(l, pos, std::span<const float>(k_.data(), static_cast<std::size_t>(k_.size())),
                     std::span<const float>(v_.data(), static_cast<std::size_t>(v_.size())), qs);
-      const AttentionResult att = attend(cache_, l, qs);
+      const AttentionResult att = [&] {
+        if constexpr (kStoresRows) {
+          if (reindex) return attend_reindexed(l);
+        }
+        return attend(cache_, l, qs);
+      }();
       if (observer_) observer_(l, qs, att);
       // att.out is n_heads x head_dim row-major: exactly the concatenated head outputs.
       x_.noalias() += m.wo(l) * Eigen::Map<const Eigen::VectorXf>(att.out.data(), c.dim);
@@ -456,8 +496,72 @@ class Transformer {
     }
   }
 
+  // Rotates the head_dim floats at x by rank `r` with the cached table (reindex mode).
+  void rope_rank(float* x, std::size_t r) {
+    const std::size_t half = freq_.size();
+    while (rank_cos_.size() < (r + 1) * half) {
+      const std::size_t p = rank_cos_.size() / half;
+      for (std::size_t i = 0; i < half; ++i) {
+        const float a = static_cast<float>(p) * freq_[i];
+        rank_cos_.push_back(std::cos(a));
+        rank_sin_.push_back(std::sin(a));
+      }
+    }
+    const float* cr = rank_cos_.data() + r * half;
+    const float* ci = rank_sin_.data() + r * half;
+    for (std::size_t i = 0; i < half; ++i) {
+      const float v0 = x[2 * i], v1 = x[2 * i + 1];
+      x[2 * i] = v0 * cr[i] - v1 * ci[i];
+      x[2 * i + 1] = v0 * ci[i] + v1 * cr[i];
+    }
+  }
+
+  // Attention of layer l in reindex mode: the cache holds unrotated keys and q_ is
+  // unrotated; each KV head's rows are rotated by their rank in position order and its
+  // group's queries by n - 1. Otherwise what kvevict::attend does (the Oracle's limit,
+  // observe for attention policies).
+  AttentionResult attend_reindexed(int l) {
+    const Config& c = model_->config();
+    const int G = c.n_heads / c.n_kv_heads;
+    const auto d = static_cast<std::size_t>(c.head_dim());
+    AttentionResult r;
+    r.out.setZero(c.n_heads, c.head_dim());
+    r.probs.resize(static_cast<std::size_t>(c.n_kv_heads));
+    for (int kh = 0; kh < c.n_kv_heads; ++kh) {
+      const auto k = cache_.keys(l, kh);
+      const auto v = cache_.values(l, kh);
+      const auto pos = cache_.positions(l, kh);
+      const auto n = static_cast<std::size_t>(k.rows());
+      auto& p = r.probs[static_cast<std::size_t>(kh)];
+      p.resize(G, static_cast<Eigen::Index>(n));
+      if (n == 0) continue;
+      order_.resize(n);
+      std::iota(order_.begin(), order_.end(), 0u);
+      std::sort(order_.begin(), order_.end(),
+                [&](std::uint32_t a, std::uint32_t b) { return pos[a] < pos[b]; });
+      rotated_.resize(n * d);
+      for (std::size_t rank = 0; rank < n; ++rank) {
+        float* row = rotated_.data() + std::size_t(order_[rank]) * d;
+        std::copy_n(k.data() + std::size_t(order_[rank]) * d, d, row);
+        rope_rank(row, rank);
+      }
+      group_q_.assign(q_.data() + std::size_t(kh * G) * d, q_.data() + std::size_t(kh * G + G) * d);
+      for (int g = 0; g < G; ++g) rope_rank(group_q_.data() + std::size_t(g) * d, n - 1);
+      kvevict::detail::group_probabilities(rotated_.data(), n, d, group_q_.data(), G, p.data());
+      if constexpr (kvevict::detail::RestrictsAttention<Policy>)
+        kvevict::detail::restrict_to_top(p, cache_.policy().attention_limit(l, kh));
+      r.out.middleRows(kh * G, G).noalias() = p * v;
+      cache_.observe(l, kh, std::span<const float>(p.data(), static_cast<std::size_t>(p.size())));
+    }
+    return r;
+  }
+
   std::shared_ptr<const Model> model_;
   Cache cache_;
+  Positions positions_ = Positions::keep;
+  bool bounded_ = false;
+  std::vector<float> rank_cos_, rank_sin_, rotated_, group_q_;
+  std::vector<std::uint32_t> order_;
   Eigen::VectorXf x_, xb_, q_, k_, v_, h1_, h3_, logits_;
   std::vector<float> freq_;
   AttentionObserver observer_;
