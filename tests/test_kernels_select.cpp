@@ -286,9 +286,9 @@ TEST_CASE("policy step kernels match plain loops at every level", "[kernels][sel
         want[r] = acc;
       }
       CHECK(kk::detail::scalar::group_sum(p.data(), g, n, got.data()));
-      CHECK(std::memcmp(got.data(), want.data(), n * sizeof(float)) == 0);
+      CHECK((n == 0 || std::memcmp(got.data(), want.data(), n * sizeof(float)) == 0));
       CHECK(kk::group_sum_checked(p.data(), g, n, got2.data()));
-      CHECK(std::memcmp(got2.data(), want.data(), n * sizeof(float)) == 0);
+      CHECK((n == 0 || std::memcmp(got2.data(), want.data(), n * sizeof(float)) == 0));
       if (n > 0) {
         for (float bad : {std::numeric_limits<float>::quiet_NaN(),
                           std::numeric_limits<float>::infinity(),
