@@ -16,15 +16,25 @@
 #                   tests/consumers.cmake extracts it)
 #   h2o_trio        cache.hpp + attention.hpp + policies/h2o.hpp
 #   hash_evict      policies/hash_evict.hpp alone
+#   readme_narrow   the README example with kvevict.hpp replaced by the three headers it
+#                   uses (cache.hpp, attention.hpp, policies/h2o.hpp)
 #   eigen_core      <Eigen/Core> alone (anchor: what any Eigen user already pays)
 #   fmt_format      <fmt/format.h> alone, header-only mode (anchor for the fmt dependency)
-# Flags are what the kvevict CMake target gives a consumer: -std=c++20, Eigen's include
-# dir, FMT_HEADER_ONLY=1 (fmt::fmt-header-only); no -march.
+# Compiled-kernels mode (kvevict::kernels, include/kvevict/config.hpp); "n/a" for a tree
+# without include/kvevict/config.hpp:
+#   kvevict.hpp_sep, readme_sep, readme_narrow_sep, h2o_trio_sep, hash_evict_sep
+#                   the same TUs with -DKVEVICT_SEPARATE_KERNELS=1 (fmt linked, not
+#                   header-only: no FMT_HEADER_ONLY)
+#   kernels_lib     src/kernels.cpp, the library's one translation unit (paid once)
+# Flags are what the kvevict CMake targets give a consumer: -std=c++20, Eigen's include
+# dir, and FMT_HEADER_ONLY=1 (kvevict::kvevict, fmt::fmt-header-only) or
+# KVEVICT_SEPARATE_KERNELS=1 (kvevict::kernels); no -march.
 set -euo pipefail
 
 runs=3
 cxx=${CXX:-g++}
-cases=(kvevict.hpp readme h2o_trio hash_evict eigen_core fmt_format)
+cases=(kvevict.hpp readme readme_narrow h2o_trio hash_evict eigen_core fmt_format
+       kvevict.hpp_sep readme_sep readme_narrow_sep h2o_trio_sep hash_evict_sep kernels_lib)
 while getopts "n:x:c:" opt; do
   case $opt in
     n) runs=$OPTARG ;;
@@ -58,12 +68,30 @@ write_cases() {  # $1 = tree root, $2 = output dir
        inside && code && /^```/{code=0; next}
        inside && code {print}' "$root/README.md" > "$out/readme.cpp"
   [ -s "$out/readme.cpp" ] || { echo "no usage example in $root/README.md" >&2; exit 2; }
+  sed 's|#include <kvevict/kvevict.hpp>|#include <kvevict/cache.hpp>\n#include <kvevict/attention.hpp>\n#include <kvevict/policies/h2o.hpp>|' \
+    "$out/readme.cpp" > "$out/readme_narrow.cpp"
+  for c in kvevict.hpp readme readme_narrow h2o_trio hash_evict; do cp "$out/$c.cpp" "$out/${c}_sep.cpp"; done
+  [ ! -f "$root/src/kernels.cpp" ] || cp "$root/src/kernels.cpp" "$out/kernels_lib.cpp"
+}
+
+# Compiler flags of a case beyond the common ones; "skip" when the tree cannot build it.
+case_flags() {  # $1 = case, $2 = tree root
+  case $1 in
+    *_sep|kernels_lib)
+      if [ -f "$2/include/kvevict/config.hpp" ] && [ -f "$2/src/kernels.cpp" ]; then
+        echo "-DKVEVICT_SEPARATE_KERNELS=1"
+      else
+        echo skip
+      fi ;;
+    *) echo "-DFMT_HEADER_ONLY=1" ;;
+  esac
 }
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
 echo "CPU: $cpu ($(nproc) logical CPUs); load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "compiler: $($cxx --version | head -1)"
-echo "command per case: $cxx -std=c++20 -O2 -I<tree>/include -I/usr/include/eigen3 -DFMT_HEADER_ONLY=1 -c case.cpp -o /dev/null"
+echo "command per case: $cxx -std=c++20 -O2 -I<tree>/include -I/usr/include/eigen3 <mode> -c case.cpp -o /dev/null"
+echo "  <mode>: -DFMT_HEADER_ONLY=1 (header-only cases), -DKVEVICT_SEPARATE_KERNELS=1 (*_sep, kernels_lib)"
 echo "median of $runs runs, CPU time (user+sys) in seconds, runs interleaved"
 
 labels=()
@@ -81,8 +109,10 @@ for ((r = 0; r < runs; ++r)); do
     for label in "${labels[@]}"; do
       root=$(cat "$work/$label.root")
       src="$work/$label/$c.cpp"
+      flags=$(case_flags "$c" "$root")
+      [ "$flags" != skip ] || continue
       if ! /usr/bin/time -f "%U %S" -o "$work/t" \
-           "$cxx" -std=c++20 -O2 -I"$root/include" -I/usr/include/eigen3 -DFMT_HEADER_ONLY=1 \
+           "$cxx" -std=c++20 -O2 -I"$root/include" -I/usr/include/eigen3 $flags \
            -c "$src" -o /dev/null 2> "$work/err"; then
         echo "compile failed: $label $c" >&2; cat "$work/err" >&2; exit 1
       fi
@@ -98,7 +128,13 @@ for label in "${labels[@]}"; do header+=" $label (s) |"; rule+="---:|"; done
 echo; echo "$header"; echo "$rule"
 for c in "${cases[@]}"; do
   row="| $c |"; vals=()
-  for label in "${labels[@]}"; do m=$(median "$work/$label.$c.times"); vals+=("$m"); row+=" $m |"; done
-  [ ${#labels[@]} -eq 2 ] && row+=" $(awk -v a="${vals[0]}" -v b="${vals[1]}" 'BEGIN{printf "%.2f", b/a}') |"
+  for label in "${labels[@]}"; do
+    if [ -f "$work/$label.$c.times" ]; then m=$(median "$work/$label.$c.times"); else m=n/a; fi
+    vals+=("$m"); row+=" $m |"
+  done
+  if [ ${#labels[@]} -eq 2 ]; then
+    if [ "${vals[0]}" = n/a ] || [ "${vals[1]}" = n/a ]; then row+=" n/a |"
+    else row+=" $(awk -v a="${vals[0]}" -v b="${vals[1]}" 'BEGIN{printf "%.2f", b/a}') |"; fi
+  fi
   echo "$row"
 done

@@ -335,10 +335,22 @@ inline std::string names(const char* sep = ", ") {
   return out;
 }
 
+/// Width of a table's policy-name column: the registry's longest name (at least 12, the
+/// width the tables had before names such as "decayed-excess" outgrew it).
+inline std::size_t name_width() {
+  static const std::size_t w = [] {
+    std::size_t m = 12;
+    for (const auto& i : infos()) m = std::max(m, std::string_view(i.name).size());
+    return m;
+  }();
+  return w;
+}
+
 /// The policy list for --list / --help: name, family, help.
 inline std::string listing() {
   std::string out;
-  for (const auto& i : infos()) out += fmt::format("  {:<12} {}\n", i.name, i.help);
+  for (const auto& i : infos())
+    out += fmt::format("  {:<{}} {}\n", i.name, name_width(), i.help);
   return out;
 }
 

@@ -261,7 +261,7 @@ void print_summary(const std::vector<Row>& rows, const std::vector<std::string>&
         for (const auto& r : rows)
           if (r.workload == w && !r.reference && r.fraction == best_f && r.causal &&
               r.policy != "streaming")
-            fmt::print("    {:<12} closes {:6.1f}% of the gap\n", r.policy,
+            fmt::print("    {:<{}} closes {:6.1f}% of the gap\n", r.policy, kvevict::registry::name_width(),
                         100.0 * (r.q.mass_recall - stream->q.mass_recall) / gap);
     }
   }
@@ -424,10 +424,10 @@ int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
   }
   fmt::print("model {}, one stream of {} tokens sampled at temperature 1, seed {}\n",
               path, T, static_cast<unsigned long long>(o.seed));
-  fmt::print("{:<12} {:>8} {:>6} {:>10} {:>8} {:>10} {:>10}\n", "policy", "budget", "frac", "mean_kl", "top1",
+  fmt::print("{:<{}} {:>8} {:>6} {:>10} {:>8} {:>10} {:>10}\n", "policy", kvevict::registry::name_width(), "budget", "frac", "mean_kl", "top1",
               "ppl", "ppl_full");
   for (const auto& r : rows)
-    fmt::print("{:<12} {:>8} {:>6} {:>10} {:>8} {:>10} {:>10}\n", r.policy,
+    fmt::print("{:<{}} {:>8} {:>6} {:>10} {:>8} {:>10} {:>10}\n", r.policy, kvevict::registry::name_width(),
                 r.budget ? std::to_string(r.budget) : "all", num(r.fraction, 2),
                 num(r.s.mean_kl, 5), num(r.s.top1, 4),
                 num(r.s.perplexity, 3), num(r.s.perplexity_full, 3));
@@ -534,10 +534,10 @@ int run(int argc, char** argv) {
   }
   progress.finish();
 
-  fmt::print("{:<10} {:<12} {:>8} {:>7} {:>10} {:>10} {:>9} {:>8}\n", "workload", "policy", "budget", "frac",
+  fmt::print("{:<10} {:<{}} {:>8} {:>7} {:>10} {:>10} {:>9} {:>8}\n", "workload", "policy", kvevict::registry::name_width(), "budget", "frac",
               "mass_rec", "out_err", "topk", "needle");
   for (const auto& r : rows)
-    fmt::print("{:<10} {:<12} {:>8} {:>7} {:>10} {:>10} {:>9} {:>8}\n", r.workload, r.policy,
+    fmt::print("{:<10} {:<{}} {:>8} {:>7} {:>10} {:>10} {:>9} {:>8}\n", r.workload, r.policy, kvevict::registry::name_width(),
                 r.reference ? "all" : std::to_string(r.budget),
                 r.reference ? "1.00" : num(r.fraction, 2), num(r.q.mass_recall),
                 num(r.q.output_error), num(r.q.topk_recall),

@@ -16,7 +16,16 @@
 #include <string_view>
 #include <type_traits>
 
+#include "config.hpp"
+
+// Separate-kernels mode (config.hpp) formats numbers out of line (append_number below, in
+// the kvevict_kernels library) and needs only fmt's core API here; header-only mode includes
+// fmt/format.h (format_int, the shortest float form).
+#if KVEVICT_KERNELS_DECLARE_ONLY
+#include <fmt/core.h>
+#else
 #include <fmt/format.h>
+#endif
 
 namespace kvevict {
 
@@ -28,6 +37,42 @@ class Error : public std::invalid_argument {
 
 namespace detail {
 
+/// Appends a number as fmt's "{}" writes it: integers by fmt::format_int, floating point by
+/// fmt::to_string (the shortest text that reads back as the same value).
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+template <class T>
+inline void format_number(std::string& out, T v) {
+  if constexpr (std::is_integral_v<T>) {
+    const fmt::format_int digits(v);
+    out.append(digits.data(), digits.size());
+  } else {
+    out += fmt::to_string(v);
+  }
+}
+#endif
+
+#if defined(KVEVICT_SEPARATE_KERNELS)
+// Separate-kernels mode: one out-of-line function per widened type, in kvevict_kernels.
+void append_number(std::string& out, long long v);
+void append_number(std::string& out, unsigned long long v);
+void append_number(std::string& out, float v);
+void append_number(std::string& out, double v);
+void append_number(std::string& out, long double v);
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+void append_number(std::string& out, long long v) { format_number(out, v); }
+void append_number(std::string& out, unsigned long long v) { format_number(out, v); }
+void append_number(std::string& out, float v) { format_number(out, v); }
+void append_number(std::string& out, double v) { format_number(out, v); }
+void append_number(std::string& out, long double v) { format_number(out, v); }
+#endif
+#else
+// Header-only: a template, so a TU compiles fmt's code only for the types it formats.
+template <class T>
+inline void append_number(std::string& out, T v) {
+  format_number(out, v);
+}
+#endif
+
 /// Appends one part of a message as fmt's "{}" would write it.
 template <class T>
 void append_part(std::string& out, const T& part) {
@@ -37,21 +82,36 @@ void append_part(std::string& out, const T& part) {
     out += part;
   } else if constexpr (std::is_same_v<T, bool>) {
     out += part ? "true" : "false";
+  } else if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+    append_number(out, static_cast<long long>(part));
   } else if constexpr (std::is_integral_v<T>) {
-    const fmt::format_int digits(part);
-    out.append(digits.data(), digits.size());
+    append_number(out, static_cast<unsigned long long>(part));
   } else if constexpr (std::is_floating_point_v<T>) {
-    out += fmt::to_string(part);  // shortest text that reads back as the same value
+    append_number(out, part);
   } else {
     out += fmt::format("{}", part);
   }
+}
+
+/// Appends every part, formatted in order.
+template <class... Parts>
+void append_parts(std::string& out, const Parts&... parts) {
+  (append_part(out, parts), ...);
+}
+
+/// Every part formatted in order, as one string.
+template <class... Parts>
+[[nodiscard]] std::string concat(const Parts&... parts) {
+  std::string out;
+  append_parts(out, parts...);
+  return out;
 }
 
 /// Throws kvevict::Error("kvevict: " + every part formatted in order).
 template <class... Parts>
 [[noreturn]] void fail(const Parts&... parts) {
   std::string message = "kvevict: ";
-  (append_part(message, parts), ...);
+  append_parts(message, parts...);
   throw Error(message);
 }
 

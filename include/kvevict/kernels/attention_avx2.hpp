@@ -13,6 +13,10 @@
 #include "dispatch.hpp"
 
 #if KVEVICT_X86
+#include <immintrin.h>
+#endif
+
+#if KVEVICT_X86
 #define KVEVICT_ATTN_TARGET_AVX2 __attribute__((target("avx2,fma,f16c,popcnt,bmi,bmi2")))
 
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_BEGIN

@@ -11,6 +11,10 @@
 #include "dispatch.hpp"
 
 #if KVEVICT_X86
+#include <immintrin.h>
+#endif
+
+#if KVEVICT_X86
 #define KVEVICT_ATTN_TARGET_AVX512                                                          \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512vpopcntdq,avx512bitalg,avx2,fma," \
                         "f16c,popcnt,bmi,bmi2")))

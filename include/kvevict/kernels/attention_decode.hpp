@@ -15,10 +15,32 @@
 
 #include <cstddef>
 
-#include "attention_avx2.hpp"
-#include "attention_avx512.hpp"
 #include "attention_scalar.hpp"
 #include "dispatch.hpp"
+
+namespace kvevict::kernels {
+// The entry points, declared here and defined below (in separate-kernels mode, config.hpp,
+// the definitions are compiled once into the kvevict_kernels library).
+KVEVICT_KERNEL_FN Isa attention_isa();
+template <Isa I>
+KVEVICT_KERNEL_FN bool attention_probs(const float* q, std::size_t q_stride, std::size_t group,
+                                       const void* keys, std::size_t k_stride, KvFormat fmt,
+                                       std::size_t n, std::size_t d, float scale, float* probs);
+template <Isa I>
+KVEVICT_KERNEL_FN void attention_output(const float* probs, std::size_t group, const void* values,
+                                        std::size_t v_stride, KvFormat fmt, std::size_t n,
+                                        std::size_t d, float* out, std::size_t out_stride);
+KVEVICT_KERNEL_FN bool attention_probs(const float* q, std::size_t q_stride, std::size_t group,
+                                       const void* keys, std::size_t k_stride, KvFormat fmt,
+                                       std::size_t n, std::size_t d, float scale, float* probs);
+KVEVICT_KERNEL_FN void attention_output(const float* probs, std::size_t group, const void* values,
+                                        std::size_t v_stride, KvFormat fmt, std::size_t n,
+                                        std::size_t d, float* out, std::size_t out_stride);
+}  // namespace kvevict::kernels
+
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+#include "attention_avx2.hpp"
+#include "attention_avx512.hpp"
 
 namespace kvevict::kernels {
 namespace detail {
@@ -84,7 +106,7 @@ decltype(auto) with_format(KvFormat f, Fn&& fn) {
 
 /// The level the attention kernels run at: active_isa(), lowered to scalar on the (rare)
 /// x86 CPUs with AVX2 but without FMA or F16C.
-inline Isa attention_isa() {
+KVEVICT_KERNEL_FN Isa attention_isa() {
   const Isa isa = active_isa();
 #if KVEVICT_X86
   if (isa != Isa::scalar && !detail::cpu_has_fma_f16c()) return Isa::scalar;
@@ -94,7 +116,7 @@ inline Isa attention_isa() {
 
 /// Pinned level (throws std::invalid_argument if this CPU lacks it); see the file comment.
 template <Isa I>
-inline bool attention_probs(const float* q, std::size_t q_stride, std::size_t group,
+KVEVICT_KERNEL_FN bool attention_probs(const float* q, std::size_t q_stride, std::size_t group,
                             const void* keys, std::size_t k_stride, KvFormat fmt, std::size_t n,
                             std::size_t d, float scale, float* probs) {
   detail::require_attention_isa(I);
@@ -105,7 +127,7 @@ inline bool attention_probs(const float* q, std::size_t q_stride, std::size_t gr
 }
 
 template <Isa I>
-inline void attention_output(const float* probs, std::size_t group, const void* values,
+KVEVICT_KERNEL_FN void attention_output(const float* probs, std::size_t group, const void* values,
                              std::size_t v_stride, KvFormat fmt, std::size_t n, std::size_t d,
                              float* out, std::size_t out_stride) {
   detail::require_attention_isa(I);
@@ -116,7 +138,7 @@ inline void attention_output(const float* probs, std::size_t group, const void* 
 }
 
 /// Untemplated forms: attention_isa(), decided once per call.
-inline bool attention_probs(const float* q, std::size_t q_stride, std::size_t group,
+KVEVICT_KERNEL_FN bool attention_probs(const float* q, std::size_t q_stride, std::size_t group,
                             const void* keys, std::size_t k_stride, KvFormat fmt, std::size_t n,
                             std::size_t d, float scale, float* probs) {
   return detail::with_isa(attention_isa(), [&](auto isa) {
@@ -127,7 +149,7 @@ inline bool attention_probs(const float* q, std::size_t q_stride, std::size_t gr
   });
 }
 
-inline void attention_output(const float* probs, std::size_t group, const void* values,
+KVEVICT_KERNEL_FN void attention_output(const float* probs, std::size_t group, const void* values,
                              std::size_t v_stride, KvFormat fmt, std::size_t n, std::size_t d,
                              float* out, std::size_t out_stride) {
   detail::with_isa(attention_isa(), [&](auto isa) {
@@ -139,3 +161,5 @@ inline void attention_output(const float* probs, std::size_t group, const void* 
 }
 
 }  // namespace kvevict::kernels
+
+#endif  // !KVEVICT_KERNELS_DECLARE_ONLY

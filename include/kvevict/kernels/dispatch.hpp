@@ -16,10 +16,13 @@
 #include <string_view>
 #include <type_traits>
 
+#include "../config.hpp"
+
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
 #define KVEVICT_X86 1
 #include <cpuid.h>
-#include <immintrin.h>
+// <immintrin.h> (every AVX-512 header, ~0.4 s per TU) is included by the *_avx2 / *_avx512
+// kernel headers and simhash.hpp's FMA path, not here.
 #else
 #define KVEVICT_X86 0
 #endif

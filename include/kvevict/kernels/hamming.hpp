@@ -17,6 +17,38 @@
 #include <utility>
 
 #include "dispatch.hpp"
+
+namespace kvevict::kernels {
+// The entry points, declared here and defined below (in separate-kernels mode, config.hpp,
+// the definitions are compiled once into the kvevict_kernels library).
+KVEVICT_KERNEL_FN unsigned hamming_distance(const std::uint8_t* a, const std::uint8_t* b, int bits);
+template <Isa I>
+KVEVICT_KERNEL_FN void hamming_distances(const std::uint8_t* query, const std::uint8_t* codes,
+                                         std::size_t n, int bits, std::uint16_t* out);
+KVEVICT_KERNEL_FN void hamming_distances(const std::uint8_t* query, const std::uint8_t* codes,
+                                         std::size_t n, int bits, std::uint16_t* out);
+template <Isa I>
+KVEVICT_KERNEL_FN void hamming_distances(const std::uint8_t* query, const std::uint8_t* codes,
+                                         std::size_t n, int bits, std::uint8_t* out);
+KVEVICT_KERNEL_FN void hamming_distances(const std::uint8_t* query, const std::uint8_t* codes,
+                                         std::size_t n, int bits, std::uint8_t* out);
+template <Isa I>
+KVEVICT_KERNEL_FN std::size_t hamming_argmax(const std::uint8_t* query, const std::uint8_t* codes,
+                                             std::size_t n, int bits,
+                                             const std::uint64_t* protected_bits);
+KVEVICT_KERNEL_FN std::size_t hamming_argmax(const std::uint8_t* query, const std::uint8_t* codes,
+                                             std::size_t n, int bits,
+                                             const std::uint64_t* protected_bits);
+template <Isa I>
+KVEVICT_KERNEL_FN void hamming_histogram(const std::uint8_t* query, const std::uint8_t* codes,
+                                         std::size_t n, int bits, std::uint16_t* out,
+                                         std::uint32_t* histogram);
+KVEVICT_KERNEL_FN void hamming_histogram(const std::uint8_t* query, const std::uint8_t* codes,
+                                         std::size_t n, int bits, std::uint16_t* out,
+                                         std::uint32_t* histogram);
+}  // namespace kvevict::kernels
+
+#if !KVEVICT_KERNELS_DECLARE_ONLY
 #include "hamming_avx2.hpp"
 #include "hamming_avx512.hpp"
 #include "hamming_scalar.hpp"
@@ -166,7 +198,7 @@ inline void check_hamming_args(const std::uint8_t* query, const std::uint8_t* co
 }  // namespace detail
 
 /// Hamming distance between two codes of `bits` bits (portable; for one-off use).
-inline unsigned hamming_distance(const std::uint8_t* a, const std::uint8_t* b, int bits) {
+KVEVICT_KERNEL_FN unsigned hamming_distance(const std::uint8_t* a, const std::uint8_t* b, int bits) {
   detail::check_bits(bits);
   if (a == nullptr || b == nullptr)
     throw std::invalid_argument("kvevict::kernels: hamming_distance got a null code");
@@ -175,7 +207,7 @@ inline unsigned hamming_distance(const std::uint8_t* a, const std::uint8_t* b, i
 
 /// out[i] = popcount(query XOR row i) for i < n, pinned to level I (throws if unsupported).
 template <Isa I>
-inline void hamming_distances(const std::uint8_t* query, const std::uint8_t* codes, std::size_t n,
+KVEVICT_KERNEL_FN void hamming_distances(const std::uint8_t* query, const std::uint8_t* codes, std::size_t n,
                               int bits, std::uint16_t* out) {
   detail::require_isa(I);
   detail::check_hamming_args(query, codes, n, bits);
@@ -184,7 +216,7 @@ inline void hamming_distances(const std::uint8_t* query, const std::uint8_t* cod
 }
 
 /// out[i] = popcount(query XOR row i) for i < n, at active_isa().
-inline void hamming_distances(const std::uint8_t* query, const std::uint8_t* codes, std::size_t n,
+KVEVICT_KERNEL_FN void hamming_distances(const std::uint8_t* query, const std::uint8_t* codes, std::size_t n,
                               int bits, std::uint16_t* out) {
   detail::with_isa(active_isa(), [&](auto isa) {
     hamming_distances<isa()>(query, codes, n, bits, out);
@@ -194,7 +226,7 @@ inline void hamming_distances(const std::uint8_t* query, const std::uint8_t* cod
 /// Byte-output form for bits <= 128 (every distance fits in a byte): less write traffic than
 /// the uint16 form. Throws std::invalid_argument for bits = 256. Pinned to level I.
 template <Isa I>
-inline void hamming_distances(const std::uint8_t* query, const std::uint8_t* codes, std::size_t n,
+KVEVICT_KERNEL_FN void hamming_distances(const std::uint8_t* query, const std::uint8_t* codes, std::size_t n,
                               int bits, std::uint8_t* out) {
   detail::require_isa(I);
   detail::check_hamming_args(query, codes, n, bits);
@@ -206,7 +238,7 @@ inline void hamming_distances(const std::uint8_t* query, const std::uint8_t* cod
 }
 
 /// Byte-output form at active_isa().
-inline void hamming_distances(const std::uint8_t* query, const std::uint8_t* codes, std::size_t n,
+KVEVICT_KERNEL_FN void hamming_distances(const std::uint8_t* query, const std::uint8_t* codes, std::size_t n,
                               int bits, std::uint8_t* out) {
   detail::with_isa(active_isa(), [&](auto isa) {
     hamming_distances<isa()>(query, codes, n, bits, out);
@@ -217,7 +249,7 @@ inline void hamming_distances(const std::uint8_t* query, const std::uint8_t* cod
 /// (bit i of word i/64; nullptr = nothing protected). Lowest index on ties; npos when n == 0
 /// or every row is protected. `protected_bits` must hold ceil(n/64) words. Pinned to level I.
 template <Isa I>
-inline std::size_t hamming_argmax(const std::uint8_t* query, const std::uint8_t* codes,
+KVEVICT_KERNEL_FN std::size_t hamming_argmax(const std::uint8_t* query, const std::uint8_t* codes,
                                   std::size_t n, int bits, const std::uint64_t* protected_bits) {
   detail::require_isa(I);
   detail::check_hamming_args(query, codes, n, bits);
@@ -227,7 +259,7 @@ inline std::size_t hamming_argmax(const std::uint8_t* query, const std::uint8_t*
 }
 
 /// hamming_argmax at active_isa().
-inline std::size_t hamming_argmax(const std::uint8_t* query, const std::uint8_t* codes,
+KVEVICT_KERNEL_FN std::size_t hamming_argmax(const std::uint8_t* query, const std::uint8_t* codes,
                                   std::size_t n, int bits, const std::uint64_t* protected_bits) {
   return detail::with_isa(active_isa(), [&](auto isa) {
     return hamming_argmax<isa()>(query, codes, n, bits, protected_bits);
@@ -239,7 +271,7 @@ inline std::size_t hamming_argmax(const std::uint8_t* query, const std::uint8_t*
 /// nullptr when only the histogram is wanted. Feed both to counting_topk/counting_bottomk's
 /// histogram overloads to select rows without another pass over the codes. Pinned to level I.
 template <Isa I>
-inline void hamming_histogram(const std::uint8_t* query, const std::uint8_t* codes, std::size_t n,
+KVEVICT_KERNEL_FN void hamming_histogram(const std::uint8_t* query, const std::uint8_t* codes, std::size_t n,
                               int bits, std::uint16_t* out, std::uint32_t* histogram) {
   detail::require_isa(I);
   detail::check_hamming_args(query, codes, n, bits);
@@ -251,7 +283,7 @@ inline void hamming_histogram(const std::uint8_t* query, const std::uint8_t* cod
 }
 
 /// hamming_histogram at active_isa().
-inline void hamming_histogram(const std::uint8_t* query, const std::uint8_t* codes, std::size_t n,
+KVEVICT_KERNEL_FN void hamming_histogram(const std::uint8_t* query, const std::uint8_t* codes, std::size_t n,
                               int bits, std::uint16_t* out, std::uint32_t* histogram) {
   detail::with_isa(active_isa(), [&](auto isa) {
     hamming_histogram<isa()>(query, codes, n, bits, out, histogram);
@@ -259,3 +291,5 @@ inline void hamming_histogram(const std::uint8_t* query, const std::uint8_t* cod
 }
 
 }  // namespace kvevict::kernels
+
+#endif  // !KVEVICT_KERNELS_DECLARE_ONLY

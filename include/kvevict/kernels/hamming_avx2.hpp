@@ -8,6 +8,10 @@
 #include <cstdint>
 
 #include "dispatch.hpp"
+
+#if KVEVICT_X86
+#include <immintrin.h>
+#endif
 #include "hamming_scalar.hpp"
 
 #if KVEVICT_X86

@@ -20,6 +20,66 @@
 #include <vector>
 
 #include "dispatch.hpp"
+
+namespace kvevict::kernels {
+// The entry points, declared here and defined below (in separate-kernels mode, config.hpp,
+// the definitions are compiled once into the kvevict_kernels library).
+template <Isa I>
+KVEVICT_KERNEL_FN void counting_topk(const std::uint8_t* keys, std::size_t n, std::size_t k,
+                                     std::uint32_t* out);
+template <Isa I>
+KVEVICT_KERNEL_FN void counting_topk(const std::uint16_t* keys, std::size_t n, std::size_t k,
+                                     std::uint32_t* out);
+template <Isa I>
+KVEVICT_KERNEL_FN void counting_bottomk(const std::uint8_t* keys, std::size_t n, std::size_t k,
+                                        std::uint32_t* out);
+template <Isa I>
+KVEVICT_KERNEL_FN void counting_bottomk(const std::uint16_t* keys, std::size_t n, std::size_t k,
+                                        std::uint32_t* out);
+template <Isa I>
+KVEVICT_KERNEL_FN void counting_topk(const std::uint16_t* keys, std::size_t n, std::size_t k,
+                                     const std::uint32_t* histogram, std::size_t bins,
+                                     std::uint32_t* out);
+template <Isa I>
+KVEVICT_KERNEL_FN void counting_bottomk(const std::uint16_t* keys, std::size_t n, std::size_t k,
+                                        const std::uint32_t* histogram, std::size_t bins,
+                                        std::uint32_t* out);
+template <class K>
+KVEVICT_KERNEL_FN void counting_topk(const K* keys, std::size_t n, std::size_t k,
+                                     std::uint32_t* out);
+template <class K>
+KVEVICT_KERNEL_FN void counting_bottomk(const K* keys, std::size_t n, std::size_t k,
+                                        std::uint32_t* out);
+KVEVICT_KERNEL_FN void counting_topk(const std::uint16_t* keys, std::size_t n, std::size_t k,
+                                     const std::uint32_t* histogram, std::size_t bins,
+                                     std::uint32_t* out);
+KVEVICT_KERNEL_FN void counting_bottomk(const std::uint16_t* keys, std::size_t n, std::size_t k,
+                                        const std::uint32_t* histogram, std::size_t bins,
+                                        std::uint32_t* out);
+template <Isa I>
+KVEVICT_KERNEL_FN void topk_indices(const float* scores, std::size_t n, std::size_t k,
+                                    std::uint32_t* out);
+KVEVICT_KERNEL_FN void topk_indices(const float* scores, std::size_t n, std::size_t k,
+                                    std::uint32_t* out);
+template <Isa I>
+KVEVICT_KERNEL_FN std::size_t argmax_masked(const float* s, std::size_t n,
+                                            const std::uint64_t* protected_bits);
+KVEVICT_KERNEL_FN std::size_t argmax_masked(const float* s, std::size_t n,
+                                            const std::uint64_t* protected_bits);
+template <Isa I>
+KVEVICT_KERNEL_FN std::size_t argmin_masked(const float* s, std::size_t n,
+                                            const std::uint64_t* protected_bits);
+KVEVICT_KERNEL_FN std::size_t argmin_masked(const float* s, std::size_t n,
+                                            const std::uint64_t* protected_bits);
+KVEVICT_KERNEL_FN void protect_outside(const std::uint64_t* seqs, std::size_t n, std::uint64_t lo,
+                                       std::uint64_t hi, std::uint64_t* bits);
+KVEVICT_KERNEL_FN std::size_t find_equal_masked(const float* s, std::size_t n, std::size_t from,
+                                                const std::uint64_t* protected_bits, float v);
+KVEVICT_KERNEL_FN bool group_sum_checked(const float* p, std::size_t g, std::size_t n,
+                                         float* out);
+}  // namespace kvevict::kernels
+
+#if !KVEVICT_KERNELS_DECLARE_ONLY
 #include "select_avx2.hpp"
 #include "select_avx512.hpp"
 #include "select_scalar.hpp"
@@ -242,14 +302,14 @@ inline std::size_t arg_best_at(const float* s, std::size_t n, const std::uint64_
 /// largest value, then the lowest-indexed rows equal to it. O(n) by histogram (uint8: one
 /// counting pass; uint16: two radix-256 passes) plus one emit pass. Throws if k > n.
 template <Isa I>
-inline void counting_topk(const std::uint8_t* keys, std::size_t n, std::size_t k,
+KVEVICT_KERNEL_FN void counting_topk(const std::uint8_t* keys, std::size_t n, std::size_t k,
                           std::uint32_t* out) {
   detail::require_isa(I);
   detail::check_select_args(keys, n, k, out);
   detail::counting_select<I, true>(keys, n, k, out);
 }
 template <Isa I>
-inline void counting_topk(const std::uint16_t* keys, std::size_t n, std::size_t k,
+KVEVICT_KERNEL_FN void counting_topk(const std::uint16_t* keys, std::size_t n, std::size_t k,
                           std::uint32_t* out) {
   detail::require_isa(I);
   detail::check_select_args(keys, n, k, out);
@@ -257,14 +317,14 @@ inline void counting_topk(const std::uint16_t* keys, std::size_t n, std::size_t 
 }
 /// k indices of the smallest keys, ascending index order, lowest indices among ties.
 template <Isa I>
-inline void counting_bottomk(const std::uint8_t* keys, std::size_t n, std::size_t k,
+KVEVICT_KERNEL_FN void counting_bottomk(const std::uint8_t* keys, std::size_t n, std::size_t k,
                              std::uint32_t* out) {
   detail::require_isa(I);
   detail::check_select_args(keys, n, k, out);
   detail::counting_select<I, false>(keys, n, k, out);
 }
 template <Isa I>
-inline void counting_bottomk(const std::uint16_t* keys, std::size_t n, std::size_t k,
+KVEVICT_KERNEL_FN void counting_bottomk(const std::uint16_t* keys, std::size_t n, std::size_t k,
                              std::uint32_t* out) {
   detail::require_isa(I);
   detail::check_select_args(keys, n, k, out);
@@ -291,7 +351,7 @@ inline void check_histogram(const std::uint16_t* keys, std::size_t n, const std:
 /// counting_topk with a precomputed histogram of the keys (bins entries, every key < bins),
 /// e.g. from hamming_histogram (bins = bits + 1): one emit pass over the keys.
 template <Isa I>
-inline void counting_topk(const std::uint16_t* keys, std::size_t n, std::size_t k,
+KVEVICT_KERNEL_FN void counting_topk(const std::uint16_t* keys, std::size_t n, std::size_t k,
                           const std::uint32_t* histogram, std::size_t bins, std::uint32_t* out) {
   detail::require_isa(I);
   detail::check_select_args(keys, n, k, out);
@@ -300,7 +360,7 @@ inline void counting_topk(const std::uint16_t* keys, std::size_t n, std::size_t 
 }
 /// counting_bottomk with a precomputed histogram (see counting_topk).
 template <Isa I>
-inline void counting_bottomk(const std::uint16_t* keys, std::size_t n, std::size_t k,
+KVEVICT_KERNEL_FN void counting_bottomk(const std::uint16_t* keys, std::size_t n, std::size_t k,
                              const std::uint32_t* histogram, std::size_t bins,
                              std::uint32_t* out) {
   detail::require_isa(I);
@@ -311,22 +371,22 @@ inline void counting_bottomk(const std::uint16_t* keys, std::size_t n, std::size
 
 // Untemplated forms at active_isa().
 template <class K>
-inline void counting_topk(const K* keys, std::size_t n, std::size_t k, std::uint32_t* out) {
+KVEVICT_KERNEL_FN void counting_topk(const K* keys, std::size_t n, std::size_t k, std::uint32_t* out) {
   static_assert(sizeof(K) <= 2, "counting_topk keys must be std::uint8_t or std::uint16_t");
   detail::with_isa(active_isa(), [&](auto isa) { counting_topk<isa()>(keys, n, k, out); });
 }
 template <class K>
-inline void counting_bottomk(const K* keys, std::size_t n, std::size_t k, std::uint32_t* out) {
+KVEVICT_KERNEL_FN void counting_bottomk(const K* keys, std::size_t n, std::size_t k, std::uint32_t* out) {
   static_assert(sizeof(K) <= 2, "counting_bottomk keys must be std::uint8_t or std::uint16_t");
   detail::with_isa(active_isa(), [&](auto isa) { counting_bottomk<isa()>(keys, n, k, out); });
 }
-inline void counting_topk(const std::uint16_t* keys, std::size_t n, std::size_t k,
+KVEVICT_KERNEL_FN void counting_topk(const std::uint16_t* keys, std::size_t n, std::size_t k,
                           const std::uint32_t* histogram, std::size_t bins, std::uint32_t* out) {
   detail::with_isa(active_isa(), [&](auto isa) {
     counting_topk<isa()>(keys, n, k, histogram, bins, out);
   });
 }
-inline void counting_bottomk(const std::uint16_t* keys, std::size_t n, std::size_t k,
+KVEVICT_KERNEL_FN void counting_bottomk(const std::uint16_t* keys, std::size_t n, std::size_t k,
                              const std::uint32_t* histogram, std::size_t bins,
                              std::uint32_t* out) {
   detail::with_isa(active_isa(), [&](auto isa) {
@@ -342,25 +402,25 @@ inline void counting_bottomk(const std::uint16_t* keys, std::size_t n, std::size
 /// (score, index) keys). Falls back to the exact method when the sample misses. Scratch
 /// memory is thread_local and reused (no allocation once warm). Throws if k > n.
 template <Isa I>
-inline void topk_indices(const float* scores, std::size_t n, std::size_t k, std::uint32_t* out) {
+KVEVICT_KERNEL_FN void topk_indices(const float* scores, std::size_t n, std::size_t k, std::uint32_t* out) {
   detail::require_isa(I);
   detail::check_select_args(scores, n, k, out);
   detail::topk_select<I>(scores, n, k, out);
 }
-inline void topk_indices(const float* scores, std::size_t n, std::size_t k, std::uint32_t* out) {
+KVEVICT_KERNEL_FN void topk_indices(const float* scores, std::size_t n, std::size_t k, std::uint32_t* out) {
   detail::with_isa(active_isa(), [&](auto isa) { topk_indices<isa()>(scores, n, k, out); });
 }
 
 /// Index of the largest score among unprotected rows; lowest index on ties (-0.0 == +0.0);
 /// NaN scores are never chosen; npos when n == 0 or nothing is eligible.
 template <Isa I>
-inline std::size_t argmax_masked(const float* s, std::size_t n,
+KVEVICT_KERNEL_FN std::size_t argmax_masked(const float* s, std::size_t n,
                                  const std::uint64_t* protected_bits) {
   detail::require_isa(I);
   detail::require_nonnull(s, n, "scores");
   return detail::arg_best_at<I, true>(s, n, protected_bits);
 }
-inline std::size_t argmax_masked(const float* s, std::size_t n,
+KVEVICT_KERNEL_FN std::size_t argmax_masked(const float* s, std::size_t n,
                                  const std::uint64_t* protected_bits) {
   return detail::with_isa(active_isa(),
                           [&](auto isa) { return argmax_masked<isa()>(s, n, protected_bits); });
@@ -369,13 +429,13 @@ inline std::size_t argmax_masked(const float* s, std::size_t n,
 /// Index of the smallest score among unprotected rows; same tie, NaN and npos rules as
 /// argmax_masked.
 template <Isa I>
-inline std::size_t argmin_masked(const float* s, std::size_t n,
+KVEVICT_KERNEL_FN std::size_t argmin_masked(const float* s, std::size_t n,
                                  const std::uint64_t* protected_bits) {
   detail::require_isa(I);
   detail::require_nonnull(s, n, "scores");
   return detail::arg_best_at<I, false>(s, n, protected_bits);
 }
-inline std::size_t argmin_masked(const float* s, std::size_t n,
+KVEVICT_KERNEL_FN std::size_t argmin_masked(const float* s, std::size_t n,
                                  const std::uint64_t* protected_bits) {
   return detail::with_isa(active_isa(),
                           [&](auto isa) { return argmin_masked<isa()>(s, n, protected_bits); });
@@ -384,7 +444,7 @@ inline std::size_t argmin_masked(const float* s, std::size_t n,
 /// Protection bits for rows whose arrival index lies outside [lo, hi): bit i of word i/64
 /// set = protected, the layout argmin_masked / argmax_masked take. Writes ceil(n/64) words;
 /// bits past n are set. (AVX-512 CPUs run the AVX2 form.)
-inline void protect_outside(const std::uint64_t* seqs, std::size_t n, std::uint64_t lo,
+KVEVICT_KERNEL_FN void protect_outside(const std::uint64_t* seqs, std::size_t n, std::uint64_t lo,
                             std::uint64_t hi, std::uint64_t* bits) {
   detail::require_nonnull(seqs, n, "seqs");
   detail::require_nonnull(bits, n, "bits");
@@ -396,7 +456,7 @@ inline void protect_outside(const std::uint64_t* seqs, std::size_t n, std::uint6
 
 /// First index i >= from with s[i] == v among unprotected rows (protected_bits may be
 /// null), or npos: the follow-up to argmin_masked when ties need a second key.
-inline std::size_t find_equal_masked(const float* s, std::size_t n, std::size_t from,
+KVEVICT_KERNEL_FN std::size_t find_equal_masked(const float* s, std::size_t n, std::size_t from,
                                      const std::uint64_t* protected_bits, float v) {
   detail::require_nonnull(s, n, "scores");
 #if KVEVICT_X86
@@ -408,7 +468,7 @@ inline std::size_t find_equal_masked(const float* s, std::size_t n, std::size_t 
 /// Sums g rows of n floats (row-major, g x n) into out[0, n) in one row-wise pass, adding
 /// in row order starting from 0.0f (bit-identical to that scalar loop), and returns whether
 /// every input was finite. out may be written even when it returns false.
-inline bool group_sum_checked(const float* p, std::size_t g, std::size_t n, float* out) {
+KVEVICT_KERNEL_FN bool group_sum_checked(const float* p, std::size_t g, std::size_t n, float* out) {
 #if KVEVICT_X86
   if (active_isa() != Isa::scalar) return detail::avx2::group_sum(p, g, n, out);
 #endif
@@ -416,3 +476,5 @@ inline bool group_sum_checked(const float* p, std::size_t g, std::size_t n, floa
 }
 
 }  // namespace kvevict::kernels
+
+#endif  // !KVEVICT_KERNELS_DECLARE_ONLY

@@ -8,6 +8,10 @@
 #include <limits>
 
 #include "dispatch.hpp"
+
+#if KVEVICT_X86
+#include <immintrin.h>
+#endif
 #include "select_scalar.hpp"
 
 #if KVEVICT_X86

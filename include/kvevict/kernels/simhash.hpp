@@ -7,13 +7,67 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "dispatch.hpp"
 #include "hamming.hpp"
+
+namespace kvevict::kernels {
+
+/// A dim x bits Gaussian projection. hash() maps each dim-float row to a bits-bit code: bit j
+/// is set when (x . column j) >= 0 (zero counts as 1; NaN projections give 0), stored in byte
+/// j/8, bit j%8 -- the layout hamming_* expect. Columns are drawn in order (column 0 first,
+/// rows 0..dim-1 within it), so a wider projection with the same seed and dim extends a
+/// narrower one: its first b bits are the narrower code.
+class SimHashProjection {
+ public:
+  /// dim > 0; bits in {8, 16, 32, 64, 128, 256}. Throws std::invalid_argument otherwise.
+  SimHashProjection(int dim, int bits, std::uint64_t seed);
+
+  /// Codes for n row-major rows (rows[i*dim + c]); writes n * bits/8 bytes to codes_out.
+  void hash(const float* rows, std::size_t n, std::uint8_t* codes_out) const;
+
+  /// Code of one dim-float vector; writes bits/8 bytes.
+  void hash_one(const float* x, std::uint8_t* code_out) const;
+
+  /// hash_one by the reference Eigen product (what the FMA path must agree with).
+  void reference_one(const float* x, std::uint8_t* code_out) const;
+
+  int bits() const noexcept { return bits_; }
+  int dim() const noexcept { return dim_; }
+  /// The dim x bits projection (column j = hyperplane normal of bit j).
+  const Eigen::MatrixXf& matrix() const noexcept { return matrix_; }
+
+ private:
+  static constexpr int kMaxBits = 256;  // the widest code check_bits accepts
+  void pack_signs(const float* p, std::uint8_t* code) const noexcept {
+    for (int b = 0; b < bits_ / 8; ++b) {
+      unsigned byte = 0;
+      for (int t = 0; t < 8; ++t) byte |= static_cast<unsigned>(p[8 * b + t] >= 0.0f) << t;
+      code[b] = static_cast<std::uint8_t>(byte);
+    }
+  }
+
+  int dim_;
+  int bits_;
+  Eigen::MatrixXf matrix_;
+  std::vector<float> wt_;   ///< matrix_ row-major (dim x bits), for the FMA path
+  std::vector<float> thr_;  ///< per column: 2 gamma |w_j|, the sign-certainty bound / |x|
+};
+
+}  // namespace kvevict::kernels
+
+// SimHashProjection's members that compute: the Gaussian draw, the FMA path (AVX2 intrinsics)
+// and the reference Eigen product. In separate-kernels mode (config.hpp) they are compiled
+// once into the kvevict_kernels library.
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+#include <random>
+
+#if KVEVICT_X86
+#include <immintrin.h>
+#endif
 
 namespace kvevict::kernels {
 
@@ -127,114 +181,86 @@ KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 
 }  // namespace detail
 
-/// A dim x bits Gaussian projection. hash() maps each dim-float row to a bits-bit code: bit j
-/// is set when (x . column j) >= 0 (zero counts as 1; NaN projections give 0), stored in byte
-/// j/8, bit j%8 -- the layout hamming_* expect. Columns are drawn in order (column 0 first,
-/// rows 0..dim-1 within it), so a wider projection with the same seed and dim extends a
-/// narrower one: its first b bits are the narrower code.
-class SimHashProjection {
- public:
-  /// dim > 0; bits in {8, 16, 32, 64, 128, 256}. Throws std::invalid_argument otherwise.
-  SimHashProjection(int dim, int bits, std::uint64_t seed) : dim_(dim), bits_(bits) {
-    if (dim <= 0)
-      throw std::invalid_argument("kvevict::kernels::SimHashProjection: dim = " +
-                                  std::to_string(dim) + " (expected dim > 0)");
-    detail::check_bits(bits);
-    matrix_.resize(dim, bits);
-    detail::PortableGaussian g(seed);
-    for (int j = 0; j < bits; ++j)
-      for (int i = 0; i < dim; ++i) matrix_(i, j) = static_cast<float>(g());
-    // The FMA path's copy (row-major) and per-column rounding bounds: any order of the dim
-    // products and sums (the reference Eigen product included) is within
-    // gamma * sum |x_i w_ij| <= gamma * |x| |w_j| of the exact value, gamma = dim u / (1 - dim u)
-    // with u = 2^-24. A projection farther than twice that from zero (the FMA error plus the
-    // reference's) has the exact sign in both; nearer, hash_one recomputes by the reference.
-    wt_.resize(static_cast<std::size_t>(dim) * static_cast<std::size_t>(bits));
-    thr_.resize(static_cast<std::size_t>(bits));
-    const double u = 0x1.0p-24, n = dim + 4.0;  // + 4: the norm's own rounding
-    const double gamma = n * u / (1.0 - n * u);
-    for (int j = 0; j < bits; ++j) {
-      double norm2 = 0.0;
-      for (int i = 0; i < dim; ++i) {
-        const float w = matrix_(i, j);
-        wt_[static_cast<std::size_t>(i) * static_cast<std::size_t>(bits) + static_cast<std::size_t>(j)] = w;
-        norm2 += static_cast<double>(w) * w;
-      }
-      thr_[static_cast<std::size_t>(j)] = static_cast<float>(2.0 * gamma * std::sqrt(norm2) * 1.01);
+KVEVICT_KERNEL_FN SimHashProjection::SimHashProjection(int dim, int bits, std::uint64_t seed)
+    : dim_(dim), bits_(bits) {
+  if (dim <= 0)
+    throw std::invalid_argument("kvevict::kernels::SimHashProjection: dim = " +
+                                std::to_string(dim) + " (expected dim > 0)");
+  detail::check_bits(bits);
+  matrix_.resize(dim, bits);
+  detail::PortableGaussian g(seed);
+  for (int j = 0; j < bits; ++j)
+    for (int i = 0; i < dim; ++i) matrix_(i, j) = static_cast<float>(g());
+  // The FMA path's copy (row-major) and per-column rounding bounds: any order of the dim
+  // products and sums (the reference Eigen product included) is within
+  // gamma * sum |x_i w_ij| <= gamma * |x| |w_j| of the exact value, gamma = dim u / (1 - dim u)
+  // with u = 2^-24. A projection farther than twice that from zero (the FMA error plus the
+  // reference's) has the exact sign in both; nearer, hash_one recomputes by the reference.
+  wt_.resize(static_cast<std::size_t>(dim) * static_cast<std::size_t>(bits));
+  thr_.resize(static_cast<std::size_t>(bits));
+  const double u = 0x1.0p-24, n = dim + 4.0;  // + 4: the norm's own rounding
+  const double gamma = n * u / (1.0 - n * u);
+  for (int j = 0; j < bits; ++j) {
+    double norm2 = 0.0;
+    for (int i = 0; i < dim; ++i) {
+      const float w = matrix_(i, j);
+      wt_[static_cast<std::size_t>(i) * static_cast<std::size_t>(bits) + static_cast<std::size_t>(j)] = w;
+      norm2 += static_cast<double>(w) * w;
     }
+    thr_[static_cast<std::size_t>(j)] = static_cast<float>(2.0 * gamma * std::sqrt(norm2) * 1.01);
   }
+}
 
-  /// Codes for n row-major rows (rows[i*dim + c]); writes n * bits/8 bytes to codes_out.
-  void hash(const float* rows, std::size_t n, std::uint8_t* codes_out) const {
-    detail::require_nonnull(rows, n, "rows");
-    detail::require_nonnull(codes_out, n, "codes_out");
+KVEVICT_KERNEL_FN void SimHashProjection::hash(const float* rows, std::size_t n,
+                                               std::uint8_t* codes_out) const {
+  detail::require_nonnull(rows, n, "rows");
+  detail::require_nonnull(codes_out, n, "codes_out");
 #if KVEVICT_X86
-    // A few rows (a group's queries): the FMA path per row; if any projection is too near
-    // zero, the whole call runs the reference product below (identical codes either way).
-    if (n <= 16 && active_isa() != Isa::scalar) {
-      bool ok = true;
-      for (std::size_t i = 0; i < n && ok; ++i)
-        ok = detail::simhash_fma(rows + i * static_cast<std::size_t>(dim_), dim_, bits_, wt_.data(),
-                                 thr_.data(), codes_out + i * static_cast<std::size_t>(bits_ / 8));
-      if (ok) return;
-    }
-#endif
-    using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-    constexpr std::size_t kChunk = 256;  // bounds the temporary to kChunk x bits floats
-    RowMat proj;
-    const std::size_t bytes = static_cast<std::size_t>(bits_) / 8;
-    for (std::size_t base = 0; base < n; base += kChunk) {
-      const auto m = static_cast<Eigen::Index>(std::min(kChunk, n - base));
-      Eigen::Map<const RowMat> x(rows + base * static_cast<std::size_t>(dim_), m, dim_);
-      proj.noalias() = x * matrix_;
-      for (Eigen::Index i = 0; i < m; ++i)
-        pack_signs(proj.data() + i * bits_, codes_out + (base + static_cast<std::size_t>(i)) * bytes);
-    }
+  // A few rows (a group's queries): the FMA path per row; if any projection is too near
+  // zero, the whole call runs the reference product below (identical codes either way).
+  if (n <= 16 && active_isa() != Isa::scalar) {
+    bool ok = true;
+    for (std::size_t i = 0; i < n && ok; ++i)
+      ok = detail::simhash_fma(rows + i * static_cast<std::size_t>(dim_), dim_, bits_, wt_.data(),
+                               thr_.data(), codes_out + i * static_cast<std::size_t>(bits_ / 8));
+    if (ok) return;
   }
+#endif
+  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  constexpr std::size_t kChunk = 256;  // bounds the temporary to kChunk x bits floats
+  RowMat proj;
+  const std::size_t bytes = static_cast<std::size_t>(bits_) / 8;
+  for (std::size_t base = 0; base < n; base += kChunk) {
+    const auto m = static_cast<Eigen::Index>(std::min(kChunk, n - base));
+    Eigen::Map<const RowMat> x(rows + base * static_cast<std::size_t>(dim_), m, dim_);
+    proj.noalias() = x * matrix_;
+    for (Eigen::Index i = 0; i < m; ++i)
+      pack_signs(proj.data() + i * bits_, codes_out + (base + static_cast<std::size_t>(i)) * bytes);
+  }
+}
 
-  /// Code of one dim-float vector; writes bits/8 bytes.
-  void hash_one(const float* x, std::uint8_t* code_out) const {
-    if (x == nullptr || code_out == nullptr)
-      throw std::invalid_argument("kvevict::kernels::SimHashProjection::hash_one: null pointer");
+KVEVICT_KERNEL_FN void SimHashProjection::hash_one(const float* x, std::uint8_t* code_out) const {
+  if (x == nullptr || code_out == nullptr)
+    throw std::invalid_argument("kvevict::kernels::SimHashProjection::hash_one: null pointer");
 #if KVEVICT_X86
-    // Dispatched FMA projection; falls back to the reference product below only when a
-    // projection is too near zero for its sign to be certain (identical codes either way).
-    if (active_isa() != Isa::scalar &&
-        detail::simhash_fma(x, dim_, bits_, wt_.data(), thr_.data(), code_out))
-      return;
+  // Dispatched FMA projection; falls back to the reference product below only when a
+  // projection is too near zero for its sign to be certain (identical codes either way).
+  if (active_isa() != Isa::scalar &&
+      detail::simhash_fma(x, dim_, bits_, wt_.data(), thr_.data(), code_out))
+    return;
 #endif
-    reference_one(x, code_out);
-  }
+  reference_one(x, code_out);
+}
 
-  /// hash_one by the reference Eigen product (what the FMA path must agree with).
-  void reference_one(const float* x, std::uint8_t* code_out) const {
-    Eigen::Map<const Eigen::RowVectorXf> v(x, dim_);
-    // bits <= 256: the projection fits a stack buffer, so hashing allocates nothing.
-    Eigen::Matrix<float, 1, Eigen::Dynamic, Eigen::RowMajor, 1, kMaxBits> p;
-    p.noalias() = v * matrix_;
-    pack_signs(p.data(), code_out);
-  }
-
-  int bits() const noexcept { return bits_; }
-  int dim() const noexcept { return dim_; }
-  /// The dim x bits projection (column j = hyperplane normal of bit j).
-  const Eigen::MatrixXf& matrix() const noexcept { return matrix_; }
-
- private:
-  static constexpr int kMaxBits = 256;  // the widest code check_bits accepts
-  void pack_signs(const float* p, std::uint8_t* code) const noexcept {
-    for (int b = 0; b < bits_ / 8; ++b) {
-      unsigned byte = 0;
-      for (int t = 0; t < 8; ++t) byte |= static_cast<unsigned>(p[8 * b + t] >= 0.0f) << t;
-      code[b] = static_cast<std::uint8_t>(byte);
-    }
-  }
-
-  int dim_;
-  int bits_;
-  Eigen::MatrixXf matrix_;
-  std::vector<float> wt_;   ///< matrix_ row-major (dim x bits), for the FMA path
-  std::vector<float> thr_;  ///< per column: 2 gamma |w_j|, the sign-certainty bound / |x|
-};
+KVEVICT_KERNEL_FN void SimHashProjection::reference_one(const float* x,
+                                                        std::uint8_t* code_out) const {
+  Eigen::Map<const Eigen::RowVectorXf> v(x, dim_);
+  // bits <= 256: the projection fits a stack buffer, so hashing allocates nothing.
+  Eigen::Matrix<float, 1, Eigen::Dynamic, Eigen::RowMajor, 1, kMaxBits> p;
+  p.noalias() = v * matrix_;
+  pack_signs(p.data(), code_out);
+}
 
 }  // namespace kvevict::kernels
+
+#endif  // !KVEVICT_KERNELS_DECLARE_ONLY

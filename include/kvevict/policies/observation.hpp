@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "../config.hpp"
 #include "../errors.hpp"
 #include "../policy.hpp"
 
@@ -64,7 +65,13 @@ namespace detail {
 /// (float, scale 1/sqrt(d)) that window query t (T-W <= t < T, keys 0..t) of each of the
 /// G query heads puts on key j, summed over window rows and the group. Needs T > W.
 /// GQA reads the KV head's keys once for its G query heads: no K is repeated.
-inline void window_importance(const PrefillView& v, std::size_t window, std::vector<float>& out) {
+KVEVICT_KERNEL_FN void window_importance(const PrefillView& v, std::size_t window,
+                                         std::vector<float>& out);
+// The Eigen product below is the costliest template instantiation of kvevict.hpp; in
+// separate-kernels mode (config.hpp) it is compiled once into the kvevict_kernels library.
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+KVEVICT_KERNEL_FN void window_importance(const PrefillView& v, std::size_t window,
+                                         std::vector<float>& out) {
   using RowMajorF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using Strided = Eigen::Map<const RowMajorF, 0, Eigen::OuterStride<>>;
   const std::size_t T = v.tokens;
@@ -91,6 +98,8 @@ inline void window_importance(const PrefillView& v, std::size_t window, std::vec
     }
   }
 }
+
+#endif  // !KVEVICT_KERNELS_DECLARE_ONLY
 
 }  // namespace detail
 

@@ -28,8 +28,6 @@
 #include <string>
 #include <vector>
 
-#include <fmt/format.h>
-
 #include "../cache.hpp"
 #include "../file.hpp"
 #include "observation.hpp"
@@ -506,11 +504,13 @@ struct Profile {
   }
 
   [[nodiscard]] std::string to_text() const {
-    std::string out = fmt::format(
-        "# XKV per-layer budgets (arXiv 2412.05896), tokens per KV head, window excluded\n"
-        "{} {}\nlayers {}\nwindow {}\nsamples {}\ntokens",
-        kMagic, kVersion, tokens.size(), window, samples);
-    for (long long t : tokens) fmt::format_to(std::back_inserter(out), " {}", t);
+    // Formatted part by part as kvevict::Error messages are (errors.hpp): the same text as
+    // fmt::format's "{}", without compiling fmt's format engine into every includer.
+    std::string out = kvevict::detail::concat(
+        "# XKV per-layer budgets (arXiv 2412.05896), tokens per KV head, window excluded\n",
+        kMagic, " ", kVersion, "\nlayers ", tokens.size(), "\nwindow ", window, "\nsamples ",
+        samples, "\ntokens");
+    for (long long t : tokens) kvevict::detail::append_parts(out, " ", t);
     out += "\nend\n";
     return out;
   }
