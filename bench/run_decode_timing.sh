@@ -54,7 +54,8 @@ for tag in ("full", "alloc", "bounded"):
         elif line.startswith("model "):
             meta["model"] = line
         elif line.startswith("csv,"):
-            _, name, ctx, us = line.split(",")
+            head, ctx, us = line.rsplit(",", 2)
+            name = head.split(",", 1)[1]
             if tag == "alloc": name += " [alloc run]"
             if name not in rows: rows[name] = {}; order.append(name)
             rows[name][int(ctx)] = float(us)

@@ -470,12 +470,8 @@ class Transformer {
       const std::span<const float> qs(q_.data(), static_cast<std::size_t>(q_.size()));
       cache_.append(l, pos, std::span<const float>(k_.data(), static_cast<std::size_t>(k_.size())),
                     std::span<const float>(v_.data(), static_cast<std::size_t>(v_.size())), qs);
-      constexpr bool kWorkspaceAttend =
-          requires(Cache& cc, std::span<const float> q, std::span<float> o, AttendWorkspace& w) {
-            attend(cc, 0, q, o, w);
-          };
       bool done = false;
-      if constexpr (kWorkspaceAttend) {
+      if constexpr (kStoresRows) {  // a KVCache (paged_adapter.hpp's store has its own attend)
         // The common case allocates nothing per step: output and probabilities in reused
         // buffers (the same kernel as the allocating overload, bit-identical).
         if (!reindex && !observer_) {
