@@ -39,7 +39,7 @@ if [[ "${REPORT_ONLY:-0}" != 1 ]]; then
 fi
 
 python3 - "$res" "$root/docs/benchmarks.md" "$root/docs/img/decode_timing.svg" <<'PY'
-import re, sys, math
+import os, re, sys, math
 res, mdpath, svgpath = sys.argv[1:4]
 rows = {}   # name -> {context: us}
 order = []
@@ -115,10 +115,9 @@ if st:
 out.append("![decode time per token](img/decode_timing.svg)")
 out.append("<!-- decode-timing:end -->")
 block = "\n".join(out)
-md = open(mdpath).read()
-pat = re.compile(r"<!-- decode-timing:begin.*?<!-- decode-timing:end -->", re.S)
-md = pat.sub(lambda m: block, md) if pat.search(md) else md.rstrip("\n") + "\n\n" + block + "\n"
-open(mdpath, "w").write(md)
+sys.path.insert(0, os.path.dirname(os.path.abspath(mdpath)) + "/../bench")
+from md_section import replace_section
+replace_section(mdpath, "decode-timing", block)
 
 # Plot: log2 context vs log10 us, one polyline per row.
 W, H, L, B, T, R = 640, 400, 60, 50, 30, 230

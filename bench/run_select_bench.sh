@@ -19,7 +19,7 @@ if [[ "${REPORT_ONLY:-0}" != 1 ]]; then
     --benchmark_out="$json" --benchmark_out_format=json
 fi
 python3 - "$json" "$root/docs/benchmarks.md" <<'PY'
-import json, re, sys
+import json, os, re, sys
 jpath, mdpath = sys.argv[1:3]
 d = json.load(open(jpath))
 med = {}
@@ -65,9 +65,8 @@ table("Float top-k indices, N(0,1) scores, k = 64", "float_topk/k64",
       ["std_nth_element_values", "std_nth_element_indirect"])
 out.append("<!-- select:end -->")
 block = "\n".join(out)
-md = open(mdpath).read()
-pat = re.compile(r"<!-- select:begin.*?<!-- select:end -->", re.S)
-md = pat.sub(lambda m: block, md) if pat.search(md) else md.rstrip("\n") + "\n\n" + block + "\n"
-open(mdpath, "w").write(md)
+sys.path.insert(0, os.path.dirname(os.path.abspath(mdpath)) + "/../bench")
+from md_section import replace_section
+replace_section(mdpath, "select", block)
 print(block)
 PY

@@ -221,18 +221,7 @@ KVEVICT_TARGET_AVX2 inline std::size_t radix_split(std::uint32_t* v, const std::
     ne += static_cast<std::size_t>(std::popcount(me));
     if (!ids) id = _mm256_add_epi32(id, step);
   }
-  for (; i < n; ++i) {
-    const std::uint32_t x = v[i];
-    const std::uint32_t idi = ids ? ids[i] : static_cast<std::uint32_t>(i);
-    const std::uint32_t d = (x >> shift) & 0xFF;
-    out[nl] = idi;
-    v[ne] = x;
-    ids_out[ne] = idi;
-    nl += d < b;
-    ne += d == b;
-  }
-  *n_eq = ne;
-  return nl;
+  return scalar::radix_split_body(v, ids, n, shift, b, out, ids_out, n_eq, i, nl, ne);
 }
 
 /// group_sum compiled for AVX2 (the portable body vectorises 8-wide).

@@ -123,7 +123,7 @@ inline std::size_t topk_pass(const float* s, std::size_t n, float thi, float tlo
   return topk_pass_body(s, n, thi, tlo, above, mid, n_mid);
 }
 
-// ---- Small-n float top-k by radix select (n < 4096) ---------------------------------------
+// ---- Small-n float top-k by radix select (n < 8192) ---------------------------------------
 // The primary key of topk_key (ascending = better: larger score first, NaN after every
 // number, -0.0 == +0.0) is selected by MSD radix on its bytes: a 256-bin histogram per level
 // finds the byte of the k-th best, rows with a better byte are emitted, rows equal to it go on
@@ -169,12 +169,14 @@ inline void radix_hist(const std::uint32_t* v, std::size_t n, int shift,
 /// out (returns how many); pairs whose byte equals b are compacted in place to the front of
 /// (v, id), their count in *n_eq. ids == nullptr means id = index (then *ids_out receives the
 /// ids of the equal pairs). Order is preserved.
+/// (i0, nl, ne: where a caller that handled [0, i0) resumes, with its counts so far.)
 KVEVICT_ALWAYS_INLINE std::size_t radix_split_body(std::uint32_t* v, const std::uint32_t* ids,
                                                    std::size_t n, int shift, std::uint32_t b,
                                                    std::uint32_t* out, std::uint32_t* ids_out,
-                                                   std::size_t* n_eq) noexcept {
-  std::size_t nl = 0, ne = 0;
-  for (std::size_t i = 0; i < n; ++i) {
+                                                   std::size_t* n_eq, std::size_t i0 = 0,
+                                                   std::size_t nl = 0,
+                                                   std::size_t ne = 0) noexcept {
+  for (std::size_t i = i0; i < n; ++i) {
     const std::uint32_t x = v[i];
     const std::uint32_t id = ids ? ids[i] : static_cast<std::uint32_t>(i);
     const std::uint32_t d = (x >> shift) & 0xFF;
