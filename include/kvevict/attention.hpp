@@ -112,6 +112,7 @@ inline float resolve_scale(float scale, std::size_t d, const char* what) {
 /// size_t (an int product could wrap for huge geometries).
 inline float check_attend_args(const Geometry& g, int layer, std::span<const float> queries,
                                const AttendOptions& options) {
+  check_live(g, "attend");
   require(layer >= 0 && layer < g.n_layers, "attend: layer = ", layer,
           ", expected 0 <= layer < ", g.n_layers);
   const auto d = static_cast<std::size_t>(g.head_dim);
@@ -231,6 +232,7 @@ template <class Cache>
 AttentionResult attend(Cache& cache, int layer, std::span<const float> queries,
                        AttendOptions options = {}) {
   const Geometry& g = cache.geometry();
+  detail::check_live(g, "attend");
   AttentionResult r;
   r.out.resize(g.n_heads, g.head_dim);
   r.probs.resize(static_cast<std::size_t>(g.n_kv_heads));
@@ -253,6 +255,7 @@ template <class Cache>
 void attend(Cache& cache, int layer, std::span<const float> queries, std::span<float> out,
             AttendWorkspace& workspace, AttendOptions options = {}) {
   const Geometry& g = cache.geometry();
+  detail::check_live(g, "attend");
   const std::size_t expect =
       static_cast<std::size_t>(g.n_heads) * static_cast<std::size_t>(g.head_dim);
   detail::require(out.size() == expect, "attend: out has ", out.size(), " floats, expected ",
