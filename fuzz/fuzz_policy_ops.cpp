@@ -22,7 +22,6 @@
 #include <cstdlib>
 #include <limits>
 #include <optional>
-#include <set>
 
 #include "fuzz_input.hpp"
 
@@ -59,12 +58,20 @@ void check_invariants(const Cache& c) {
                       std::isfinite(static_cast<float>(values.data()[i])));
       KVFUZZ_ASSERT(n <= c.capacity(l, h));
       KVFUZZ_ASSERT(c.allocated_rows(l, h) >= n && c.allocated_rows(l, h) <= c.capacity(l, h));
+      // Positions and arrival indices distinct: sorted copies in reused scratch (a
+      // std::set per head and op cost more than the cache operations under ASan).
       const auto pos = c.positions(l, h);
       const auto seq = c.seqs(l, h);
-      std::set<std::int64_t> ps(pos.begin(), pos.end());
-      std::set<std::uint64_t> ss(seq.begin(), seq.end());
-      KVFUZZ_ASSERT(ps.size() == n && ss.size() == n);
-      for (auto s : seq) KVFUZZ_ASSERT(s < c.tokens_seen(l));
+      KVFUZZ_ASSERT(pos.size() == n && seq.size() == n);
+      static std::vector<std::int64_t> ps;
+      static std::vector<std::uint64_t> ss;
+      ps.assign(pos.begin(), pos.end());
+      ss.assign(seq.begin(), seq.end());
+      std::sort(ps.begin(), ps.end());
+      std::sort(ss.begin(), ss.end());
+      KVFUZZ_ASSERT(std::adjacent_find(ps.begin(), ps.end()) == ps.end());
+      KVFUZZ_ASSERT(std::adjacent_find(ss.begin(), ss.end()) == ss.end());
+      KVFUZZ_ASSERT(n == 0 || ss.back() < c.tokens_seen(l));
     }
 }
 
@@ -78,14 +85,17 @@ void check_same(const Cache& c, const Index& idx) {
     }
 }
 
+constexpr std::size_t kMaxOps = 64;    // operations per input
+constexpr std::size_t kMaxBlock = 12;  // rows one operation appends at most (a prefill block)
+
 template <class Policy, class Scalar>
 void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Policy& policy) {
   std::optional<kvevict::KVCache<Policy, Scalar>> made;
   std::optional<kvevict::IndexCache<Policy, Scalar>> idx;
   try {
     made.emplace(g, budget, policy);
-    // Unbounded budgets: enough cells for every row an input can append (64 ops x 12).
-    idx.emplace(g, budget, policy, budget.is_unbounded() ? 1024u : 0u);
+    // Unbounded budgets: enough cells for every row an input can append (ops x largest block).
+    idx.emplace(g, budget, policy, budget.is_unbounded() ? kMaxOps * kMaxBlock : 0u);
   } catch (const kvevict::Error&) {
     return;  // budget or configuration the policy rejects: a clean refusal
   }
@@ -108,32 +118,43 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
       }
   };
   std::vector<std::int64_t> next_pos(std::size_t(g.n_layers), 0), last_pos(next_pos);
-  for (int op = 0; op < 64 && !in.done(); ++op) {
+  std::vector<float> k, v, q;  // one token's rows, reused by every decode step
+  kvevict::AttendWorkspace ws;
+  std::vector<float> out(qn);
+  for (std::size_t op = 0; op < kMaxOps && !in.done(); ++op) {
     const int l = in.range(0, g.n_layers - 1);
     switch (in.range(0, 7)) {
       case 0:
       case 1: {  // a batch of 1-4 decode steps, each followed by attention or not
         const int steps = in.range(1, 4);
         for (int s = 0; s < steps; ++s) {
-          auto k = in.values(kv), v = in.values(kv), q = in.values(qn);
+          in.fill(k, kv), in.fill(v, kv), in.fill(q, qn);
           const std::int64_t p = next_pos[std::size_t(l)];
           next_pos[std::size_t(l)] += in.range(1, 3);
           c.append(l, p, k, v, q);
           last_pos[std::size_t(l)] = p;
           if (idx) must([&] { apply(idx->append(l, p, k, rows_of(l), q), k); });
-          if (in.byte() & 1) {
-            const auto r = kvevict::attend(c, l, q);
-            if (idx)
-              for (int h = 0; h < g.n_kv_heads; ++h)
-                idx->observe(l, h, std::span<const float>(r.probs[std::size_t(h)].data(),
-                                                          std::size_t(r.probs[std::size_t(h)].size())));
+          const std::uint8_t how = in.byte();
+          if (how & 1) {
+            // bit 1: the allocating attend or the workspace overload (both observe)
+            if (how & 2) {
+              kvevict::attend(c, l, q, out, ws);
+              if (idx)
+                for (int h = 0; h < g.n_kv_heads; ++h) idx->observe(l, h, ws.probs(h));
+            } else {
+              const auto r = kvevict::attend(c, l, q);
+              if (idx)
+                for (int h = 0; h < g.n_kv_heads; ++h)
+                  idx->observe(l, h, std::span<const float>(r.probs[std::size_t(h)].data(),
+                                                            std::size_t(r.probs[std::size_t(h)].size())));
+            }
           }
         }
         break;
       }
       case 2: {  // prefill block
-        const std::size_t T = std::size_t(in.range(1, 12));
-        auto k = in.values(T * kv), v = in.values(T * kv), q = in.values(T * qn);
+        const std::size_t T = std::size_t(in.range(1, int(kMaxBlock)));
+        in.fill(k, T * kv), in.fill(v, T * kv), in.fill(q, T * qn);
         const std::int64_t p = next_pos[std::size_t(l)];
         next_pos[std::size_t(l)] += std::int64_t(T);
         c.prefill(l, p, T, k, v, q);
@@ -206,6 +227,14 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
             } catch (const kvevict::Error&) {
               threw = true;
             }
+            try {  // attend too (it divided by the moved-from geometry's 0 KV heads)
+              if (in.byte() & 1)
+                (void)kvevict::attend(c, l, q);
+              else
+                kvevict::attend(c, l, q, out, ws);
+              KVFUZZ_ASSERT(false);
+            } catch (const kvevict::Error&) {
+            }
             KVFUZZ_ASSERT(c.geometry().n_layers == 0 && c.allocated_bytes() == 0);
             c = std::move(moved);
           } else {
@@ -219,7 +248,7 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
         break;
       }
       default: {  // attention without observing, then an explicit observe of its output
-        auto q = in.values(qn);
+        in.fill(q, qn);
         const auto r = kvevict::attend(c, l, q, kvevict::AttendOptions{false});
         for (int h = 0; h < g.n_kv_heads; ++h) {
           const auto& p = r.probs[std::size_t(h)];
