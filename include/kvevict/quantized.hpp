@@ -91,70 +91,66 @@ inline std::uint8_t e4m3_bits(float x) noexcept {
 /// E4M3 bits -> float (exact).
 inline float e4m3_value(std::uint8_t b) noexcept { return kernels::detail::e4m3_to_float(b); }
 
+/// A symmetric block of g elements: writes the fp16 scale s = fp16(max|x| / qmax) to
+/// scale_out (2 bytes) and the codes clamp(round_half_even(x / s), -qmax, qmax) to q.
+inline void encode_block_scale(const float* x, std::size_t g, float qmax, std::uint8_t* scale_out,
+                               int* q) noexcept {
+  float amax = 0.0f;
+  for (std::size_t j = 0; j < g; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const std::uint16_t sb = fp16_bits(amax / qmax);
+  std::memcpy(scale_out, &sb, 2);
+  const float s = fp16_value(scale_out);
+  for (std::size_t j = 0; j < g; ++j)
+    q[j] = s > 0.0f ? static_cast<int>(std::clamp(std::nearbyint(x[j] / s), -qmax, qmax)) : 0;
+}
+
 /// Encoding and decoding of one row of d elements in a format.
 template <class F>
 struct Codec;
 
-template <int G>
-struct Codec<Q8<G>> {
-  static constexpr int bits = 8;
+/// What Q8<G> and Q4<G> share: blocks of G elements behind an fp16 scale.
+template <int Bits, int G>
+struct SymmetricBlocks {
+  static constexpr int bits = Bits;
   static constexpr std::size_t group = G;
-  static constexpr std::size_t block_bytes = 2 + G;
-  static constexpr float qmax = 127.0f;
-  static std::string name() { return "Q8<" + std::to_string(G) + ">"; }
+  static constexpr std::size_t block_bytes = 2 + (Bits == 8 ? G : G / 2);
+  static constexpr float qmax = Bits == 8 ? 127.0f : 7.0f;
+  using desc = kernels::QDesc<Bits == 8 ? kernels::QKind::q8 : kernels::QKind::q4, G>;
+  static std::string name() { return (Bits == 8 ? "Q8<" : "Q4<") + std::to_string(G) + ">"; }
   static std::size_t row_bytes(std::size_t d) noexcept { return d / G * block_bytes; }
-  /// Magnitudes at or above this overflow the fp16 scale (max|x| / 127 rounds to inf).
+  /// Magnitudes at or above this overflow the fp16 scale (max|x| / qmax rounds to inf).
   static float limit() noexcept { return 65520.0f * qmax; }
-  static void encode(const float* x, std::size_t d, std::uint8_t* out) noexcept {
-    for (std::size_t b = 0; b < d / G; ++b, x += G, out += block_bytes) {
-      float amax = 0.0f;
-      for (std::size_t j = 0; j < G; ++j) amax = std::max(amax, std::fabs(x[j]));
-      const std::uint16_t sb = fp16_bits(amax / qmax);
-      std::memcpy(out, &sb, 2);
-      const float s = fp16_value(out);
-      for (std::size_t j = 0; j < G; ++j) {
-        const float q = s > 0.0f ? std::clamp(std::nearbyint(x[j] / s), -qmax, qmax) : 0.0f;
-        out[2 + j] = static_cast<std::uint8_t>(static_cast<std::int8_t>(q));
-      }
-    }
-  }
-  using desc = kernels::QDesc<kernels::QKind::q8, G>;
   static void decode(const std::uint8_t* in, std::size_t d, float* out) noexcept {
     kernels::detail::qdecode_row<desc>(in, d, out);
   }
 };
 
 template <int G>
-struct Codec<Q4<G>> {
-  static constexpr int bits = 4;
-  static constexpr std::size_t group = G;
-  static constexpr std::size_t block_bytes = 2 + G / 2;
-  static constexpr float qmax = 7.0f;
-  static std::string name() { return "Q4<" + std::to_string(G) + ">"; }
-  static std::size_t row_bytes(std::size_t d) noexcept { return d / G * block_bytes; }
-  static float limit() noexcept { return 65520.0f * qmax; }
+struct Codec<Q8<G>> : SymmetricBlocks<8, G> {
   static void encode(const float* x, std::size_t d, std::uint8_t* out) noexcept {
-    for (std::size_t b = 0; b < d / G; ++b, x += G, out += block_bytes) {
-      float amax = 0.0f;
-      for (std::size_t j = 0; j < G; ++j) amax = std::max(amax, std::fabs(x[j]));
-      const std::uint16_t sb = fp16_bits(amax / qmax);
-      std::memcpy(out, &sb, 2);
-      const float s = fp16_value(out);
-      auto code = [&](std::size_t j) {
-        const float q = s > 0.0f ? std::clamp(std::nearbyint(x[j] / s), -qmax, qmax) : 0.0f;
-        return static_cast<std::uint8_t>(static_cast<int>(q) + 8);
-      };
-      std::uint8_t* bytes = out + 2;
+    constexpr std::size_t bb = SymmetricBlocks<8, G>::block_bytes;
+    int q[G];
+    for (std::size_t b = 0; b < d / G; ++b, x += G, out += bb) {
+      encode_block_scale(x, G, 127.0f, out, q);
+      for (std::size_t j = 0; j < G; ++j) out[2 + j] = static_cast<std::uint8_t>(static_cast<std::int8_t>(q[j]));
+    }
+  }
+};
+
+template <int G>
+struct Codec<Q4<G>> : SymmetricBlocks<4, G> {
+  static void encode(const float* x, std::size_t d, std::uint8_t* out) noexcept {
+    constexpr std::size_t bb = SymmetricBlocks<4, G>::block_bytes;
+    int q[G];
+    for (std::size_t b = 0; b < d / G; ++b, x += G, out += bb) {
+      encode_block_scale(x, G, 7.0f, out, q);
+      std::uint8_t* bytes = out + 2;  // chunks of 8 (last: c): byte j = element j | j + c/2
       for (std::size_t c0 = 0; c0 < G; c0 += 8) {
         const std::size_t c = std::min<std::size_t>(8, G - c0), h = c / 2;
         for (std::size_t j = 0; j < h; ++j)
-          bytes[c0 / 2 + j] = static_cast<std::uint8_t>(code(c0 + j) | (code(c0 + j + h) << 4));
+          bytes[c0 / 2 + j] = static_cast<std::uint8_t>((q[c0 + j] + 8) | ((q[c0 + j + h] + 8) << 4));
       }
     }
-  }
-  using desc = kernels::QDesc<kernels::QKind::q4, G>;
-  static void decode(const std::uint8_t* in, std::size_t d, float* out) noexcept {
-    kernels::detail::qdecode_row<desc>(in, d, out);
   }
 };
 

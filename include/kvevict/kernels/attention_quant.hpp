@@ -111,10 +111,7 @@ inline bool attention_probs(const float* q, std::size_t q_stride, std::size_t gr
       m = p[i] > m ? p[i] : m;
     }
     if (bad) return false;
-    float z = 0.0f;
-    for (std::size_t i = 0; i < n; ++i) z += (p[i] = std::exp(p[i] - m));
-    const float inv = 1.0f / z;
-    for (std::size_t i = 0; i < n; ++i) p[i] *= inv;
+    scalar::exp_normalise(p, n, m);
   }
   return true;
 }
@@ -242,13 +239,16 @@ KVEVICT_ATTN_TARGET_AVX2 inline bool q_attention_probs(const float* q, std::size
                                                        std::size_t row_bytes, std::size_t n,
                                                        std::size_t d, float scale,
                                                        float* probs) noexcept {
-  std::size_t i = 0;
-  for (; i + kRows <= n; i += kRows)
-    q_score_heads<D, kRows>(q, q_stride, group, rows, row_bytes, i, d, scale, probs, n);
-  for (; i < n; ++i) q_score_heads<D, 1>(q, q_stride, group, rows, row_bytes, i, d, scale, probs, n);
-  bool ok = true;
-  for (std::size_t g = 0; g < group; ++g) ok = softmax_row(probs + g * n, n) && ok;
-  return ok;
+  for (std::size_t i = 0; i < n;) {  // blocks of kRows rows, then single rows
+    if (n - i >= static_cast<std::size_t>(kRows)) {
+      q_score_heads<D, kRows>(q, q_stride, group, rows, row_bytes, i, d, scale, probs, n);
+      i += kRows;
+    } else {
+      q_score_heads<D, 1>(q, q_stride, group, rows, row_bytes, i, d, scale, probs, n);
+      ++i;
+    }
+  }
+  return softmax_rows(probs, group, n);
 }
 
 // p.V: column blocks of 2 vectors (16 columns) x GC heads in registers over a tile of rows.
