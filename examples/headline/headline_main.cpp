@@ -15,6 +15,7 @@
 #include "cli.hpp"
 #include "e2e.hpp"
 #include "kvevict/kvevict.hpp"
+#include "hf.hpp"
 #include "llama2c.hpp"
 #include "paged_adapter.hpp"
 #include "policy_registry.hpp"
@@ -431,7 +432,7 @@ int main(int argc, char** argv) {
     if (!parsed) return 0;
     const Args& a = *parsed;
     Runner r;
-    r.model = std::make_shared<const Model>(Model::load(a.model_dir + "/stories260K.bin"));
+    r.model = std::make_shared<const Model>(load_model_dir(a.model_dir, "stories260K.bin"));
     if (a.haystack) {
       // --tune picks the tuning fillers (0-1); otherwise the held-out ones (2-3).
       const Tokenizer tok = Tokenizer::load(a.model_dir + "/tok512.bin", r.model->config().vocab_size);

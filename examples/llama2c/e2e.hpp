@@ -36,7 +36,7 @@ struct SampleOptions {
   int tokens = 512;          ///< stream length T, including the first token
   float temperature = 1.0f;  ///< 0 = greedy
   std::uint64_t seed = 0;
-  int first_token = Tokenizer::kBos;
+  int first_token = -1;  ///< -1: the model's bos_token (llama2.c: Tokenizer::kBos = 1)
   float top_p = 1.0f;  ///< nucleus sampling as llama2.c's run.c (1 = off)
 };
 
@@ -95,7 +95,7 @@ inline Stream sample_stream(const std::shared_ptr<const Model>& model, const Sam
   std::mt19937_64 rng(o.seed);
   Stream s;
   s.vocab = c.vocab_size;
-  s.tokens.push_back(o.first_token);
+  s.tokens.push_back(o.first_token >= 0 ? o.first_token : c.bos_token);
   for (int t = 0; t < o.tokens; ++t) {
     const auto logits = full.forward(s.tokens.back(), t);
     s.full_logits.insert(s.full_logits.end(), logits.begin(), logits.end());
