@@ -3,6 +3,7 @@
 // kept positions compared after every step; plus hand-checked cases and bad configurations.
 #include <kvevict/policies/expected_attention.hpp>
 #include <kvevict/policies/keydiff.hpp>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -371,6 +372,14 @@ TEST_CASE("Bad scorer configurations are rejected with the value", "[scorers]") 
   REQUIRE_THROWS_AS(KVCache<KeyDiff>(Geometry{1, 1, 1, 4}, Budget::uniform(3),
                                      KeyDiff({.sinks = 2, .recent = 1})),
                     Error);
+  // sinks + recent + 1 that wraps size_t is refused, not taken as a small minimum.
+  constexpr std::size_t huge = std::numeric_limits<std::size_t>::max();
+  REQUIRE_THROWS_WITH(KVCache<KeyDiff>(Geometry{1, 1, 1, 4}, Budget::uniform(8),
+                                       KeyDiff({.sinks = huge, .recent = 1})),
+                      Catch::Contains("overflow"));
+  REQUIRE_THROWS_WITH(KVCache<ExpectedAttention>(Geometry{1, 1, 1, 4}, Budget::uniform(8),
+                                                 ExpectedAttention({.sinks = 1, .recent = huge})),
+                      Catch::Contains("overflow"));
 }
 
 TEST_CASE("Scorers shrink a budget without an incoming token", "[scorers]") {

@@ -85,13 +85,7 @@ class DecayedAttention {
   }
   /// Recent rows protected in a head of `capacity` rows (always leaves one evictable slot).
   [[nodiscard]] std::size_t recent_for(std::size_t capacity) const {
-    std::size_t r = config_.recent;
-    if (capacity != Budget::kUnbounded)
-      r = std::max(r, static_cast<std::size_t>(config_.recent_fraction *
-                                               static_cast<float>(capacity)));
-    if (r > config_.recent && capacity != Budget::kUnbounded && capacity > config_.sinks)
-      r = std::min(r, std::max(config_.recent, capacity - config_.sinks - 1));
-    return r;
+    return detail::recent_rows(config_.recent, config_.recent_fraction, config_.sinks, capacity);
   }
   /// Rows kept by long-range spike in a head of `capacity` rows (0 when unbounded).
   [[nodiscard]] std::size_t recall_for(std::size_t capacity) const {

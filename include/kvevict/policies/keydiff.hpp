@@ -35,7 +35,9 @@ class KeyDiff {
   static constexpr Signals signals = Signals::none;
   static constexpr const char* name() { return "KeyDiff"; }
   [[nodiscard]] const Config& config() const { return config_; }
-  [[nodiscard]] std::size_t min_capacity() const { return config_.sinks + config_.recent + 1; }
+  [[nodiscard]] std::size_t min_capacity() const {
+    return detail::protected_plus_one(name(), {{"sinks", config_.sinks}, {"recent", config_.recent}});
+  }
   [[nodiscard]] std::size_t recent_for(std::size_t capacity) const {
     return detail::recent_rows(config_.recent, config_.recent_fraction, config_.sinks, capacity);
   }
