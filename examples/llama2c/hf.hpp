@@ -197,8 +197,8 @@ inline std::pair<Config, Variant> parse_config(const json::Value& root, const st
           ": config.json hidden_size = ", c.dim, " is not a multiple of num_attention_heads = ",
           c.n_heads, " and there is no head_dim");
   c.head_size = r.integer("head_dim", c.dim / c.n_heads, 2, 4096);
-  require(c.head_size % 2 == 0, where, ": config.json head_dim = ", c.head_size,
-          ", expected even (RoPE rotates pairs)");
+  require(c.head_size >= 2 && c.head_size % 2 == 0, where, ": config.json head_dim = ",
+          c.head_size, ", expected even and >= 2 (RoPE rotates pairs)");
   require(c.n_heads % c.n_kv_heads == 0, where, ": config.json num_attention_heads = ", c.n_heads,
           " is not a multiple of num_key_value_heads = ", c.n_kv_heads);
   c.seq_len = r.integer("max_position_embeddings", 2048, 1, 1 << 24);
