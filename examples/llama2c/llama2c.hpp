@@ -522,6 +522,16 @@ class Transformer {
       std::function<void(int layer, std::span<const float> queries, const AttentionResult& att)>;
   void set_attention_observer(AttentionObserver observer) { observer_ = std::move(observer); }
 
+  /// For timing only (llama2c_decode_timing): accept positions below `limit` even when it
+  /// exceeds the checkpoint's seq_len and the cache is unbounded. RoPE extrapolates, so the
+  /// outputs past seq_len mean nothing; the work per token is the real one. 0 restores the
+  /// checkpoint's limit.
+  void set_position_limit_for_timing(int limit) {
+    kvevict::detail::require(limit >= 0, "set_position_limit_for_timing: limit = ", limit,
+                             ", expected >= 0");
+    timing_limit_ = limit;
+  }
+
   /// Feeds `token` at position `pos` (positions must increase) and returns the logits
   /// of the next token; the span is valid until the next call.
   std::span<const float> forward(int token, int pos) {
@@ -620,7 +630,8 @@ class Transformer {
                              ", expected 0 <= token < ", c.vocab_size);
     kvevict::detail::require(pos >= 0, "forward: pos = ", pos, ", expected >= 0");
     kvevict::detail::require(
-        pos < c.seq_len || bounded_, "forward: pos = ", pos, " is past the checkpoint's seq_len = ",
+        pos < c.seq_len || bounded_ || pos < timing_limit_, "forward: pos = ", pos,
+        " is past the checkpoint's seq_len = ",
         c.seq_len, "; only a bounded cache (a policy with a row budget) generates further");
   }
 
@@ -649,6 +660,14 @@ class Transformer {
     }
     const std::span<const float> qs(q, qn);
     cache_.append(l, pos, std::span<const float>(k, kn), std::span<const float>(v, kn), qs);
+    if constexpr (kStoresRows) {  // a KVCache (paged_adapter.hpp's store has its own attend)
+      // The common case allocates nothing per step: output and probabilities in reused
+      // buffers (the same kernel as the allocating overload, bit-identical).
+      if (!reindex && !observer_) {
+        attend(cache_, l, qs, std::span<float>(out, qn), workspace_);
+        return;
+      }
+    }
     const AttentionResult att = [&] {
       if constexpr (kStoresRows) {
         if (reindex) return attend_reindexed(l, q);
@@ -772,6 +791,8 @@ class Transformer {
   std::vector<std::uint32_t> order_;
   Eigen::VectorXf x_, xb_, q_, k_, v_, h1_, h3_, logits_, att_;
   RowMatrix X_, XB_, Q_, K_, V_, A_, H1_, H3_, L_;  // forward_block's rows, one per token
+  AttendWorkspace workspace_;
+  int timing_limit_ = 0;
   std::vector<float> freq_, scratch_;
   AttentionObserver observer_;
 };
