@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -62,7 +63,7 @@ std::size_t ref_argbest(const std::vector<float>& s, const std::uint64_t* prot, 
   return best;
 }
 
-const std::size_t kSizes[] = {0, 1, 2, 15, 16, 17, 63, 64, 65, 255, 1000, 4095, 4096, 4097, 33000};
+const std::size_t kSizes[] = {0, 1, 2, 15, 16, 17, 63, 64, 65, 255, 1000, 4095, 4096, 4097, 8191, 8192, 33000};
 
 }  // namespace
 
@@ -136,7 +137,7 @@ TEST_CASE("topk_indices selects the k largest (ties to lower index, NaN last)",
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (Isa isa : levels())
     for (std::size_t n : kSizes)
-      for (int dist = 0; dist < 7; ++dist) {
+      for (int dist = 0; dist < 8; ++dist) {
         std::vector<float> s(n);
         std::normal_distribution<float> g;
         for (std::size_t i = 0; i < n; ++i) {
@@ -152,6 +153,9 @@ TEST_CASE("topk_indices selects the k largest (ties to lower index, NaN last)",
               break;
             }
             case 6: s[i] = nan; break;  // all NaN
+            case 7:  // keys equal in their high bytes, differing in the low ones (radix levels)
+              s[i] = std::bit_cast<float>(0x3F800000u + static_cast<std::uint32_t>(rng() % 700));
+              break;
           }
         }
         for (std::size_t k : {std::size_t{0}, std::size_t{1}, std::size_t{10}, n / 2, n - n / 10, n}) {

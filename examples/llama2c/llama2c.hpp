@@ -416,6 +416,7 @@ class Transformer {
     h1_.resize(c.hidden_dim);
     h3_.resize(c.hidden_dim);
     logits_.resize(c.vocab_size);
+    att_out_.resize(c.dim);
     // llama2.c's frequencies: theta_i = 10000^(-i / head_dim) for even i.
     const int hd = c.head_dim();
     for (int i = 0; i < hd; i += 2)
@@ -434,6 +435,16 @@ class Transformer {
       std::function<void(int layer, std::span<const float> queries, const AttentionResult& att)>;
   void set_attention_observer(AttentionObserver observer) { observer_ = std::move(observer); }
 
+  /// For timing only (llama2c_decode_timing): accept positions below `limit` even when it
+  /// exceeds the checkpoint's seq_len and the cache is unbounded. RoPE extrapolates, so the
+  /// outputs past seq_len mean nothing; the work per token is the real one. 0 restores the
+  /// checkpoint's limit.
+  void set_position_limit_for_timing(int limit) {
+    kvevict::detail::require(limit >= 0, "set_position_limit_for_timing: limit = ", limit,
+                             ", expected >= 0");
+    timing_limit_ = limit;
+  }
+
   /// Feeds `token` at position `pos` (positions must increase) and returns the logits
   /// of the next token; the span is valid until the next call.
   std::span<const float> forward(int token, int pos) {
@@ -441,9 +452,9 @@ class Transformer {
     kvevict::detail::require(token >= 0 && token < c.vocab_size, "forward: token = ", token,
                              ", expected 0 <= token < ", c.vocab_size);
     kvevict::detail::require(pos >= 0, "forward: pos = ", pos, ", expected >= 0");
-    kvevict::detail::require(
-        pos < c.seq_len || bounded_, "forward: pos = ", pos, " is past the checkpoint's seq_len = ",
-        c.seq_len, "; only a bounded cache (a policy with a row budget) generates further");
+    kvevict::detail::require(pos < c.seq_len || bounded_ || pos < timing_limit_, "forward: pos = ",
+                             pos, " is past the checkpoint's seq_len = ", c.seq_len,
+                             "; only a bounded cache (a policy with a row budget) generates further");
     const Model& m = *model_;
     const bool reindex = positions_ == Positions::reindex;
     x_ = m.token_embedding().row(token).transpose();
@@ -459,15 +470,28 @@ class Transformer {
       const std::span<const float> qs(q_.data(), static_cast<std::size_t>(q_.size()));
       cache_.append(l, pos, std::span<const float>(k_.data(), static_cast<std::size_t>(k_.size())),
                     std::span<const float>(v_.data(), static_cast<std::size_t>(v_.size())), qs);
-      const AttentionResult att = [&] {
-        if constexpr (kStoresRows) {
-          if (reindex) return attend_reindexed(l);
+      bool done = false;
+      if constexpr (kStoresRows) {  // a KVCache (paged_adapter.hpp's store has its own attend)
+        // The common case allocates nothing per step: output and probabilities in reused
+        // buffers (the same kernel as the allocating overload, bit-identical).
+        if (!reindex && !observer_) {
+          attend(cache_, l, qs, std::span<float>(att_out_.data(), static_cast<std::size_t>(c.dim)),
+                 workspace_);
+          x_.noalias() += m.wo(l) * att_out_;
+          done = true;
         }
-        return attend(cache_, l, qs);
-      }();
-      if (observer_) observer_(l, qs, att);
-      // att.out is n_heads x head_dim row-major: exactly the concatenated head outputs.
-      x_.noalias() += m.wo(l) * Eigen::Map<const Eigen::VectorXf>(att.out.data(), c.dim);
+      }
+      if (!done) {
+        const AttentionResult att = [&] {
+          if constexpr (kStoresRows) {
+            if (reindex) return attend_reindexed(l);
+          }
+          return attend(cache_, l, qs);
+        }();
+        if (observer_) observer_(l, qs, att);
+        // att.out is n_heads x head_dim row-major: exactly the concatenated head outputs.
+        x_.noalias() += m.wo(l) * Eigen::Map<const Eigen::VectorXf>(att.out.data(), c.dim);
+      }
       rmsnorm(xb_, x_, m.rms_ffn(l));
       h1_.noalias() = m.w1(l) * xb_;
       h3_.noalias() = m.w3(l) * xb_;
@@ -562,7 +586,9 @@ class Transformer {
   bool bounded_ = false;
   std::vector<float> rank_cos_, rank_sin_, rotated_, group_q_;
   std::vector<std::uint32_t> order_;
-  Eigen::VectorXf x_, xb_, q_, k_, v_, h1_, h3_, logits_;
+  Eigen::VectorXf x_, xb_, q_, k_, v_, h1_, h3_, logits_, att_out_;
+  AttendWorkspace workspace_;
+  int timing_limit_ = 0;
   std::vector<float> freq_;
   AttentionObserver observer_;
 };

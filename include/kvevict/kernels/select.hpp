@@ -89,10 +89,24 @@ inline void counting_select(const K* keys, std::size_t n, std::size_t k, std::ui
   } else {
     // Two-level radix histogram: high byte over all keys, then low byte within the threshold
     // bucket; three linear passes in all, no 65536-bin table to clear.
-    hist256_at<I, false, K>(keys, n, 8, 0, hist);
+    // One OR/AND reduction first (vectorised): when every key has the same high byte (e.g.
+    // Hamming distances of codes up to 255 bits) the first level is known without a
+    // histogram, and the second needs no filter.
+    unsigned any = 0, all = 0xFFFFu;
+    for (std::size_t i = 0; i < n; ++i) {
+      any |= keys[i];
+      all &= keys[i];
+    }
     std::size_t hi = 0, take_hi = 0;
-    threshold_from_histogram<Top>(hist, 256, k, &hi, &take_hi);
-    hist256_at<I, true, K>(keys, n, 0, static_cast<unsigned>(hi), hist);
+    if (((any ^ all) >> 8) == 0) {
+      hi = any >> 8;
+      take_hi = k;
+      hist256_at<I, false, K>(keys, n, 0, 0, hist);
+    } else {
+      hist256_at<I, false, K>(keys, n, 8, 0, hist);
+      threshold_from_histogram<Top>(hist, 256, k, &hi, &take_hi);
+      hist256_at<I, true, K>(keys, n, 0, static_cast<unsigned>(hi), hist);
+    }
     std::size_t lo = 0;
     threshold_from_histogram<Top>(hist, 256, take_hi, &lo, &take_eq);
     t = (hi << 8) | lo;
@@ -123,7 +137,7 @@ inline std::size_t topk_pass_at(const float* s, std::size_t n, float thi, float 
 
 /// Per-thread scratch reused across calls, so the hot path does not allocate.
 struct TopkScratch {
-  std::vector<std::uint32_t> above, mid;
+  std::vector<std::uint32_t> above, mid, prim;
   std::vector<std::uint64_t> keys;
   std::vector<float> sample;
 };
@@ -143,14 +157,72 @@ inline void topk_exact(const float* s, std::size_t n, std::size_t k, std::uint32
 }
 
 template <Isa I>
+inline void radix_level_at(const std::uint32_t* v, std::size_t n, int shift,
+                           std::uint32_t* hist) noexcept {
+#if KVEVICT_X86
+  if constexpr (I != Isa::scalar) return avx2::radix_hist(v, n, shift, hist);
+#endif
+  scalar::radix_hist(v, n, shift, hist);
+}
+template <Isa I>
+inline std::size_t radix_split_at(std::uint32_t* v, const std::uint32_t* ids, std::size_t n,
+                                  int shift, std::uint32_t b, std::uint32_t* out,
+                                  std::uint32_t* ids_out, std::size_t* n_eq) noexcept {
+#if KVEVICT_X86
+  if constexpr (I != Isa::scalar) return avx2::radix_split(v, ids, n, shift, b, out, ids_out, n_eq);
+#endif
+  return scalar::radix_split(v, ids, n, shift, b, out, ids_out, n_eq);
+}
+
+/// Exact top-k for n < 65536 by MSD radix select on the primary keys (select_scalar.hpp):
+/// the same set as topk_exact (ties to the lower index, NaN last). (AVX-512 CPUs run the AVX2
+/// form.) 0 < k < n.
+template <Isa I>
+inline void topk_radix(const float* s, std::size_t n, std::size_t k, std::uint32_t* out) {
+  TopkScratch& sc = topk_scratch();
+  sc.prim.resize(n);
+  sc.above.resize(n);
+  sc.mid.resize(n);
+  std::uint32_t* v = sc.prim.data();
+  std::uint32_t* ids = sc.mid.data();
+#if KVEVICT_X86
+  if constexpr (I != Isa::scalar)
+    avx2::topk_primary(s, n, v);
+  else
+#endif
+    scalar::topk_primary(s, n, v);
+  std::size_t emitted = 0, m = n, take = k;
+  bool implicit_ids = true;  // level 1: id = index
+  std::uint32_t hist[256];
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    radix_level_at<I>(v, m, shift, hist);
+    std::size_t cum = 0, b = 0;
+    while (cum + hist[b] < take) cum += hist[b++];  // ascending keys: the best bytes first
+    std::size_t n_eq = 0;
+    const std::size_t nl = radix_split_at<I>(v, implicit_ids ? nullptr : ids, m, shift,
+                                             static_cast<std::uint32_t>(b), sc.above.data(),
+                                             ids, &n_eq);
+    std::copy_n(sc.above.data(), nl, out + emitted);
+    emitted += nl;
+    take -= nl;
+    m = n_eq;
+    implicit_ids = false;
+    if (take == 0) return;
+    if (take == m) break;
+  }
+  // Either every remaining row is taken, or they all share the k-th key: the lowest ids first.
+  std::copy_n(ids, take, out + emitted);
+}
+
+template <Isa I>
 inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint32_t* out) {
   if (k == 0) return;
   if (k == n) {
     for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::uint32_t>(i);
     return;
   }
-  constexpr std::size_t kSample = 1024, kMinN = 4096;
-  if (n < kMinN) return topk_exact(s, n, k, out);
+  constexpr std::size_t kSample = 1024, kMinN = 8192;
+  if (n < kMinN) return topk_radix<I>(s, n, k, out);
   // Stratified pseudo-random sample (fixed seed: deterministic), NaNs dropped.
   TopkScratch& sc = topk_scratch();
   sc.sample.clear();
@@ -337,7 +409,9 @@ inline void counting_bottomk(const std::uint16_t* keys, std::size_t n, std::size
 /// Indices of the k largest scores, in unspecified order (but a deterministic set): larger
 /// score first, ties toward the lower index, -0.0 == +0.0, NaN ranks below every number (NaN
 /// rows are chosen only when fewer than k scores are numbers, lowest index first).
-/// Method: a stratified sample of 1024 scores brackets the k-th largest; one SIMD pass splits
+/// Method for n < 8192: MSD radix select on the scores' order-preserving bit patterns (a
+/// 256-bin histogram per byte; rows better than the k-th key's byte are emitted, equal ones
+/// go on to the next byte). From 8192 on: a stratified sample of 1024 scores brackets the k-th largest; one SIMD pass splits
 /// rows into "surely in" and a small band, and only the band is ordered (nth_element on
 /// (score, index) keys). Falls back to the exact method when the sample misses. Scratch
 /// memory is thread_local and reused (no allocation once warm). Throws if k > n.

@@ -1,5 +1,7 @@
-// AVX2 selection kernels: masked argmin/argmax with 8-wide float compares; the counting and
-// partition passes reuse the portable bodies compiled for AVX2 (no compress instruction here).
+// AVX2 selection kernels: masked argmin/argmax with 8-wide float compares; the counting emit
+// and the radix split of small-n float top-k left-pack 8 lanes with a permutation table (AVX2
+// has no compress instruction); histograms and the sampled partition pass reuse the portable
+// bodies compiled for AVX2.
 #pragma once
 
 #include <cstddef>
@@ -14,10 +16,63 @@
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_BEGIN
 namespace kvevict::kernels::detail::avx2 {
 
+/// Lane indices of the set bits of an 8-bit mask, packed as bytes (left-packing permutation).
+struct CompressLut {
+  std::uint64_t perm[256];
+  constexpr CompressLut() : perm{} {
+    for (unsigned m = 0; m < 256; ++m) {
+      std::uint64_t p = 0;
+      unsigned j = 0;
+      for (unsigned b = 0; b < 8; ++b)
+        if (m & (1u << b)) p |= static_cast<std::uint64_t>(b) << (8 * j++);
+      perm[m] = p;
+    }
+  }
+};
+inline constexpr CompressLut kCompressLut{};
+
+KVEVICT_TARGET_AVX2 inline __m256i compress_perm(unsigned m) noexcept {
+  return _mm256_cvtepu8_epi32(
+      _mm_cvtsi64_si128(static_cast<long long>(kCompressLut.perm[m])));
+}
+
+/// Eight keys widened to 32-bit lanes.
+template <class K>
+KVEVICT_TARGET_AVX2 inline __m256i load8_u32(const K* p) noexcept {
+  if constexpr (sizeof(K) == 1)
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  else
+    return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+/// emit with 8-wide compares and a left-packing permutation: the rows beyond t, and the
+/// first take_eq rows equal to t, in index order. Vector stores stay inside out[0, k).
 template <bool Top, class K>
 KVEVICT_TARGET_AVX2 inline std::size_t emit(const K* keys, std::size_t n, K t, std::size_t take_eq,
                                             std::size_t k, std::uint32_t* out) noexcept {
-  return scalar::emit_body<Top, K>(keys, n, t, take_eq, k, out);
+  const __m256i vt = _mm256_set1_epi32(static_cast<int>(t));  // keys < 2^16: signed compares
+  const __m256i step = _mm256_set1_epi32(8);
+  __m256i id = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  std::size_t pos = 0, i = 0;
+  for (; i + 8 <= n && pos + 8 <= k; i += 8) {
+    const __m256i x = load8_u32(keys + i);
+    const __m256i gt = Top ? _mm256_cmpgt_epi32(x, vt) : _mm256_cmpgt_epi32(vt, x);
+    auto m = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(gt)));
+    if (take_eq != 0) {
+      auto me = static_cast<unsigned>(
+          _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(x, vt))));
+      while (static_cast<std::size_t>(std::popcount(me)) > take_eq)
+        me &= ~(1u << (31 - std::countl_zero(me)));  // keep the lowest take_eq
+      take_eq -= static_cast<std::size_t>(std::popcount(me));
+      m |= me;
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + pos),
+                        _mm256_permutevar8x32_epi32(id, compress_perm(m)));
+    pos += static_cast<std::size_t>(std::popcount(m));
+    id = _mm256_add_epi32(id, step);
+  }
+  if (pos >= k) return pos;
+  return pos + scalar::emit_body<Top, K>(keys + i, n - i, t, take_eq, k - pos, out + pos, i);
 }
 
 template <bool Filter, class K>
@@ -123,6 +178,50 @@ KVEVICT_TARGET_AVX2 inline std::size_t find_eq(const float* s, std::size_t n, st
   for (; i < n; ++i)
     if (s[i] == v && !(prot != nullptr && ((prot[i >> 6] >> (i & 63)) & 1u))) return i;
   return npos;
+}
+
+KVEVICT_TARGET_AVX2 inline void topk_primary(const float* s, std::size_t n,
+                                             std::uint32_t* p) noexcept {
+  scalar::topk_primary_body(s, n, p);
+}
+KVEVICT_TARGET_AVX2 inline void radix_hist(const std::uint32_t* v, std::size_t n, int shift,
+                                           std::uint32_t* hist) noexcept {
+  scalar::radix_hist_body(v, n, shift, hist);
+}
+
+/// radix_split with 8-wide compares and a left-packing permutation per 8 lanes. Writes up to
+/// 7 entries past the counts it returns: out and ids_out need n + 8 entries.
+KVEVICT_TARGET_AVX2 inline std::size_t radix_split(std::uint32_t* v, const std::uint32_t* ids,
+                                                   std::size_t n, int shift, std::uint32_t b,
+                                                   std::uint32_t* out, std::uint32_t* ids_out,
+                                                   std::size_t* n_eq) noexcept {
+  const __m128i sh = _mm_cvtsi32_si128(shift);
+  const __m256i ff = _mm256_set1_epi32(0xFF);
+  const __m256i vb = _mm256_set1_epi32(static_cast<int>(b));
+  const __m256i step = _mm256_set1_epi32(8);
+  __m256i id = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  std::size_t nl = 0, ne = 0, i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i));
+    if (ids) id = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ids + i));
+    const __m256i d = _mm256_and_si256(_mm256_srl_epi32(x, sh), ff);  // 0..255: signed compare ok
+    const auto ml = static_cast<unsigned>(
+        _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(vb, d))));
+    const auto me = static_cast<unsigned>(
+        _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(vb, d))));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + nl),
+                        _mm256_permutevar8x32_epi32(id, compress_perm(ml)));
+    if (me) {
+      const __m256i pe = compress_perm(me);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + ne), _mm256_permutevar8x32_epi32(x, pe));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(ids_out + ne),
+                          _mm256_permutevar8x32_epi32(id, pe));
+    }
+    nl += static_cast<std::size_t>(std::popcount(ml));
+    ne += static_cast<std::size_t>(std::popcount(me));
+    if (!ids) id = _mm256_add_epi32(id, step);
+  }
+  return scalar::radix_split_body(v, ids, n, shift, b, out, ids_out, n_eq, i, nl, ne);
 }
 
 /// group_sum compiled for AVX2 (the portable body vectorises 8-wide).

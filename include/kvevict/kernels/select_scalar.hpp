@@ -51,14 +51,15 @@ inline std::size_t arg_best(const float* s, std::size_t n, const std::uint64_t* 
 /// otherwise) and the first take_eq rows with key == t; stops after k. Returns count written.
 template <bool Top, class K>
 KVEVICT_ALWAYS_INLINE std::size_t emit_body(const K* keys, std::size_t n, K t, std::size_t take_eq,
-                                            std::size_t k, std::uint32_t* out) noexcept {
+                                            std::size_t k, std::uint32_t* out,
+                                            std::size_t base = 0) noexcept {
   std::size_t pos = 0;
   for (std::size_t i = 0; i < n && pos < k; ++i) {
     const K v = keys[i];
     const bool beyond = Top ? v > t : v < t;
     const bool tie = (v == t) & (take_eq != 0);
     take_eq -= tie;
-    out[pos] = static_cast<std::uint32_t>(i);  // pos < k here, so the slot exists
+    out[pos] = static_cast<std::uint32_t>(base + i);  // pos < k here, so the slot exists
     pos += beyond | tie;
   }
   return pos;
@@ -120,6 +121,78 @@ KVEVICT_ALWAYS_INLINE std::size_t topk_pass_body(const float* s, std::size_t n, 
 inline std::size_t topk_pass(const float* s, std::size_t n, float thi, float tlo,
                              std::uint32_t* above, std::uint32_t* mid, std::size_t* n_mid) noexcept {
   return topk_pass_body(s, n, thi, tlo, above, mid, n_mid);
+}
+
+// ---- Small-n float top-k by radix select (n < 8192) ---------------------------------------
+// The primary key of topk_key (ascending = better: larger score first, NaN after every
+// number, -0.0 == +0.0) is selected by MSD radix on its bytes: a 256-bin histogram per level
+// finds the byte of the k-th best, rows with a better byte are emitted, rows equal to it go on
+// to the next byte (in index order, so the final ties resolve to the lowest indices).
+
+/// p[i] = the high half of topk_key(s[i], i). Branch-free, so it vectorises.
+KVEVICT_ALWAYS_INLINE void topk_primary_body(const float* s, std::size_t n,
+                                             std::uint32_t* p) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t u = std::bit_cast<std::uint32_t>(s[i]);
+    u = u == 0x80000000u ? 0u : u;
+    const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+    const std::uint32_t key = (u & 0x80000000u) ? u : (~u & 0x7FFFFFFFu);  // ~float_order_key
+    p[i] = nan ? 0xFFFFFFFFu : key;
+  }
+}
+inline void topk_primary(const float* s, std::size_t n, std::uint32_t* p) noexcept {
+  topk_primary_body(s, n, p);
+}
+
+/// 256-bin histogram of byte (v >> shift) & 0xFF, n < 65536 (16-bit sub-counters: four of
+/// them hide store-to-load latency on runs of equal bytes).
+KVEVICT_ALWAYS_INLINE void radix_hist_body(const std::uint32_t* v, std::size_t n, int shift,
+                                           std::uint32_t* hist) noexcept {
+  std::uint16_t h[4][256] = {};
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    ++h[0][(v[i] >> shift) & 0xFF];
+    ++h[1][(v[i + 1] >> shift) & 0xFF];
+    ++h[2][(v[i + 2] >> shift) & 0xFF];
+    ++h[3][(v[i + 3] >> shift) & 0xFF];
+  }
+  for (; i < n; ++i) ++h[0][(v[i] >> shift) & 0xFF];
+  for (int b = 0; b < 256; ++b)
+    hist[b] = static_cast<std::uint32_t>(h[0][b]) + h[1][b] + h[2][b] + h[3][b];
+}
+inline void radix_hist(const std::uint32_t* v, std::size_t n, int shift,
+                       std::uint32_t* hist) noexcept {
+  radix_hist_body(v, n, shift, hist);
+}
+
+/// One radix level over (v, id) pairs: ids whose byte (v >> shift) & 0xFF is below b go to
+/// out (returns how many); pairs whose byte equals b are compacted in place to the front of
+/// (v, id), their count in *n_eq. ids == nullptr means id = index (then *ids_out receives the
+/// ids of the equal pairs). Order is preserved.
+/// (i0, nl, ne: where a caller that handled [0, i0) resumes, with its counts so far.)
+KVEVICT_ALWAYS_INLINE std::size_t radix_split_body(std::uint32_t* v, const std::uint32_t* ids,
+                                                   std::size_t n, int shift, std::uint32_t b,
+                                                   std::uint32_t* out, std::uint32_t* ids_out,
+                                                   std::size_t* n_eq, std::size_t i0 = 0,
+                                                   std::size_t nl = 0,
+                                                   std::size_t ne = 0) noexcept {
+  for (std::size_t i = i0; i < n; ++i) {
+    const std::uint32_t x = v[i];
+    const std::uint32_t id = ids ? ids[i] : static_cast<std::uint32_t>(i);
+    const std::uint32_t d = (x >> shift) & 0xFF;
+    out[nl] = id;
+    v[ne] = x;
+    ids_out[ne] = id;
+    nl += d < b;
+    ne += d == b;
+  }
+  *n_eq = ne;
+  return nl;
+}
+inline std::size_t radix_split(std::uint32_t* v, const std::uint32_t* ids, std::size_t n, int shift,
+                               std::uint32_t b, std::uint32_t* out, std::uint32_t* ids_out,
+                               std::size_t* n_eq) noexcept {
+  return radix_split_body(v, ids, n, shift, b, out, ids_out, n_eq);
 }
 
 /// Protection bits from arrival indices: bit i set unless lo <= seqs[i] < hi. Writes
