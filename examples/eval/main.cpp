@@ -59,6 +59,7 @@ struct Options {
   int layers = 2;
   std::uint64_t seed = 1;
   std::size_t topk = 10;
+  std::size_t prefill_chunk = 0;
   bool quiet = false, force_progress = false;
 };
 
@@ -135,6 +136,9 @@ std::optional<Options> parse(int argc, char** argv) {
   p.number("--seed", "N", "seed of the generators and of the random policy", o.seed,
            Range<std::uint64_t>{0});
   p.number("--topk", "K", "k of top-k recall", o.topk, Range<std::size_t>{1});
+  p.number("--prefill-chunk", "N",
+           "> 0: prefill the prompt in chunks of N tokens (0: the whole prompt at once)",
+           o.prefill_chunk, Range<std::size_t>{0});
   p.text("--json", "FILE", "write the results as JSON", o.json);
   p.text("--csv", "FILE", "write the results as CSV", o.csv);
   p.text("--svg", "FILE",
@@ -515,6 +519,7 @@ int run(int argc, char** argv) {
   const Tick tick = [&] { progress.tick(); };
   RunOptions ro;
   ro.topk = o.topk;
+  ro.prefill_chunk = o.prefill_chunk;
 
   std::vector<Row> rows;
   for (const auto& w : loaded) {
