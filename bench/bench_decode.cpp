@@ -4,6 +4,8 @@
 //   anchor_f32/f16    a hand-written decode attention at the best ISA -march=native gives
 //                     (AVX-512, else AVX2+FMA+F16C; bench/decode_native.cpp) over the same rows
 //   reference_f32/f16 (Hkv = 1 only) the Eigen attend this kernel replaced
+//   attend_q8/q4/e4m3 kvevict::attend over KVCache<FullCache, Q8<32> | Q4<32> | E4M3>
+//                     (dequantised in registers, docs/quantized.md)
 //   attend_f32/f16/bf16  kvevict::attend (workspace overload, no allocation) over a
 //                     KVCache<FullCache, float | Eigen::half | Eigen::bfloat16>; this file and
 //                     the library are built WITHOUT -march (runtime dispatch)
@@ -32,9 +34,20 @@ namespace {
 namespace nat = kvevict_bench_native;
 using namespace decode_bench;
 
+/// K+V bytes of one row (both sides) in storage type S.
+template <class S>
+double row_bytes() {
+  if constexpr (kvevict::detail::QuantizedStorage<S>) {
+    using St = kvevict::detail::StorageOf<S>;
+    return double(St::key_codec::row_bytes(kHeadDim) + St::value_codec::row_bytes(kHeadDim));
+  } else {
+    return 2.0 * kHeadDim * sizeof(S);
+  }
+}
+
 template <class S>
 void set_counters(benchmark::State& state, std::size_t n, int hkv) {
-  const double bytes = 2.0 * double(n) * hkv * kHeadDim * sizeof(S);
+  const double bytes = double(n) * hkv * row_bytes<S>();
   state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
   state.counters["rows"] = double(n);
   state.counters["hkv"] = hkv;
@@ -137,6 +150,10 @@ void register_all() {
       reg("attend_f16", BM_attend<Eigen::half>);
       if (hkv == 1) reg("reference_f16", BM_reference<Eigen::half>);
       reg("attend_bf16", BM_attend<Eigen::bfloat16>);
+      // Quantized storage (quantized.hpp, issue 15): the dispatched quantized kernel.
+      reg("attend_q8", BM_attend<kvevict::Q8<32>>);
+      reg("attend_q4", BM_attend<kvevict::Q4<32>>);
+      reg("attend_e4m3", BM_attend<kvevict::E4M3>);
       // --- policy-cost hook -------------------------------------------------------------
       // Per-policy append + observe rows for the same shapes live in their own benchmark
       // file (bench_policy_cost or similar), which can include decode_fixture.hpp for the

@@ -22,7 +22,6 @@
 #include <cstdlib>
 #include <limits>
 #include <optional>
-#include <set>
 
 #include "fuzz_input.hpp"
 
@@ -53,18 +52,26 @@ void check_invariants(const Cache& c) {
   for (int l = 0; l < g.n_layers; ++l)
     for (int h = 0; h < g.n_kv_heads; ++h) {
       const std::size_t n = c.size(l, h);
-      const auto keys = c.keys(l, h), values = c.values(l, h);  // kept rows are finite
+      // kept rows are finite (quantized caches: dequantised from the stored bytes)
+      const auto keys = c.dequantized_keys(l, h), values = c.dequantized_values(l, h);
       for (Eigen::Index i = 0; i < keys.size(); ++i)
-        KVFUZZ_ASSERT(std::isfinite(static_cast<float>(keys.data()[i])) &&
-                      std::isfinite(static_cast<float>(values.data()[i])));
+        KVFUZZ_ASSERT(std::isfinite(keys.data()[i]) && std::isfinite(values.data()[i]));
       KVFUZZ_ASSERT(n <= c.capacity(l, h));
       KVFUZZ_ASSERT(c.allocated_rows(l, h) >= n && c.allocated_rows(l, h) <= c.capacity(l, h));
+      // Positions and arrival indices distinct: sorted copies in reused scratch (a
+      // std::set per head and op cost more than the cache operations under ASan).
       const auto pos = c.positions(l, h);
       const auto seq = c.seqs(l, h);
-      std::set<std::int64_t> ps(pos.begin(), pos.end());
-      std::set<std::uint64_t> ss(seq.begin(), seq.end());
-      KVFUZZ_ASSERT(ps.size() == n && ss.size() == n);
-      for (auto s : seq) KVFUZZ_ASSERT(s < c.tokens_seen(l));
+      KVFUZZ_ASSERT(pos.size() == n && seq.size() == n);
+      static std::vector<std::int64_t> ps;
+      static std::vector<std::uint64_t> ss;
+      ps.assign(pos.begin(), pos.end());
+      ss.assign(seq.begin(), seq.end());
+      std::sort(ps.begin(), ps.end());
+      std::sort(ss.begin(), ss.end());
+      KVFUZZ_ASSERT(std::adjacent_find(ps.begin(), ps.end()) == ps.end());
+      KVFUZZ_ASSERT(std::adjacent_find(ss.begin(), ss.end()) == ss.end());
+      KVFUZZ_ASSERT(n == 0 || ss.back() < c.tokens_seen(l));
     }
 }
 
@@ -78,62 +85,92 @@ void check_same(const Cache& c, const Index& idx) {
     }
 }
 
+constexpr std::size_t kMaxOps = 64;    // operations per input
+constexpr std::size_t kMaxBlock = 12;  // rows one operation appends at most (a prefill block)
+
+/// The largest magnitude the storage type rejects at its overflow edge (inf for float).
+template <class Scalar>
+float overflow_edge(bool key) {
+  if constexpr (kvevict::detail::QuantizedStorage<Scalar>) {
+    using St = kvevict::detail::StorageOf<Scalar>;
+    return key ? St::key_codec::limit() : St::value_codec::limit();
+  } else {
+    (void)key;
+    return kvevict::detail::storage_limit<Scalar>();
+  }
+}
+
 template <class Policy, class Scalar>
 void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Policy& policy) {
+  // IndexCache (engine-owned cells) has no quantized form: quantized runs skip the
+  // differential check and run KVCache alone.
+  constexpr bool quantized = kvevict::detail::QuantizedStorage<Scalar>;
+  using CellScalar = std::conditional_t<quantized, float, Scalar>;
   std::optional<kvevict::KVCache<Policy, Scalar>> made;
-  std::optional<kvevict::IndexCache<Policy, Scalar>> idx;
+  std::optional<kvevict::IndexCache<Policy, CellScalar>> idx;
   try {
     made.emplace(g, budget, policy);
-    // Unbounded budgets: enough cells for every row an input can append (64 ops x 12).
-    idx.emplace(g, budget, policy, budget.is_unbounded() ? 1024u : 0u);
+    // Unbounded budgets: enough cells for every row an input can append (ops x largest block).
+    if (!quantized) idx.emplace(g, budget, policy, budget.is_unbounded() ? kMaxOps * kMaxBlock : 0u);
   } catch (const kvevict::Error&) {
     return;  // budget or configuration the policy rejects: a clean refusal
   }
   auto& c = *made;
   const std::size_t d = std::size_t(g.head_dim);
   const std::size_t kv = std::size_t(g.n_kv_heads) * d, qn = std::size_t(g.n_heads) * d;
-  const std::size_t cells = idx->cells_per_head();
-  std::vector<std::vector<Scalar>> mem(std::size_t(g.n_layers),
-                                       std::vector<Scalar>(std::size_t(g.n_kv_heads) * cells * d));
+  const std::size_t cells = idx ? idx->cells_per_head() : 0;
+  std::vector<std::vector<CellScalar>> mem(std::size_t(g.n_layers),
+                                           std::vector<CellScalar>(std::size_t(g.n_kv_heads) * cells * d));
   auto rows_of = [&](int l) {
-    return kvevict::CellRows<Scalar>{mem[std::size_t(l)].data(), d, cells * d};
+    return kvevict::CellRows<CellScalar>{mem[std::size_t(l)].data(), d, cells * d};
   };
   auto apply = [&](std::span<const kvevict::Decision> ds, const std::vector<float>& block) {
     for (const auto& e : ds)
       if (e.kind == kvevict::Decision::Kind::place) {
         KVFUZZ_ASSERT(e.cell < cells);
         const float* src = block.data() + (std::size_t(e.from) * std::size_t(g.n_kv_heads) + std::size_t(e.kv_head)) * d;
-        Scalar* dst = mem[std::size_t(e.layer)].data() + (std::size_t(e.kv_head) * cells + e.cell) * d;
-        for (std::size_t j = 0; j < d; ++j) dst[j] = static_cast<Scalar>(src[j]);
+        CellScalar* dst = mem[std::size_t(e.layer)].data() + (std::size_t(e.kv_head) * cells + e.cell) * d;
+        for (std::size_t j = 0; j < d; ++j) dst[j] = static_cast<CellScalar>(src[j]);
       }
   };
   std::vector<std::int64_t> next_pos(std::size_t(g.n_layers), 0), last_pos(next_pos);
-  for (int op = 0; op < 64 && !in.done(); ++op) {
+  std::vector<float> k, v, q;  // one token's rows, reused by every decode step
+  kvevict::AttendWorkspace ws;
+  std::vector<float> out(qn);
+  for (std::size_t op = 0; op < kMaxOps && !in.done(); ++op) {
     const int l = in.range(0, g.n_layers - 1);
     switch (in.range(0, 7)) {
       case 0:
       case 1: {  // a batch of 1-4 decode steps, each followed by attention or not
         const int steps = in.range(1, 4);
         for (int s = 0; s < steps; ++s) {
-          auto k = in.values(kv), v = in.values(kv), q = in.values(qn);
+          in.fill(k, kv), in.fill(v, kv), in.fill(q, qn);
           const std::int64_t p = next_pos[std::size_t(l)];
           next_pos[std::size_t(l)] += in.range(1, 3);
           c.append(l, p, k, v, q);
           last_pos[std::size_t(l)] = p;
           if (idx) must([&] { apply(idx->append(l, p, k, rows_of(l), q), k); });
-          if (in.byte() & 1) {
-            const auto r = kvevict::attend(c, l, q);
-            if (idx)
-              for (int h = 0; h < g.n_kv_heads; ++h)
-                idx->observe(l, h, std::span<const float>(r.probs[std::size_t(h)].data(),
-                                                          std::size_t(r.probs[std::size_t(h)].size())));
+          const std::uint8_t how = in.byte();
+          if (how & 1) {
+            // bit 1: the allocating attend or the workspace overload (both observe)
+            if (how & 2) {
+              kvevict::attend(c, l, q, out, ws);
+              if (idx)
+                for (int h = 0; h < g.n_kv_heads; ++h) idx->observe(l, h, ws.probs(h));
+            } else {
+              const auto r = kvevict::attend(c, l, q);
+              if (idx)
+                for (int h = 0; h < g.n_kv_heads; ++h)
+                  idx->observe(l, h, std::span<const float>(r.probs[std::size_t(h)].data(),
+                                                            std::size_t(r.probs[std::size_t(h)].size())));
+            }
           }
         }
         break;
       }
       case 2: {  // prefill block
-        const std::size_t T = std::size_t(in.range(1, 12));
-        auto k = in.values(T * kv), v = in.values(T * kv), q = in.values(T * qn);
+        const std::size_t T = std::size_t(in.range(1, int(kMaxBlock)));
+        in.fill(k, T * kv), in.fill(v, T * kv), in.fill(q, T * qn);
         const std::int64_t p = next_pos[std::size_t(l)];
         next_pos[std::size_t(l)] += std::int64_t(T);
         c.prefill(l, p, T, k, v, q);
@@ -173,8 +210,9 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
           // which == 3 repeats the last position appended to the layer.
           const std::int64_t p = which == 3 ? last_pos[std::size_t(l)] : next_pos[std::size_t(l)];
           if (which == 7) {  // a finite float at the storage type's overflow edge (inf for float)
-            const float lim = kvevict::detail::storage_limit<Scalar>();
-            (in.byte() & 1 ? k : v)[std::size_t(in.range(0, int(kv) - 1))] = in.byte() & 1 ? lim : -lim;
+            const bool key = in.byte() & 1;
+            const float lim = overflow_edge<Scalar>(key);
+            (key ? k : v)[std::size_t(in.range(0, int(kv) - 1))] = in.byte() & 1 ? lim : -lim;
           }
           if (which == 4) {
             std::vector<float> bad(c.size(l, 0) * std::size_t(g.group()) + 1, 0.1f);
@@ -206,6 +244,14 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
             } catch (const kvevict::Error&) {
               threw = true;
             }
+            try {  // attend too (it divided by the moved-from geometry's 0 KV heads)
+              if (in.byte() & 1)
+                (void)kvevict::attend(c, l, q);
+              else
+                kvevict::attend(c, l, q, out, ws);
+              KVFUZZ_ASSERT(false);
+            } catch (const kvevict::Error&) {
+            }
             KVFUZZ_ASSERT(c.geometry().n_layers == 0 && c.allocated_bytes() == 0);
             c = std::move(moved);
           } else {
@@ -219,7 +265,7 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
         break;
       }
       default: {  // attention without observing, then an explicit observe of its output
-        auto q = in.values(qn);
+        in.fill(q, qn);
         const auto r = kvevict::attend(c, l, q, kvevict::AttendOptions{false});
         for (int h = 0; h < g.n_kv_heads; ++h) {
           const auto& p = r.probs[std::size_t(h)];
@@ -340,6 +386,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::uint8_t mode = in.byte();
     if ((mode & 0x1e) == 0x1e)
       raw_geometry(in);
+    else if ((mode & 0x1e) == 0x02)  // quantized storage (head_dim 1-4: group sizes 1)
+      (mode & 0x20) ? dispatch<kvevict::E4M3>(in) : dispatch<kvevict::KV<kvevict::Q8<1>, kvevict::E4M3>>(in);
+    else if ((mode & 0x1e) == 0x04)
+      dispatch<kvevict::Q8<1>>(in);
     else if (mode & 1)
       dispatch<Eigen::half>(in);
     else

@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages kvevict's build, tests and benchmarks need, if missing.
 set -euo pipefail
 pkgs=(cmake g++ clang make libeigen3-dev libfmt-dev nlohmann-json3-dev catch2 libbenchmark-dev
-      libfaiss-dev libhwy-dev liblapack-dev libblas-dev libclang-rt-14-dev)
+      libfaiss-dev libhwy-dev liblapack-dev libblas-dev libclang-rt-14-dev python3 python3-numpy)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -46,6 +46,9 @@ for p in $policies; do
   expect $llama_want "$bin/headline/llama2c_headline" --policies "$p" --streams 4 --budgets 40
   expect $llama_want "$bin/headline/llama2c_diagnose" --policies "$p" --streams 1 --budgets 40 \
     --no-synthetic --hash-stride 64
+  serving_want=0; [ $prompt_only -eq 1 ] || [ "$p" = oracle ] && serving_want=2
+  expect $serving_want "$bin/serving/llama2c_serving" --policies "$p" --requests 2 --tokens 48 \
+    --budget 40 --pool-blocks 120 --quiet
   engine_want=0; [ $prompt_only -eq 1 ] || [ $bounded -eq 0 ] && engine_want=2
   expect $engine_want "$bin/engine_owned/kvevict_engine_owned" 64 40 --policy "$p"
 done
@@ -64,6 +67,10 @@ expect 2 "$bin/headline/llama2c_diagnose" --hash-stride 0
 expect 2 "$bin/eval/kvevict-eval" --topk nan
 expect 2 "$bin/eval/kvevict-eval" --policies nope
 expect 2 "$bin/engine_owned/kvevict_engine_owned" 12x
+expect 2 "$bin/serving/llama2c_serving" --pool-blocks 0
+expect 2 "$bin/serving/llama2c_serving" --tokens 600
+expect 2 "$bin/serving/llama2c_serving" --tokens 64 --min-tokens 65
+expect 2 "$bin/serving/llama2c_serving" --tokens 64 --pool-blocks 10 --policies full
 # Past the trained length with a bounded cache, both position modes.
 expect 0 "$bin/llama2c/llama2c" --policy decayed --budget 16 --steps 600 --keep-going
 expect 0 "$bin/llama2c/llama2c" --policy streaming --budget 16 --steps 600 --keep-going \

@@ -97,3 +97,28 @@ TEST_CASE("a budget below a policy's minimum is reported as a kvevict::Error") {
   // StreamingLLM keeps 4 sinks, so it needs at least 5 rows.
   CHECK_THROWS_AS(run("streaming", w, ref, 3), kvevict::Error);
 }
+
+TEST_CASE("chunked prefill: one chunk of the whole prompt is whole-prompt selection; the decode "
+          "rule policies do not depend on the chunk size; SnapKV does") {
+  const auto w = make_synthetic("mixed", small());
+  const auto ref = Reference::compute(w);
+  auto with_chunk = [&](const std::string& policy, std::size_t chunk) {
+    RunOptions o;
+    o.prefill_chunk = chunk;
+    return find_policy(policy)->run(w, ref, PolicyArgs{48, 7, &w}, o, {});
+  };
+  for (const char* p : {"snapkv", "h2o", "decayed", "xkv"}) {
+    const Quality whole = with_chunk(p, 0), one = with_chunk(p, w.prompt);
+    CHECK(whole.mass_recall == one.mass_recall);
+    CHECK(whole.output_error == one.output_error);
+  }
+  // H2O and DecayedAttention pass prompt tokens through the decode rule one at a time
+  // (with the container's causal attention), so chunking changes nothing.
+  for (const char* p : {"h2o", "decayed"}) {
+    const Quality whole = with_chunk(p, 0), chunked = with_chunk(p, 16);
+    CHECK(whole.mass_recall == chunked.mass_recall);
+    CHECK(whole.output_error == chunked.output_error);
+  }
+  // SnapKV selects from its first chunk only; later chunks go through its decode rule.
+  CHECK(with_chunk("snapkv", 0).output_error != with_chunk("snapkv", 16).output_error);
+}

@@ -196,7 +196,13 @@ TEST_CASE("a moved-from KVCache is valid and empty; every layer call is an Error
   CHECK_THROWS_WITH(cache.append(0, 1000, k, k), gone);
   CHECK_THROWS_WITH(cache.prefill(0, 1000, 1, k, k, q), gone);
   CHECK_THROWS_WITH(cache.observe(0, 0, std::vector<float>(2, 0.5f)), gone);
-  CHECK_THROWS_WITH(attend(cache, 0, q), Contains("attend: layer = 0"));
+  CHECK_THROWS_WITH(attend(cache, 0, q), Contains("attend: this cache has no layers") && gone);
+  {  // the workspace overload too (both used to divide by the moved-from group of 0 heads)
+    AttendWorkspace ws;
+    std::vector<float> out(16);
+    CHECK_THROWS_WITH(attend(cache, 0, q, out, ws), Contains("attend: this cache has no layers") && gone);
+  }
+  CHECK(cache.geometry().group() == 0);
   CHECK_THROWS_WITH(cache.set_budget(Budget::uniform(6)), gone);
   CHECK_THROWS_WITH(save_bytes(cache), gone);
   CHECK_THROWS_WITH(load_bytes(cache, save_bytes(moved)), gone);
@@ -533,6 +539,48 @@ TEST_CASE("policy configurations that overflow are a kvevict::Error naming the v
   CHECK_THROWS_WITH(KVCache<HE>(Geometry{1, 65536, 1, 8}, Budget::uniform(32),
                                 make<HE>([](auto& c) { c.bits = 256; })),
                     Contains("group = 65536 with 256-bit codes"));
+}
+
+TEST_CASE("BUZZ log_n: S + W + T + old samples cannot wrap the row limit", "[reliability]") {
+  // The row limit adds a head's old samples (at most its capacity) to S + W + T: a
+  // threshold that fits alone but not with the capacity is refused, at construction and
+  // on set_budget, instead of wrapping to a limit of a few rows once samples exist.
+  const auto cfg = [](std::size_t threshold) {
+    return pol::BuzzBeehive({.sinks = 0, .window = 1, .threshold = threshold, .stride = 3, .log_n = true});
+  };
+  const Geometry g{1, 1, 1, 4};
+  CHECK_THROWS_WITH(KVCache<pol::BuzzBeehive>(g, Budget::uniform(8), cfg(kHuge - 3)),
+                    Contains("BuzzBeehive log_n") && Contains(std::to_string(kHuge - 2) + " + 8 overflows"));
+  // Just fits: the head keeps its 8 rows after many rebuilds (a wrapped limit would drop
+  // it to one row).
+  KVCache<pol::BuzzBeehive> c(g, Budget::uniform(8), cfg(kHuge - 10));
+  Rng rng(5);
+  drive(c, rng, 0, 40);
+  CHECK(c.policy().rebuilds(0, 0) > 0);
+  CHECK(c.policy().samples(0, 0) > 0);
+  CHECK(c.size(0, 0) == 8);
+  rejected(c, [](auto& x) { x.set_budget(Budget::uniform(16)); },
+           Contains("BuzzBeehive log_n") && Contains(" + 16 overflows"));
+  // Unbounded: no capacity to check; the limit is S + W + T while no samples exist.
+  KVCache<pol::BuzzBeehive> u(g, Budget::unbounded(), cfg(kHuge - 3));
+  drive(u, rng, 0, 5);
+  CHECK(u.size(0, 0) == 5);
+}
+
+TEST_CASE("Protection::is_protected cannot wrap for recent near 2^64", "[reliability]") {
+  const pol::detail::Protection all{0, kHuge}, half{0, (std::size_t{1} << 63) + 1};
+  CHECK(all.is_protected(5, 10));  // 5 + (2^64 - 1) used to wrap to 4 < 10
+  CHECK(all.is_protected(0, ~std::uint64_t{0}));
+  CHECK(half.is_protected(std::uint64_t{1} << 63, ~std::uint64_t{0}));
+  CHECK(half.is_protected(1, (std::uint64_t{1} << 63) + 2));
+  CHECK_FALSE(half.is_protected(0, (std::uint64_t{1} << 63) + 2));
+  // The ordinary rule is unchanged: sinks by arrival, the `recent` before the incoming.
+  const pol::detail::Protection p{1, 2};
+  CHECK(p.is_protected(0, 10));
+  CHECK(p.is_protected(8, 10));
+  CHECK(p.is_protected(9, 10));
+  CHECK_FALSE(p.is_protected(7, 10));
+  CHECK_FALSE(p.is_protected(1, 10));
 }
 
 // --- files ------------------------------------------------------------------------------

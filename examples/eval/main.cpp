@@ -41,7 +41,9 @@ KVCache<Policy> and kvevict::attend, and compares every decode step with the ful
   topk    top-k recall (share of the full cache's k most-attended rows that were kept)
   needle  needle retrieval rate (the late query's attention peaks on the planted key))";
 
-constexpr const char* kEpilog = R"(--model PATH: a llama2.c checkpoint (file, or directory holding one .bin besides tok*.bin):
+constexpr const char* kEpilog = R"(--model PATH: a Hugging Face Llama/Qwen2/Qwen3 checkpoint directory (config.json and
+*.safetensors, docs/real_models.md) or a llama2.c checkpoint (file, or directory holding one
+.bin besides tok*.bin):
 sample --steps tokens (default 512) with the full cache at temperature 1, then feed them
 one at a time under each policy and report KL(full || policy), top-1 agreement and
 perplexity (no SVG; xkv, pyramidkv and uniform-w8 are skipped: they need prompt statistics).
@@ -52,11 +54,12 @@ struct Options {
   std::vector<std::string> policies;
   std::vector<std::string> budgets{"0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8", "0.9"};
   std::vector<std::string> workloads{"mixed"};
-  std::string trace, model, json, csv, svg, metric = "mass";
+  std::string trace, model, json, csv, svg, metric = "mass", dump_trace;
   std::optional<std::size_t> steps, prompt;
   int layers = 2;
   std::uint64_t seed = 1;
   std::size_t topk = 10;
+  std::size_t prefill_chunk = 0;
   bool quiet = false, force_progress = false;
 };
 
@@ -117,11 +120,14 @@ std::optional<Options> parse(int argc, char** argv) {
            });
   p.text("--trace", "FILE", "a safetensors trace instead (tensor names in docs/traces.md)",
          o.trace);
-  p.custom("--model", "PATH", "a llama2.c checkpoint instead (see below)",
+  p.custom("--model", "PATH", "a model instead: Hugging Face directory or llama2.c checkpoint (see below)",
            [&](const std::string& v) {
              if (!KVEVICT_EVAL_HAS_LLAMA2C) throw ArgError("--model: built without examples/llama2c");
              o.model = v;
            });
+  p.text("--dump-trace", "FILE",
+         "with --model: also write the sampled stream's post-RoPE q, k, v as a trace "
+         "(docs/traces.md; prompt_tokens = --prompt, default 25%)", o.dump_trace);
   p.number("--steps", "N", "decode steps (synthetic default 768; a trace: all after the prompt)",
            o.steps, Range<std::size_t>{1});
   p.number("--prompt", "N", "prompt tokens prefilled first (synthetic default 256; trace: 25%)",
@@ -130,6 +136,9 @@ std::optional<Options> parse(int argc, char** argv) {
   p.number("--seed", "N", "seed of the generators and of the random policy", o.seed,
            Range<std::uint64_t>{0});
   p.number("--topk", "K", "k of top-k recall", o.topk, Range<std::size_t>{1});
+  p.number("--prefill-chunk", "N",
+           "> 0: prefill the prompt in chunks of N tokens (0: the whole prompt at once)",
+           o.prefill_chunk, Range<std::size_t>{0});
   p.text("--json", "FILE", "write the results as JSON", o.json);
   p.text("--csv", "FILE", "write the results as CSV", o.csv);
   p.text("--svg", "FILE",
@@ -164,6 +173,8 @@ std::optional<Options> parse(int argc, char** argv) {
                        " or all");
       }
     }
+  if (!o.dump_trace.empty() && o.model.empty())
+    throw ArgError("--dump-trace needs --model");
   if (!o.model.empty() && !o.trace.empty())
     throw ArgError("--model and --trace: give one workload source");
   return o;
@@ -379,7 +390,8 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
 int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
   namespace fs = std::filesystem;
   std::string path = o.model;
-  if (fs::is_directory(path)) {
+  const bool hf_dir = kvevict::llama2c::hf::is_checkpoint_dir(path);
+  if (!hf_dir && fs::is_directory(path)) {
     std::vector<std::string> found;
     for (const auto& f : fs::directory_iterator(path))
       if (f.path().extension() == ".bin" && f.path().filename().string().rfind("tok", 0) != 0)
@@ -389,12 +401,18 @@ int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
                      " checkpoint .bin files (besides tok*.bin), expected exactly one");
     path = found[0];
   }
-  auto model = std::make_shared<const kvevict::llama2c::Model>(kvevict::llama2c::Model::load(path));
+  auto model = std::make_shared<const kvevict::llama2c::Model>(kvevict::llama2c::load_any(path));
   kvevict::llama2c::SampleOptions so;
   so.tokens = static_cast<int>(std::min<std::size_t>(
       o.steps.value_or(512), static_cast<std::size_t>(model->config().seq_len)));
   so.seed = o.seed;
   const std::vector<kvevict::llama2c::Stream> streams{kvevict::llama2c::sample_stream(model, so)};
+  if (!o.dump_trace.empty()) {
+    const std::size_t n = streams[0].tokens.size();
+    kvevict::llama2c::dump_trace(model, streams[0].tokens, std::min(o.prompt.value_or(n / 4), n - 1),
+                                 o.dump_trace);
+    fmt::print(stderr, "kvevict-eval: wrote trace {} ({} tokens)\n", o.dump_trace, n);
+  }
   const auto T = static_cast<std::size_t>(so.tokens);
   struct ModelRow {
     std::string policy;
@@ -501,6 +519,7 @@ int run(int argc, char** argv) {
   const Tick tick = [&] { progress.tick(); };
   RunOptions ro;
   ro.topk = o.topk;
+  ro.prefill_chunk = o.prefill_chunk;
 
   std::vector<Row> rows;
   for (const auto& w : loaded) {

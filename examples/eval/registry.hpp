@@ -29,6 +29,8 @@
 // for kvevict-eval --model; compiled in when examples/llama2c is present.
 #if __has_include("../llama2c/e2e.hpp")
 #include "../llama2c/e2e.hpp"
+#include "../llama2c/hf.hpp"
+#include "../llama2c/trace_dump.hpp"
 #define KVEVICT_EVAL_HAS_LLAMA2C 1
 #else
 #define KVEVICT_EVAL_HAS_LLAMA2C 0

@@ -23,6 +23,9 @@ namespace kvevict::eval {
 
 struct RunOptions {
   std::size_t topk = 10;  ///< k of top-k recall (clamped to the context length)
+  /// > 0: the prompt is prefilled in chunks of this many tokens (the last may be shorter),
+  /// layer by layer per chunk, as an engine with chunked prefill feeds it; 0: one block.
+  std::size_t prefill_chunk = 0;
 };
 
 /// Means over every (decode step, layer, query head) of a run.
@@ -54,15 +57,21 @@ inline std::size_t group_argmax(
   return static_cast<std::size_t>(best);
 }
 
+/// The prompt in chunks of `chunk` tokens (0: the whole prompt at once).
 template <class Policy>
-void prefill_all(KVCache<Policy>& cache, const Workload& w) {
+void prefill_all(KVCache<Policy>& cache, const Workload& w, std::size_t chunk = 0) {
   if (w.prompt == 0) return;
   const Geometry& g = w.geometry;
-  const std::size_t kv = static_cast<std::size_t>(g.n_kv_heads * g.head_dim) * w.prompt;
-  const std::size_t qs = static_cast<std::size_t>(g.n_heads * g.head_dim) * w.prompt;
-  for (int l = 0; l < g.n_layers; ++l)
-    cache.prefill(l, 0, w.prompt, std::span<const float>(w.k(l, 0), kv),
-                  std::span<const float>(w.v(l, 0), kv), std::span<const float>(w.q(l, 0), qs));
+  const std::size_t kv = static_cast<std::size_t>(g.n_kv_heads * g.head_dim);
+  const std::size_t qs = static_cast<std::size_t>(g.n_heads * g.head_dim);
+  const std::size_t step = chunk == 0 ? w.prompt : chunk;
+  for (std::size_t t0 = 0; t0 < w.prompt; t0 += step) {
+    const std::size_t n = std::min(step, w.prompt - t0);
+    for (int l = 0; l < g.n_layers; ++l)
+      cache.prefill(l, static_cast<std::int64_t>(t0), n, std::span<const float>(w.k(l, t0), kv * n),
+                    std::span<const float>(w.v(l, t0), kv * n),
+                    std::span<const float>(w.q(l, t0), qs * n));
+  }
 }
 
 template <class Policy>
@@ -152,7 +161,7 @@ template <class Policy>
 Quality evaluate(const Workload& w, const Reference& ref, Policy policy, const Budget& budget,
                  const RunOptions& options = {}, const Tick& tick = {}) {
   KVCache<Policy> cache(w.geometry, budget, std::move(policy));
-  detail::prefill_all(cache, w);
+  detail::prefill_all(cache, w, options.prefill_chunk);
   const Geometry& g = w.geometry;
   const int G = g.group();
   const std::size_t d = static_cast<std::size_t>(g.head_dim);

@@ -6,10 +6,15 @@
 // then the raw little-endian tensor bytes; offsets are relative to the end of the header.
 // Every malformed input throws kvevict::Error naming the file, the tensor and the value.
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <kvevict/errors.hpp>
 #include <kvevict/file.hpp>
 #include <map>
@@ -20,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/dtype.hpp"
 #include "workloads.hpp"
 
 namespace kvevict::eval {
@@ -92,72 +98,15 @@ inline std::optional<std::uint64_t> exact_size(const Value& v) {
 
 // --- safetensors --------------------------------------------------------------------------
 
-enum class DType { f32, f16, bf16 };
-
-inline std::size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
-inline const char* dtype_name(DType t) {
-  return t == DType::f32 ? "F32" : t == DType::f16 ? "F16" : "BF16";
-}
-
-inline float half_to_float(std::uint16_t h) {
-  const std::uint32_t sign = (h & 0x8000u) << 16;
-  std::uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu, bits;
-  if (exp == 0x1F) {
-    bits = sign | 0x7F800000u | (man << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  } else if (man == 0) {
-    bits = sign;
-  } else {  // subnormal: normalise
-    exp = 113;
-    while ((man & 0x400u) == 0) {
-      man <<= 1;
-      --exp;
-    }
-    bits = sign | (exp << 23) | ((man & 0x3FFu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline std::uint16_t float_to_half(float f) {  // round to nearest even
-  std::uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const std::uint32_t sign = (x >> 16) & 0x8000u;
-  const std::uint32_t ax = x & 0x7FFFFFFFu;
-  if (ax >= 0x7F800000u)
-    return static_cast<std::uint16_t>(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u : 0));
-  if (ax >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);  // overflow
-  if (ax < 0x38800000u) {                                                    // subnormal or zero
-    if (ax < 0x33000000u) return static_cast<std::uint16_t>(sign);
-    const std::uint32_t e = ax >> 23, m = (ax & 0x7FFFFFu) | 0x800000u;
-    const std::uint32_t shift = 126 - e;  // value = M * 2^(e - 150) = (M >> shift) * 2^-24
-    std::uint32_t r = m >> shift;
-    const std::uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (r & 1u))) ++r;
-    return static_cast<std::uint16_t>(sign | r);
-  }
-  std::uint32_t r = ((ax >> 13) - (112u << 10));
-  const std::uint32_t rem = ax & 0x1FFFu;
-  if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;
-  return static_cast<std::uint16_t>(sign | r);
-}
-
-inline float bf16_to_float(std::uint16_t h) {
-  const std::uint32_t bits = static_cast<std::uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline std::uint16_t float_to_bf16(float f) {  // round to nearest even, NaN stays NaN
-  std::uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
-  x += 0x7FFFu + ((x >> 16) & 1u);
-  return static_cast<std::uint16_t>(x >> 16);
-}
+// DType and the 16-bit conversions live in examples/common/dtype.hpp (shared with the
+// model readers); the names stay available here.
+using tensor::bf16_to_float;
+using tensor::DType;
+using tensor::dtype_name;
+using tensor::dtype_size;
+using tensor::float_to_bf16;
+using tensor::float_to_half;
+using tensor::half_to_float;
 
 struct TensorInfo {
   std::string name;
@@ -178,16 +127,74 @@ class SafetensorsFile {
     return from_bytes(kvevict::detail::read_file(path, "safetensors"), path);
   }
 
+  /// Memory-maps the file read-only instead of reading it (model weights: pages are read
+  /// on first use and shared with the page cache). Same checks as open().
+  static SafetensorsFile open_mapped(const std::string& path) {
+    auto m = std::make_shared<const Mapping>(path);
+    const char* base = m->data;
+    const std::size_t size = m->size;
+    return from_view(base, size, std::move(m), path);
+  }
+
   static SafetensorsFile from_bytes(std::vector<char> bytes, const std::string& path) {
+    auto owned = std::make_shared<const std::vector<char>>(std::move(bytes));
+    const char* base = owned->data();
+    const std::size_t size = owned->size();
+    return from_view(base, size, std::move(owned), path);
+  }
+
+  /// The raw bytes of a tensor's data (little-endian, tensor.dtype elements); valid while
+  /// this file (or a copy of it) lives.
+  [[nodiscard]] const char* data(const TensorInfo& t) const { return base_ + data_ + t.begin; }
+
+ private:
+  /// A read-only private mapping of a whole file, unmapped on destruction.
+  struct Mapping {
+    const char* data = nullptr;
+    std::size_t size = 0;
+    explicit Mapping(const std::string& path) {
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0)
+        kvevict::detail::fail("safetensors '", path, "': cannot open (", std::strerror(errno), ")");
+      struct stat st {};
+      if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        ::close(fd);
+        kvevict::detail::fail("safetensors '", path, "': not a regular file, expected a file");
+      }
+      size = static_cast<std::size_t>(st.st_size);
+      if (size > 0) {
+        void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+          const int err = errno;
+          ::close(fd);
+          kvevict::detail::fail("safetensors '", path, "': mmap of ", size, " bytes failed (",
+                                std::strerror(err), ")");
+        }
+        data = static_cast<const char*>(p);
+      } else {
+        data = "";
+      }
+      ::close(fd);
+    }
+    Mapping(const Mapping&) = delete;
+    Mapping& operator=(const Mapping&) = delete;
+    ~Mapping() {
+      if (size > 0) ::munmap(const_cast<char*>(data), size);
+    }
+  };
+
+  static SafetensorsFile from_view(const char* base, std::size_t size,
+                                   std::shared_ptr<const void> keep, const std::string& path) {
     SafetensorsFile sf;
     sf.path_ = path;
-    sf.bytes_ = std::move(bytes);
-    const std::size_t size = sf.bytes_.size();
+    sf.keep_ = std::move(keep);
+    sf.base_ = base;
+    sf.size_ = size;
     kvevict::detail::require(size >= 8, "safetensors '", path, "': file has ", size,
                              " bytes, expected at least 8 (the header length)");
     std::uint64_t n = 0;
     for (int i = 7; i >= 0; --i)
-      n = (n << 8) | static_cast<unsigned char>(sf.bytes_[static_cast<std::size_t>(i)]);
+      n = (n << 8) | static_cast<unsigned char>(sf.base_[i]);
     kvevict::detail::require(n >= 2 && n <= size - 8, "safetensors '", path, "': header length ", n,
                              " bytes, expected between 2 and ", size - 8,
                              " (the bytes after the 8-byte length)");
@@ -195,7 +202,7 @@ class SafetensorsFile {
                              "': header length ", n, " bytes, expected at most 100 MiB");
     sf.data_ = 8 + static_cast<std::size_t>(n);
     const json::Value root =
-        json::parse(std::string_view(sf.bytes_.data() + 8, static_cast<std::size_t>(n)),
+        json::parse(std::string_view(sf.base_ + 8, static_cast<std::size_t>(n)),
                     "safetensors '" + path + "'");
     kvevict::detail::require(root.is_object(), "safetensors '", path,
                              "': header is not a JSON object");
@@ -224,6 +231,7 @@ class SafetensorsFile {
     return sf;
   }
 
+ public:
   [[nodiscard]] const std::vector<TensorInfo>& tensors() const { return tensors_; }
   [[nodiscard]] const std::map<std::string, std::string>& metadata() const { return metadata_; }
   [[nodiscard]] const std::string& path() const { return path_; }
@@ -235,7 +243,7 @@ class SafetensorsFile {
 
   /// The tensor's elements widened to float (little-endian on disk, any host).
   [[nodiscard]] std::vector<float> read(const TensorInfo& t) const {
-    const auto* p = reinterpret_cast<const unsigned char*>(bytes_.data() + data_ + t.begin);
+    const auto* p = reinterpret_cast<const unsigned char*>(data(t));
     std::vector<float> out(t.elements());
     for (std::size_t i = 0; i < out.size(); ++i) {
       if (t.dtype == DType::f32) {
@@ -319,7 +327,9 @@ class SafetensorsFile {
   }
 
   std::string path_;
-  std::vector<char> bytes_;
+  std::shared_ptr<const void> keep_;  ///< owns the bytes (a vector or a Mapping)
+  const char* base_ = nullptr;
+  std::size_t size_ = 0;
   std::size_t data_ = 0;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;

@@ -26,6 +26,7 @@
 #include "cli.hpp"
 #include "e2e.hpp"
 #include "kvevict/kvevict.hpp"
+#include "hf.hpp"
 #include "llama2c.hpp"
 #include "policy_registry.hpp"
 #include "workloads.hpp"
@@ -503,11 +504,11 @@ int main(int argc, char** argv) {
     const Csv csv(a.csv);
     Study st;
     st.budgets = a.budgets;
-    st.model = std::make_shared<const Model>(Model::load(a.model_dir + "/stories260K.bin"));
+    st.model = std::make_shared<const Model>(load_model_dir(a.model_dir, "stories260K.bin"));
     const Config& c = st.model->config();
     st.L = c.n_layers;
     st.H = c.n_kv_heads;
-    st.T = c.seq_len;
+    st.T = std::min(c.seq_len, 512);  // stories260K: its whole seq_len
     kvevict::detail::require(st.L <= 8, "model has ", st.L, " layers, expected <= 8");
     fmt::print(stderr, "llama2c_diagnose: {} streams\n", a.streams);
     for (int i = 0; i < a.streams; ++i) {

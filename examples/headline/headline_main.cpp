@@ -15,6 +15,7 @@
 #include "cli.hpp"
 #include "e2e.hpp"
 #include "kvevict/kvevict.hpp"
+#include "hf.hpp"
 #include "llama2c.hpp"
 #include "paged_adapter.hpp"
 #include "policy_registry.hpp"
@@ -27,6 +28,7 @@ using namespace kvevict::llama2c;
 struct Args {
   std::string model_dir;
   int streams = 16;
+  int tokens = 512;  ///< T of the KL table's streams
   std::uint64_t seed = 1000;
   bool tune = false;
   bool retrieval = false;
@@ -51,6 +53,10 @@ std::optional<Args> parse(int argc, char** argv) {
   p.number("--streams", "N", "streams (a positive multiple of 4; --retrieval: stories / 4 per name)",
            a.streams, Range<int>{4, 100000});
   p.number("--seed", "S", "seed of stream 0", a.seed, Range<std::uint64_t>{0});
+  p.number("--tokens", "T",
+           "stream length of the KL table (default 512; up to the model's seq_len / "
+           "max_position_embeddings; budgets stay in tokens)",
+           a.tokens, Range<int>{2, 1 << 24});
   p.flag("--tune", "the tuning grids instead of the reported rows", a.tune);
   p.flag("--retrieval", "far name retrieval instead of streaming KL", a.retrieval);
   p.flag("--tune-scorers", "the probability-free grid instead of the table", a.scorers);
@@ -431,7 +437,7 @@ int main(int argc, char** argv) {
     if (!parsed) return 0;
     const Args& a = *parsed;
     Runner r;
-    r.model = std::make_shared<const Model>(Model::load(a.model_dir + "/stories260K.bin"));
+    r.model = std::make_shared<const Model>(load_model_dir(a.model_dir, "stories260K.bin"));
     if (a.haystack) {
       // --tune picks the tuning fillers (0-1); otherwise the held-out ones (2-3).
       const Tokenizer tok = Tokenizer::load(a.model_dir + "/tok512.bin", r.model->config().vocab_size);
@@ -527,11 +533,13 @@ int main(int argc, char** argv) {
       SampleOptions o;
       o.seed = a.seed + static_cast<std::uint64_t>(i);
       o.temperature = 1.0f;
+      o.tokens = a.tokens;
       r.streams.push_back(sample_stream(r.model, o));
     }
-    fmt::print("streams {} (seeds {}..{}), T = 512, temperature 1, KL(full || policy)\n\n",
+    fmt::print("streams {} (seeds {}..{}), T = {}, temperature 1, KL(full || policy)\n\n",
                 a.streams, static_cast<unsigned long long>(a.seed),
-                static_cast<unsigned long long>(a.seed + static_cast<std::uint64_t>(a.streams) - 1));
+                static_cast<unsigned long long>(a.seed + static_cast<std::uint64_t>(a.streams) - 1),
+                a.tokens);
     fmt::print("| budget | policy | mean KL | range over 4-stream groups | groups below {} | "
                "top-1 |\n",
                a.paged             ? std::string("block StreamingLLM")

@@ -3,9 +3,12 @@
 // --kl-divergence reports the same figures): sample a token stream with the full cache,
 // then feed it one token at a time under a policy and budget and compare, position by
 // position, the policy's next-token distribution with the full cache's.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <memory>
 #include <random>
@@ -36,7 +39,7 @@ struct SampleOptions {
   int tokens = 512;          ///< stream length T, including the first token
   float temperature = 1.0f;  ///< 0 = greedy
   std::uint64_t seed = 0;
-  int first_token = Tokenizer::kBos;
+  int first_token = -1;  ///< -1: the model's bos_token (llama2.c: Tokenizer::kBos = 1)
   float top_p = 1.0f;  ///< nucleus sampling as llama2.c's run.c (1 = off)
 };
 
@@ -45,6 +48,17 @@ namespace detail {
 // std::uniform_real_distribution.
 inline double uniform01(std::mt19937_64& rng) {
   return static_cast<double>(rng() >> 11) * (1.0 / 9007199254740992.0);
+}
+
+// A progress line on stderr for long streams (T > 512) when stderr is a terminal: "\r<what>
+// t/T", every 64 tokens, cleared at the end. Nothing for short streams or redirected stderr.
+inline void progress(const char* what, std::size_t t, std::size_t T) {
+  static const bool tty = ::isatty(2) == 1;
+  if (!tty || T <= 512) return;
+  if (t + 1 == T)
+    std::fprintf(stderr, "\r%-60s\r", "");
+  else if (t % 64 == 0)
+    std::fprintf(stderr, "\r%s %zu/%zu tokens", what, t, T);
 }
 
 inline int sample(std::span<const float> logits, float temperature, std::mt19937_64& rng,
@@ -95,8 +109,10 @@ inline Stream sample_stream(const std::shared_ptr<const Model>& model, const Sam
   std::mt19937_64 rng(o.seed);
   Stream s;
   s.vocab = c.vocab_size;
-  s.tokens.push_back(o.first_token);
+  s.tokens.push_back(o.first_token >= 0 ? o.first_token : c.bos_token);
   for (int t = 0; t < o.tokens; ++t) {
+    detail::progress("sampling with the full cache:", static_cast<std::size_t>(t),
+                     static_cast<std::size_t>(o.tokens));
     const auto logits = full.forward(s.tokens.back(), t);
     s.full_logits.insert(s.full_logits.end(), logits.begin(), logits.end());
     if (t + 1 < o.tokens) s.tokens.push_back(detail::sample(logits, o.temperature, rng, o.top_p));
@@ -159,6 +175,7 @@ StreamResult run_stream(const std::shared_ptr<const Model>& model, const Stream&
   StreamResult r;
   r.skip = options.skip;
   for (std::size_t t = 0; t < stream.size(); ++t) {
+    detail::progress("feeding the stream under the policy:", t, stream.size());
     const auto q = tf.forward(stream.tokens[t], static_cast<int>(t));
     const auto p = stream.logits(t);
     r.kl.push_back(metrics::kl_divergence(p, q));

@@ -26,10 +26,28 @@
 #include "kvevict/errors.hpp"
 #include "kvevict/file.hpp"
 #include "kvevict/geometry.hpp"
+#include "weights.hpp"
 
 namespace kvevict::llama2c {
 
-/// The seven int32 fields of a version-0 header, with vocab_size made positive.
+/// Which components of a head RoPE rotates together.
+enum class RopeStyle {
+  interleaved,  ///< llama2.c / Meta's original: adjacent pairs (2i, 2i + 1)
+  half,         ///< Hugging Face's rotate_half: pairs (i, i + head_dim / 2)
+};
+
+/// RoPE frequency scaling (Hugging Face's rope_scaling).
+struct RopeScaling {
+  enum class Kind { none, linear, llama3 } kind = Kind::none;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;                     ///< llama3
+  double high_freq_factor = 4.0;                    ///< llama3
+  double original_max_position_embeddings = 8192.0;  ///< llama3
+};
+
+/// The model's shape and the settings of its forward pass. llama2.c checkpoints fill the
+/// seven int32 header fields (vocab_size made positive) and keep the other defaults;
+/// the Hugging Face reader (hf.hpp) fills everything from config.json.
 struct Config {
   int dim = 0;
   int hidden_dim = 0;
@@ -38,12 +56,56 @@ struct Config {
   int n_kv_heads = 0;
   int vocab_size = 0;
   int seq_len = 0;
-  bool shared_classifier = true;  ///< header vocab_size > 0: logits reuse the embedding
+  bool shared_classifier = true;  ///< logits reuse the embedding (tied)
+  int head_size = 0;              ///< explicit head dimension; 0: dim / n_heads
+  float norm_eps = 1e-5f;         ///< RMSNorm epsilon
+  double rope_theta = 10000.0;
+  RopeStyle rope = RopeStyle::interleaved;
+  RopeScaling rope_scaling;
+  int bos_token = 1;  ///< the first token of a sampled stream
 
-  [[nodiscard]] int head_dim() const { return dim / n_heads; }
+  [[nodiscard]] int head_dim() const { return head_size > 0 ? head_size : dim / n_heads; }
+  [[nodiscard]] int q_dim() const { return n_heads * head_dim(); }
   [[nodiscard]] int kv_dim() const { return n_kv_heads * head_dim(); }
   [[nodiscard]] Geometry geometry() const { return {n_layers, n_heads, n_kv_heads, head_dim()}; }
 };
+
+/// RoPE's per-pair frequencies theta_i (head_dim / 2 of them). llama2.c's form for
+/// interleaved RoPE (float: 10000^(-2i / head_dim), bit for bit what the engine always
+/// computed); Hugging Face's in double for rotate_half, with its linear (every frequency
+/// divided by factor) and llama3 (low frequencies divided by factor, high ones kept, a
+/// smooth blend between) scalings.
+inline std::vector<float> rope_frequencies(const Config& c) {
+  const int hd = c.head_dim();
+  std::vector<float> f;
+  if (c.rope == RopeStyle::interleaved && c.rope_scaling.kind == RopeScaling::Kind::none) {
+    const float theta = static_cast<float>(c.rope_theta);
+    for (int i = 0; i < hd; i += 2)
+      f.push_back(1.0f / std::pow(theta, static_cast<float>(i) / static_cast<float>(hd)));
+    return f;
+  }
+  const RopeScaling& s = c.rope_scaling;
+  constexpr double kPi = 3.14159265358979323846;
+  for (int i = 0; i < hd; i += 2) {
+    double inv = 1.0 / std::pow(c.rope_theta, static_cast<double>(i) / static_cast<double>(hd));
+    if (s.kind == RopeScaling::Kind::linear) {
+      inv /= s.factor;
+    } else if (s.kind == RopeScaling::Kind::llama3) {
+      const double low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+      const double high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+      const double wavelen = 2.0 * kPi / inv;
+      if (wavelen > low_wavelen) {
+        inv /= s.factor;
+      } else if (wavelen >= high_wavelen) {  // medium: blend
+        const double smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) /
+                              (s.high_freq_factor - s.low_freq_factor);
+        inv = (1.0 - smooth) * inv / s.factor + smooth * inv;
+      }
+    }
+    f.push_back(static_cast<float>(inv));
+  }
+  return f;
+}
 
 namespace detail {
 using kvevict::detail::fail;
@@ -89,13 +151,29 @@ inline std::uint64_t expected_floats(const Config& c) {
   return n;
 }
 
-/// A loaded checkpoint: its config and all weights in one buffer (row-major matrices,
-/// out x in, as llama2.c stores them).
+/// A loaded model: its config and views of every weight in its stored type (row-major
+/// matrices, out x in). The llama2.c reader owns one float buffer; the Hugging Face reader
+/// (hf.hpp) keeps its memory-mapped safetensors files alive. Move-only (views point into
+/// what the model owns).
 class Model {
  public:
-  using Matrix =
-      Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
   using Vector = Eigen::Map<const Eigen::VectorXf>;
+
+  /// One layer's weights. Norm weights and biases are float (widened on load); the
+  /// optional ones (biases, Qwen3's per-head q/k norms) are nullptr when absent.
+  struct Layer {
+    Weight wq, wk, wv, wo, w1, w2, w3;  // w1 = gate, w3 = up, w2 = down
+    const float* rms_att = nullptr;
+    const float* rms_ffn = nullptr;
+    const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr;
+    const float *q_norm = nullptr, *k_norm = nullptr;  ///< head_dim floats each
+  };
+
+  Model() = default;
+  Model(Model&&) noexcept = default;
+  Model& operator=(Model&&) noexcept = default;
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
 
   /// Parses a version-0 checkpoint held in memory; `name` is used in error messages.
   static Model parse(std::vector<char> bytes, const std::string& name = "checkpoint") {
@@ -148,12 +226,12 @@ class Model {
             bytes.size() < want ? " (file truncated?)" : " (trailing bytes: wrong header?)");
     Model m;
     m.config_ = c;
-    m.weights_.resize(static_cast<std::size_t>(floats));
-    std::memcpy(m.weights_.data(), bytes.data() + kHeader, static_cast<std::size_t>(floats) * 4);
-    for (std::size_t i = 0; i < m.weights_.size(); ++i)
-      require(std::isfinite(m.weights_[i]), "checkpoint '", name, "': weight float ", i, " = ",
-              m.weights_[i], ", expected finite (corrupt file?)");
-    m.layout();
+    std::vector<float> w(static_cast<std::size_t>(floats));
+    std::memcpy(w.data(), bytes.data() + kHeader, static_cast<std::size_t>(floats) * 4);
+    for (std::size_t i = 0; i < w.size(); ++i)
+      require(std::isfinite(w[i]), "checkpoint '", name, "': weight float ", i, " = ", w[i],
+              ", expected finite (corrupt file?)");
+    m.layout_llama2c(m.own(std::move(w)));
     return m;
   }
 
@@ -163,78 +241,91 @@ class Model {
   }
 
   [[nodiscard]] const Config& config() const { return config_; }
+  [[nodiscard]] const Weight& token_embedding() const { return emb_; }
+  [[nodiscard]] const Layer& layer(int l) const { return layers_[static_cast<std::size_t>(l)]; }
+  [[nodiscard]] Vector rms_final() const { return Vector(rms_final_, config_.dim); }
+  [[nodiscard]] const Weight& classifier() const { return cls_; }
 
-  // Weight views (layer-indexed where llama2.c stacks them).
-  [[nodiscard]] Matrix token_embedding() const {
-    return mat(off_.emb, config_.vocab_size, config_.dim);
-  }
-  [[nodiscard]] Vector rms_att(int l) const { return vec(off_.rms_att + l * d(), config_.dim); }
-  [[nodiscard]] Matrix wq(int l) const {
-    return mat(off_.wq + l * d() * d(), config_.dim, config_.dim);
-  }
-  [[nodiscard]] Matrix wk(int l) const {
-    return mat(off_.wk + l * d() * kv(), config_.kv_dim(), config_.dim);
-  }
-  [[nodiscard]] Matrix wv(int l) const {
-    return mat(off_.wv + l * d() * kv(), config_.kv_dim(), config_.dim);
-  }
-  [[nodiscard]] Matrix wo(int l) const {
-    return mat(off_.wo + l * d() * d(), config_.dim, config_.dim);
-  }
-  [[nodiscard]] Vector rms_ffn(int l) const { return vec(off_.rms_ffn + l * d(), config_.dim); }
-  [[nodiscard]] Matrix w1(int l) const {
-    return mat(off_.w1 + l * d() * hid(), config_.hidden_dim, config_.dim);
-  }
-  [[nodiscard]] Matrix w2(int l) const {
-    return mat(off_.w2 + l * d() * hid(), config_.dim, config_.hidden_dim);
-  }
-  [[nodiscard]] Matrix w3(int l) const {
-    return mat(off_.w3 + l * d() * hid(), config_.hidden_dim, config_.dim);
-  }
-  [[nodiscard]] Vector rms_final() const { return vec(off_.rms_final, config_.dim); }
-  [[nodiscard]] Matrix classifier() const {
-    return mat(off_.wcls, config_.vocab_size, config_.dim);
+  /// What the Hugging Face reader uses to assemble a model (hf.hpp).
+  struct Parts {
+    Config config;
+    Weight emb, cls;
+    const float* rms_final = nullptr;
+    std::vector<Layer> layers;
+    std::vector<std::vector<float>> owned;           ///< buffers the views point into
+    std::vector<std::shared_ptr<const void>> keep;  ///< e.g. the mapped files
+  };
+  static Model assemble(Parts p) {
+    Model m;
+    m.config_ = p.config;
+    m.emb_ = p.emb;
+    m.cls_ = p.cls;
+    m.rms_final_ = p.rms_final;
+    m.layers_ = std::move(p.layers);
+    m.owned_ = std::move(p.owned);  // moving the vectors keeps their buffers in place
+    m.keep_ = std::move(p.keep);
+    return m;
   }
 
  private:
-  struct Offsets {
-    std::size_t emb, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3, rms_final, wcls;
-  };
-  std::size_t d() const { return static_cast<std::size_t>(config_.dim); }
-  std::size_t kv() const { return static_cast<std::size_t>(config_.kv_dim()); }
-  std::size_t hid() const { return static_cast<std::size_t>(config_.hidden_dim); }
-  Matrix mat(std::size_t off, int rows, int cols) const {
-    return Matrix(weights_.data() + off, rows, cols);
+  const float* own(std::vector<float> w) {
+    owned_.push_back(std::move(w));
+    return owned_.back().data();
   }
-  Vector vec(std::size_t off, int n) const { return Vector(weights_.data() + off, n); }
 
-  void layout() {
-    const std::size_t L = static_cast<std::size_t>(config_.n_layers);
-    const std::size_t V = static_cast<std::size_t>(config_.vocab_size);
-    std::size_t p = 0;
+  // llama2.c's order: all layers' rms_att, then all wq, ... (one buffer at `base`).
+  void layout_llama2c(const float* base) {
+    const Config& c = config_;
+    const std::size_t L = static_cast<std::size_t>(c.n_layers);
+    const std::size_t V = static_cast<std::size_t>(c.vocab_size);
+    const std::size_t d = static_cast<std::size_t>(c.dim);
+    const std::size_t kv = static_cast<std::size_t>(c.kv_dim());
+    const std::size_t hid = static_cast<std::size_t>(c.hidden_dim);
+    const float* p = base;
     auto take = [&](std::size_t n) {
-      const std::size_t at = p;
+      const float* at = p;
       p += n;
       return at;
     };
-    off_.emb = take(V * d());
-    off_.rms_att = take(L * d());
-    off_.wq = take(L * d() * d());
-    off_.wk = take(L * d() * kv());
-    off_.wv = take(L * d() * kv());
-    off_.wo = take(L * d() * d());
-    off_.rms_ffn = take(L * d());
-    off_.w1 = take(L * d() * hid());
-    off_.w2 = take(L * hid() * d());
-    off_.w3 = take(L * d() * hid());
-    off_.rms_final = take(d());
-    take(static_cast<std::size_t>(config_.seq_len) * static_cast<std::size_t>(config_.head_dim()));
-    off_.wcls = config_.shared_classifier ? off_.emb : take(V * d());
+    auto mat = [](const float* at, int rows, int cols) {
+      return Weight{at, DType::f32, rows, cols};
+    };
+    const float* emb = take(V * d);
+    const float* rms_att = take(L * d);
+    const float* wq = take(L * d * d);
+    const float* wk = take(L * d * kv);
+    const float* wv = take(L * d * kv);
+    const float* wo = take(L * d * d);
+    const float* rms_ffn = take(L * d);
+    const float* w1 = take(L * d * hid);
+    const float* w2 = take(L * hid * d);
+    const float* w3 = take(L * d * hid);
+    rms_final_ = take(d);
+    take(static_cast<std::size_t>(c.seq_len) * static_cast<std::size_t>(c.head_dim()));
+    const float* wcls = c.shared_classifier ? emb : take(V * d);
+    emb_ = mat(emb, c.vocab_size, c.dim);
+    cls_ = mat(wcls, c.vocab_size, c.dim);
+    layers_.resize(L);
+    for (std::size_t l = 0; l < L; ++l) {
+      Layer& y = layers_[l];
+      y.rms_att = rms_att + l * d;
+      y.rms_ffn = rms_ffn + l * d;
+      y.wq = mat(wq + l * d * d, c.dim, c.dim);
+      y.wk = mat(wk + l * d * kv, c.kv_dim(), c.dim);
+      y.wv = mat(wv + l * d * kv, c.kv_dim(), c.dim);
+      y.wo = mat(wo + l * d * d, c.dim, c.dim);
+      y.w1 = mat(w1 + l * d * hid, c.hidden_dim, c.dim);
+      y.w2 = mat(w2 + l * d * hid, c.dim, c.hidden_dim);
+      y.w3 = mat(w3 + l * d * hid, c.hidden_dim, c.dim);
+    }
   }
 
   Config config_;
-  std::vector<float> weights_;
-  Offsets off_{};
+  Weight emb_, cls_;
+  const float* rms_final_ = nullptr;
+  std::vector<Layer> layers_;
+  std::vector<std::vector<float>> owned_;
+  std::vector<std::shared_ptr<const void>> keep_;
 };
 
 /// llama2.c's tokenizer file: int32 max_token_length, then per token float32 score,
@@ -410,17 +501,13 @@ class Transformer {
     const Config& c = model_->config();
     x_.resize(c.dim);
     xb_.resize(c.dim);
-    q_.resize(c.dim);
+    q_.resize(c.q_dim());
     k_.resize(c.kv_dim());
     v_.resize(c.kv_dim());
     h1_.resize(c.hidden_dim);
     h3_.resize(c.hidden_dim);
     logits_.resize(c.vocab_size);
-    att_out_.resize(c.dim);
-    // llama2.c's frequencies: theta_i = 10000^(-i / head_dim) for even i.
-    const int hd = c.head_dim();
-    for (int i = 0; i < hd; i += 2)
-      freq_.push_back(1.0f / std::pow(10000.0f, static_cast<float>(i) / static_cast<float>(hd)));
+    freq_ = rope_frequencies(c);
   }
 
   [[nodiscard]] const Model& model() const { return *model_; }
@@ -449,75 +536,194 @@ class Transformer {
   /// of the next token; the span is valid until the next call.
   std::span<const float> forward(int token, int pos) {
     const Config& c = model_->config();
-    kvevict::detail::require(token >= 0 && token < c.vocab_size, "forward: token = ", token,
-                             ", expected 0 <= token < ", c.vocab_size);
-    kvevict::detail::require(pos >= 0, "forward: pos = ", pos, ", expected >= 0");
-    kvevict::detail::require(pos < c.seq_len || bounded_ || pos < timing_limit_, "forward: pos = ",
-                             pos, " is past the checkpoint's seq_len = ", c.seq_len,
-                             "; only a bounded cache (a policy with a row budget) generates further");
+    check_input(token, pos);
     const Model& m = *model_;
-    const bool reindex = positions_ == Positions::reindex;
-    x_ = m.token_embedding().row(token).transpose();
+    m.token_embedding().widen_row(token, x_.data());
+    const float eps = c.norm_eps;
     for (int l = 0; l < c.n_layers; ++l) {
-      rmsnorm(xb_, x_, m.rms_att(l));
-      q_.noalias() = m.wq(l) * xb_;
-      k_.noalias() = m.wk(l) * xb_;
-      v_.noalias() = m.wv(l) * xb_;
-      if (!reindex) {
-        rope(q_, pos);
-        rope(k_, pos);
-      }
-      const std::span<const float> qs(q_.data(), static_cast<std::size_t>(q_.size()));
-      cache_.append(l, pos, std::span<const float>(k_.data(), static_cast<std::size_t>(k_.size())),
-                    std::span<const float>(v_.data(), static_cast<std::size_t>(v_.size())), qs);
-      bool done = false;
-      if constexpr (kStoresRows) {  // a KVCache (paged_adapter.hpp's store has its own attend)
-        // The common case allocates nothing per step: output and probabilities in reused
-        // buffers (the same kernel as the allocating overload, bit-identical).
-        if (!reindex && !observer_) {
-          attend(cache_, l, qs, std::span<float>(att_out_.data(), static_cast<std::size_t>(c.dim)),
-                 workspace_);
-          x_.noalias() += m.wo(l) * att_out_;
-          done = true;
-        }
-      }
-      if (!done) {
-        const AttentionResult att = [&] {
-          if constexpr (kStoresRows) {
-            if (reindex) return attend_reindexed(l);
-          }
-          return attend(cache_, l, qs);
-        }();
-        if (observer_) observer_(l, qs, att);
-        // att.out is n_heads x head_dim row-major: exactly the concatenated head outputs.
-        x_.noalias() += m.wo(l) * Eigen::Map<const Eigen::VectorXf>(att.out.data(), c.dim);
-      }
-      rmsnorm(xb_, x_, m.rms_ffn(l));
-      h1_.noalias() = m.w1(l) * xb_;
-      h3_.noalias() = m.w3(l) * xb_;
+      const Model::Layer& w = m.layer(l);
+      rmsnorm(xb_, x_, w.rms_att, eps);
+      w.wq.matvec(q_, xb_, scratch_);
+      w.wk.matvec(k_, xb_, scratch_);
+      w.wv.matvec(v_, xb_, scratch_);
+      att_.resize(c.q_dim());
+      attention_step(w, l, pos, q_.data(), k_.data(), v_.data(), att_.data());
+      w.wo.matvec(xb_, att_, scratch_);
+      if (w.bo != nullptr) xb_ += Model::Vector(w.bo, c.dim);
+      x_ += xb_;
+      rmsnorm(xb_, x_, w.rms_ffn, eps);
+      w.w1.matvec(h1_, xb_, scratch_);
+      w.w3.matvec(h3_, xb_, scratch_);
       h1_ = (h1_.array() / (1.0f + (-h1_.array()).exp()) * h3_.array()).matrix();  // SwiGLU
-      x_.noalias() += m.w2(l) * h1_;
+      w.w2.matvec(xb_, h1_, scratch_);
+      x_ += xb_;
     }
-    rmsnorm(xb_, x_, m.rms_final());
-    logits_.noalias() = m.classifier() * xb_;
+    rmsnorm(xb_, x_, m.rms_final().data(), eps);
+    m.classifier().matvec(logits_, xb_, scratch_);
+    return {logits_.data(), static_cast<std::size_t>(logits_.size())};
+  }
+
+  /// Feeds tokens[i] at position pos0 + i, as forward() would one at a time, but each
+  /// layer's projections and MLP run as one matrix product over the block (weights are
+  /// read once per block instead of once per token: the prefill path). Attention stays
+  /// per token in order (append, then attend to the rows so far), so the cache sees the
+  /// same appends as with forward(); only the order of calls across layers differs, which
+  /// matters only to a policy with state shared across layers (none of the registry's
+  /// but Random's generator). Returns the last token's logits; when `all_logits` is set it
+  /// receives tokens.size() x vocab floats. Logits equal forward()'s up to float rounding
+  /// (tests/hf_test.py checks 1e-4).
+  std::span<const float> forward_block(std::span<const int> tokens, int pos0,
+                                       std::vector<float>* all_logits = nullptr) {
+    const Config& c = model_->config();
+    kvevict::detail::require(!tokens.empty(), "forward_block: no tokens");
+    kvevict::detail::require(pos0 >= 0 && tokens.size() <= static_cast<std::size_t>(
+                                                               std::numeric_limits<int>::max() - pos0),
+                             "forward_block: pos0 = ", pos0, " with ", tokens.size(),
+                             " tokens overflows int positions");
+    for (std::size_t i = 0; i < tokens.size(); ++i)
+      check_input(tokens[i], pos0 + static_cast<int>(i));
+    const Model& m = *model_;
+    const auto n = static_cast<Eigen::Index>(tokens.size());
+    const float eps = c.norm_eps;
+    X_.resize(n, c.dim);
+    for (Eigen::Index i = 0; i < n; ++i)
+      m.token_embedding().widen_row(tokens[static_cast<std::size_t>(i)], X_.row(i).data());
+    for (int l = 0; l < c.n_layers; ++l) {
+      const Model::Layer& w = m.layer(l);
+      rmsnorm_rows(XB_, X_, w.rms_att, eps);
+      w.wq.matmul(Q_, XB_, scratch_);
+      w.wk.matmul(K_, XB_, scratch_);
+      w.wv.matmul(V_, XB_, scratch_);
+      A_.resize(n, c.q_dim());
+      for (Eigen::Index i = 0; i < n; ++i)
+        attention_step(w, l, pos0 + static_cast<int>(i), Q_.row(i).data(), K_.row(i).data(),
+                       V_.row(i).data(), A_.row(i).data());
+      w.wo.matmul(XB_, A_, scratch_);
+      if (w.bo != nullptr) XB_.rowwise() += Model::Vector(w.bo, c.dim).transpose();
+      X_ += XB_;
+      rmsnorm_rows(XB_, X_, w.rms_ffn, eps);
+      w.w1.matmul(H1_, XB_, scratch_);
+      w.w3.matmul(H3_, XB_, scratch_);
+      H1_ = (H1_.array() / (1.0f + (-H1_.array()).exp()) * H3_.array()).matrix();  // SwiGLU
+      w.w2.matmul(XB_, H1_, scratch_);
+      X_ += XB_;
+    }
+    if (all_logits != nullptr) {
+      rmsnorm_rows(XB_, X_, m.rms_final().data(), eps);
+      m.classifier().matmul(L_, XB_, scratch_);
+      all_logits->assign(L_.data(), L_.data() + L_.size());
+      std::copy_n(L_.row(n - 1).data(), c.vocab_size, logits_.data());
+    } else {
+      x_ = X_.row(n - 1).transpose();
+      rmsnorm(xb_, x_, m.rms_final().data(), eps);
+      m.classifier().matvec(logits_, xb_, scratch_);
+    }
     return {logits_.data(), static_cast<std::size_t>(logits_.size())};
   }
 
  private:
-  static void rmsnorm(Eigen::VectorXf& out, const Eigen::VectorXf& x, const Model::Vector& w) {
-    const float ss = 1.0f / std::sqrt(x.squaredNorm() / static_cast<float>(x.size()) + 1e-5f);
+  using RowMatrix = Weight::RowMatrix;
+
+  void check_input(int token, int pos) const {
+    const Config& c = model_->config();
+    kvevict::detail::require(token >= 0 && token < c.vocab_size, "forward: token = ", token,
+                             ", expected 0 <= token < ", c.vocab_size);
+    kvevict::detail::require(pos >= 0, "forward: pos = ", pos, ", expected >= 0");
+    kvevict::detail::require(
+        pos < c.seq_len || bounded_ || pos < timing_limit_, "forward: pos = ", pos,
+        " is past the checkpoint's seq_len = ",
+        c.seq_len, "; only a bounded cache (a policy with a row budget) generates further");
+  }
+
+  // One token's attention in layer l: the projections q (q_dim floats), k and v (kv_dim)
+  // get their biases, q/k norms and RoPE, k and v go into the cache, and the heads'
+  // outputs (q_dim floats) go to `out`. Shared by forward() and forward_block().
+  void attention_step(const Model::Layer& w, int l, int pos, float* q, float* k, float* v,
+                      float* out) {
+    const Config& c = model_->config();
+    const auto qn = static_cast<std::size_t>(c.q_dim());
+    const auto kn = static_cast<std::size_t>(c.kv_dim());
+    const float eps = c.norm_eps;
+    auto add = [](float* x, const float* b, std::size_t n) {
+      if (b != nullptr)
+        for (std::size_t i = 0; i < n; ++i) x[i] += b[i];
+    };
+    add(q, w.bq, qn);
+    add(k, w.bk, kn);
+    add(v, w.bv, kn);
+    if (w.q_norm != nullptr) head_rmsnorm(q, qn, w.q_norm, eps);
+    if (w.k_norm != nullptr) head_rmsnorm(k, kn, w.k_norm, eps);
+    const bool reindex = positions_ == Positions::reindex;
+    if (!reindex) {
+      rope(q, qn, pos);
+      rope(k, kn, pos);
+    }
+    const std::span<const float> qs(q, qn);
+    cache_.append(l, pos, std::span<const float>(k, kn), std::span<const float>(v, kn), qs);
+    if constexpr (kStoresRows) {  // a KVCache (paged_adapter.hpp's store has its own attend)
+      // The common case allocates nothing per step: output and probabilities in reused
+      // buffers (the same kernel as the allocating overload, bit-identical).
+      if (!reindex && !observer_) {
+        attend(cache_, l, qs, std::span<float>(out, qn), workspace_);
+        return;
+      }
+    }
+    const AttentionResult att = [&] {
+      if constexpr (kStoresRows) {
+        if (reindex) return attend_reindexed(l, q);
+      }
+      return attend(cache_, l, qs);
+    }();
+    if (observer_) observer_(l, qs, att);
+    // att.out is n_heads x head_dim row-major: exactly the concatenated head outputs.
+    std::copy_n(att.out.data(), qn, out);
+  }
+
+  static void rmsnorm_rows(RowMatrix& out, const RowMatrix& x, const float* weight, float eps) {
+    const Model::Vector w(weight, x.cols());
+    out.resize(x.rows(), x.cols());
+    for (Eigen::Index i = 0; i < x.rows(); ++i) {
+      const float ss =
+          1.0f / std::sqrt(x.row(i).squaredNorm() / static_cast<float>(x.cols()) + eps);
+      out.row(i) = (x.row(i).array() * ss * w.transpose().array()).matrix();
+    }
+  }
+  static void rmsnorm(Eigen::VectorXf& out, const Eigen::VectorXf& x, const float* weight,
+                      float eps) {
+    const Model::Vector w(weight, x.size());
+    const float ss = 1.0f / std::sqrt(x.squaredNorm() / static_cast<float>(x.size()) + eps);
     out = (x.array() * ss * w.array()).matrix();
   }
-  // Rotates each adjacent pair (2i, 2i+1) of every head by pos * theta_i (llama2.c).
-  void rope(Eigen::VectorXf& v, int pos) const {
+  // Qwen3's q/k norm: RMSNorm over each head's head_dim floats with one shared weight.
+  void head_rmsnorm(float* v, std::size_t n, const float* weight, float eps) const {
     const int hd = model_->config().head_dim();
-    for (Eigen::Index i = 0; i < v.size(); i += 2) {
-      const float a = static_cast<float>(pos) * freq_[static_cast<std::size_t>((i % hd) / 2)];
-      const float cr = std::cos(a), ci = std::sin(a);
-      const float v0 = v[i], v1 = v[i + 1];
-      v[i] = v0 * cr - v1 * ci;
-      v[i + 1] = v0 * ci + v1 * cr;
+    const Model::Vector w(weight, hd);
+    for (std::size_t at = 0; at < n; at += static_cast<std::size_t>(hd)) {
+      Eigen::Map<Eigen::VectorXf> h(v + at, hd);
+      const float ss = 1.0f / std::sqrt(h.squaredNorm() / static_cast<float>(hd) + eps);
+      h = (h.array() * ss * w.array()).matrix();
     }
+  }
+  // Rotates one head's pair i, (a, b), by the angle with cosine cr and sine ci: adjacent
+  // floats (2i, 2i + 1) in llama2.c's layout, (i, i + head_dim / 2) in rotate_half's.
+  static void rotate_pair(float* head, std::size_t i, std::size_t half, RopeStyle style, float cr,
+                          float ci) {
+    const std::size_t a = style == RopeStyle::interleaved ? 2 * i : i;
+    const std::size_t b = style == RopeStyle::interleaved ? 2 * i + 1 : i + half;
+    const float v0 = head[a], v1 = head[b];
+    head[a] = v0 * cr - v1 * ci;
+    head[b] = v0 * ci + v1 * cr;
+  }
+  // Rotates pair i of every head by pos * theta_i.
+  void rope(float* v, std::size_t n, int pos) const {
+    const auto hd = static_cast<std::size_t>(model_->config().head_dim());
+    const std::size_t half = freq_.size();
+    const RopeStyle style = model_->config().rope;
+    for (std::size_t at = 0; at < n; at += hd)
+      for (std::size_t i = 0; i < half; ++i) {
+        const float a = static_cast<float>(pos) * freq_[i];
+        rotate_pair(v + at, i, half, style, std::cos(a), std::sin(a));
+      }
   }
 
   // Rotates the head_dim floats at x by rank `r` with the cached table (reindex mode).
@@ -533,18 +739,15 @@ class Transformer {
     }
     const float* cr = rank_cos_.data() + r * half;
     const float* ci = rank_sin_.data() + r * half;
-    for (std::size_t i = 0; i < half; ++i) {
-      const float v0 = x[2 * i], v1 = x[2 * i + 1];
-      x[2 * i] = v0 * cr[i] - v1 * ci[i];
-      x[2 * i + 1] = v0 * ci[i] + v1 * cr[i];
-    }
+    const RopeStyle style = model_->config().rope;
+    for (std::size_t i = 0; i < half; ++i) rotate_pair(x, i, half, style, cr[i], ci[i]);
   }
 
   // Attention of layer l in reindex mode: the cache holds unrotated keys and q_ is
   // unrotated; each KV head's rows are rotated by their rank in position order and its
   // group's queries by n - 1. Otherwise what kvevict::attend does (the Oracle's limit,
   // observe for attention policies).
-  AttentionResult attend_reindexed(int l) {
+  AttentionResult attend_reindexed(int l, const float* q) {
     const Config& c = model_->config();
     const int G = c.n_heads / c.n_kv_heads;
     const auto d = static_cast<std::size_t>(c.head_dim());
@@ -569,7 +772,7 @@ class Transformer {
         std::copy_n(k.data() + std::size_t(order_[rank]) * d, d, row);
         rope_rank(row, rank);
       }
-      group_q_.assign(q_.data() + std::size_t(kh * G) * d, q_.data() + std::size_t(kh * G + G) * d);
+      group_q_.assign(q + std::size_t(kh * G) * d, q + std::size_t(kh * G + G) * d);
       for (int g = 0; g < G; ++g) rope_rank(group_q_.data() + std::size_t(g) * d, n - 1);
       kvevict::detail::group_probabilities(rotated_.data(), n, d, group_q_.data(), G, p.data());
       if constexpr (kvevict::detail::RestrictsAttention<Policy>)
@@ -586,10 +789,11 @@ class Transformer {
   bool bounded_ = false;
   std::vector<float> rank_cos_, rank_sin_, rotated_, group_q_;
   std::vector<std::uint32_t> order_;
-  Eigen::VectorXf x_, xb_, q_, k_, v_, h1_, h3_, logits_, att_out_;
+  Eigen::VectorXf x_, xb_, q_, k_, v_, h1_, h3_, logits_, att_;
+  RowMatrix X_, XB_, Q_, K_, V_, A_, H1_, H3_, L_;  // forward_block's rows, one per token
   AttendWorkspace workspace_;
   int timing_limit_ = 0;
-  std::vector<float> freq_;
+  std::vector<float> freq_, scratch_;
   AttentionObserver observer_;
 };
 

@@ -18,6 +18,7 @@
 #include "bookkeeping.hpp"
 #include "errors.hpp"
 #include "policy.hpp"
+#include "quantized.hpp"
 
 namespace kvevict {
 
@@ -112,6 +113,7 @@ inline float resolve_scale(float scale, std::size_t d, const char* what) {
 /// size_t (an int product could wrap for huge geometries).
 inline float check_attend_args(const Geometry& g, int layer, std::span<const float> queries,
                                const AttendOptions& options) {
+  check_live(g, "attend");
   require(layer >= 0 && layer < g.n_layers, "attend: layer = ", layer,
           ", expected 0 <= layer < ", g.n_layers);
   const auto d = static_cast<std::size_t>(g.head_dim);
@@ -143,6 +145,39 @@ void group_output(const float* probs, std::size_t group, const Scalar* values, s
   }
 }
 
+/// q.K^T softmax of one KV head's group (false: a score is not finite). Quantized caches
+/// (quantized.hpp) run the quantized kernel over the stored bytes.
+template <class Cache>
+bool head_probabilities(const Cache& cache, int layer, int kh, const float* q, std::size_t G,
+                        float* p, float scale) {
+  const auto d = static_cast<std::size_t>(cache.geometry().head_dim);
+  const std::size_t n = cache.size(layer, kh);
+  using S = typename Cache::scalar_type;
+  if constexpr (QuantizedStorage<S>) {
+    if (n == 0) return true;
+    using D = typename StorageOf<S>::key_codec::desc;
+    return kernels::quant_attention_probs<D>(q, d, G, cache.stored_keys(layer, kh).data(),
+                                             cache.key_row_bytes(), n, d, scale, p);
+  } else {
+    return group_probabilities_checked(cache.keys(layer, kh).data(), n, d, q, G, p, scale);
+  }
+}
+
+/// p.V of one KV head's group into o (G x head_dim).
+template <class Cache>
+void head_output(const Cache& cache, int layer, int kh, const float* p, std::size_t G, float* o) {
+  const auto d = static_cast<std::size_t>(cache.geometry().head_dim);
+  const std::size_t n = cache.size(layer, kh);
+  using S = typename Cache::scalar_type;
+  if constexpr (QuantizedStorage<S>) {
+    using D = typename StorageOf<S>::value_codec::desc;
+    kernels::quant_attention_output<D>(p, G, cache.stored_values(layer, kh).data(),
+                                       cache.value_row_bytes(), n, d, o, d);
+  } else {
+    group_output(p, G, cache.values(layer, kh).data(), n, d, o);
+  }
+}
+
 /// The whole step, with the strong guarantee: every KV head's probabilities and output are
 /// computed and checked before any policy observes anything. probs_of(kh, n) returns the
 /// group x n block for head kh; out is n_heads x head_dim.
@@ -155,13 +190,11 @@ void attend_step(Cache& cache, int layer, std::span<const float> queries, float*
   const auto d = static_cast<std::size_t>(g.head_dim);
   const auto hkv = static_cast<std::size_t>(g.n_kv_heads);
   for (std::size_t kh = 0; kh < hkv; ++kh) {
-    const auto k = cache.keys(layer, static_cast<int>(kh));
-    const auto v = cache.values(layer, static_cast<int>(kh));
-    const auto n = static_cast<std::size_t>(k.rows());
+    const auto n = cache.size(layer, static_cast<int>(kh));
     float* p = probs_of(kh, n);
     float* o = out + kh * G * d;
     const float* q = queries.data() + kh * G * d;
-    require(group_probabilities_checked(k.data(), n, d, q, G, p, scale), "attend: layer ", layer,
+    require(head_probabilities(cache, layer, static_cast<int>(kh), q, G, p, scale), "attend: layer ", layer,
             " KV head ", kh, ": a score q.k x scale (scale ", scale,
             ") is not finite (query or key magnitudes overflow float); no policy observed "
             "this step");
@@ -170,11 +203,11 @@ void attend_step(Cache& cache, int layer, std::span<const float> queries, float*
       Eigen::Map<RowMajorF> pm(p, static_cast<Eigen::Index>(G), static_cast<Eigen::Index>(n));
       restrict_to_top(pm, cache.policy().attention_limit(layer, static_cast<int>(kh)));
     }
-    group_output(p, G, v.data(), n, d, o);
+    head_output(cache, layer, static_cast<int>(kh), p, G, o);
   }
   if (options.observe)
     for (std::size_t kh = 0; kh < hkv; ++kh) {
-      const auto n = static_cast<std::size_t>(cache.keys(layer, static_cast<int>(kh)).rows());
+      const auto n = cache.size(layer, static_cast<int>(kh));
       if (n == 0) continue;  // an empty head has nothing to observe
       cache.observe(layer, static_cast<int>(kh), std::span<const float>(probs_of(kh, n), G * n));
     }
@@ -231,6 +264,7 @@ template <class Cache>
 AttentionResult attend(Cache& cache, int layer, std::span<const float> queries,
                        AttendOptions options = {}) {
   const Geometry& g = cache.geometry();
+  detail::check_live(g, "attend");
   AttentionResult r;
   r.out.resize(g.n_heads, g.head_dim);
   r.probs.resize(static_cast<std::size_t>(g.n_kv_heads));
@@ -253,6 +287,7 @@ template <class Cache>
 void attend(Cache& cache, int layer, std::span<const float> queries, std::span<float> out,
             AttendWorkspace& workspace, AttendOptions options = {}) {
   const Geometry& g = cache.geometry();
+  detail::check_live(g, "attend");
   const std::size_t expect =
       static_cast<std::size_t>(g.n_heads) * static_cast<std::size_t>(g.head_dim);
   detail::require(out.size() == expect, "attend: out has ", out.size(), " floats, expected ",
@@ -260,7 +295,7 @@ void attend(Cache& cache, int layer, std::span<const float> queries, std::span<f
   detail::check_attend_args(g, layer, queries, options);  // before keys(layer, ...) below
   const auto G = static_cast<std::size_t>(g.group());
   workspace.layout(static_cast<std::size_t>(g.n_kv_heads), [&](std::size_t kh) {
-    return G * static_cast<std::size_t>(cache.keys(layer, static_cast<int>(kh)).rows());
+    return G * cache.size(layer, static_cast<int>(kh));
   });
   detail::attend_step(cache, layer, queries, out.data(), options,
                       [&](std::size_t kh, std::size_t) { return workspace.block(kh); });

@@ -18,6 +18,7 @@
 #include "errors.hpp"
 #include "geometry.hpp"
 #include "policy.hpp"
+#include "quantized.hpp"
 
 namespace kvevict {
 
@@ -37,6 +38,30 @@ struct EvictedRow {
   std::span<const Scalar> value;
 };
 
+/// A row of a quantized cache (quantized.hpp) leaving it: the stored bytes, bit for bit,
+/// and a dequantising view (dequantize_key / dequantize_value write head_dim floats).
+template <class Scalar>
+  requires detail::QuantizedStorage<Scalar>
+struct EvictedRow<Scalar> {
+  int layer = 0;
+  int kv_head = 0;
+  std::int64_t position = 0;
+  std::uint64_t seq = 0;
+  std::span<const std::uint8_t> key;    ///< the stored key bytes
+  std::span<const std::uint8_t> value;  ///< the stored value bytes
+  std::size_t head_dim = 0;
+  void dequantize_key(std::span<float> out) const {
+    detail::require(out.size() == head_dim, "EvictedRow::dequantize_key: out has ", out.size(),
+                    " floats, expected head_dim ", head_dim);
+    detail::StorageOf<Scalar>::key_codec::decode(key.data(), head_dim, out.data());
+  }
+  void dequantize_value(std::span<float> out) const {
+    detail::require(out.size() == head_dim, "EvictedRow::dequantize_value: out has ", out.size(),
+                    " floats, expected head_dim ", head_dim);
+    detail::StorageOf<Scalar>::value_codec::decode(value.data(), head_dim, out.data());
+  }
+};
+
 namespace detail {
 /// KVCache's storage of one (layer, KV head): K and V rows (size x head_dim, row-major)
 /// beside the core's positions and arrival indices.
@@ -46,15 +71,24 @@ struct DenseHead : HeadRows {
 };
 }  // namespace detail
 
+/// Scalar: float, Eigen::half, Eigen::bfloat16 (rows stored as that element type), or a
+/// quantized format of quantized.hpp (Q8<G>, Q4<G>, E4M3, KV<KF, VF>): rows stored as
+/// bytes, policies read dequantised float rows (HeadView<float>).
 template <class Policy, class Scalar = float>
-  requires EvictionPolicy<Policy, Scalar>
+  requires EvictionPolicy<Policy, typename detail::StorageOf<Scalar>::view>
 class KVCache
-    : public detail::ContainerCore<KVCache<Policy, Scalar>, Policy, Scalar, detail::DenseHead<Scalar>> {
-  using Core = detail::ContainerCore<KVCache, Policy, Scalar, detail::DenseHead<Scalar>>;
+    : public detail::ContainerCore<KVCache<Policy, Scalar>, Policy,
+                                   typename detail::StorageOf<Scalar>::view,
+                                   detail::DenseHead<typename detail::StorageOf<Scalar>::unit>> {
+  using Storage = detail::StorageOf<Scalar>;
+  using Unit = typename Storage::unit;
+  using View = typename Storage::view;
+  using Core = detail::ContainerCore<KVCache, Policy, View, detail::DenseHead<Unit>>;
   friend Core;
 
  public:
   using scalar_type = Scalar;
+  static constexpr bool quantized = Storage::quantized;
   using policy_type = Policy;
   using RowMatrix = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using ConstRowsMap = Eigen::Map<const RowMatrix>;
@@ -62,7 +96,12 @@ class KVCache
   using EvictionCallback = std::function<void(const EvictedRow<Scalar>&)>;
 
   KVCache(const Geometry& geometry, const Budget& budget, Policy policy = Policy{})
-      : Core(geometry, budget, std::move(policy)) {}
+      : Core(geometry, budget, std::move(policy)) {
+    if constexpr (quantized) {
+      detail::check_codec_dim<typename Storage::key_codec>(this->udim(), "key");
+      detail::check_codec_dim<typename Storage::value_codec>(this->udim(), "value");
+    }
+  }
 
   // --- shape: geometry(), shape(), policy(), size(), capacity(), tokens_seen(), observe(),
   // positions(), seqs() come from the core --------------------------------------------
@@ -74,19 +113,45 @@ class KVCache
   [[nodiscard]] std::size_t allocated_bytes() const {
     std::size_t b = 0;
     for (const auto& h : this->heads_)
-      b += (h.k.capacity() + h.v.capacity()) * sizeof(Scalar) +
+      b += (h.k.capacity() + h.v.capacity()) * sizeof(Unit) +
            h.pos.capacity() * (sizeof(std::int64_t) + sizeof(std::uint64_t));
     return b;
   }
 
   // --- views for the engine's attention kernel ----------------------------------------
-  [[nodiscard]] ConstRowsMap keys(int layer, int kv_head) const {
+  [[nodiscard]] ConstRowsMap keys(int layer, int kv_head) const
+    requires(!quantized)
+  {
     const auto& h = this->head(layer, kv_head);
     return ConstRowsMap(h.k.data(), static_cast<Eigen::Index>(h.size()), dim());
   }
-  [[nodiscard]] ConstRowsMap values(int layer, int kv_head) const {
+  [[nodiscard]] ConstRowsMap values(int layer, int kv_head) const
+    requires(!quantized)
+  {
     const auto& h = this->head(layer, kv_head);
     return ConstRowsMap(h.v.data(), static_cast<Eigen::Index>(h.size()), dim());
+  }
+
+  // --- quantized caches: the stored bytes and dequantised copies ----------------------
+  /// Bytes of one stored key row / value row (size(l, h) rows, row-major, back to back).
+  [[nodiscard]] std::size_t key_row_bytes() const { return key_units(); }
+  [[nodiscard]] std::size_t value_row_bytes() const { return value_units(); }
+  [[nodiscard]] std::span<const Unit> stored_keys(int layer, int kv_head) const {
+    const auto& h = this->head(layer, kv_head);
+    return {h.k.data(), h.size() * key_units()};
+  }
+  [[nodiscard]] std::span<const Unit> stored_values(int layer, int kv_head) const {
+    const auto& h = this->head(layer, kv_head);
+    return {h.v.data(), h.size() * value_units()};
+  }
+  /// The rows as floats (size x head_dim), dequantised (or widened) from what is stored.
+  [[nodiscard]] Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>
+  dequantized_keys(int layer, int kv_head) const {
+    return decoded(layer, kv_head, true);
+  }
+  [[nodiscard]] Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>
+  dequantized_values(int layer, int kv_head) const {
+    return decoded(layer, kv_head, false);
   }
 
   void set_eviction_callback(EvictionCallback cb) { on_evict_ = std::move(cb); }
@@ -130,51 +195,162 @@ class KVCache
 
  private:
   friend struct detail::CacheAccess<KVCache>;
-  using HeadStore = detail::DenseHead<Scalar>;
+  using HeadStore = detail::DenseHead<Unit>;
   using typename Core::LayerState;
 
   Eigen::Index dim() const { return this->shape_.geometry.head_dim; }
+  std::size_t key_units() const {
+    if constexpr (quantized) return Storage::key_codec::row_bytes(this->udim());
+    else return this->udim();
+  }
+  std::size_t value_units() const {
+    if constexpr (quantized) return Storage::value_codec::row_bytes(this->udim());
+    else return this->udim();
+  }
+  static void decode_rows(bool is_key, const Unit* in, std::size_t rows, std::size_t d, float* out) {
+    for (std::size_t r = 0; r < rows; ++r) {
+      if constexpr (quantized) {
+        if (is_key)
+          Storage::key_codec::decode(in + r * Storage::key_codec::row_bytes(d), d, out + r * d);
+        else
+          Storage::value_codec::decode(in + r * Storage::value_codec::row_bytes(d), d, out + r * d);
+      } else {
+        for (std::size_t j = 0; j < d; ++j) out[r * d + j] = static_cast<float>(in[r * d + j]);
+      }
+    }
+  }
+  Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> decoded(int layer, int kv_head,
+                                                                                bool is_key) const {
+    const auto& h = this->head(layer, kv_head);
+    Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> m(
+        static_cast<Eigen::Index>(h.size()), dim());
+    decode_rows(is_key, is_key ? h.k.data() : h.v.data(), h.size(), this->udim(), m.data());
+    return m;
+  }
+  void check_stored(std::span<const float> x, const char* what, bool is_key) const {
+    if constexpr (quantized) {
+      if (is_key) detail::check_encodable<typename Storage::key_codec>(x.data(), x.size(), what);
+      else detail::check_encodable<typename Storage::value_codec>(x.data(), x.size(), what);
+    } else {
+      detail::check_storable<Scalar>(x, what);
+    }
+  }
+  /// Quantized caches: head i dequantised into view_k_/view_v_ (the rows policies read),
+  /// kept in step with removals and appends of that head, rebuilt when another head is
+  /// read.
+  void refresh_view(std::size_t i) const {
+    const auto& h = this->heads_[i];
+    const std::size_t d = this->udim();
+    if (view_head_ == i && view_rows_ == h.size()) return;
+    view_k_.resize(h.size() * d);
+    view_v_.resize(h.size() * d);
+    decode_rows(true, h.k.data(), h.size(), d, view_k_.data());
+    decode_rows(false, h.v.data(), h.size(), d, view_v_.data());
+    view_head_ = i;
+    view_rows_ = h.size();
+  }
+  void forget_view() const { view_head_ = kNoHead; }
+  static constexpr std::size_t kNoHead = static_cast<std::size_t>(-1);
 
   // --- layout hooks (container_core.hpp): rows live densely in this->heads_ -----------
-  detail::RowsData<Scalar> rows_data(int layer, int kv_head) const {
-    const auto& h = this->heads_[this->index(layer, kv_head)];
-    return {h.k.data(), h.v.data()};
+  detail::RowsData<View> rows_data(int layer, int kv_head) const {
+    const std::size_t i = this->index(layer, kv_head);
+    if constexpr (quantized) {
+      if constexpr (!detail::reads_stored_rows<Policy>()) return {};
+      refresh_view(i);
+      return {view_k_.data(), view_v_.data()};
+    } else {
+      const auto& h = this->heads_[i];
+      return {h.k.data(), h.v.data()};
+    }
   }
-  const Scalar* attention_rows(int layer, int kv_head) const {
-    return this->heads_[this->index(layer, kv_head)].k.data();
+  const View* attention_rows(int layer, int kv_head) const {
+    const std::size_t i = this->index(layer, kv_head);
+    if constexpr (quantized) {
+      refresh_view(i);
+      return view_k_.data();
+    } else {
+      return this->heads_[i].k.data();
+    }
   }
   void reserve_rows(std::size_t i, std::size_t n) {
     // reserve() allocates exactly n rows, so storage never exceeds the capacity.
     auto& h = this->heads_[i];
-    h.k.reserve(n * this->udim());
-    h.v.reserve(n * this->udim());
+    h.k.reserve(n * key_units());
+    h.v.reserve(n * value_units());
   }
   void shrink_rows(std::size_t i, std::size_t cap) {
     auto& h = this->heads_[i];
-    Core::shrink_vector(h.k, cap * this->udim());
-    Core::shrink_vector(h.v, cap * this->udim());
+    Core::shrink_vector(h.k, cap * key_units());
+    Core::shrink_vector(h.v, cap * value_units());
   }
   // Row r leaves (to the callback); the last row's K/V moves into it.
   void remove_row(int layer, int kv_head, std::size_t i, std::uint32_t r, std::size_t last) noexcept {
     auto& h = this->heads_[i];
-    const std::size_t d = this->udim();
-    if (on_evict_) {
-      on_evict_(EvictedRow<Scalar>{layer, kv_head, h.pos[r], h.seq[r],
-                                   std::span<const Scalar>(h.k.data() + r * d, d),
-                                   std::span<const Scalar>(h.v.data() + r * d, d)});
-    }
+    const std::size_t kb = key_units(), vb = value_units();
+    if (on_evict_) on_evict_(evicted(layer, kv_head, h.pos[r], h.seq[r], h.k.data() + r * kb,
+                                     h.v.data() + r * vb));
     if (r != last) {
-      std::memcpy(h.k.data() + r * d, h.k.data() + last * d, d * sizeof(Scalar));
-      std::memcpy(h.v.data() + r * d, h.v.data() + last * d, d * sizeof(Scalar));
+      std::memcpy(h.k.data() + r * kb, h.k.data() + last * kb, kb * sizeof(Unit));
+      std::memcpy(h.v.data() + r * vb, h.v.data() + last * vb, vb * sizeof(Unit));
     }
-    h.k.resize(last * d);
-    h.v.resize(last * d);
+    h.k.resize(last * kb);
+    h.v.resize(last * vb);
+    if constexpr (quantized) {
+      if (view_head_ == i && view_rows_ == last + 1) {  // mirror the swap-remove
+        const std::size_t d = this->udim();
+        if (r != last) {
+          std::memcpy(view_k_.data() + r * d, view_k_.data() + last * d, d * sizeof(float));
+          std::memcpy(view_v_.data() + r * d, view_v_.data() + last * d, d * sizeof(float));
+        }
+        view_k_.resize(last * d);
+        view_v_.resize(last * d);
+        view_rows_ = last;
+      } else if (view_head_ == i) {
+        forget_view();
+      }
+    }
+  }
+  EvictedRow<Scalar> evicted(int layer, int kv_head, std::int64_t position, std::uint64_t seq,
+                             const Unit* k, const Unit* v) const {
+    if constexpr (quantized)
+      return {layer, kv_head, position, seq, std::span<const Unit>(k, key_units()),
+              std::span<const Unit>(v, value_units()), this->udim()};
+    else
+      return {layer, kv_head, position, seq, std::span<const Unit>(k, key_units()),
+              std::span<const Unit>(v, value_units())};
+  }
+  /// Encodes one row into `k`/`v` (key_units() / value_units() elements).
+  void encode_row(const float* key, const float* value, Unit* k, Unit* v) const {
+    const std::size_t d = this->udim();
+    if constexpr (quantized) {
+      Storage::key_codec::encode(key, d, k);
+      Storage::value_codec::encode(value, d, v);
+    } else {
+      for (std::size_t j = 0; j < d; ++j) k[j] = static_cast<Scalar>(key[j]);
+      for (std::size_t j = 0; j < d; ++j) v[j] = static_cast<Scalar>(value[j]);
+    }
   }
   void write_row(std::size_t i, const float* key, const float* value) {
     auto& h = this->heads_[i];
-    const std::size_t d = this->udim();
-    for (std::size_t j = 0; j < d; ++j) h.k.push_back(static_cast<Scalar>(key[j]));
-    for (std::size_t j = 0; j < d; ++j) h.v.push_back(static_cast<Scalar>(value[j]));
+    const std::size_t kb = key_units(), vb = value_units();
+    const std::size_t rows = h.k.size() / kb;
+    // Capacity was reserved before (the core's phase 1): these resizes do not allocate.
+    h.k.resize(h.k.size() + kb);
+    h.v.resize(h.v.size() + vb);
+    encode_row(key, value, h.k.data() + rows * kb, h.v.data() + rows * vb);
+    if constexpr (quantized) {
+      if (view_head_ == i && view_rows_ == rows) {  // keep the policy's view in step
+        const std::size_t d = this->udim();
+        view_k_.resize((rows + 1) * d);
+        view_v_.resize((rows + 1) * d);
+        decode_rows(true, h.k.data() + rows * kb, 1, d, view_k_.data() + rows * d);
+        decode_rows(false, h.v.data() + rows * vb, 1, d, view_v_.data() + rows * d);
+        view_rows_ = rows + 1;
+      } else if (view_head_ == i) {
+        forget_view();
+      }
+    }
   }
   void push_row(int, int, std::size_t i, std::size_t, std::int64_t, std::uint64_t, const float* key,
                 const float* value, std::uint32_t) {
@@ -188,16 +364,16 @@ class KVCache
   void drop_prompt_row(int layer, int kv_head, std::size_t, std::size_t, const float* key,
                        const float* value, std::int64_t position, std::uint64_t seq) {
     if (!on_evict_) return;
-    const std::size_t d = this->udim();
-    std::vector<Scalar> kr(d), vr(d);
-    for (std::size_t j = 0; j < d; ++j) {
-      kr[j] = static_cast<Scalar>(key[j]);
-      vr[j] = static_cast<Scalar>(value[j]);
-    }
-    on_evict_(EvictedRow<Scalar>{layer, kv_head, position, seq, kr, vr});
+    std::vector<Unit> kr(key_units()), vr(value_units());
+    encode_row(key, value, kr.data(), vr.data());
+    on_evict_(evicted(layer, kv_head, position, seq, kr.data(), vr.data()));
   }
 
   EvictionCallback on_evict_;
+  // Quantized caches: one head's rows dequantised for the policy (rows_data, attention_rows):
+  // a cache of what heads_ holds (view_head_'s first view_rows_ rows), never state of its own.
+  mutable std::vector<float> view_k_, view_v_;
+  mutable std::size_t view_head_ = kNoHead, view_rows_ = 0;
 };
 
 }  // namespace kvevict

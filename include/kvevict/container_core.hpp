@@ -24,6 +24,8 @@
 //   begin_prompt_head(layer, kv_head), prepare_prompt(layer, tokens, keep)
 //   attention_rows(layer, kv_head) -> const Scalar*   rows for prefill attention
 //   shrink_rows(i, cap)          release storage beyond cap after a budget shrink
+//   check_stored(x, what, is_key)  reject keys/values the storage format cannot hold
+//                                (default: check_storable<Scalar>; quantized KVCache: its codec)
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -150,6 +152,11 @@ class ContainerCore {
   void begin_prompt_head(int, int) {}
   void prepare_prompt(int, std::size_t, const std::vector<std::vector<std::uint32_t>>&) {}
   void shrink_rows(std::size_t, std::size_t) {}
+  /// Keys (is_key) or values about to be stored: storable in the layout's format.
+  void check_stored(std::span<const float> x, const char* what, bool is_key) const {
+    (void)is_key;
+    check_storable<Scalar>(x, what);
+  }
 
   Layout& self() { return static_cast<Layout&>(*this); }
   const Layout& self() const { return static_cast<const Layout&>(*this); }
@@ -185,8 +192,8 @@ class ContainerCore {
     }
     check_queries<Policy>(g, queries, 1, "append");
     check_arrivals(layers_[static_cast<std::size_t>(layer)], layer, position, 1, "append");
-    check_storable<Scalar>(keys, "append: keys");
-    check_storable<Scalar>(values, "append: values");
+    self().check_stored(keys, "append: keys", true);
+    self().check_stored(values, "append: values", false);
     check_finite(queries, "append: queries");
   }
   /// The checks of a prefill block that do not depend on where K/V lives (values: none, or
@@ -205,8 +212,8 @@ class ContainerCore {
     check_queries<Policy>(g, queries, tokens, "prefill", wants_queries);
     check_arrivals(layers_[static_cast<std::size_t>(layer)], layer, first_position, tokens,
                    "prefill");
-    check_storable<Scalar>(keys, "prefill: keys");
-    if (with_values) check_storable<Scalar>(values, "prefill: values");
+    self().check_stored(keys, "prefill: keys", true);
+    if (with_values) self().check_stored(values, "prefill: values", false);
     check_finite(queries, "prefill: queries");
   }
 

@@ -19,7 +19,9 @@ struct Geometry {
   int n_kv_heads = 0;  ///< key/value heads Hkv
   int head_dim = 0;    ///< d
 
-  [[nodiscard]] int group() const { return n_heads / n_kv_heads; }
+  /// 0 for a geometry without KV heads (the all-zero geometry of a moved-from cache), so
+  /// no caller divides by zero before its own check names the problem.
+  [[nodiscard]] int group() const { return n_kv_heads > 0 ? n_heads / n_kv_heads : 0; }
 
   void validate() const {
     detail::require(n_layers > 0, "geometry: n_layers = ", n_layers, ", expected > 0");

@@ -25,4 +25,5 @@
 #include "policies/streaming_llm.hpp"
 #include "policies/xkv.hpp"
 #include "policy.hpp"
+#include "quantized.hpp"
 #include "serialize.hpp"

@@ -7,6 +7,11 @@
 //   per layer: u64 tokens seen, i64 last position |
 //   per (layer, KV head): u64 rows, rows x (i64 position, u64 seq), rows x d K, rows x d V |
 //   u8 has policy state, [u64 length, bytes] | u64 FNV-1a of everything before it.
+// Quantized caches (quantized.hpp) write scalar tag 5, then the key format's code in place
+// of the scalar bytes and one more u32, the value format's code (kind << 16 | group size;
+// kind 1 Q8, 2 Q4, 3 E4M3), and rows x key_row_bytes K, rows x value_row_bytes V: the
+// stored bytes as they are. A restore replays on_append with the dequantised rows (so
+// HashEvict's codes are rebuilt from dequantised keys: the float keys are gone).
 // Policy state goes through optional policy hooks
 //   void save_state(std::vector<std::uint8_t>& out) const;
 //   void load_state(std::span<const std::uint8_t> in);  // throws kvevict::Error if invalid
@@ -45,9 +50,23 @@ concept HasSaveState = requires(const P& p, std::vector<std::uint8_t>& out) { p.
 template <class P>
 concept HasLoadState = requires(P& p, std::span<const std::uint8_t> in) { p.load_state(in); };
 
+/// kind << 16 | group of a quantized format (the save format's code).
+template <class C>
+constexpr std::uint32_t codec_code() {
+  return (static_cast<std::uint32_t>(C::desc::kind) + 1) << 16 | static_cast<std::uint32_t>(C::group);
+}
+inline std::string codec_code_name(std::uint32_t code) {
+  const std::uint32_t kind = code >> 16, group = code & 0xFFFF;
+  if (kind == 1) return "Q8<" + std::to_string(group) + ">";
+  if (kind == 2) return "Q4<" + std::to_string(group) + ">";
+  if (kind == 3 && group == 1) return "E4M3";
+  return "unknown format " + std::to_string(code);
+}
+
 template <class Scalar>
 constexpr std::uint32_t scalar_tag() {
-  if constexpr (std::is_same_v<Scalar, float>) return 1;
+  if constexpr (QuantizedStorage<Scalar>) return 5;
+  else if constexpr (std::is_same_v<Scalar, float>) return 1;
   else if constexpr (std::is_same_v<Scalar, Eigen::half>) return 2;
   else if constexpr (std::is_same_v<Scalar, Eigen::bfloat16>) return 3;
   else if constexpr (std::is_same_v<Scalar, double>) return 4;
@@ -59,6 +78,7 @@ inline const char* scalar_name(std::uint32_t tag) {
     case 2: return "Eigen::half";
     case 3: return "Eigen::bfloat16";
     case 4: return "double";
+    case 5: return "quantized";
     default: return "unknown";
   }
 }
@@ -77,13 +97,17 @@ struct CacheAccess {
   static void save(const Cache& c, std::vector<std::uint8_t>& out) {
     const Geometry& g = c.shape_.geometry;
     check_live(g, "save");
-    const std::size_t d = static_cast<std::size_t>(g.head_dim);
     out.clear();
     ByteWriter w(out);
     w.put_array("KVEVSAVE", 8);
     w.put<std::uint32_t>(kSaveFormatVersion);
     w.put<std::uint32_t>(scalar_tag<Scalar>());
-    w.put<std::uint32_t>(sizeof(Scalar));
+    if constexpr (QuantizedStorage<Scalar>) {
+      w.put<std::uint32_t>(codec_code<typename StorageOf<Scalar>::key_codec>());
+      w.put<std::uint32_t>(codec_code<typename StorageOf<Scalar>::value_codec>());
+    } else {
+      w.put<std::uint32_t>(sizeof(Scalar));
+    }
     w.put_string(Policy::name());
     for (int x : {g.n_layers, g.n_heads, g.n_kv_heads, g.head_dim}) w.put<std::int32_t>(x);
     for (std::size_t cap : c.shape_.capacity) w.put<std::uint64_t>(cap);
@@ -97,8 +121,8 @@ struct CacheAccess {
         w.put<std::int64_t>(h.pos[r]);
         w.put<std::uint64_t>(h.seq[r]);
       }
-      w.put_array(h.k.data(), h.size() * d);
-      w.put_array(h.v.data(), h.size() * d);
+      w.put_array(h.k.data(), h.size() * c.key_units());
+      w.put_array(h.v.data(), h.size() * c.value_units());
     }
     if constexpr (HasSaveState<Policy>) {
       std::vector<std::uint8_t> state;
@@ -113,7 +137,8 @@ struct CacheAccess {
   }
 
   // A stored K or V element that is not finite (a row the cache could never have accepted).
-  static void check_rows_finite(const std::vector<Scalar>& x, std::size_t head, const char* what) {
+  template <class Unit>
+  static void check_rows_finite(const std::vector<Unit>& x, std::size_t head, const char* what) {
     for (std::size_t j = 0; j < x.size(); ++j)
       require(std::isfinite(static_cast<float>(x[j])), "saved state: head ", head, " ", what,
               " element ", j, " = ", static_cast<float>(x[j]), ", expected a finite value");
@@ -173,10 +198,22 @@ struct CacheAccess {
     }
     ByteReader r(in.first(in.size() - 8).subspan(12));
     const auto tag = r.get<std::uint32_t>("scalar type");
-    const auto bytes = r.get<std::uint32_t>("scalar size");
-    require(tag == scalar_tag<Scalar>() && bytes == sizeof(Scalar), "saved state: scalar type ",
-            scalar_name(tag), " (", bytes, " bytes), expected ", scalar_name(scalar_tag<Scalar>()),
-            " (", sizeof(Scalar), " bytes)");
+    if constexpr (QuantizedStorage<Scalar>) {
+      require(tag == scalar_tag<Scalar>(), "saved state: scalar type ", scalar_name(tag),
+              ", expected quantized");
+      const auto kc = r.get<std::uint32_t>("key format");
+      const auto vc = r.get<std::uint32_t>("value format");
+      constexpr auto want_k = codec_code<typename StorageOf<Scalar>::key_codec>();
+      constexpr auto want_v = codec_code<typename StorageOf<Scalar>::value_codec>();
+      require(kc == want_k && vc == want_v, "saved state: formats ", codec_code_name(kc), " / ",
+              codec_code_name(vc), ", expected ", codec_code_name(want_k), " / ",
+              codec_code_name(want_v), " (keys / values)");
+    } else {
+      const auto bytes = r.get<std::uint32_t>("scalar size");
+      require(tag == scalar_tag<Scalar>() && bytes == sizeof(Scalar), "saved state: scalar type ",
+              scalar_name(tag), " (", bytes, " bytes), expected ", scalar_name(scalar_tag<Scalar>()),
+              " (", sizeof(Scalar), " bytes)");
+    }
     const std::string name = r.get_string("policy name", 256);
     require(name == Policy::name(), "saved state: policy ", name, ", expected ", Policy::name());
     Geometry g;
@@ -216,7 +253,8 @@ struct CacheAccess {
       require(rows <= c.shape_.capacity[i] && rows <= ls.next_seq, "saved state: head ", i,
               " holds ", rows, " rows, expected <= capacity ", c.shape_.capacity[i],
               " and <= tokens seen ", ls.next_seq);
-      r.need_elems(rows, 16 + 2 * d * sizeof(Scalar), "rows");
+      const std::size_t kb = c.key_units(), vb = c.value_units();
+      r.need_elems(rows, 16 + (kb + vb) * sizeof(typename Cache::Unit), "rows");
       const auto n = static_cast<std::size_t>(rows);
       h.pos.resize(n);
       h.seq.resize(n);
@@ -237,12 +275,20 @@ struct CacheAccess {
         require(std::adjacent_find(p.begin(), p.end()) == p.end(), "saved state: head ", i,
                 " repeats a position");
       }
-      h.k.resize(n * d);
-      h.v.resize(n * d);
-      r.get_array(h.k.data(), n * d, "keys");
-      r.get_array(h.v.data(), n * d, "values");
-      check_rows_finite(h.k, i, "key");
-      check_rows_finite(h.v, i, "value");
+      h.k.resize(n * kb);
+      h.v.resize(n * vb);
+      r.get_array(h.k.data(), n * kb, "keys");
+      r.get_array(h.v.data(), n * vb, "values");
+      if constexpr (QuantizedStorage<Scalar>) {  // scales and E4M3 codes decode finite
+        std::vector<float> fk(n * d), fv(n * d);
+        Cache::decode_rows(true, h.k.data(), n, d, fk.data());
+        Cache::decode_rows(false, h.v.data(), n, d, fv.data());
+        check_rows_finite(fk, i, "dequantised key");
+        check_rows_finite(fv, i, "dequantised value");
+      } else {
+        check_rows_finite(h.k, i, "key");
+        check_rows_finite(h.v, i, "value");
+      }
       const auto hkv = static_cast<std::size_t>(g.n_kv_heads);
       if (i % hkv == hkv - 1) check_arrival_order(heads, i / hkv, hkv, ls);
     }
@@ -261,21 +307,35 @@ struct CacheAccess {
     // Rebuild the policy's side data on a copy (same configuration, fresh binding).
     Policy p = c.policy_;
     p.bind(c.shape_);
-    std::vector<float> key(d);
+    std::vector<float> key(d), fk, fv;
     for (int l = 0; l < g.n_layers; ++l)
       for (int kh = 0; kh < g.n_kv_heads; ++kh) {
         const auto& h = heads[static_cast<std::size_t>(l * g.n_kv_heads + kh)];
+        using View = typename StorageOf<Scalar>::view;
+        const View* vk = nullptr;
+        const View* vv = nullptr;
+        if constexpr (QuantizedStorage<Scalar>) {  // policies read dequantised rows
+          fk.resize(h.size() * d);
+          fv.resize(h.size() * d);
+          Cache::decode_rows(true, h.k.data(), h.size(), d, fk.data());
+          Cache::decode_rows(false, h.v.data(), h.size(), d, fv.data());
+          vk = fk.data();
+          vv = fv.data();
+        } else {
+          vk = h.k.data();
+          vv = h.v.data();
+        }
         for (std::size_t row = 0; row < h.size(); ++row) {
-          for (std::size_t j = 0; j < d; ++j) key[j] = static_cast<float>(h.k[row * d + j]);
-          HeadView<Scalar> v;
+          for (std::size_t j = 0; j < d; ++j) key[j] = static_cast<float>(vk[row * d + j]);
+          HeadView<View> v;
           v.layer = l;
           v.kv_head = kh;
           v.head_dim = g.head_dim;
           v.group = g.group();
           v.size = row + 1;
           v.capacity = c.shape_.at(l, kh);
-          v.keys = h.k.data();
-          v.values = h.v.data();
+          v.keys = vk;
+          v.values = vv;
           v.positions = h.pos.data();
           v.seqs = h.seq.data();
           v.incoming_seq = h.seq[row];
@@ -288,6 +348,7 @@ struct CacheAccess {
     // Commit: nothing below throws.
     c.heads_.swap(heads);
     c.layers_.swap(layers);
+    if constexpr (QuantizedStorage<Scalar>) c.forget_view();
     using std::swap;
     swap(c.policy_, p);
   }

@@ -65,6 +65,14 @@ KVEVICT_ALWAYS_INLINE std::uint32_t nonfinite_bit(float x) noexcept {
 
 namespace scalar {
 
+/// p[i] = exp(p[i] - m) / sum: the softmax of finite scores whose maximum is m.
+inline void exp_normalise(float* p, std::size_t n, float m) noexcept {
+  float z = 0.0f;
+  for (std::size_t i = 0; i < n; ++i) z += (p[i] = std::exp(p[i] - m));
+  const float inv = 1.0f / z;
+  for (std::size_t i = 0; i < n; ++i) p[i] *= inv;
+}
+
 /// probs[g * n + i] = softmax_i(scale * q_g . k_i); false if any score is not finite.
 template <KvFormat F>
 inline bool attention_probs(const float* q, std::size_t q_stride, std::size_t group,
@@ -85,10 +93,7 @@ inline bool attention_probs(const float* q, std::size_t q_stride, std::size_t gr
       m = s > m ? s : m;
     }
     if (bad) return false;
-    float z = 0.0f;
-    for (std::size_t i = 0; i < n; ++i) z += (p[i] = std::exp(p[i] - m));
-    const float inv = 1.0f / z;
-    for (std::size_t i = 0; i < n; ++i) p[i] *= inv;
+    exp_normalise(p, n, m);
   }
   return true;
 }

@@ -96,6 +96,13 @@ KVEVICT_ATTN_TARGET inline bool softmax_row(float* p, std::size_t n) noexcept {
   return true;
 }
 
+/// Softmax of the group's score rows (group x n) in place; false if a score is not finite.
+KVEVICT_ATTN_TARGET inline bool softmax_rows(float* probs, std::size_t group, std::size_t n) noexcept {
+  bool ok = true;
+  for (std::size_t g = 0; g < group; ++g) ok = softmax_row(probs + g * n, n) && ok;
+  return ok;
+}
+
 template <KvFormat F>
 KVEVICT_ATTN_TARGET inline bool attention_probs(const float* q, std::size_t q_stride,
                                                 std::size_t group, const void* keys,
@@ -106,9 +113,7 @@ KVEVICT_ATTN_TARGET inline bool attention_probs(const float* q, std::size_t q_st
   for (; i + kRows <= n; i += kRows)
     score_heads<F, kRows>(q, q_stride, group, keys, k_stride, i, d, scale, probs, n);
   for (; i < n; ++i) score_heads<F, 1>(q, q_stride, group, keys, k_stride, i, d, scale, probs, n);
-  bool ok = true;
-  for (std::size_t g = 0; g < group; ++g) ok = softmax_row(probs + g * n, n) && ok;
-  return ok;
+  return softmax_rows(probs, group, n);
 }
 
 template <KvFormat F, int GC, int NV, bool Tail>

@@ -24,6 +24,7 @@
 #include <span>
 #include <vector>
 
+#include "../checked.hpp"
 #include "../errors.hpp"
 #include "common.hpp"
 
@@ -118,6 +119,15 @@ class BuzzBeehive {
     return cfg_.budget_mode ? cfg_.sinks + 3 : cfg_.sinks + cfg_.window + 2;
   }
   void check_budget(const CacheShape& shape) const {
+    if (cfg_.log_n) {
+      // row_limit adds a head's old samples (at most its capacity) to S + W + T (+ 1):
+      // that sum must not wrap for any finite capacity (unbounded: samples <= rows held).
+      for (std::size_t c : shape.capacity)
+        if (c != Budget::kUnbounded)
+          (void)kvevict::detail::checked_add(base_limit(), c,
+                                             "BuzzBeehive log_n: sinks + window + threshold + a "
+                                             "head's capacity (its largest old-sample count)");
+    }
     if (!cfg_.budget_mode) return;
     for (std::size_t c : shape.capacity)
       kvevict::detail::require(c != Budget::kUnbounded,
@@ -131,15 +141,20 @@ class BuzzBeehive {
     n_kv_heads_ = shape.geometry.n_kv_heads;
   }
 
+  /// S + W + T, + 1 with reference timing (the constructor checked it does not wrap).
+  [[nodiscard]] std::size_t base_limit() const {
+    return cfg_.sinks + cfg_.window + cfg_.threshold + (cfg_.reference_timing ? 1 : 0);
+  }
   /// The rebuild trigger as a row bound: S + W + T rows (+ the old samples in the log-n
   /// form) means the sample region, counting the row that leaves the window when the next
   /// token arrives, holds T + 1. Budget mode relies on the capacity (S + W + T = C).
   [[nodiscard]] std::size_t row_limit(int layer, int kv_head) const {
     if (cfg_.budget_mode) return Budget::kUnbounded;
     // Reference timing: one row more, the token that triggers the rebuild (see Config).
-    const std::size_t base =
-        cfg_.sinks + cfg_.window + cfg_.threshold + (cfg_.reference_timing ? 1 : 0);
-    return cfg_.log_n ? base + head(layer, kv_head).samples : base;
+    const std::size_t base = base_limit();
+    return cfg_.log_n ? kvevict::detail::checked_add(base, head(layer, kv_head).samples,
+                                                     "BuzzBeehive log_n row limit: S + W + T + old samples")
+                      : base;
   }
 
   template <class S>

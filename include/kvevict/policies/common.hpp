@@ -73,8 +73,10 @@ inline void check_config(std::span<const std::uint8_t> in, const char* policy,
 struct Protection {
   std::size_t sinks = 0;
   std::size_t recent = 0;
+  /// Wrap-safe: compares the distance incoming_seq - seq with `recent` (seq + recent
+  /// could wrap for recent near 2^64); a seq at or after the incoming one counts as recent.
   [[nodiscard]] bool is_protected(std::uint64_t seq, std::uint64_t incoming_seq) const {
-    return seq < sinks || seq + recent >= incoming_seq;
+    return seq < sinks || seq >= incoming_seq || incoming_seq - seq <= recent;
   }
 };
 

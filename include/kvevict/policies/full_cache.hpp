@@ -6,6 +6,9 @@ namespace kvevict::policies {
 
 struct FullCache {
   static constexpr Signals signals = Signals::none;
+  /// Never reads stored keys/values: IndexCache skips gathering them, and a quantized
+  /// KVCache does not dequantise heads for it (docs/quantized.md).
+  static constexpr bool reads_stored_rows = false;
   static constexpr const char* name() { return "FullCache"; }
   [[nodiscard]] std::size_t min_capacity() const { return 1; }
   void bind(const CacheShape& shape) { check_budget(shape); }

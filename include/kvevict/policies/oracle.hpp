@@ -12,6 +12,9 @@ struct Oracle {
   std::size_t rows = 64;  ///< rows attended per (layer, KV head) each step
 
   static constexpr Signals signals = Signals::none;
+  /// Never reads stored keys/values: IndexCache skips gathering them, and a quantized
+  /// KVCache does not dequantise heads for it (docs/quantized.md).
+  static constexpr bool reads_stored_rows = false;
   static constexpr const char* name() { return "Oracle"; }
   [[nodiscard]] std::size_t min_capacity() const { return 1; }
   void bind(const CacheShape& shape) { check_budget(shape); }

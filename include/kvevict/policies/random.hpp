@@ -22,6 +22,9 @@ class Random {
   std::size_t recent = 0;
 
   static constexpr Signals signals = Signals::none;
+  /// Never reads stored keys/values: IndexCache skips gathering them, and a quantized
+  /// KVCache does not dequantise heads for it (docs/quantized.md).
+  static constexpr bool reads_stored_rows = false;
   static constexpr const char* name() { return "Random"; }
   [[nodiscard]] std::size_t min_capacity() const {
     return detail::protected_plus_one(name(), {{"sinks", sinks}, {"recent", recent}});

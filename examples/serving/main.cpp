@@ -1,0 +1,229 @@
+// llama2c_serving: many sequences decoding in one process from ONE fixed BlockPool
+// (PagedCache over the llama2.c Transformer), a FIFO request queue admitted when blocks
+// free up, a progress line on stderr. For each policy (the full cache first) at the same
+// pool size it reports tokens per second, peak blocks in use, sequences served
+// concurrently and the per-request KL against the full cache on the same tokens
+// (requests are streams sampled from the full model and teacher-forced, e2e.hpp).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+#include "e2e.hpp"
+#include "options.hpp"
+#include "policy_registry.hpp"
+#include "serving.hpp"
+
+namespace {
+
+using namespace kvevict;
+using namespace kvevict::llama2c;
+
+struct Args {
+  ModelArgs model;
+  PolicyKnobs knobs = PolicyKnobs::reference_protocol();
+  std::vector<std::string> policies{"full", "decayed", "probfree", "streaming"};
+  int requests = 32;
+  int tokens = 512;
+  int min_tokens = 0;  // 0: every request has --tokens tokens
+  std::uint64_t seed = 1000;
+  std::size_t budget = 128;
+  std::uint32_t pool_blocks = 2560;
+  std::uint32_t block_tokens = 16;
+  int repeat = 1;
+  bool per_request = false;
+  bool quiet = false;
+};
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Row {
+  std::string name;
+  serving::ServeResult r;
+  double cpu_median = 0.0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return kvevict::cli::main_guard("llama2c_serving", [&] {
+    using kvevict::cli::Range;
+    Args a;
+    kvevict::cli::Parser p(
+        "llama2c_serving",
+        "Continuous batching from one fixed block pool on a llama2.c checkpoint: every policy\n"
+        "serves the same requests (streams sampled from the full model, teacher-forced) from a\n"
+        "pool of the same size; tokens/s, peak blocks, concurrency and per-request KL against\n"
+        "the full cache.");
+    add_model_options(p, a.model, a.knobs);
+    p.custom("--policies", "LIST",
+             "registry policies, comma-separated (default full,decayed,probfree,streaming)",
+             [&](const std::string& v) {
+               a.policies = kvevict::cli::split_list(v);
+               kvevict::registry::check_names(a.policies, "--policies", false);
+               for (const auto& n : a.policies)
+                 if (n == "oracle")
+                   throw kvevict::cli::UsageError(
+                       "--policies: 'oracle' stores every row and is not causal: nothing to serve "
+                       "(use llama2c_headline for its KL)");
+             });
+    p.number("--requests", "N", "requests in the queue (request i: stream seed S + i)", a.requests,
+             Range<int>{1, 100000});
+    p.number("--tokens", "T", "tokens per request (at most the checkpoint's seq_len)", a.tokens,
+             Range<int>{2});
+    p.number("--min-tokens", "T",
+             "> 0: request lengths drawn uniformly from [T, --tokens] (seeded by --seed)",
+             a.min_tokens, Range<int>{0});
+    p.number("--seed", "S", "seed of request 0's stream", a.seed, Range<std::uint64_t>{0});
+    p.number("--budget", "ROWS", "tokens per (layer, KV head) of every bounded policy", a.budget,
+             Range<std::size_t>{1});
+    p.number("--pool-blocks", "N", "blocks in the one pool every policy serves from", a.pool_blocks,
+             Range<std::uint32_t>{1});
+    p.number("--block-tokens", "B", "tokens per block (a power of two, 1..256)", a.block_tokens,
+             Range<std::uint32_t>{1, 256});
+    p.number("--repeat", "N", "serving runs per policy; tokens/s is the median", a.repeat,
+             Range<int>{1, 100});
+    p.flag("--per-request", "print every request's KL per policy", a.per_request);
+    p.flag("--quiet", "no progress line", a.quiet);
+    p.info("--list", "list the registry's policies, then exit",
+           [] { fmt::print("policies:\n{}", kvevict::registry::listing()); });
+    if (!p.parse(argc, argv)) return 0;
+    if (a.min_tokens > a.tokens)
+      throw kvevict::cli::UsageError(fmt::format("--min-tokens = {}, expected <= --tokens = {}",
+                                                 a.min_tokens, a.tokens));
+
+    const std::string dir = model_dir(a.model.dir);
+    std::string checkpoint = a.model.checkpoint;
+    if (checkpoint.empty()) {
+      kvevict::detail::require(!dir.empty(),
+                               "no model: pass --checkpoint, --model-dir or set KVEVICT_MODEL_DIR");
+      checkpoint = dir + "/stories260K.bin";
+    }
+    auto model = std::make_shared<const Model>(Model::load(checkpoint));
+    const auto& c = model->config();
+    if (a.tokens > c.seq_len)
+      throw kvevict::cli::UsageError(fmt::format(
+          "--tokens = {}, expected <= the checkpoint's seq_len = {} (the full cache's limit)",
+          a.tokens, c.seq_len));
+
+    // Requests: streams sampled with the full cache (the headline protocol's sampling).
+    std::vector<Stream> streams;
+    std::vector<serving::Request> requests;
+    std::mt19937_64 len_rng(a.seed);
+    for (int i = 0; i < a.requests; ++i) {
+      SampleOptions o;
+      o.tokens = a.tokens;
+      o.seed = a.seed + static_cast<std::uint64_t>(i);
+      o.temperature = 1.0f;
+      streams.push_back(sample_stream(model, o));
+    }
+    for (int i = 0; i < a.requests; ++i) {
+      std::size_t n = static_cast<std::size_t>(a.tokens);
+      if (a.min_tokens > 0)
+        n = static_cast<std::size_t>(a.min_tokens) +
+            len_rng() % static_cast<std::size_t>(a.tokens - a.min_tokens + 1);
+      requests.push_back({&streams[static_cast<std::size_t>(i)], n});
+    }
+    std::size_t total_tokens = 0;
+    for (const auto& r : requests) total_tokens += r.tokens;
+
+    std::vector<Row> rows;
+    for (const auto& name : a.policies) {
+      kvevict::registry::with_policy(
+          name, kvevict::registry::Args{a.budget, a.knobs, nullptr},
+          [&](auto policy, const Budget& budget) {
+            serving::ServeOptions so;
+            so.pool_blocks = a.pool_blocks;
+            so.block_tokens = a.block_tokens;
+            so.label = name;
+            so.progress = !a.quiet;
+            Row row;
+            row.name = name;
+            std::vector<double> cpu;
+            for (int rep = 0; rep < a.repeat; ++rep) {
+              auto r = serving::serve(model, requests, budget, policy, so);
+              cpu.push_back(r.cpu_seconds);
+              if (rep == 0) {
+                row.r = std::move(r);
+              } else {
+                kvevict::detail::require(r.kl == row.r.kl, "serve: policy ", name,
+                                         ": repeat ", rep, " gave different KL (expected "
+                                         "deterministic runs)");
+              }
+            }
+            row.cpu_median = median(cpu);
+            rows.push_back(std::move(row));
+          });
+    }
+
+    // Printed once every run succeeded: a pool too small for one request is one error line.
+    const double block_kib = 2.0 * a.block_tokens * c.head_dim() * sizeof(float) / 1024.0;
+    fmt::print("llama2c_serving: {} (dim {}, layers {}, KV heads {}, head_dim {}), CPU: {}\n",
+               checkpoint, c.dim, c.n_layers, c.n_kv_heads, c.head_dim(), cpu_model());
+    fmt::print("requests {} ({} tokens{}, seeds {}..{}, temperature 1, all queued at start); "
+               "pool {} blocks x {} tokens ({:.2f} MiB of K+V); budget {} tokens per (layer, KV "
+               "head); tok/s = tokens / process CPU seconds of the serving loop (KL excluded), "
+               "median of {}\n\n",
+               a.requests, total_tokens,
+               a.min_tokens > 0 ? fmt::format(", {}..{} per request", a.min_tokens, a.tokens)
+                                : fmt::format(", {} per request", a.tokens),
+               a.seed, a.seed + static_cast<std::uint64_t>(a.requests) - 1, a.pool_blocks,
+               a.block_tokens, a.pool_blocks * block_kib / 1024.0, a.budget, a.repeat);
+
+    const Row* full = nullptr;
+    for (const auto& r : rows)
+      if (r.name == "full") full = &r;
+    fmt::print("| policy | blocks / request (worst case) | max concurrent | mean concurrent | "
+               "peak blocks in use | steps | tok/s (CPU) | mean KL | KL per request min / "
+               "median / max |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (const auto& row : rows) {
+      const auto& r = row.r;
+      // Pooled over positions, as the headline protocol: weight each request by its tokens.
+      double pooled = 0.0;
+      for (std::size_t i = 0; i < r.kl.size(); ++i)
+        pooled += r.kl[i] * static_cast<double>(requests[i].tokens);
+      pooled /= static_cast<double>(total_tokens);
+      const auto [lo, hi] = std::minmax_element(r.kl.begin(), r.kl.end());
+      std::string conc = fmt::format("{}", r.max_concurrent);
+      if (full != nullptr && full != &row && full->r.max_concurrent > 0)
+        conc += fmt::format(" ({:.2f}x full)", static_cast<double>(r.max_concurrent) /
+                                                   static_cast<double>(full->r.max_concurrent));
+      std::string tps = fmt::format("{:.0f}", static_cast<double>(r.tokens) / row.cpu_median);
+      if (full != nullptr && full != &row)
+        tps += fmt::format(" ({:.2f}x full)", full->cpu_median / row.cpu_median);
+      fmt::print("| {} | {} | {} | {:.2f} | {} | {} | {} | {:.4f} | {:.4f} / {:.4f} / {:.4f} |\n",
+                 row.name, r.footprint_max, conc, r.mean_concurrent, r.peak_blocks, r.steps, tps,
+                 pooled, *lo, median(r.kl), *hi);
+    }
+    if (a.per_request) {
+      fmt::print("\nKL(full || served) per request, mean over its tokens\n\n| request | tokens |");
+      for (const auto& row : rows) fmt::print(" {} |", row.name);
+      fmt::print("\n|---|---|");
+      for (std::size_t i = 0; i < rows.size(); ++i) fmt::print("---|");
+      fmt::print("\n");
+      for (std::size_t i = 0; i < requests.size(); ++i) {
+        fmt::print("| {} | {} |", i, requests[i].tokens);
+        for (const auto& row : rows) fmt::print(" {:.4f} |", row.r.kl[i]);
+        fmt::print("\n");
+      }
+    }
+    return 0;
+  });
+}

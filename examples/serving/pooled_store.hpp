@@ -1,0 +1,102 @@
+#pragma once
+// Runs the llama2.c Transformer (examples/llama2c/llama2c.hpp) over a PagedCache whose
+// blocks come from a BlockPool shared with other sequences: Transformer<Pooled<Policy>>
+// is one sequence of a serving engine. Token-level decisions per KV head (every policy,
+// through the container core); a block goes back to the pool the moment it empties.
+//
+// Attention: for each KV head the head's blocks are copied, one memcpy per block, into a
+// contiguous scratch and kvevict::decode_attention (the fused, runtime-dispatched kernel)
+// runs on it. A production paged kernel reads the blocks in place; the copy is O(rows x d)
+// per head, the order of the attention step itself, and is part of the measured time.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "kvevict/attention.hpp"
+#include "kvevict/paged_cache.hpp"
+#include "llama2c.hpp"
+
+namespace kvevict::serving {
+
+/// The "policy" argument of Transformer<Pooled<Policy>>: the real policy, the shared pool
+/// (which must outlive the sequence) and the sequence's owner id in the pool.
+template <class Policy>
+struct Pooled {
+  Policy policy;
+  BlockPool<float>* pool = nullptr;
+  std::uint32_t sequence = 0;
+};
+
+/// The K/V store of Transformer<Pooled<Policy>>: one PagedCache sequence.
+template <class Policy>
+class PooledStore {
+ public:
+  PooledStore(const Geometry& g, const Budget& budget, Pooled<Policy> spec)
+      : cache_(g, budget,
+               (kvevict::detail::require(spec.pool != nullptr, "PooledStore: pool is null"),
+                *spec.pool),
+               spec.sequence, std::move(spec.policy)) {}
+
+  [[nodiscard]] PagedCache<Policy, float>& paged() { return cache_; }
+  [[nodiscard]] const PagedCache<Policy, float>& paged() const { return cache_; }
+
+  void append(int layer, int pos, std::span<const float> k, std::span<const float> v,
+              std::span<const float> q) {
+    cache_.append(layer, pos, k, v, q);
+  }
+
+  /// Attention of every query head over its KV head's rows; the policy observes after
+  /// every head is computed (the strong guarantee attend() gives).
+  AttentionResult attend_layer(int layer, std::span<const float> q) {
+    const Geometry& g = cache_.geometry();
+    const auto G = static_cast<std::size_t>(g.group());
+    const auto d = static_cast<std::size_t>(g.head_dim);
+    const std::size_t B = cache_.pool().block_tokens();
+    AttentionResult r;
+    r.out.resize(g.n_heads, g.head_dim);
+    r.probs.resize(static_cast<std::size_t>(g.n_kv_heads));
+    for (int kh = 0; kh < g.n_kv_heads; ++kh) {
+      const std::size_t n = cache_.size(layer, kh);
+      const auto table = cache_.table(layer, kh);
+      k_.resize(n * d);
+      v_.resize(n * d);
+      for (std::size_t i = 0; i < table.size(); ++i) {
+        const std::size_t rows = std::min(B, n - i * B);
+        std::memcpy(k_.data() + i * B * d, cache_.pool().key_block(table[i]), rows * d * sizeof(float));
+        std::memcpy(v_.data() + i * B * d, cache_.pool().value_block(table[i]), rows * d * sizeof(float));
+      }
+      auto& p = r.probs[static_cast<std::size_t>(kh)];
+      p.resize(static_cast<Eigen::Index>(G), static_cast<Eigen::Index>(n));
+      decode_attention(q.data() + static_cast<std::size_t>(kh) * G * d, G, k_.data(), d, v_.data(),
+                       d, n, d, 0.0f, r.out.data() + static_cast<std::size_t>(kh) * G * d,
+                       p.data());
+    }
+    if constexpr (has(Policy::signals, Signals::attention))
+      for (int kh = 0; kh < g.n_kv_heads; ++kh) {
+        const auto& p = r.probs[static_cast<std::size_t>(kh)];
+        cache_.observe(layer, kh, std::span<const float>(p.data(), static_cast<std::size_t>(p.size())));
+      }
+    return r;
+  }
+
+  /// Found by Transformer::forward's unqualified attend(cache_, layer, queries).
+  friend AttentionResult attend(PooledStore& s, int layer, std::span<const float> q) {
+    return s.attend_layer(layer, q);
+  }
+
+ private:
+  PagedCache<Policy, float> cache_;
+  std::vector<float> k_, v_;
+};
+
+}  // namespace kvevict::serving
+
+namespace kvevict::llama2c {
+template <class Policy>
+struct CacheFor<serving::Pooled<Policy>> {
+  using type = serving::PooledStore<Policy>;
+};
+}  // namespace kvevict::llama2c

@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""CTest hf_checkpoints: the Hugging Face checkpoint reader (examples/llama2c/hf.hpp).
+
+    hf_test.py KVEVICT_HF_TOOL STORIES260K_DIR WORK_DIR
+
+1. stories260K converted to the Hugging Face layout (scripts/llama2c_to_hf.py, one file and
+   three shards) gives the llama2.c reader's logits to 1e-4 (skipped when the model
+   directory is absent).
+2. Random-weight checkpoints of each supported variant (GQA, tied, Qwen2 q/k/v biases,
+   Llama attention_bias, Qwen3 q/k norm with head_dim != hidden/heads, llama3 and linear
+   rope_scaling; F32, F16, BF16; sharded) match an independent numpy forward pass (whole
+   sequence at once, float64, HF's cos/sin rotate_half form) to 1e-4.
+3. Malformed or unsupported checkpoints give one line on stderr and exit status 2.
+Exit 77 (CTest: skipped) without numpy.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+try:
+    import numpy as np
+except ImportError:
+    print("hf_test.py: python3-numpy is not installed; skipping (scripts/install-deps.sh installs it)")
+    sys.exit(77)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
+from llama2c_to_hf import convert, write_safetensors  # noqa: E402
+from hf_random_model import write_random  # noqa: E402
+
+TOOL, STORIES, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
+failures = []
+
+
+def run(*args):
+    return subprocess.run([TOOL, *args], capture_output=True, text=True)
+
+
+def expect_ok(name, *args):
+    r = run(*args)
+    line = (r.stdout.strip() or r.stderr.strip())
+    print("%-28s %s" % (name, line))
+    if r.returncode != 0:
+        failures.append("%s: exit %d: %s %s" % (name, r.returncode, r.stdout, r.stderr))
+
+
+# --- the reference forward pass ------------------------------------------------------------
+def inv_freq(cfg):
+    hd = cfg["head_dim"]
+    inv = 1.0 / cfg["rope_theta"] ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
+    s = cfg.get("rope_scaling") or {}
+    kind = s.get("rope_type", s.get("type", "default"))
+    if kind == "linear":
+        inv = inv / s["factor"]
+    elif kind == "llama3":
+        old, lo, hi, f = (s["original_max_position_embeddings"], s["low_freq_factor"],
+                          s["high_freq_factor"], s["factor"])
+        wavelen = 2 * np.pi / inv
+        scaled = np.where(wavelen > old / lo, inv / f, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        blended = (1 - smooth) * scaled / f + smooth * scaled
+        medium = (wavelen >= old / hi) & (wavelen <= old / lo)
+        inv = np.where(medium, blended, scaled)
+    return inv
+
+
+def reference_logits(cfg, w, tokens, record=None):
+    T, D = len(tokens), cfg["hidden_size"]
+    H, K, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    eps = cfg["rms_norm_eps"]
+
+    def rms(x, g):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
+
+    ang = np.outer(np.arange(T, dtype=np.float64), inv_freq(cfg))
+    cos = np.cos(np.concatenate([ang, ang], axis=-1))[:, None, :]
+    sin = np.sin(np.concatenate([ang, ang], axis=-1))[:, None, :]
+
+    def rope(x):
+        rotated = np.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], axis=-1)
+        return x * cos + rotated * sin
+
+    mask = np.triu(np.ones((T, T), dtype=bool), k=1)
+    x = w["model.embed_tokens.weight"][tokens]
+    for l in range(cfg["num_hidden_layers"]):
+        p = "model.layers.%d." % l
+        h = rms(x, w[p + "input_layernorm.weight"])
+        q = h @ w[p + "self_attn.q_proj.weight"].T + w.get(p + "self_attn.q_proj.bias", 0.0)
+        k = h @ w[p + "self_attn.k_proj.weight"].T + w.get(p + "self_attn.k_proj.bias", 0.0)
+        v = h @ w[p + "self_attn.v_proj.weight"].T + w.get(p + "self_attn.v_proj.bias", 0.0)
+        q, k, v = q.reshape(T, H, hd), k.reshape(T, K, hd), v.reshape(T, K, hd)
+        if p + "self_attn.q_norm.weight" in w:
+            q = rms(q, w[p + "self_attn.q_norm.weight"])
+            k = rms(k, w[p + "self_attn.k_norm.weight"])
+        q, k = rope(q), rope(k)
+        if record is not None:
+            record.append((q, k, v))
+        k, v = np.repeat(k, H // K, axis=1), np.repeat(v, H // K, axis=1)
+        s = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd)
+        s[:, mask] = -np.inf
+        s = np.exp(s - s.max(axis=-1, keepdims=True))
+        s /= s.sum(axis=-1, keepdims=True)
+        o = np.einsum("hts,shd->thd", s, v).reshape(T, H * hd)
+        x = x + o @ w[p + "self_attn.o_proj.weight"].T + w.get(p + "self_attn.o_proj.bias", 0.0)
+        h = rms(x, w[p + "post_attention_layernorm.weight"])
+        g = h @ w[p + "mlp.gate_proj.weight"].T
+        x = x + ((g / (1 + np.exp(-g))) * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+    lm = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    return rms(x, w["model.norm.weight"]) @ lm.T
+
+
+def read_safetensors(path):
+    """F32 tensors of a safetensors file as float64 arrays (the test's own reader)."""
+    raw = open(path, "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        assert t["dtype"] == "F32", t
+        b, e = t["data_offsets"]
+        out[name] = np.frombuffer(raw[8 + n + b:8 + n + e], dtype="<f4").reshape(t["shape"]).astype(np.float64)
+    return out
+
+
+BASE = dict(model_type="llama", hidden=64, intermediate=96, layers=2, heads=4, kv_heads=2,
+            head_dim=16, vocab=97, seq_len=128)
+VARIANTS = [
+    ("gqa_f32", dict(BASE), "F32", 1),
+    ("tied_mha_f32", dict(BASE, kv_heads=4, tied=True), "F32", 1),
+    ("qwen2_bias_bf16", dict(BASE, model_type="qwen2", qkv_bias=True, rope_theta=1e6), "BF16", 1),
+    ("llama_attn_bias_f16", dict(BASE, qkv_bias=True, o_bias=True), "F16", 1),
+    ("qwen3_qknorm_f32", dict(BASE, model_type="qwen3", qk_norm=True, head_dim=24, kv_heads=1),
+     "F32", 1),
+    ("rope_llama3_f32", dict(BASE, rope_theta=500000.0, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32}), "F32", 1),
+    ("rope_linear_f32", dict(BASE, rope_scaling={"type": "linear", "factor": 4.0}), "F32", 1),
+    ("sharded_3_bf16", dict(BASE, layers=3), "BF16", 3),
+]
+
+
+def main():
+    shutil.rmtree(WORK, ignore_errors=True)
+    os.makedirs(WORK)
+    # 1. stories260K, llama2.c reader against the converted checkpoint.
+    src = os.path.join(STORIES, "stories260K.bin")
+    if os.path.exists(src):
+        for shards in (1, 3):
+            out = os.path.join(WORK, "stories260K_hf_%d" % shards)
+            convert(src, out, "F32", shards)
+            expect_ok("stories260K_hf shards=%d" % shards, "compare", src, out, "--tokens", "200")
+        # Without the q/k permutation the logits differ: the comparison can fail.
+        out = os.path.join(WORK, "stories260K_hf_unpermuted")
+        convert(src, out, "F32", 1, permute=False)
+        r = run("compare", src, out, "--tokens", "200")
+        print("%-28s %s (expected above tol)" % ("stories260K_hf unpermuted", r.stdout.strip()))
+        if r.returncode != 1:
+            failures.append("stories260K without the q/k permutation was accepted")
+    else:
+        print("stories260K not found at %s: conversion check skipped" % src)
+
+    # 2. variants against the numpy reference.
+    rng = np.random.default_rng(7)
+    for i, (name, spec, dtype, shards) in enumerate(VARIANTS):
+        out = os.path.join(WORK, name)
+        cfg, w = write_random(out, spec, seed=100 + i, dtype=dtype, shards=shards)
+        if spec.get("rope_scaling") is None:
+            cfg.pop("rope_scaling", None)
+        tokens = rng.integers(0, spec["vocab"], size=40)
+        qkv = []
+        ref = reference_logits(cfg, w, tokens, qkv)
+        write_safetensors(os.path.join(WORK, name + ".ref.safetensors"),
+                          [("tokens", tokens.astype(np.float32), "F32"),
+                           ("logits", ref.astype(np.float32), "F32")])
+        expect_ok(name, "check", out, os.path.join(WORK, name + ".ref.safetensors"))
+        expect_ok(name + " blocks of 16", "check", out, os.path.join(WORK, name + ".ref.safetensors"),
+                  "--block", "16")
+        if name in ("gqa_f32", "qwen3_qknorm_f32"):
+            # The dumped trace (docs/traces.md) holds the reference's post-RoPE q, k, v.
+            trace = os.path.join(WORK, name + ".trace.safetensors")
+            expect_ok(name + " dump-trace", "dump", out, os.path.join(WORK, name + ".ref.safetensors"), trace)
+            got = read_safetensors(trace)
+            worst = max(float(np.abs(got["layers.%d.%s" % (l, n)] - x).max())
+                        for l, t in enumerate(qkv) for n, x in zip("qkv", t))
+            print("%-28s max abs diff %.3e against the reference's q, k, v" % (name + " trace", worst))
+            if not worst <= 1e-4:
+                failures.append(name + ": trace differs from the reference by %g" % worst)
+        if spec.get("rope_scaling") is not None:
+            # The scaling must matter: the reference without it is rejected.
+            plain = reference_logits(dict(cfg, rope_scaling=None), w, tokens)
+            write_safetensors(os.path.join(WORK, name + ".noscale.safetensors"),
+                              [("tokens", tokens.astype(np.float32), "F32"),
+                               ("logits", plain.astype(np.float32), "F32")])
+            r = run("check", out, os.path.join(WORK, name + ".noscale.safetensors"))
+            print("%-28s %s (expected above tol)" % (name + " unscaled", r.stdout.strip()))
+            if r.returncode != 1:
+                failures.append(name + ": the unscaled reference was accepted")
+
+    # 3. malformed and unsupported checkpoints.
+    base = os.path.join(WORK, "gqa_f32")
+
+    def variant(name, edit_config=None, edit_tensors=None, edit_bytes=None):
+        out = os.path.join(WORK, "bad_" + name)
+        shutil.copytree(base, out)
+        if edit_config:
+            path = os.path.join(out, "config.json")
+            c = json.load(open(path))
+            edit_config(c)
+            json.dump(c, open(path, "w"))
+        if edit_tensors:
+            _, w = write_random(os.path.join(WORK, "tmp_" + name), dict(BASE), seed=100)
+            t = [(k, v.astype(np.float32), "F32") for k, v in w.items()]
+            t = edit_tensors(t)
+            write_safetensors(os.path.join(out, "model.safetensors"), t)
+        if edit_bytes:
+            path = os.path.join(out, "model.safetensors")
+            b = open(path, "rb").read()
+            open(path, "wb").write(edit_bytes(b))
+        return out
+
+    def drop(name):
+        return lambda t: [x for x in t if x[0] != name]
+
+    def reshape(name):
+        return lambda t: [(n, a.T if n == name else a, d) for n, a, d in t]
+
+    def retype(name):
+        def f(t):
+            out = []
+            for n, a, d in t:
+                if n == name:
+                    out.append((n, a.astype("<f8").tobytes(), "F64", list(a.shape)))
+                else:
+                    out.append((n, a, d))
+            return out
+        return f
+
+    cases = [
+        ("missing_tensor", dict(edit_tensors=drop("model.layers.1.mlp.up_proj.weight")),
+         "model.layers.1.mlp.up_proj.weight' is missing"),
+        ("wrong_shape", dict(edit_tensors=reshape("model.layers.0.self_attn.k_proj.weight")),
+         "has shape [64, 32], expected [32, 64]"),
+        ("unknown_dtype", dict(edit_tensors=retype("model.norm.weight")), "dtype F64"),
+        ("rope_yarn", dict(edit_config=lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0})),
+         "rope_scaling' has type 'yarn'"),
+        ("rope_llama3_incomplete", dict(edit_config=lambda c: c.update(rope_scaling={"rope_type": "llama3", "factor": 8.0})),
+         "rope_scaling.low_freq_factor' is missing"),
+        ("truncated", dict(edit_bytes=lambda b: b[:-100]), "out of range"),
+        ("unknown_field", dict(edit_config=lambda c: c.update(sliding_window_pattern=4)),
+         "field 'sliding_window_pattern' is not supported"),
+        ("mlp_bias", dict(edit_config=lambda c: c.update(mlp_bias=True)), "field 'mlp_bias' = true"),
+        ("model_type", dict(edit_config=lambda c: c.update(model_type="gemma")), "model_type"),
+        ("extra_tensor", dict(edit_tensors=lambda t: t + [("model.layers.0.mlp.extra", np.zeros(3, np.float32), "F32")]),
+         "model.layers.0.mlp.extra' is not part of"),
+        ("bad_json", dict(edit_config=None, edit_bytes=None), "config.json"),
+        ("head_count", dict(edit_config=lambda c: c.update(num_key_value_heads=3)), "num_key_value_heads"),
+    ]
+    for name, edits, needle in cases:
+        out = variant(name, **edits)
+        if name == "bad_json":
+            open(os.path.join(out, "config.json"), "w").write('{"model_type": "llama",')
+        r = run("load", out)
+        lines = r.stderr.strip().split("\n")
+        ok = r.returncode == 2 and len(lines) == 1 and needle in lines[0]
+        print("%-28s exit %d: %s" % ("bad_" + name, r.returncode, lines[0][:150]))
+        if not ok:
+            failures.append("bad_%s: expected exit 2 and one line containing %r, got exit %d: %r"
+                            % (name, needle, r.returncode, r.stderr))
+
+    # Missing shard named by the index.
+    out = os.path.join(WORK, "sharded_3_bf16")
+    os.remove(os.path.join(out, "model-00002-of-00003.safetensors"))
+    r = run("load", out)
+    print("%-28s exit %d: %s" % ("bad_missing_shard", r.returncode, r.stderr.strip()[:150]))
+    if r.returncode != 2 or "model-00002-of-00003.safetensors" not in r.stderr or r.stderr.count("\n") != 1:
+        failures.append("bad_missing_shard: %d %r" % (r.returncode, r.stderr))
+
+    if failures:
+        print("FAILED:\n" + "\n".join(failures))
+        return 1
+    print("hf_test.py: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
