@@ -15,6 +15,8 @@
 #include <span>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "kvevict/metrics.hpp"
 #include "kvevict/policies/full_cache.hpp"
 #include "llama2c.hpp"
@@ -56,9 +58,9 @@ inline void progress(const char* what, std::size_t t, std::size_t T) {
   static const bool tty = ::isatty(2) == 1;
   if (!tty || T <= 512) return;
   if (t + 1 == T)
-    std::fprintf(stderr, "\r%-60s\r", "");
+    fmt::print(stderr, "\r{:<60}\r", "");
   else if (t % 64 == 0)
-    std::fprintf(stderr, "\r%s %zu/%zu tokens", what, t, T);
+    fmt::print(stderr, "\r{} {}/{} tokens", what, t, T);
 }
 
 inline int sample(std::span<const float> logits, float temperature, std::mt19937_64& rng,
