@@ -212,7 +212,7 @@ TEST_CASE("malformed files get a clear kvevict::Error") {
     // rejected (the hand-written parser accepted ill-formed UTF-8; RFC 8259 does not).
     CHECK(open_error(write_raw("esc", R"({"__metadata__":{"k\u00e9":"\ud83d\ude00 a\/b\n"}})",
                                eight)) == "no error");
-    for (const std::string h : {std::string(R"({"__metadata__":{"k":"\ud83d"}})"), std::string(R"({"__metadata__":{"k":"\ude00"}})"),
+    for (const std::string& h : {std::string(R"({"__metadata__":{"k":"\ud83d"}})"), std::string(R"({"__metadata__":{"k":"\ude00"}})"),
                                 std::string(R"({"__metadata__":{"k":")") + "\xff" + "\"}}",
                                 std::string(R"({"__metadata__":{"k":")") + "\xed\xa0\x80" + "\"}}",
                                 std::string(R"({"__metadata__":{"k":"a)") + "\t" + "\"}}"}) {
