@@ -78,6 +78,12 @@ def config_of(spec):
     }
     if spec["model_type"] != "qwen2":
         c["attention_bias"] = bool(spec.get("o_bias"))
+    if spec.get("rope_parameters") is not None:
+        # transformers v5's form: theta and scaling in one object (keep_v4 keeps the old
+        # fields beside it, as a checkpoint written for both versions may).
+        c["rope_parameters"] = spec["rope_parameters"]
+        if not spec.get("keep_v4"):
+            del c["rope_theta"], c["rope_scaling"]
     return c
 
 

@@ -47,10 +47,18 @@ def expect_ok(name, *args):
 
 
 # --- the reference forward pass ------------------------------------------------------------
+def rope_of(cfg):
+    """(theta, scaling) from transformers v5's rope_parameters, else v4's two fields."""
+    p = cfg.get("rope_parameters")
+    if p is not None:
+        return p.get("rope_theta", 10000.0), p
+    return cfg.get("rope_theta", 10000.0), cfg.get("rope_scaling") or {}
+
+
 def inv_freq(cfg):
     hd = cfg["head_dim"]
-    inv = 1.0 / cfg["rope_theta"] ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
-    s = cfg.get("rope_scaling") or {}
+    theta, s = rope_of(cfg)
+    inv = 1.0 / theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
     kind = s.get("rope_type", s.get("type", "default"))
     if kind == "linear":
         inv = inv / s["factor"]
@@ -140,6 +148,14 @@ VARIANTS = [
         "original_max_position_embeddings": 32}), "F32", 1),
     ("rope_linear_f32", dict(BASE, rope_scaling={"type": "linear", "factor": 4.0}), "F32", 1),
     ("sharded_3_bf16", dict(BASE, layers=3), "BF16", 3),
+    # transformers v5: rope_theta and the scaling inside rope_parameters.
+    ("rope_params_llama3_f32", dict(BASE, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 32}), "F32", 1),
+    ("rope_params_theta_f32", dict(BASE, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+     "F32", 1),
+    ("rope_params_and_v4_f32", dict(BASE, rope_theta=1e6, keep_v4=True, rope_parameters={
+        "rope_type": "default", "rope_theta": 1e6}), "F32", 1),
 ]
 
 
@@ -199,6 +215,16 @@ def main():
             print("%-28s %s (expected above tol)" % (name + " unscaled", r.stdout.strip()))
             if r.returncode != 1:
                 failures.append(name + ": the unscaled reference was accepted")
+        if spec.get("rope_parameters") is not None:
+            # rope_parameters must matter: a reference with RoPE's defaults is rejected.
+            plain = reference_logits(dict(cfg, rope_parameters={"rope_type": "default"}), w, tokens)
+            write_safetensors(os.path.join(WORK, name + ".defaults.safetensors"),
+                              [("tokens", tokens.astype(np.float32), "F32"),
+                               ("logits", plain.astype(np.float32), "F32")])
+            r = run("check", out, os.path.join(WORK, name + ".defaults.safetensors"))
+            print("%-28s %s (expected above tol)" % (name + " default rope", r.stdout.strip()))
+            if r.returncode != 1:
+                failures.append(name + ": the reference without rope_parameters was accepted")
 
     # 3. malformed and unsupported checkpoints.
     base = os.path.join(WORK, "gqa_f32")
@@ -256,7 +282,22 @@ def main():
         ("model_type", dict(edit_config=lambda c: c.update(model_type="gemma")), "model_type"),
         ("extra_tensor", dict(edit_tensors=lambda t: t + [("model.layers.0.mlp.extra", np.zeros(3, np.float32), "F32")]),
          "model.layers.0.mlp.extra' is not part of"),
-        ("bad_json", dict(edit_config=None, edit_bytes=None), "config.json"),
+        ("bad_json", dict(edit_config=None, edit_bytes=None), "config.json: bad JSON at byte"),
+        ("rope_params_theta_conflict",
+         dict(edit_config=lambda c: c.update(rope_parameters={"rope_type": "default", "rope_theta": 5e5})),
+         "'rope_theta' = 10000 conflicts with 'rope_parameters.rope_theta' = 500000"),
+        ("rope_params_scaling_conflict",
+         dict(edit_config=lambda c: c.update(rope_scaling={"type": "linear", "factor": 4.0},
+                                             rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                              "rope_theta": 10000.0})),
+         "conflicts with 'rope_parameters'"),
+        ("rope_params_unknown_key",
+         dict(edit_config=lambda c: c.update(rope_parameters={"rope_type": "default",
+                                                              "partial_rotary_factor": 0.5})),
+         "'rope_parameters.partial_rotary_factor' is not supported"),
+        ("rope_params_yarn",
+         dict(edit_config=lambda c: c.update(rope_parameters={"rope_type": "yarn", "factor": 4.0})),
+         "'rope_parameters' has type 'yarn'"),
         ("head_count", dict(edit_config=lambda c: c.update(num_key_value_heads=3)), "num_key_value_heads"),
     ]
     for name, edits, needle in cases:

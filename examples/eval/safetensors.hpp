@@ -54,12 +54,15 @@ inline std::string library_message(const char* what) {
 /// would accept but the format forbids: duplicate keys in an object, nesting deeper than
 /// kMaxDepth, a byte-order mark, a NUL byte (nlohmann's lexer reads NUL as the end of
 /// input, which would let bytes after it pass unread). Every failure is a kvevict::Error
-/// naming `where`.
-inline Value parse(std::string_view text, const std::string& where) {
+/// naming `where`; `what` names the document in the message ("bad <what> at byte ..."):
+/// a safetensors file's header by default, "JSON" for a file that is JSON throughout
+/// (config.json, tokenizer.json).
+inline Value parse(std::string_view text, const std::string& where,
+                   std::string_view what = "JSON header") {
   if (text.starts_with("\xEF\xBB\xBF"))
-    kvevict::detail::fail(where, ": bad JSON header: starts with a UTF-8 byte-order mark");
+    kvevict::detail::fail(where, ": bad ", what, ": starts with a UTF-8 byte-order mark");
   if (const auto nul = text.find('\0'); nul != std::string_view::npos)
-    kvevict::detail::fail(where, ": bad JSON header at byte ", nul,
+    kvevict::detail::fail(where, ": bad ", what, " at byte ", nul,
                           ": NUL byte (JSON allows none, escaped or not)");
   std::vector<std::set<std::string>> keys;  // the keys seen so far, one set per open object
   const Value::parser_callback_t check = [&](int depth, Value::parse_event_t event,
@@ -67,11 +70,11 @@ inline Value parse(std::string_view text, const std::string& where) {
     using E = Value::parse_event_t;
     if ((event == E::object_start || event == E::array_start || event == E::value) &&
         depth > kMaxDepth)
-      kvevict::detail::fail(where, ": bad JSON header: nesting deeper than ", kMaxDepth);
+      kvevict::detail::fail(where, ": bad ", what, ": nesting deeper than ", kMaxDepth);
     if (event == E::object_start) keys.emplace_back();
     if (event == E::object_end) keys.pop_back();
     if (event == E::key && !keys.back().insert(parsed.get<std::string>()).second)
-      kvevict::detail::fail(where, ": bad JSON header: duplicate key \"",
+      kvevict::detail::fail(where, ": bad ", what, ": duplicate key \"",
                             parsed.get<std::string>(), "\"");
     return true;
   };
@@ -79,10 +82,10 @@ inline Value parse(std::string_view text, const std::string& where) {
     return Value::parse(text.begin(), text.end(), check, /*allow_exceptions=*/true,
                         /*ignore_comments=*/false);
   } catch (const nlohmann::json::parse_error& e) {
-    kvevict::detail::fail(where, ": bad JSON header at byte ", e.byte, ": ",
+    kvevict::detail::fail(where, ": bad ", what, " at byte ", e.byte, ": ",
                           library_message(e.what()));
   } catch (const nlohmann::json::exception& e) {  // e.g. a number too large for a double
-    kvevict::detail::fail(where, ": bad JSON header: ", library_message(e.what()));
+    kvevict::detail::fail(where, ": bad ", what, ": ", library_message(e.what()));
   }
 }
 

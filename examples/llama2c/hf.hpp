@@ -115,60 +115,112 @@ class ConfigReader {
   std::map<std::string, const json::Value*> fields_;
 };
 
-inline RopeScaling parse_rope_scaling(const json::Value& v, const std::string& where) {
+// The RoPE fields of an object holding a rope type and its parameters: config.json's
+// `rope_scaling` (transformers v4) or `rope_parameters` (v5, which also holds rope_theta;
+// `field` names the object in errors). `allowed_extra` keys are accepted and left to the
+// caller. Every other key must belong to the type: nothing is silently ignored.
+inline RopeScaling parse_rope_object(const json::Value& v, const std::string& where,
+                                     const char* field, bool type_required,
+                                     std::initializer_list<const char*> allowed_extra) {
   RopeScaling s;
-  if (v.is_null()) return s;
-  require(v.is_object(), where, ": config.json field 'rope_scaling' = ", v.dump(),
+  require(v.is_object(), where, ": config.json field '", field, "' = ", v.dump(),
           ", expected an object or null");
   std::string type;
   for (const char* key : {"rope_type", "type"})
     if (v.contains(key)) {
-      require(v[key].is_string(), where, ": config.json field 'rope_scaling.", key, "' = ",
+      require(v[key].is_string(), where, ": config.json field '", field, ".", key, "' = ",
               v[key].dump(), ", expected a string");
-      require(type.empty() || type == v[key].get<std::string>(), where,
-              ": config.json rope_scaling has type and rope_type that differ");
+      require(type.empty() || type == v[key].get<std::string>(), where, ": config.json ", field,
+              " has type and rope_type that differ");
       type = v[key].get<std::string>();
     }
-  if (type == "default") return s;
+  if (type.empty()) {
+    require(!type_required, where, ": config.json field '", field,
+            "' has no 'rope_type' (or 'type')");
+    type = "default";
+  }
   if (type == "linear")
     s.kind = RopeScaling::Kind::linear;
   else if (type == "llama3")
     s.kind = RopeScaling::Kind::llama3;
-  else
-    fail(where, ": config.json field 'rope_scaling' has type '", type,
+  else if (type != "default")
+    fail(where, ": config.json field '", field, "' has type '", type,
          "', which is not supported (supported: linear, llama3, default)");
   auto num = [&](const char* key, double& out, bool required) {
     if (!v.contains(key)) {
-      require(!required, where, ": config.json field 'rope_scaling.", key,
+      require(!required, where, ": config.json field '", field, ".", key,
               "' is missing (needed by rope type ", type, ")");
       return;
     }
     const auto& x = v[key];
     require(x.is_number() && std::isfinite(x.get<double>()) && x.get<double>() > 0, where,
-            ": config.json field 'rope_scaling.", key, "' = ", x.dump(),
+            ": config.json field '", field, ".", key, "' = ", x.dump(),
             ", expected a positive number");
     out = x.get<double>();
   };
-  num("factor", s.factor, true);
-  require(s.factor >= 1.0, where, ": config.json field 'rope_scaling.factor' = ", s.factor,
-          ", expected >= 1");
+  const bool scaled = s.kind != RopeScaling::Kind::none;
   const bool l3 = s.kind == RopeScaling::Kind::llama3;
+  if (scaled) {
+    num("factor", s.factor, true);
+    require(s.factor >= 1.0, where, ": config.json field '", field, ".factor' = ", s.factor,
+            ", expected >= 1");
+  }
   if (l3) {
     num("low_freq_factor", s.low_freq_factor, true);
     num("high_freq_factor", s.high_freq_factor, true);
     num("original_max_position_embeddings", s.original_max_position_embeddings, true);
-    require(s.high_freq_factor > s.low_freq_factor, where,
-            ": config.json rope_scaling high_freq_factor = ", s.high_freq_factor,
-            ", expected > low_freq_factor = ", s.low_freq_factor);
+    require(s.high_freq_factor > s.low_freq_factor, where, ": config.json ", field,
+            " high_freq_factor = ", s.high_freq_factor, ", expected > low_freq_factor = ",
+            s.low_freq_factor);
   }
   for (const auto& [k, x] : v.items()) {
-    const bool known = k == "rope_type" || k == "type" || k == "factor" ||
-                       (l3 && (k == "low_freq_factor" || k == "high_freq_factor" ||
-                               k == "original_max_position_embeddings"));
-    require(known, where, ": config.json field 'rope_scaling.", k, "' is not supported for type ",
-            type);
+    bool known = k == "rope_type" || k == "type" || (scaled && k == "factor") ||
+                 (l3 && (k == "low_freq_factor" || k == "high_freq_factor" ||
+                         k == "original_max_position_embeddings"));
+    for (const char* e : allowed_extra) known = known || k == e;
+    require(known, where, ": config.json field '", field, ".", k,
+            "' is not supported for rope type ", type);
   }
   return s;
+}
+
+/// transformers v4's `rope_scaling`: null, or an object with its type.
+inline RopeScaling parse_rope_scaling(const json::Value& v, const std::string& where) {
+  if (v.is_null()) return {};
+  return parse_rope_object(v, where, "rope_scaling", true, {});
+}
+
+/// RoPE's theta and scaling from config.json: v4's `rope_theta` and `rope_scaling`, or
+/// v5's `rope_parameters` object holding both (its `rope_type` defaults to "default",
+/// its `rope_theta` to 10000). Both forms may appear only when they agree.
+inline void parse_rope(ConfigReader& r, Config& c, const std::string& where) {
+  const json::Value* theta = r.take("rope_theta");
+  const json::Value* scaling = r.take("rope_scaling");
+  const json::Value* params = r.take("rope_parameters");
+  auto theta_of = [&](const json::Value& x, const char* field) {
+    require(x.is_number() && std::isfinite(x.get<double>()) && x.get<double>() >= 1.0 &&
+                x.get<double>() <= 1e12,
+            where, ": config.json field '", field, "' = ", x.dump(), ", expected 1..1e12");
+    return x.get<double>();
+  };
+  const bool has_theta = theta != nullptr && !theta->is_null();
+  const bool has_scaling = scaling != nullptr && !scaling->is_null();
+  c.rope_theta = has_theta ? theta_of(*theta, "rope_theta") : 10000.0;
+  if (has_scaling) c.rope_scaling = parse_rope_scaling(*scaling, where);
+  if (params == nullptr || params->is_null()) return;
+  const RopeScaling s = parse_rope_object(*params, where, "rope_parameters", false, {"rope_theta"});
+  const double t = params->contains("rope_theta")
+                       ? theta_of((*params)["rope_theta"], "rope_parameters.rope_theta")
+                       : 10000.0;
+  require(!has_theta || t == c.rope_theta, where, ": config.json field 'rope_theta' = ",
+          c.rope_theta, " conflicts with 'rope_parameters.rope_theta' = ", t,
+          " (give one, or the same value in both)");
+  if (has_scaling && !(s == c.rope_scaling))  // (require() would evaluate scaling->dump())
+    fail(where, ": config.json field 'rope_scaling' = ", scaling->dump(),
+         " conflicts with 'rope_parameters' = ", params->dump(),
+         " (give one, or the same scaling in both)");
+  c.rope_theta = t;
+  c.rope_scaling = s;
 }
 
 /// What config.json says beyond Config: which optional tensors the model has.
@@ -203,9 +255,8 @@ inline std::pair<Config, Variant> parse_config(const json::Value& root, const st
           " is not a multiple of num_key_value_heads = ", c.n_kv_heads);
   c.seq_len = r.integer("max_position_embeddings", 2048, 1, 1 << 24);
   c.norm_eps = static_cast<float>(r.number("rms_norm_eps", 1e-6, 0.0, 1.0));
-  c.rope_theta = r.number("rope_theta", 10000.0, 1.0, 1e12);
+  parse_rope(r, c, where);
   c.rope = RopeStyle::half;
-  if (const json::Value* s = r.take("rope_scaling")) c.rope_scaling = parse_rope_scaling(*s, where);
   c.shared_classifier = r.boolean("tie_word_embeddings", false);
   if (const json::Value* b = r.take("bos_token_id"); b != nullptr && !b->is_null()) {
     require(b->is_number_integer() && b->get<std::int64_t>() >= 0 &&
@@ -309,7 +360,7 @@ class TensorSet {
 inline Model assemble(const std::string& config_text, std::vector<SafetensorsFile> shards,
                       const std::string& where) {
   using detail::require;
-  const json::Value root = json::parse(config_text, where + ": config.json");
+  const json::Value root = json::parse(config_text, where + ": config.json", "JSON");
   auto [c, var] = detail::parse_config(root, where);
   Model::Parts p;
   p.config = c;
@@ -394,7 +445,7 @@ inline Model load(const std::string& dir) {
   if (fs::exists(index, ec)) {
     const auto bytes = kvevict::detail::read_file(index.string(), "safetensors index");
     const json::Value idx = json::parse(std::string_view(bytes.data(), bytes.size()),
-                                        where + ": model.safetensors.index.json");
+                                        where + ": model.safetensors.index.json", "JSON");
     require(idx.is_object() && idx.contains("weight_map") && idx["weight_map"].is_object(), where,
             ": model.safetensors.index.json has no object 'weight_map'");
     std::map<std::string, std::size_t> shard_of_file;

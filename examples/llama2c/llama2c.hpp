@@ -43,6 +43,8 @@ struct RopeScaling {
   double low_freq_factor = 1.0;                     ///< llama3
   double high_freq_factor = 4.0;                    ///< llama3
   double original_max_position_embeddings = 8192.0;  ///< llama3
+
+  friend bool operator==(const RopeScaling&, const RopeScaling&) = default;
 };
 
 /// The model's shape and the settings of its forward pass. llama2.c checkpoints fill the
