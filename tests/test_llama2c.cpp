@@ -453,6 +453,49 @@ TEST_CASE("e2e protocol: KL is 0 for the full cache and positive under eviction"
                     Catch::Matchers::Contains("seq_len"));
 }
 
+TEST_CASE("e2e protocol: a prompt prefilled in blocks scores like token by token",
+          "[llama2c]") {
+  Tiny c;
+  auto model = std::make_shared<const Model>(Model::parse(serialize(make_weights(c, 5))));
+  const Stream s = sample_stream(model, SampleOptions{c.seq_len, 1.0f, 4});
+  ProtocolOptions blocked;
+  blocked.prefill = 40;  // of 48 tokens, in blocks of 7 (the last one short)
+  blocked.prefill_block = 7;
+  auto same = [&](const StreamResult& a, const StreamResult& b) {
+    REQUIRE(a.kl.size() == b.kl.size());
+    REQUIRE(a.nll.size() == b.nll.size());
+    double worst = 0.0;
+    for (std::size_t t = 0; t < a.kl.size(); ++t) worst = std::max(worst, std::abs(a.kl[t] - b.kl[t]));
+    for (std::size_t t = 0; t < a.nll.size(); ++t)
+      worst = std::max(worst, std::abs(a.nll[t] - b.nll[t]));
+    CHECK(worst <= 1e-4);
+    return worst;
+  };
+  const std::size_t budget = 8;
+  // The full cache: KL stays ~0 (float rounding of the block's matrix products only).
+  const auto full = run_stream(model, s, Budget::unbounded(), policies::FullCache{}, blocked);
+  for (double kl : full.kl) CHECK(kl < 1e-6);
+  same(run_stream(model, s, Budget::uniform(budget), policies::StreamingLLM{2}),
+       run_stream(model, s, Budget::uniform(budget), policies::StreamingLLM{2}, blocked));
+  // Policies that read attention (H2O) or draw per (layer, head) generators (Random)
+  // evict the same rows, so the figures agree too.
+  const auto h2o = policies::H2O(policies::H2O::Config{4, 0});
+  const auto a = run_stream(model, s, Budget::uniform(budget), h2o);
+  CHECK(same(a, run_stream(model, s, Budget::uniform(budget), h2o, blocked)) < 1e-4);
+  CHECK(summarize(std::span<const StreamResult>(&a, 1)).mean_kl > 1e-3);  // evictions matter
+  const auto rnd = policies::Random(policies::Random::Config{1, 1, 1});
+  same(run_stream(model, s, Budget::uniform(budget), rnd),
+       run_stream(model, s, Budget::uniform(budget), rnd, blocked));
+  // A prompt longer than the stream is the whole stream; a block of 0 tokens is refused.
+  ProtocolOptions all = blocked;
+  all.prefill = 1000;
+  same(run_stream(model, s, Budget::uniform(budget), policies::StreamingLLM{2}),
+       run_stream(model, s, Budget::uniform(budget), policies::StreamingLLM{2}, all));
+  all.prefill_block = 0;
+  CHECK_THROWS_WITH(run_stream(model, s, Budget::uniform(budget), policies::StreamingLLM{2}, all),
+                    Catch::Matchers::Contains("prefill_block = 0"));
+}
+
 TEST_CASE("positions re-indexed inside the cache, past seq_len only with a bounded cache",
           "[llama2c]") {
   Tiny c;

@@ -77,6 +77,9 @@ struct Knobs {
   /// pairs, base 10000) by default; kvevict-eval's synthetic and trace workloads set none
   /// (their positions are content directions, no rotation).
   policies::RopeLayout rope = policies::RopeLayout::interleaved;
+  /// Its base (theta_i = base^(-2i / d)): llama2.c's 10000; a Hugging Face model's
+  /// rope_theta (its rope_scaling, if any, is not modelled: the unscaled frequencies).
+  float rope_base = 10000.0f;
 
   /// The stories260K reference table's protocol (llama2c_e2e, llama2c_headline and
   /// llama2c_diagnose): StreamingLLM 1 sink, H2O and Random recent = budget / 4.
@@ -259,13 +262,16 @@ void for_each_policy(Fn&& fn) {
                                   .covariance = ExpectedAttention::Covariance::none,
                                   .value_norm = true,
                                   .rope = a.knobs.rope,
+                                  .rope_base = a.knobs.rope_base,
                                   .horizon = 3.0f});
       });
   add.template operator()<ExpectedAttention>(
       {"expected",
        "ExpectedAttention: paper settings (4 sinks, covariance, value norm, W 128)",
        Family::seed},
-      [](const Args& a) { return ExpectedAttention({.rope = a.knobs.rope}); });
+      [](const Args& a) {
+        return ExpectedAttention({.rope = a.knobs.rope, .rope_base = a.knobs.rope_base});
+      });
   add.template operator()<KeyDiff>(
       {"keydiff", "KeyDiff: evict the key most similar to the mean unit key (paper settings)",
        Family::seed},

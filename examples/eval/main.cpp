@@ -60,6 +60,7 @@ struct Options {
   std::uint64_t seed = 1;
   std::size_t topk = 10;
   std::size_t prefill_chunk = 0;
+  std::size_t prefill_block = 64;
   bool quiet = false, force_progress = false;
 };
 
@@ -139,6 +140,10 @@ std::optional<Options> parse(int argc, char** argv) {
   p.number("--prefill-chunk", "N",
            "> 0: prefill the prompt in chunks of N tokens (0: the whole prompt at once)",
            o.prefill_chunk, Range<std::size_t>{0});
+  p.number("--prefill-block", "N",
+           "with --model: the prompt (--prompt tokens) is prefilled through forward_block in "
+           "blocks of N tokens (default 64; 0: token by token)",
+           o.prefill_block, Range<std::size_t>{0, std::size_t{1} << 20});
   p.text("--json", "FILE", "write the results as JSON", o.json);
   p.text("--csv", "FILE", "write the results as CSV", o.csv);
   p.text("--svg", "FILE",
@@ -414,6 +419,12 @@ int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
     fmt::print(stderr, "kvevict-eval: wrote trace {} ({} tokens)\n", o.dump_trace, n);
   }
   const auto T = static_cast<std::size_t>(so.tokens);
+  // The prompt: the stream's first --prompt tokens (default a quarter, as a trace's),
+  // prefilled under each policy in blocks of --prefill-block.
+  const std::size_t prompt = std::min(o.prompt.value_or(T / 4), T);
+  kvevict::llama2c::ProtocolOptions protocol;
+  protocol.prefill = o.prefill_block > 0 ? prompt : 0;
+  protocol.prefill_block = std::max<std::size_t>(o.prefill_block, 1);
   struct ModelRow {
     std::string policy;
     std::size_t budget;
@@ -433,15 +444,18 @@ int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
       const std::size_t b = e.sizing == Sizing::reference ? 0 : budgets[bi].resolve(T);
       try {
         rows.push_back({e.name, b, b ? double(b) / double(T) : 1.0,
-                        e.run_model(model, streams, PolicyArgs{b, o.seed, nullptr})});
+                        e.run_model(model, streams, PolicyArgs{b, o.seed, nullptr, protocol})});
       } catch (const kvevict::Error& err) {
         throw kvevict::Error(std::string(err.what()) + " (policy " + e.name + ", budget " +
                              std::to_string(b) + " tokens)");
       }
     }
   }
-  fmt::print("model {}, one stream of {} tokens sampled at temperature 1, seed {}\n",
-              path, T, static_cast<unsigned long long>(o.seed));
+  fmt::print("model {}, one stream of {} tokens sampled at temperature 1, seed {}; the first "
+             "{} prefilled {}\n",
+             path, T, static_cast<unsigned long long>(o.seed), prompt,
+             protocol.prefill > 0 ? fmt::format("in blocks of {}", protocol.prefill_block)
+                                  : std::string("token by token"));
   fmt::print("{:<{}} {:>8} {:>6} {:>10} {:>8} {:>10} {:>10}\n", "policy", kvevict::registry::name_width(), "budget", "frac", "mean_kl", "top1",
               "ppl", "ppl_full");
   for (const auto& r : rows)

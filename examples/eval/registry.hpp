@@ -43,6 +43,10 @@ struct PolicyArgs {
   std::size_t budget = 0;  ///< tokens per (layer, KV head)
   std::uint64_t seed = 0;
   const Workload* workload = nullptr;
+#if KVEVICT_EVAL_HAS_LLAMA2C
+  /// --model: the protocol's options (the prompt prefilled in blocks).
+  llama2c::ProtocolOptions protocol{};
+#endif
 };
 
 using registry::Family;
@@ -120,10 +124,15 @@ inline const std::vector<PolicyEntry>& policy_registry() {
         e.run_model = [re](const std::shared_ptr<const llama2c::Model>& model,
                            std::span<const llama2c::Stream> streams, const PolicyArgs& a) {
           registry::Knobs knobs = eval_knobs(a.seed);
-          knobs.rope = policies::RopeLayout::interleaved;  // llama2.c's RoPE (base 10000)
+          // The model's RoPE, for the policies that un-rotate queries (ExpectedAttention):
+          // llama2.c's interleaved pairs, Hugging Face's halves, and its rope_theta.
+          knobs.rope = model->config().rope == llama2c::RopeStyle::half
+                           ? policies::RopeLayout::halves
+                           : policies::RopeLayout::interleaved;
+          knobs.rope_base = static_cast<float>(model->config().rope_theta);
           const registry::Args ra{a.budget, knobs, nullptr};
           return registry::invoke(re, ra, [&](Policy policy, const Budget& b) {
-            return llama2c::evaluate<Policy>(model, streams, b, std::move(policy));
+            return llama2c::evaluate<Policy>(model, streams, b, std::move(policy), a.protocol);
           });
         };
 #endif

@@ -144,6 +144,16 @@ struct ProtocolOptions {
   /// Leading positions left out of the means. Position 0 attends only to itself, so its
   /// KL is 0 under any policy; the figures in docs/engine.md count every position (0).
   std::size_t skip = 0;
+  /// The stream's first `prefill` tokens are a prompt fed through
+  /// Transformer::forward_block in blocks of `prefill_block` tokens (the prefill path: each
+  /// block's projections and MLP are one matrix product, weights read once per block);
+  /// the rest token by token. Attention and eviction still run per token in order, so the
+  /// cache never holds more than the budget, and every position's figures equal the
+  /// token-by-token ones up to float rounding (tests/e2e_prefill_test: KL within 1e-4).
+  /// Every position is still scored, prompt included (the block's logits, held for one
+  /// block: prefill_block x vocab floats). 0 = token by token throughout.
+  std::size_t prefill = 0;
+  std::size_t prefill_block = 64;
 };
 
 /// Per-position figures of one stream under one policy, and their means over the
@@ -173,12 +183,13 @@ StreamResult run_stream(const std::shared_ptr<const Model>& model, const Stream&
       "run_stream: stream has ", stream.full_logits.size(),
       " full logits, expected tokens x vocab = ",
       stream.size() * static_cast<std::size_t>(stream.vocab));
+  kvevict::detail::require(options.prefill == 0 || options.prefill_block > 0,
+                           "run_stream: prefill = ", options.prefill,
+                           " tokens with prefill_block = 0, expected a block of >= 1 token");
   Transformer<Policy> tf(model, budget, std::move(policy));
   StreamResult r;
   r.skip = options.skip;
-  for (std::size_t t = 0; t < stream.size(); ++t) {
-    detail::progress("feeding the stream under the policy:", t, stream.size());
-    const auto q = tf.forward(stream.tokens[t], static_cast<int>(t));
+  auto score = [&](std::size_t t, std::span<const float> q) {
     const auto p = stream.logits(t);
     r.kl.push_back(metrics::kl_divergence(p, q));
     r.top1.push_back(metrics::top1_agreement(p, q) ? 1 : 0);
@@ -187,6 +198,21 @@ StreamResult run_stream(const std::shared_ptr<const Model>& model, const Stream&
       r.nll.push_back(metrics::negative_log_likelihood(q, next));
       r.nll_full.push_back(metrics::negative_log_likelihood(p, next));
     }
+  };
+  const std::size_t prefill = std::min(options.prefill, stream.size());
+  const auto V = static_cast<std::size_t>(stream.vocab);
+  std::vector<float> block;
+  for (std::size_t at = 0; at < prefill;) {
+    detail::progress("prefilling the prompt under the policy:", at, stream.size());
+    const std::size_t n = std::min(options.prefill_block, prefill - at);
+    tf.forward_block(std::span<const int>(stream.tokens.data() + at, n), static_cast<int>(at),
+                     &block);
+    for (std::size_t i = 0; i < n; ++i) score(at + i, std::span<const float>(block.data() + i * V, V));
+    at += n;
+  }
+  for (std::size_t t = prefill; t < stream.size(); ++t) {
+    detail::progress("feeding the stream under the policy:", t, stream.size());
+    score(t, tf.forward(stream.tokens[t], static_cast<int>(t)));
   }
   return r;
 }

@@ -570,8 +570,10 @@ class Transformer {
   /// read once per block instead of once per token: the prefill path). Attention stays
   /// per token in order (append, then attend to the rows so far), so the cache sees the
   /// same appends as with forward(); only the order of calls across layers differs, which
-  /// matters only to a policy with state shared across layers (none of the registry's
-  /// but Random's generator). Returns the last token's logits; when `all_logits` is set it
+  /// matters only to a policy with state shared across layers (none of the registry's:
+  /// Random draws from one generator per layer and KV head). The block's keys and queries
+  /// differ from forward()'s by float rounding, so a policy ranking rows by a near-tied
+  /// quantity (KNorm's key norms on stories260K) can choose other rows. Returns the last token's logits; when `all_logits` is set it
   /// receives tokens.size() x vocab floats. Logits equal forward()'s up to float rounding
   /// (tests/hf_test.py checks 1e-4).
   std::span<const float> forward_block(std::span<const int> tokens, int pos0,
