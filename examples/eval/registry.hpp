@@ -126,10 +126,7 @@ inline const std::vector<PolicyEntry>& policy_registry() {
           registry::Knobs knobs = eval_knobs(a.seed);
           // The model's RoPE, for the policies that un-rotate queries (ExpectedAttention):
           // llama2.c's interleaved pairs, Hugging Face's halves, and its rope_theta.
-          knobs.rope = model->config().rope == llama2c::RopeStyle::half
-                           ? policies::RopeLayout::halves
-                           : policies::RopeLayout::interleaved;
-          knobs.rope_base = static_cast<float>(model->config().rope_theta);
+          llama2c::set_model_rope(knobs, model->config());
           const registry::Args ra{a.budget, knobs, nullptr};
           return registry::invoke(re, ra, [&](Policy policy, const Budget& b) {
             return llama2c::evaluate<Policy>(model, streams, b, std::move(policy), a.protocol);

@@ -9,6 +9,7 @@
 // does not depend on how the policy's past diverged. Means are over every step of every
 // stream (steps before the cache fills lose nothing and count), layers and KV heads.
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -59,6 +60,7 @@ struct Args {
   int hash_stride = 4;  // sample every n-th step for the SimHash ranking
   std::vector<std::string> policies;  // registry names instead of the built-in list
   std::vector<std::size_t> budgets{16, 32, 64, 128};
+  int tokens = 0;  ///< T; 0: min(max positions, 512)
 };
 
 // nullopt: exit 0 (--help, --list).
@@ -76,6 +78,11 @@ std::optional<Args> parse(int argc, char** argv) {
   p.number("--seed", "S", "seed of stream 0", a.seed, Range<std::uint64_t>{0});
   p.text("--csv", "FILE", "long-form CSV for the plots", a.csv);
   p.flag("--no-synthetic", "skip the synthetic SimHash comparison", no_synthetic);
+  p.number("--tokens", "T",
+           "stream length (default min(512, the model's seq_len / max_position_embeddings); "
+           "up to that limit; budgets stay in tokens). The full model's attention is held "
+           "for the whole stream: T^2 / 2 x layers x KV heads floats",
+           a.tokens, Range<int>{2, 1 << 24});
   p.number("--hash-stride", "N", "sample every N-th step for the SimHash ranking", a.hash_stride,
            Range<int>{1, 1 << 20});
   kvevict::registry::add_selection_options(
@@ -285,9 +292,10 @@ struct Study {
   std::vector<std::size_t> budgets{16, 32, 64, 128};
   std::vector<std::string> names;
   std::vector<std::vector<Acc>> acc;     // [policy][budget]
-  double full_bucket[8][kBuckets] = {};  // full model's mass by age, per layer (L <= 8)
+  std::vector<std::array<double, kBuckets>> full_bucket;  // full model's mass by age, per layer
   std::size_t full_steps = 0;
   HashStudy hash;
+  std::string progress_label;  ///< what the progress line (T > 512, a terminal) says
 
   Acc& slot(const std::string& name, std::size_t bi) {
     auto it = std::find(names.begin(), names.end(), name);
@@ -335,6 +343,7 @@ struct Study {
            Policy policy, const Budget& budget) {
     const std::size_t B = budgets[bi];
     Acc& a = slot(name, bi);
+    progress_label = fmt::format("{} at {} rows:", name, B);
     Transformer<Policy> tf(model, budget, std::move(policy));
     int t = 0;
     std::vector<char> held;
@@ -353,6 +362,7 @@ struct Study {
       }
     });
     for (t = 0; t < static_cast<int>(s.size()); ++t) {
+      llama2c::detail::progress(progress_label.c_str(), static_cast<std::size_t>(t), s.size());
       const auto logits = tf.forward(s.tokens[static_cast<std::size_t>(t)], t);
       a.kl += metrics::kl_divergence(s.logits(static_cast<std::size_t>(t)), logits);
       ++a.steps;
@@ -393,6 +403,7 @@ struct Study {
     ref.kv_heads = H;
     ref.p.resize(static_cast<std::size_t>(T * L * H));
     Transformer<policies::FullCache> tf(model, Budget::unbounded());
+    progress_label = "full-cache reference:";
     const int G = model->config().n_heads / H, d = model->config().head_dim();
     std::vector<kernels::SimHashProjection> proj;
     for (int l = 0; l < L; ++l) proj.push_back(layer_projection(d, l));
@@ -408,7 +419,8 @@ struct Study {
         for (std::size_t r = 0; r < pos.size(); ++r) {
           const float m = pr.col(static_cast<Eigen::Index>(r)).mean();
           out[static_cast<std::size_t>(pos[r])] = m;
-          full_bucket[l][bucket_of(t, static_cast<int>(pos[r]))] += m;
+          full_bucket[static_cast<std::size_t>(l)]
+                     [static_cast<std::size_t>(bucket_of(t, static_cast<int>(pos[r])))] += m;
         }
         if (t < 32 || t % hash_stride != 0) continue;
         // Rank the cached rows 0..t-1 (the incoming row t is always kept by every policy).
@@ -427,6 +439,7 @@ struct Study {
       }
     });
     for (t = 0; t < static_cast<int>(s.size()); ++t) {
+      llama2c::detail::progress(progress_label.c_str(), static_cast<std::size_t>(t), s.size());
       tf.forward(s.tokens[static_cast<std::size_t>(t)], t);
       ++full_steps;
     }
@@ -505,12 +518,27 @@ int main(int argc, char** argv) {
     Study st;
     st.budgets = a.budgets;
     st.model = std::make_shared<const Model>(load_model_dir(a.model_dir, "stories260K.bin"));
+    std::string model_name = a.model_dir;  // the directory's last component
+    while (model_name.size() > 1 && model_name.back() == '/') model_name.pop_back();
+    if (const auto slash = model_name.rfind('/'); slash != std::string::npos)
+      model_name.erase(0, slash + 1);
     const Config& c = st.model->config();
     st.L = c.n_layers;
     st.H = c.n_kv_heads;
-    st.T = std::min(c.seq_len, 512);  // stories260K: its whole seq_len
-    kvevict::detail::require(st.L <= 8, "model has ", st.L, " layers, expected <= 8");
-    fmt::print(stderr, "llama2c_diagnose: {} streams\n", a.streams);
+    st.T = a.tokens > 0 ? a.tokens : std::min(c.seq_len, 512);  // stories260K: its whole seq_len
+    if (st.T > c.seq_len)
+      throw kvevict::cli::UsageError(fmt::format(
+          "--tokens = {}: the model has {} positions (seq_len / max_position_embeddings)", st.T,
+          c.seq_len));
+    st.full_bucket.assign(static_cast<std::size_t>(st.L), {});
+    // The reference holds every step's attention over every earlier position.
+    const double ref_bytes = 0.5 * st.T * (st.T + 1.0) * st.L * st.H * sizeof(float);
+    fmt::print(stderr, "llama2c_diagnose: {} streams of {} tokens; the full model's attention "
+               "takes {:.1f} MB per stream\n", a.streams, st.T, ref_bytes / 1e6);
+    // The age buckets end at 256-511; longer streams put every older row in the last one.
+    const auto bucket_name = [&](int b) -> std::string {
+      return b == kAgeBuckets - 1 && st.T > 512 ? "256+" : kBucketNames[b];
+    };
     for (int i = 0; i < a.streams; ++i) {
       SampleOptions o;
       o.seed = a.seed + static_cast<std::uint64_t>(i);
@@ -521,7 +549,8 @@ int main(int argc, char** argv) {
       for (std::size_t bi = 0; bi < st.budgets.size(); ++bi) {
         const std::size_t B = st.budgets[bi];
         if (!a.policies.empty()) {  // registry policies, the headline's knobs
-          const registry::Knobs k = registry::Knobs::reference_protocol();
+          registry::Knobs k = registry::Knobs::reference_protocol();
+          set_model_rope(k, st.model->config());
           for (const auto& name : a.policies)
             registry::with_policy(name, registry::Args{B, k, nullptr},
                                   [&](auto pol, const Budget& b) { st.run(name, bi, s, ref, pol, b); });
@@ -547,10 +576,10 @@ int main(int argc, char** argv) {
     }
     const double samples_per_lh = static_cast<double>(st.full_steps);  // steps x streams
     fmt::print(
-        "stories260K: {} streams (seeds {}..{}), T = {}, temperature 1; mass lost = "
+        "{}: {} streams (seeds {}..{}), T = {}, temperature 1; mass lost = "
         "full model's attention (mean of the group's query heads) on positions the "
         "policy does not hold, mean over every step, layer and KV head\n\n",
-        a.streams, static_cast<unsigned long long>(a.seed),
+        model_name, a.streams, static_cast<unsigned long long>(a.seed),
         static_cast<unsigned long long>(a.seed + static_cast<std::uint64_t>(a.streams) - 1), st.T);
 
     // 1. Mass lost and KL per policy and budget.
@@ -587,9 +616,9 @@ int main(int argc, char** argv) {
         }
         for (int b = 0; b < kBuckets; ++b) {
           csv.row("lost_age", st.names[p], static_cast<int>(st.budgets[bi]), -1, -1,
-                  kBucketNames[b], x.lost_bucket[b] / (samples_per_lh * st.L * st.H));
+                  bucket_name(b), x.lost_bucket[b] / (samples_per_lh * st.L * st.H));
           csv.row("kept_age", st.names[p], static_cast<int>(st.budgets[bi]), -1, -1,
-                  kBucketNames[b], x.kept_bucket[b] / std::max(1.0, x.full_samples));
+                  bucket_name(b), x.kept_bucket[b] / std::max(1.0, x.full_samples));
         }
       }
       fmt::print("\n");
@@ -617,7 +646,7 @@ int main(int argc, char** argv) {
     fmt::print(
         "\n### Full model's attention mass by token age (mean over steps and KV heads)\n\n"
         "| layer |");
-    for (int b = 0; b < kBuckets; ++b) fmt::print(" {} |", kBucketNames[b]);
+    for (int b = 0; b < kBuckets; ++b) fmt::print(" {} |", bucket_name(b));
     fmt::print("\n|---|");
     for (int b = 0; b < kBuckets; ++b) fmt::print("---|");
     fmt::print("\n");
@@ -629,10 +658,11 @@ int main(int argc, char** argv) {
         fmt::print("| all |");
       for (int b = 0; b < kBuckets; ++b) {
         const double v =
-            l < st.L ? st.full_bucket[l][b] / (samples_per_lh * st.H) : all_bucket[b] / st.L;
+            l < st.L ? st.full_bucket[static_cast<std::size_t>(l)][static_cast<std::size_t>(b)] /
+                           (samples_per_lh * st.H) : all_bucket[b] / st.L;
         if (l < st.L) all_bucket[b] += v;
         fmt::print(" {:.4f} |", v);
-        csv.row("full_age", "full", 0, l < st.L ? l : -1, -1, kBucketNames[b], v);
+        csv.row("full_age", "full", 0, l < st.L ? l : -1, -1, bucket_name(b), v);
       }
       fmt::print("\n");
     }
@@ -684,7 +714,7 @@ int main(int argc, char** argv) {
       }
     for (std::size_t bi : age_budgets) {
       fmt::print("\n### Mass lost by token age at {} rows\n\n| policy |", st.budgets[bi]);
-      for (int b = 0; b < kBuckets; ++b) fmt::print(" {} |", kBucketNames[b]);
+      for (int b = 0; b < kBuckets; ++b) fmt::print(" {} |", bucket_name(b));
       fmt::print("\n|---|");
       for (int b = 0; b < kBuckets; ++b) fmt::print("---|");
       fmt::print("\n");
@@ -700,7 +730,7 @@ int main(int argc, char** argv) {
           "\n### Rows held by token age at {} rows (mean rows per layer and KV head, "
           "steps where the cache is full)\n\n| policy |",
           st.budgets[bi]);
-      for (int b = 0; b < kBuckets; ++b) fmt::print(" {} |", kBucketNames[b]);
+      for (int b = 0; b < kBuckets; ++b) fmt::print(" {} |", bucket_name(b));
       fmt::print(" mean age (non-sink) |\n|---|");
       for (int b = 0; b <= kBuckets; ++b) fmt::print("---|");
       fmt::print("\n");

@@ -107,7 +107,8 @@ void for_each_recall_candidate(F&& f) {
 
 // Probability-free policies (no attention probabilities: ExpectedAttention reads the
 // queries, KeyDiff only the keys). The llama2c engine rotates queries and keys with
-// llama2.c's interleaved RoPE, base 10000: the ExpectedAttention default.
+// llama2.c's interleaved RoPE, base 10000: the ExpectedAttention default; a Hugging Face
+// model's rotate_half and rope_theta are set per run (with_model_rope, e2e.hpp).
 using policies::ExpectedAttention;
 using policies::KeyDiff;
 // The papers' settings: ExpectedAttention as kvpress ships it (4 sinks, covariance, value
@@ -130,7 +131,7 @@ const ExpectedAttention kProbabilityFree({.sinks = 1,
 // The --tune-scorers grid: window W, future positions n, covariance, value norm, horizon,
 // all behind 1 sink and the 3/8 band.
 template <class F>
-void for_each_scorer_candidate(F&& f) {
+void for_each_scorer_candidate(const Config& c, F&& f) {
   f("KeyDiff (1 sink, recent 3/8)", kKeyDiffBand);
   for (std::size_t w : {1u, 8u, 64u})
     for (std::size_t n : {1u, 16u, 512u})
@@ -140,24 +141,24 @@ void for_each_scorer_candidate(F&& f) {
           const std::string name =
               fmt::format("ExpectedAttention W {}, future {}, {}, horizon {:.0f}", w, n,
                           cov ? "covariance" : "mean only", h);
-          f(name.c_str(), ExpectedAttention({.sinks = 1,
+          f(name.c_str(), with_model_rope(ExpectedAttention({.sinks = 1,
                                      .recent_fraction = 0.375f,
                                      .query_window = w,
                                      .future_positions = n,
                                      .covariance = cov ? ExpectedAttention::Covariance::full
                                                        : ExpectedAttention::Covariance::none,
-                                     .horizon = h}));
+                                     .horizon = h}), c));
         }
   for (std::size_t w : {8u, 64u}) {
     const std::string name = fmt::format(
         "ExpectedAttention W {}, future 16, mean only, horizon 3, no value norm", w);
-    f(name.c_str(), ExpectedAttention({.sinks = 1,
+    f(name.c_str(), with_model_rope(ExpectedAttention({.sinks = 1,
                                .recent_fraction = 0.375f,
                                .query_window = w,
                                .future_positions = 16,
                                .covariance = ExpectedAttention::Covariance::none,
                                .value_norm = false,
-                               .horizon = 3.0f}));
+                               .horizon = 3.0f}), c));
   }
 }
 
@@ -438,6 +439,9 @@ int main(int argc, char** argv) {
     const Args& a = *parsed;
     Runner r;
     r.model = std::make_shared<const Model>(load_model_dir(a.model_dir, "stories260K.bin"));
+    // The registry's knobs for --policies: the reference protocol's, with the model's RoPE.
+    registry::Knobs knobs = registry::Knobs::reference_protocol();
+    set_model_rope(knobs, r.model->config());
     if (a.haystack) {
       // --tune picks the tuning fillers (0-1); otherwise the held-out ones (2-3).
       const Tokenizer tok = Tokenizer::load(a.model_dir + "/tok512.bin", r.model->config().vocab_size);
@@ -454,10 +458,10 @@ int main(int argc, char** argv) {
         haystack_row(r.model, cases, B, "**DecayedAttention::recommended()**",
                      policies::DecayedAttention::recommended());
         haystack_row(r.model, cases, B, "recommended() with the excess-spike reserve", kExcess);
-        haystack_row(r.model, cases, B, "ExpectedAttention (paper settings, 4 sinks)", kExpectedPaper);
+        haystack_row(r.model, cases, B, "ExpectedAttention (paper settings, 4 sinks)", with_model_rope(kExpectedPaper, r.model->config()));
         haystack_row(r.model, cases, B, "KeyDiff (paper settings)", kKeyDiffPaper);
         haystack_row(r.model, cases, B, "probability-free: 1 sink, 3/8 recent, decayed expected attention",
-                     kProbabilityFree);
+                     with_model_rope(kProbabilityFree, r.model->config()));
         haystack_row(r.model, cases, B, "Oracle (non-causal ceiling)", policies::Oracle{.rows = B}, true);
       }
       return 0;
@@ -478,7 +482,7 @@ int main(int argc, char** argv) {
       for (std::size_t B : a.budgets) {
         if (!a.policies.empty()) {
           for (const auto& name : a.policies)
-            registry::with_policy(name, registry::Args{B, registry::Knobs::reference_protocol(), nullptr},
+            registry::with_policy(name, registry::Args{B, knobs, nullptr},
                                   [&](auto pol, const Budget& b) {
                                     retrieval_row(r.model, streams, B, name.c_str(), pol, b);
                                   });
@@ -486,7 +490,7 @@ int main(int argc, char** argv) {
         }
         if (a.scorers) {  // the retrieval side of the probability-free grid
           retrieval_row(r.model, streams, B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
-          for_each_scorer_candidate([&](const char* name, const auto& p) {
+          for_each_scorer_candidate(r.model->config(), [&](const char* name, const auto& p) {
             retrieval_row(r.model, streams, B, name, p);
           });
           continue;
@@ -506,7 +510,7 @@ int main(int argc, char** argv) {
           retrieval_row(r.model, streams, B, "recommended() with the excess-spike reserve", kExcess);
           retrieval_row(r.model, streams, B,
                         "probability-free: 1 sink, 3/8 recent, decayed expected attention",
-                        kProbabilityFree);
+                        with_model_rope(kProbabilityFree, r.model->config()));
           continue;
         }
         retrieval_row(r.model, streams, B, "DecayedAttention without recall (h 3, f 1/2)",
@@ -520,11 +524,11 @@ int main(int argc, char** argv) {
                       policies::DecayedAttention::recommended(),
                       profile.allocate(static_cast<long long>(B), kHalfPerHead));
         retrieval_row(r.model, streams, B, "recommended() with the excess-spike reserve", kExcess);
-        retrieval_row(r.model, streams, B, "ExpectedAttention (paper settings, 4 sinks)", kExpectedPaper);
+        retrieval_row(r.model, streams, B, "ExpectedAttention (paper settings, 4 sinks)", with_model_rope(kExpectedPaper, r.model->config()));
         retrieval_row(r.model, streams, B, "KeyDiff (paper settings)", kKeyDiffPaper);
         retrieval_row(r.model, streams, B, "KeyDiff (1 sink, recent 3/8)", kKeyDiffBand);
         retrieval_row(r.model, streams, B, "probability-free: 1 sink, 3/8 recent, decayed expected attention",
-                      kProbabilityFree);
+                      with_model_rope(kProbabilityFree, r.model->config()));
         retrieval_row(r.model, streams, B, "Oracle (non-causal ceiling)", policies::Oracle{.rows = B}, true);
       }
       return 0;
@@ -554,14 +558,14 @@ int main(int argc, char** argv) {
     for (std::size_t B : a.budgets) {
       if (!a.policies.empty()) {
         for (const auto& name : a.policies)
-          registry::with_policy(name, registry::Args{B, registry::Knobs::reference_protocol(), nullptr},
+          registry::with_policy(name, registry::Args{B, knobs, nullptr},
                                 [&](auto pol, const Budget& b) { r.row(B, name.c_str(), pol, b); });
         continue;
       }
       r.row(B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
       if (a.scorers) {
         r.row(B, "**DecayedAttention::recommended()**", policies::DecayedAttention::recommended());
-        for_each_scorer_candidate([&](const char* name, const auto& p) { r.row(B, name, p); });
+        for_each_scorer_candidate(r.model->config(), [&](const char* name, const auto& p) { r.row(B, name, p); });
         continue;
       }
       if (a.tune) {
@@ -591,10 +595,11 @@ int main(int argc, char** argv) {
             policies::DecayedAttention::recommended(),
             profile.allocate(static_cast<long long>(B), kHalfPerHead));
       r.row(B, "recommended() with the excess-spike reserve", kExcess);
-      r.row(B, "ExpectedAttention (paper settings, 4 sinks)", kExpectedPaper);
+      r.row(B, "ExpectedAttention (paper settings, 4 sinks)", with_model_rope(kExpectedPaper, r.model->config()));
       r.row(B, "KeyDiff (paper settings)", kKeyDiffPaper);
       r.row(B, "KeyDiff (1 sink, recent 3/8)", kKeyDiffBand);
-      r.row(B, "probability-free: 1 sink, 3/8 recent, decayed expected attention", kProbabilityFree);
+      r.row(B, "probability-free: 1 sink, 3/8 recent, decayed expected attention",
+            with_model_rope(kProbabilityFree, r.model->config()));
       r.row(B, "Oracle (non-causal ceiling)", policies::Oracle{.rows = B}, true);
     }
     return 0;

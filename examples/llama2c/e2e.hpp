@@ -13,15 +13,42 @@
 #include <memory>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "kvevict/metrics.hpp"
+#include "kvevict/policies/expected_attention.hpp"
 #include "kvevict/policies/full_cache.hpp"
 #include "llama2c.hpp"
 
 namespace kvevict::llama2c {
+
+/// The model's RoPE layout as policies that un-rotate queries (ExpectedAttention) name it.
+inline policies::RopeLayout rope_layout(const Config& c) {
+  return c.rope == RopeStyle::half ? policies::RopeLayout::halves
+                                   : policies::RopeLayout::interleaved;
+}
+
+/// `e` with the model's RoPE layout and base (rope_theta). A llama2.c model's are
+/// ExpectedAttention's defaults (interleaved, 10000): the policy comes back unchanged.
+/// rope_scaling is not modelled (the policy averages the unscaled rotation).
+inline policies::ExpectedAttention with_model_rope(const policies::ExpectedAttention& e,
+                                                   const Config& c) {
+  auto k = e.config();
+  k.rope = rope_layout(c);
+  k.rope_base = static_cast<float>(c.rope_theta);
+  return policies::ExpectedAttention(k);
+}
+
+/// Sets a policy registry's knobs (examples/common/policy_registry.hpp: `rope`,
+/// `rope_base`) to the model's RoPE, as with_model_rope does for one policy.
+template <class Knobs>
+void set_model_rope(Knobs& k, const Config& c) {
+  k.rope = rope_layout(c);
+  k.rope_base = static_cast<float>(c.rope_theta);
+}
 
 /// A token stream and the full cache's logits after each of its tokens:
 /// full_logits[t * vocab .. +vocab) predicts tokens[t + 1].
@@ -52,15 +79,20 @@ inline double uniform01(std::mt19937_64& rng) {
   return static_cast<double>(rng() >> 11) * (1.0 / 9007199254740992.0);
 }
 
-// A progress line on stderr for long streams (T > 512) when stderr is a terminal: "\r<what>
-// t/T", every 64 tokens, cleared at the end. Nothing for short streams or redirected stderr.
+// A progress bar on stderr for long streams (T > 512) when stderr is a terminal:
+// "\r[#####.....] <what> t/T tokens", every 64 tokens, cleared at the end. Nothing for
+// short streams or redirected stderr.
 inline void progress(const char* what, std::size_t t, std::size_t T) {
   static const bool tty = ::isatty(2) == 1;
   if (!tty || T <= 512) return;
-  if (t + 1 == T)
-    fmt::print(stderr, "\r{:<60}\r", "");
-  else if (t % 64 == 0)
-    fmt::print(stderr, "\r{} {}/{} tokens", what, t, T);
+  if (t + 1 == T) {
+    fmt::print(stderr, "\r{:<100}\r", "");
+  } else if (t % 64 == 0) {
+    constexpr std::size_t kWidth = 20;
+    const std::size_t fill = t * kWidth / T;
+    fmt::print(stderr, "\r[{}{}] {:.60} {}/{} tokens", std::string(fill, '#'),
+               std::string(kWidth - fill, '.'), what, t, T);
+  }
 }
 
 inline int sample(std::span<const float> logits, float temperature, std::mt19937_64& rng,
