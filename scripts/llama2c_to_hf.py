@@ -4,6 +4,11 @@ Llama checkpoint directory: config.json and model.safetensors (or N shards with
 model.safetensors.index.json). Needs python3 and numpy only.
 
     scripts/llama2c_to_hf.py stories260K.bin OUT_DIR [--dtype f32|f16|bf16] [--shards N]
+        [--tokenizer tok512.bin]
+
+--tokenizer also writes OUT_DIR/tokenizer.json from llama2.c's tokenizer file (the same ids
+and pieces in the SentencePiece form scripts/hf_tokenizer_fixture.py writes), so the
+converted directory decodes its ids to the same text.
 
 llama2.c rotates adjacent pairs (2i, 2i+1) of each head with RoPE; Hugging Face's Llama
 rotates (i, i + head_dim/2) ("rotate_half"). The q and k projection rows are permuted per
@@ -17,6 +22,8 @@ import struct
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def to_dtype_bytes(a, dtype):
@@ -156,14 +163,38 @@ def convert(src, out_dir, dtype="F32", shards=1, permute=True):
     write_checkpoint(out_dir, config, t, shards)
 
 
+def read_llama2c_tokenizer(path, vocab_size):
+    """llama2.c's tokenizer file: int32 max length, then per token float score, int32 length,
+    bytes. Returns the pieces."""
+    raw = open(path, "rb").read()
+    at, pieces = 4, []
+    for _ in range(vocab_size):
+        _, n = struct.unpack("<fi", raw[at:at + 8])
+        pieces.append(raw[at + 8:at + 8 + n].decode("utf-8"))
+        at += 8 + n
+    if at != len(raw):
+        raise ValueError("%s: %d trailing bytes after %d tokens" % (path, len(raw) - at, vocab_size))
+    return pieces
+
+
+def write_tokenizer(tok_path, out_dir, vocab_size):
+    from hf_tokenizer_fixture import from_llama2c_pieces
+    doc = from_llama2c_pieces(read_llama2c_tokenizer(tok_path, vocab_size))
+    with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("checkpoint")
     ap.add_argument("out_dir")
     ap.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
     ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--tokenizer", help="llama2.c tokenizer file (tok512.bin): also write tokenizer.json")
     a = ap.parse_args()
     convert(a.checkpoint, a.out_dir, a.dtype.upper(), a.shards)
+    if a.tokenizer:
+        write_tokenizer(a.tokenizer, a.out_dir, read_llama2c(a.checkpoint)[0]["vocab"])
     print("wrote", a.out_dir)
 
 

@@ -11,6 +11,11 @@
    rope_scaling; F32, F16, BF16; sharded) match an independent numpy forward pass (whole
    sequence at once, float64, HF's cos/sin rotate_half form) to 1e-4.
 3. Malformed or unsupported checkpoints give one line on stderr and exit status 2.
+4. tokenizer.json decoding (examples/llama2c/hf_tokenizer.hpp) of generated fixtures
+   (scripts/hf_tokenizer_fixture.py: byte-level BPE, SentencePiece-style, Metaspace) matches
+   a reference decoder written here, whole and piece by piece; unsupported decoders fall
+   back to ids with a warning; malformed files give one line and exit status 2; stories260K's
+   tok512.bin converted to tokenizer.json decodes a stream as llama2.c's tokenizer does.
 Exit 77 (CTest: skipped) without numpy.
 """
 import json
@@ -29,6 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
 from llama2c_to_hf import convert, write_safetensors  # noqa: E402
 from hf_random_model import write_random  # noqa: E402
+import hf_tokenizer_fixture as tokfix  # noqa: E402
 
 TOOL, STORIES, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
 failures = []
@@ -320,12 +326,189 @@ def main():
     if r.returncode != 2 or "model-00002-of-00003.safetensors" not in r.stderr or r.stderr.count("\n") != 1:
         failures.append("bad_missing_shard: %d %r" % (r.returncode, r.stderr))
 
+    tokenizer_checks()
+
     if failures:
         print("FAILED:\n" + "\n".join(failures))
         return 1
     print("hf_test.py: all checks passed")
     return 0
 
+
+# --- tokenizer.json ------------------------------------------------------------------------
+def id_table(doc):
+    """id -> token and the special ids of a tokenizer.json document."""
+    v = doc["model"]["vocab"]
+    table = {i: p[0] for i, p in enumerate(v)} if isinstance(v, list) else {i: t for t, i in v.items()}
+    special = set()
+    for a in doc.get("added_tokens") or []:
+        table[a["id"]] = a["content"]
+        if a.get("special"):
+            special.add(a["id"])
+    return table, special
+
+
+def reference_decode(doc, ids):
+    """The text tokenizers' decode(ids, skip_special_tokens=True) gives, for the three
+    fixture forms (written independently of hf_tokenizer.hpp)."""
+    table, special = id_table(doc)
+    toks = [table[i] for i in ids if i in table and i not in special]
+    kind = doc["decoder"]["type"]
+    if kind == "ByteLevel":
+        inverse = {c: b for b, c in tokfix.bytes_to_unicode().items()}
+        raw = b"".join(bytes(inverse[c] for c in t) if all(c in inverse for c in t) else t.encode()
+                       for t in toks)
+        return raw.decode("utf-8", errors="replace")
+    if kind == "Metaspace":
+        text = [t.replace(tokfix.SPACE, " ") for t in toks]
+        if text and text[0].startswith(" "):
+            text[0] = text[0][1:]
+        return "".join(text)
+    # Llama-2's sequence: '▁' -> ' ', runs of <0xNN> to bytes, join, strip one leading space.
+    out, run = [], b""
+    for t in toks:
+        t = t.replace(tokfix.SPACE, " ")
+        if len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+            run += bytes([int(t[3:5], 16)])
+            continue
+        if run:
+            try:
+                out.append(run.decode("utf-8"))
+            except UnicodeDecodeError:
+                out.append("\ufffd" * len(run))
+            run = b""
+        out.append(t)
+    if run:
+        try:
+            out.append(run.decode("utf-8"))
+        except UnicodeDecodeError:
+            out.append("\ufffd" * len(run))
+    text = "".join(out)
+    return text[1:] if text.startswith(" ") else text
+
+
+def tokenizer_checks():
+    tdir = os.path.join(WORK, "tokenizers")
+    os.makedirs(tdir)
+
+    def write(name, doc):
+        path = os.path.join(tdir, name + ".json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(doc, f, ensure_ascii=False)
+        return path
+
+    def decode(path, ids, *extra):
+        r = subprocess.run([TOOL, "decode", path, ",".join(map(str, ids)), *extra],
+                           capture_output=True)
+        return r.returncode, r.stdout.decode("utf-8"), r.stderr.decode("utf-8")
+
+    def check(name, doc, ids, held_back=""):
+        path = write(name, doc)
+        want = reference_decode(doc, ids)
+        rc, got, err = decode(path, ids)
+        rc2, inc, _ = decode(path, ids, "--incremental")
+        # Piece by piece: the same text, minus a trailing incomplete character held back.
+        ok = rc == 0 and rc2 == 0 and got == want and inc + held_back == want
+        print("%-28s %r%s" % ("tokenizer " + name, got[:60], "" if ok else "  MISMATCH"))
+        if not ok:
+            failures.append("tokenizer %s: got %r (exit %d, %s), incremental %r, expected %r"
+                            % (name, got, rc, err.strip(), inc, want))
+
+    bl = tokfix.byte_level()
+    vb = {t: i for t, i in bl["model"]["vocab"].items()}
+    B = lambda raw: vb[tokfix.byte_level_token(raw)]  # noqa: E731
+    n = len(vb)
+    # " Hello w" "ö" "rld" emoji in two tokens, newline, <|endoftext|> (special: skipped),
+    # <tool> (added, not special: shown), " 世界", bytes 0xC3 0xA9 one by one (é).
+    ids = [B(b" Hello"), B(b" w"), B("\u00f6".encode()), B(b"rld"), B(b" "), B(b"\xf0\x9f"),
+           B(b"\x98\x80"), B(b".\n\n"), B(b"\n"), n, n + 1, B(" \u4e16\u754c".encode()), B(b"\xc3"), B(b"\xa9")]
+    check("byte_level", bl, ids)
+    want = reference_decode(bl, ids)
+    if "\U0001f600" not in want or "\u00e9" not in want or "<tool>" not in want or "endoftext" in want:
+        failures.append("tokenizer byte_level: the reference decoded %r" % want)
+    # A lone 0xFF byte mid-text and an emoji cut after its first half: U+FFFD; the cut one
+    # is held back by the incremental decoder.
+    check("byte_level_invalid", bl, [B(b" the"), B(b"\xff"), B(b" the"), B(b"\xf0\x9f")],
+          held_back="\ufffd")
+    sp = tokfix.sentencepiece()
+    vs = sp["model"]["vocab"]
+    S = lambda p: vs[p]  # noqa: E731
+    ids = [1, S("\u2581Once"), S("\u2581upon"), S("\u2581a"), S("\u2581time"), S(","),
+           S("\u2581"), 3 + 0xE2, 3 + 0x82, 3 + 0xAC, S("\u2581\u4e16\u754c"), S("\u00e9"), 2]
+    check("sentencepiece", sp, ids)
+    if reference_decode(sp, ids) != "Once upon a time, \u20ac \u4e16\u754c\u00e9":
+        failures.append("tokenizer sentencepiece: the reference decoded %r" % reference_decode(sp, ids))
+    # An invalid byte run (0xE2 then a piece): one U+FFFD per byte, as tokenizers does.
+    check("sentencepiece_bad_bytes", sp, [S("\u2581the"), 3 + 0xE2, 3 + 0x82, S("\u2581a")])
+    ms = tokfix.metaspace()
+    check("metaspace_unigram", ms, [1, 2, 3, 4, 1, 5, 0])
+
+    # Unsupported decoders: a warning line, the ids, exit 0.
+    for name, dec in (("wordpiece", {"type": "WordPiece", "prefix": "##", "cleanup": True}),
+                      ("regex_replace", {"type": "Sequence", "decoders": [
+                          {"type": "Replace", "pattern": {"Regex": " +"}, "content": " "}]})):
+        path = write("unsupported_" + name, dict(tokfix.sentencepiece(), decoder=dec))
+        rc, got, err = decode(path, [1, 260, 261])
+        print("%-28s exit %d: %s | %s" % ("tokenizer " + name, rc, got, err.strip()[:90]))
+        if rc != 0 or got != "[1 260 261]" or err.count("\n") != 1 or "not supported" not in err:
+            failures.append("tokenizer %s: exit %d, %r, %r" % (name, rc, got, err))
+
+    # Malformed files: one line naming the problem, exit 2.
+    sp_vocab = dict(tokfix.sentencepiece()["model"], vocab=dict(vs, extra=5))
+    bad = [
+        ("bad_json", '{"model": {"vocab": {"a": 0}}', "bad_json.json': bad JSON at byte"),
+        ("no_model", {"decoder": None}, "has no object 'model'"),
+        ("vocab_string", {"model": {"vocab": "x"}}, "model.vocab is string"),
+        ("duplicate_id", dict(tokfix.sentencepiece(), model=sp_vocab), "already names"),
+        ("negative_id", {"model": {"vocab": {"a": -1}}}, "id -1, expected 0..16777215"),
+        ("decoder_not_object", dict(tokfix.sentencepiece(), decoder="ByteLevel"),
+         "decoder = \"ByteLevel\", expected an object"),
+        ("strip_two_chars", dict(tokfix.sentencepiece(), decoder={"type": "Strip", "content": "ab",
+                                                                  "start": 1, "stop": 0}),
+         "decoder.content = \"ab\", expected one character"),
+        ("added_no_id", dict(tokfix.sentencepiece(), added_tokens=[{"content": "<s>"}]),
+         "needs an integer 'id'"),
+    ]
+    for name, doc, needle in bad:
+        path = os.path.join(tdir, "bad_" + name + ".json")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(doc if isinstance(doc, str) else json.dumps(doc))
+        rc, got, err = decode(path, [1, 2])
+        lines = err.strip().split("\n")
+        print("%-28s exit %d: %s" % ("tokenizer bad_" + name, rc, lines[0][-110:]))
+        if rc != 2 or len(lines) != 1 or needle not in lines[0]:
+            failures.append("tokenizer bad_%s: expected exit 2 and one line containing %r, got %d %r"
+                            % (name, needle, rc, err))
+
+    # stories260K's own tokenizer, converted: the same text as llama2.c's decoding of the pieces.
+    tok = os.path.join(STORIES, "tok512.bin")
+    if os.path.exists(tok):
+        from llama2c_to_hf import read_llama2c_tokenizer
+        pieces = read_llama2c_tokenizer(tok, 512)
+        doc = tokfix.from_llama2c_pieces(pieces)
+        path = write("stories260K", doc)
+        rng = np.random.default_rng(3)
+        # Text pieces, with valid byte-fallback runs between them ("\u00e9" as C3 A9, "\n").
+        ids = [1]
+        for x in rng.integers(259, 512, size=300):
+            ids.append(int(x))
+            if x % 17 == 0:
+                ids += [3 + 0xC3, 3 + 0xA9]
+            elif x % 13 == 0:
+                ids.append(3 + 0x0A)
+        # llama2.c's rule: pieces joined, '<0xNN>' pieces are raw bytes, the space after BOS dropped.
+        raw = b""
+        for prev, i in zip(ids, ids[1:]):
+            p = pieces[i]
+            if prev == 1 and p.startswith(" "):
+                p = p[1:]
+            raw += bytes([int(p[3:5], 16)]) if len(p) == 6 and p.startswith("<0x") else p.encode()
+        want = raw.decode("utf-8")
+        rc, got, err = decode(path, ids)
+        print("%-28s %d chars, %s" % ("tokenizer stories260K", len(got),
+                                      "same text as llama2.c" if got == want else "DIFFERENT"))
+        if rc != 0 or got != want or "\u00e9" not in got:
+            failures.append("tokenizer stories260K: %r vs %r" % (got[:200], want[:200]))
 
 if __name__ == "__main__":
     sys.exit(main())

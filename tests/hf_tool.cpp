@@ -9,6 +9,11 @@
 //                                              token, or forward_block in blocks of N)
 //   kvevict_hf_tool dump MODEL REF OUT         writes the trace (docs/traces.md) of REF's
 //                                              tokens to OUT and reads it back
+//   kvevict_hf_tool decode TOKENIZER IDS [--incremental]
+//                                              tokenizer.json (or a directory holding it):
+//                                              the text of IDS (comma-separated) on stdout,
+//                                              raw bytes; --incremental: the pieces
+//                                              IncrementalDecoder gives, concatenated
 //   kvevict_hf_tool bench MODEL [--context C --decode N --block B --reps R]
 //                                              full-cache decode throughput after a C-token
 //                                              blocked prefill: median thread CPU time per
@@ -31,6 +36,7 @@
 
 #include "../examples/common/cli.hpp"
 #include "../examples/llama2c/hf.hpp"
+#include "../examples/llama2c/hf_tokenizer.hpp"
 #include "../examples/llama2c/trace_dump.hpp"
 #include "kvevict/policies/full_cache.hpp"
 
@@ -153,6 +159,7 @@ int run(int argc, char** argv) {
   std::string cmd, a, b, c;
   double tol = 1e-4;
   int tokens = 64, block = 0, context = 2048, decode = 32, reps = 3;
+  bool incremental = false;
   kvevict::cli::Parser p("kvevict_hf_tool", "Checks the Hugging Face checkpoint reader.");
   p.positional("COMMAND", "load, compare or check", cmd);
   p.positional("A", "model", a);
@@ -168,7 +175,30 @@ int run(int argc, char** argv) {
   p.number("--decode", "N", "bench: timed decode steps", decode, kvevict::cli::Range<int>{1, 1 << 20});
   p.number("--reps", "R", "bench: bandwidth measurement repetitions", reps,
            kvevict::cli::Range<int>{1, 1000});
+  p.flag("--incremental", "decode: piece by piece (IncrementalDecoder)", incremental);
   if (!p.parse(argc, argv)) return 0;
+  if (cmd == "decode") {
+    std::error_code ec;
+    const auto tok = std::filesystem::is_directory(a, ec)
+                         ? hf::TokenizerJson::load_if_present(a)
+                         : std::optional<hf::TokenizerJson>(hf::TokenizerJson::load(a));
+    kvevict::detail::require(tok.has_value(), "decode: no tokenizer.json in '", a, "'");
+    if (!tok->unsupported().empty())
+      fmt::print(stderr, "kvevict_hf_tool: warning: tokenizer.json {}: not supported, showing ids\n",
+                 tok->unsupported());
+    std::vector<int> ids;
+    for (const auto& x : kvevict::cli::split_list(b))
+      ids.push_back(kvevict::cli::parse_number<int>("IDS", x, kvevict::cli::Range<int>{0}));
+    std::string text;
+    if (incremental) {
+      hf::IncrementalDecoder inc(*tok);
+      for (int id : ids) text += inc.push(id);
+    } else {
+      text = tok->decode(ids);
+    }
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return 0;
+  }
   if (cmd == "load") {
     const Model m = load_any(a);
     const Config& k = m.config();
@@ -220,7 +250,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (cmd == "bench") return bench(a, context, decode, block > 0 ? block : 64, reps);
-  throw kvevict::cli::UsageError("COMMAND = '" + cmd + "', expected load, compare or check");
+  throw kvevict::cli::UsageError("COMMAND = '" + cmd + "', expected load, compare, check, dump, decode or bench");
 }
 
 }  // namespace
