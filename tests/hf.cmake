@@ -25,12 +25,18 @@ endforeach()
 if(NOT KVEVICT_HF_PYTHON AND Python3_Interpreter_FOUND)
   set(KVEVICT_HF_PYTHON ${Python3_EXECUTABLE})
 endif()
+# With the examples, the llama2c demo's generated text from the converted stories260K
+# (tokenizer.json) is compared with the llama2.c original's (skipped when not built).
+set(KVEVICT_HF_LLAMA2C "")
+if(KVEVICT_BUILD_EXAMPLES)
+  set(KVEVICT_HF_LLAMA2C $<TARGET_FILE:llama2c>)
+endif()
 if(KVEVICT_HF_PYTHON)
   add_test(NAME hf_checkpoints
            COMMAND ${KVEVICT_HF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/hf_test.py
                    $<TARGET_FILE:kvevict_hf_tool>
                    ${PROJECT_SOURCE_DIR}/../shared/models/stories260K
-                   ${CMAKE_CURRENT_BINARY_DIR}/hf_checkpoints)
+                   ${CMAKE_CURRENT_BINARY_DIR}/hf_checkpoints ${KVEVICT_HF_LLAMA2C})
   set_tests_properties(hf_checkpoints PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
 else()
   message(STATUS "kvevict: python3 not found, test hf_checkpoints not registered")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CTest hf_checkpoints: the Hugging Face checkpoint reader (examples/llama2c/hf.hpp).
 
-    hf_test.py KVEVICT_HF_TOOL STORIES260K_DIR WORK_DIR
+    hf_test.py KVEVICT_HF_TOOL STORIES260K_DIR WORK_DIR [LLAMA2C]
 
 1. stories260K converted to the Hugging Face layout (scripts/llama2c_to_hf.py, one file and
    three shards) gives the llama2.c reader's logits to 1e-4 (skipped when the model
@@ -37,6 +37,7 @@ from hf_random_model import write_random  # noqa: E402
 import hf_tokenizer_fixture as tokfix  # noqa: E402
 
 TOOL, STORIES, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
+LLAMA2C = sys.argv[4] if len(sys.argv) > 4 else ""
 failures = []
 
 
@@ -509,6 +510,20 @@ def tokenizer_checks():
                                       "same text as llama2.c" if got == want else "DIFFERENT"))
         if rc != 0 or got != want or "\u00e9" not in got:
             failures.append("tokenizer stories260K: %r vs %r" % (got[:200], want[:200]))
+        # The llama2c demo on the converted directory prints llama2.c's text (greedy, full cache).
+        if LLAMA2C and os.path.exists(LLAMA2C):
+            conv = os.path.join(WORK, "stories260K_hf_tok")
+            convert(os.path.join(STORIES, "stories260K.bin"), conv, "F32", 1)
+            shutil.copy(path, os.path.join(conv, "tokenizer.json"))
+            a = subprocess.run([LLAMA2C, "--model-dir", STORIES, "--steps", "300"], capture_output=True)
+            b = subprocess.run([LLAMA2C, "--model-dir", conv, "--steps", "300"], capture_output=True)
+            same = a.returncode == 0 and b.returncode == 0 and a.stdout == b.stdout and len(a.stdout) > 100
+            print("%-28s %d bytes, %s" % ("llama2c on converted dir", len(b.stdout),
+                                          "same text" if same else "DIFFERENT"))
+            if not same:
+                failures.append("llama2c text differs: %r / %r (%r)" % (a.stdout[:100], b.stdout[:100], b.stderr))
+        else:
+            print("llama2c binary not built: generated-text check skipped")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -391,6 +391,25 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
 }
 
 #if KVEVICT_EVAL_HAS_LLAMA2C
+/// `text` in double quotes on one line: quotes, backslashes and control bytes escaped.
+std::string quoted(const std::string& text) {
+  std::string out = "\"";
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c < 0x20 || c == 0x7F) {
+      out += fmt::format("\\x{:02x}", c);
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
 // --model: the streaming KL protocol of examples/llama2c/e2e.hpp on one sampled stream.
 int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
   namespace fs = std::filesystem;
@@ -456,6 +475,17 @@ int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
              path, T, static_cast<unsigned long long>(o.seed), prompt,
              protocol.prefill > 0 ? fmt::format("in blocks of {}", protocol.prefill_block)
                                   : std::string("token by token"));
+  if (hf_dir) {  // the stream's beginning as text, when the checkpoint has a tokenizer.json
+    if (const auto tok = kvevict::llama2c::hf::TokenizerJson::load_if_present(path)) {
+      if (!tok->unsupported().empty())
+        fmt::print(stderr, "kvevict-eval: warning: tokenizer.json {} is not supported: no text shown\n",
+                   tok->unsupported());
+      else
+        fmt::print("stream text (first {} tokens): {}\n", std::min<std::size_t>(T, 64),
+                   quoted(tok->decode(std::span<const int>(streams[0].tokens)
+                                          .first(std::min<std::size_t>(T, 64)))));
+    }
+  }
   fmt::print("{:<{}} {:>8} {:>6} {:>10} {:>8} {:>10} {:>10}\n", "policy", kvevict::registry::name_width(), "budget", "frac", "mean_kl", "top1",
               "ppl", "ppl_full");
   for (const auto& r : rows)

@@ -30,6 +30,7 @@
 #if __has_include("../llama2c/e2e.hpp")
 #include "../llama2c/e2e.hpp"
 #include "../llama2c/hf.hpp"
+#include "../llama2c/hf_tokenizer.hpp"
 #include "../llama2c/trace_dump.hpp"
 #define KVEVICT_EVAL_HAS_LLAMA2C 1
 #else

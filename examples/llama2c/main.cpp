@@ -4,17 +4,23 @@
 // With temperature 0 (the default) decoding is greedy: from BOS on stories260K with the
 // full cache it prints "Once upon a time, there was a little girl named Lily. ...".
 // A bounded policy generates past the checkpoint's seq_len (docs/engine.md).
+// A Hugging Face checkpoint directory (config.json inside; --model-dir or CHECKPOINT) runs
+// too: its tokenizer.json, when present, decodes the output (hf_tokenizer.hpp; without one,
+// or with an unsupported decoder, the ids are printed); --prompt needs llama2.c's tokenizer.
 #include <fmt/format.h>
 #include <time.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "cli.hpp"
 #include "e2e.hpp"
+#include "hf.hpp"
+#include "hf_tokenizer.hpp"
 #include "llama2c.hpp"
 #include "options.hpp"
 
@@ -98,7 +104,9 @@ int run(int argc, char** argv) {
          [] { fmt::print("policies:\n{}", kvevict::registry::listing()); });
   p.epilog(
       "Model directory: --model-dir, else $KVEVICT_MODEL_DIR, else ../shared/models/stories260K\n"
-      "(stories260K.bin and tok512.bin inside it). Exit status 2 on bad arguments or input.\n");
+      "(stories260K.bin and tok512.bin inside it), or a Hugging Face checkpoint directory\n"
+      "(config.json, *.safetensors, optional tokenizer.json to print text; docs/real_models.md).\n"
+      "Exit status 2 on bad arguments or input.\n");
   if (!p.parse(argc, argv)) return 0;
 
   std::string checkpoint = a.model.checkpoint, tokenizer = a.tokenizer;
@@ -107,13 +115,36 @@ int run(int argc, char** argv) {
     kvevict::detail::require(!dir.empty(),
                              "no model: pass --checkpoint and --tokenizer, "
                              "--model-dir, or set KVEVICT_MODEL_DIR");
+  if (checkpoint.empty() && hf::is_checkpoint_dir(dir)) checkpoint = dir;
   if (checkpoint.empty()) checkpoint = dir + "/stories260K.bin";
-  if (tokenizer.empty()) tokenizer = dir + "/tok512.bin";
+  const bool hf_model = hf::is_checkpoint_dir(checkpoint);
 
-  auto model = std::make_shared<const Model>(Model::load(checkpoint));
-  const Tokenizer tok = Tokenizer::load(tokenizer, model->config().vocab_size);
+  auto model = std::make_shared<const Model>(load_any(checkpoint));
   const auto& c = model->config();
-  const std::vector<int> prompt_ids = tok.encode(a.prompt, true, false);
+  // Text: llama2.c's tokenizer, or a Hugging Face directory's tokenizer.json (decode only).
+  std::optional<Tokenizer> tok;
+  std::optional<hf::TokenizerJson> tok_json;
+  if (hf_model) {
+    if (!a.prompt.empty())
+      throw kvevict::cli::UsageError(
+          "--prompt: a Hugging Face checkpoint's tokenizer.json is read for decoding only; "
+          "generation starts from bos_token_id");
+    tok_json = hf::TokenizerJson::load_if_present(checkpoint);
+    if (!tok_json)
+      fmt::print(stderr, "llama2c: warning: no tokenizer.json in {}: printing token ids\n",
+                 checkpoint);
+    else if (!tok_json->unsupported().empty())
+      fmt::print(stderr, "llama2c: warning: tokenizer.json {} is not supported: printing token ids\n",
+                 tok_json->unsupported());
+  } else {
+    if (tokenizer.empty()) tokenizer = dir + "/tok512.bin";
+    tok = Tokenizer::load(tokenizer, c.vocab_size);
+  }
+  const std::vector<int> prompt_ids =
+      tok ? tok->encode(a.prompt, true, false) : std::vector<int>{c.bos_token};
+  const int stop_token = tok ? Tokenizer::kBos : c.bos_token;  // llama2.c stops at the next BOS
+  std::optional<hf::IncrementalDecoder> incremental;
+  if (tok_json && tok_json->unsupported().empty()) incremental.emplace(*tok_json);
   const Positions positions = a.positions == "reindex" ? Positions::reindex : Positions::keep;
 
   with_policy(a.policy, a.budget, a.knobs, [&](auto pol, const kvevict::Budget& b) {
@@ -151,11 +182,15 @@ int run(int argc, char** argv) {
       else
         next = kvevict::llama2c::detail::sample(logits, a.temperature, rng, a.top_p);
       if (a.timing) per_token.push_back(thread_cpu_seconds() - t0);
-      if (next == Tokenizer::kBos && !a.keep_going) break;  // llama2.c stops at the next BOS
-      if (next == Tokenizer::kBos)
+      if (next == stop_token && !a.keep_going) break;  // llama2.c stops at the next BOS
+      if (next == stop_token)
         std::fputs("\n", stdout);
+      else if (tok)
+        std::fputs(tok->decode(token, next).c_str(), stdout);
+      else if (incremental)
+        std::fputs(incremental->push(next).c_str(), stdout);
       else
-        std::fputs(tok.decode(token, next).c_str(), stdout);
+        fmt::print("{} ", next);
       std::fflush(stdout);
       token = next;
     }
