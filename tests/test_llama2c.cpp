@@ -496,6 +496,42 @@ TEST_CASE("e2e protocol: a prompt prefilled in blocks scores like token by token
                     Catch::Matchers::Contains("prefill_block = 0"));
 }
 
+TEST_CASE("e2e protocol: a compact stream (hidden states) gives the same logits and figures",
+          "[llama2c]") {
+  Tiny c;
+  c.vocab = 96;  // more logits than hidden floats per token, as in real models
+  auto model = std::make_shared<const Model>(Model::parse(serialize(make_weights(c, 6))));
+  SampleOptions o{c.seq_len, 1.0f, 9};
+  const Stream full = sample_stream(model, o);
+  o.keep_logits = false;
+  const Stream compact = sample_stream(model, o);
+  REQUIRE(compact.compact());
+  CHECK_FALSE(full.compact());
+  CHECK(compact.full_logits.empty());
+  CHECK(compact.full_hidden.size() == full.size() * static_cast<std::size_t>(c.dim));
+  CHECK(compact.floats_per_token() == static_cast<std::size_t>(c.dim));
+  CHECK(compact.tokens == full.tokens);  // the same draws: the logits were the same
+  for (std::size_t t = 0; t < full.size(); ++t) {
+    const auto a = full.logits(t);
+    const auto b = compact.logits(t);
+    REQUIRE(b.size() == a.size());
+    CHECK(std::equal(a.begin(), a.end(), b.begin()));  // bit for bit
+  }
+  ProtocolOptions blocked;
+  blocked.prefill = 20;
+  blocked.prefill_block = 8;
+  const auto h2o = policies::H2O(policies::H2O::Config{4, 0});
+  const auto a = run_stream(model, full, Budget::uniform(8), h2o, blocked);
+  const auto b = run_stream(model, compact, Budget::uniform(8), h2o, blocked);
+  CHECK(a.kl == b.kl);
+  CHECK(a.nll == b.nll);
+  CHECK(a.nll_full == b.nll_full);
+  // Another model cannot score a compact stream (its logits come from the stream's model).
+  auto other = std::make_shared<const Model>(Model::parse(serialize(make_weights(c, 7))));
+  CHECK_THROWS_WITH(run_stream(other, compact, Budget::uniform(8), h2o),
+                    Catch::Matchers::Contains("same model"));
+}
+
 TEST_CASE("positions re-indexed inside the cache, past seq_len only with a bounded cache",
           "[llama2c]") {
   Tiny c;

@@ -430,6 +430,8 @@ int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
   so.tokens = static_cast<int>(std::min<std::size_t>(
       o.steps.value_or(512), static_cast<std::size_t>(model->config().seq_len)));
   so.seed = o.seed;
+  // Long streams of large-vocabulary models keep hidden states, not logits (Stream).
+  so.keep_logits = kvevict::llama2c::logits_fit(model->config(), static_cast<std::size_t>(so.tokens), 1);
   const std::vector<kvevict::llama2c::Stream> streams{kvevict::llama2c::sample_stream(model, so)};
   if (!o.dump_trace.empty()) {
     const std::size_t n = streams[0].tokens.size();

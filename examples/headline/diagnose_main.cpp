@@ -544,6 +544,7 @@ int main(int argc, char** argv) {
       o.seed = a.seed + static_cast<std::uint64_t>(i);
       o.temperature = 1.0f;
       o.tokens = st.T;
+      o.keep_logits = logits_fit(c, static_cast<std::size_t>(st.T), 1);
       const Stream s = sample_stream(st.model, o);
       const Reference ref = st.reference(s, a.hash_stride);
       for (std::size_t bi = 0; bi < st.budgets.size(); ++bi) {

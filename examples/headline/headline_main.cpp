@@ -538,6 +538,8 @@ int main(int argc, char** argv) {
       o.seed = a.seed + static_cast<std::uint64_t>(i);
       o.temperature = 1.0f;
       o.tokens = a.tokens;
+      o.keep_logits = logits_fit(r.model->config(), static_cast<std::size_t>(a.tokens),
+                                 static_cast<std::size_t>(a.streams));
       r.streams.push_back(sample_stream(r.model, o));
     }
     fmt::print("streams {} (seeds {}..{}), T = {}, temperature 1, KL(full || policy)\n\n",

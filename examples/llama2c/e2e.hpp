@@ -52,16 +52,40 @@ void set_model_rope(Knobs& k, const Config& c) {
 
 /// A token stream and the full cache's logits after each of its tokens:
 /// full_logits[t * vocab .. +vocab) predicts tokens[t + 1].
+/// Compact form (SampleOptions::keep_logits = false): full_logits is empty and
+/// full_hidden holds the full cache's final hidden state per token (dim floats instead of
+/// vocab: 32x less for a 128K vocabulary at dim 4096); logits(t) recomputes them through
+/// the model's classifier, the same product as the forward pass, bit-identical.
 struct Stream {
   std::vector<int> tokens;
   std::vector<float> full_logits;
   int vocab = 0;
+  std::vector<float> full_hidden;      ///< compact: tokens x dim
+  std::shared_ptr<const Model> model;  ///< compact: whose classifier recomputes the logits
 
   [[nodiscard]] std::size_t size() const { return tokens.size(); }
+  [[nodiscard]] bool compact() const { return full_logits.empty() && model != nullptr; }
+  /// The full cache's logits after token t; in the compact form the span is valid until
+  /// the next call on this stream.
   [[nodiscard]] std::span<const float> logits(std::size_t t) const {
-    return {full_logits.data() + t * static_cast<std::size_t>(vocab),
-            static_cast<std::size_t>(vocab)};
+    if (!compact())
+      return {full_logits.data() + t * static_cast<std::size_t>(vocab),
+              static_cast<std::size_t>(vocab)};
+    const auto dim = static_cast<std::size_t>(model->config().dim);
+    hidden_ = Eigen::Map<const Eigen::VectorXf>(full_hidden.data() + t * dim,
+                                                static_cast<Eigen::Index>(dim));
+    model->classify(logits_, hidden_, scratch_);
+    return {logits_.data(), static_cast<std::size_t>(logits_.size())};
   }
+  /// Floats the stream holds per token for the comparison (vocab, or dim when compact).
+  [[nodiscard]] std::size_t floats_per_token() const {
+    return compact() ? static_cast<std::size_t>(model->config().dim)
+                     : static_cast<std::size_t>(vocab);
+  }
+
+ private:
+  mutable Eigen::VectorXf hidden_, logits_;
+  mutable std::vector<float> scratch_;
 };
 
 struct SampleOptions {
@@ -70,6 +94,9 @@ struct SampleOptions {
   std::uint64_t seed = 0;
   int first_token = -1;  ///< -1: the model's bos_token (llama2.c: Tokenizer::kBos = 1)
   float top_p = 1.0f;  ///< nucleus sampling as llama2.c's run.c (1 = off)
+  /// false: the stream keeps the final hidden states instead of the logits (Stream's
+  /// compact form: dim instead of vocab floats per token; logits recomputed on use).
+  bool keep_logits = true;
 };
 
 namespace detail {
@@ -128,6 +155,14 @@ inline int sample(std::span<const float> logits, float temperature, std::mt19937
 }
 }  // namespace detail
 
+/// Whether `streams` streams of `tokens` tokens may keep their full logits (tokens x vocab
+/// floats each) within `bytes`; above it the tools sample compact streams (Stream).
+inline bool logits_fit(const Config& c, std::size_t tokens, std::size_t streams,
+                       double bytes = 256.0 * 1024 * 1024) {
+  return static_cast<double>(tokens) * static_cast<double>(streams) *
+             static_cast<double>(c.vocab_size) * sizeof(float) <= bytes;
+}
+
 /// Samples a stream with the full cache (every token is fed, BOS included; nothing stops
 /// the stream at an end-of-story token, so it may hold several stories).
 inline Stream sample_stream(const std::shared_ptr<const Model>& model, const SampleOptions& o) {
@@ -143,12 +178,18 @@ inline Stream sample_stream(const std::shared_ptr<const Model>& model, const Sam
   std::mt19937_64 rng(o.seed);
   Stream s;
   s.vocab = c.vocab_size;
+  if (!o.keep_logits) s.model = model;
   s.tokens.push_back(o.first_token >= 0 ? o.first_token : c.bos_token);
   for (int t = 0; t < o.tokens; ++t) {
     detail::progress("sampling with the full cache:", static_cast<std::size_t>(t),
                      static_cast<std::size_t>(o.tokens));
     const auto logits = full.forward(s.tokens.back(), t);
-    s.full_logits.insert(s.full_logits.end(), logits.begin(), logits.end());
+    if (o.keep_logits) {
+      s.full_logits.insert(s.full_logits.end(), logits.begin(), logits.end());
+    } else {
+      const auto h = full.final_hidden();
+      s.full_hidden.insert(s.full_hidden.end(), h.begin(), h.end());
+    }
     if (t + 1 < o.tokens) s.tokens.push_back(detail::sample(logits, o.temperature, rng, o.top_p));
   }
   return s;
@@ -211,10 +252,16 @@ StreamResult run_stream(const std::shared_ptr<const Model>& model, const Stream&
   kvevict::detail::require(stream.vocab == model->config().vocab_size, "run_stream: stream vocab ",
                            stream.vocab, ", expected the model's ", model->config().vocab_size);
   kvevict::detail::require(
-      stream.full_logits.size() == stream.size() * static_cast<std::size_t>(stream.vocab),
-      "run_stream: stream has ", stream.full_logits.size(),
-      " full logits, expected tokens x vocab = ",
-      stream.size() * static_cast<std::size_t>(stream.vocab));
+      (stream.compact() ? stream.full_hidden.size() : stream.full_logits.size()) ==
+          stream.size() * stream.floats_per_token(),
+      "run_stream: stream has ",
+      stream.compact() ? stream.full_hidden.size() : stream.full_logits.size(), " full ",
+      stream.compact() ? "hidden floats, expected tokens x dim = "
+                       : "logits, expected tokens x vocab = ",
+      stream.size() * stream.floats_per_token());
+  kvevict::detail::require(!stream.compact() || stream.model == model,
+                           "run_stream: a compact stream recomputes logits with its own model, "
+                           "expected the same model as the run");
   kvevict::detail::require(options.prefill == 0 || options.prefill_block > 0,
                            "run_stream: prefill = ", options.prefill,
                            " tokens with prefill_block = 0, expected a block of >= 1 token");

@@ -247,6 +247,12 @@ class Model {
   [[nodiscard]] const Layer& layer(int l) const { return layers_[static_cast<std::size_t>(l)]; }
   [[nodiscard]] Vector rms_final() const { return Vector(rms_final_, config_.dim); }
   [[nodiscard]] const Weight& classifier() const { return cls_; }
+  /// logits = classifier x hidden (dim floats in, vocab out): the forward pass's last
+  /// product, the same code, so the same floats as forward() gave for that hidden state.
+  void classify(Eigen::VectorXf& logits, const Eigen::VectorXf& hidden,
+                std::vector<float>& scratch) const {
+    cls_.matvec(logits, hidden, scratch);
+  }
 
   /// What the Hugging Face reader uses to assemble a model (hf.hpp).
   struct Parts {
@@ -561,8 +567,15 @@ class Transformer {
       x_ += xb_;
     }
     rmsnorm(xb_, x_, m.rms_final().data(), eps);
-    m.classifier().matvec(logits_, xb_, scratch_);
+    m.classify(logits_, xb_, scratch_);
     return {logits_.data(), static_cast<std::size_t>(logits_.size())};
+  }
+
+  /// The last forward()'s final RMSNorm output (dim floats): the classifier turns it into
+  /// the logits, so Model::classify() on a copy gives them again bit for bit. Valid until
+  /// the next call (not set by forward_block() with all_logits).
+  [[nodiscard]] std::span<const float> final_hidden() const {
+    return {xb_.data(), static_cast<std::size_t>(xb_.size())};
   }
 
   /// Feeds tokens[i] at position pos0 + i, as forward() would one at a time, but each
