@@ -11,7 +11,8 @@ secs=${1:-60}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(saved_state policy_ops llama2c_checkpoint safetensors xkv_profile paged_pool hf_checkpoint)
+  targets=(saved_state policy_ops llama2c_checkpoint safetensors xkv_profile paged_pool hf_checkpoint
+           hf_tokenizer)
 fi
 cxx=${CXX_FUZZ:-clang++}
 eigen=$(pkg-config --cflags eigen3 2>/dev/null || echo -I/usr/include/eigen3)

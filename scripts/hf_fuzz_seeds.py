@@ -22,6 +22,10 @@ SEEDS = {
                             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                           "high_freq_factor": 4.0,
                                           "original_max_position_embeddings": 8}), "F16"),
+    "tiny_llama_rope_parameters_f32": (dict(model_type="llama", hidden=8, intermediate=8, layers=1,
+                                            heads=2, kv_heads=1, head_dim=4, vocab=5, seq_len=16,
+                                            rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                             "rope_theta": 500000.0}), "F32"),
 }
 
 

@@ -3,6 +3,7 @@
 decodes them). Generated from scratch: no third-party vocabulary is copied. Python 3 only.
 
     scripts/hf_tokenizer_fixture.py OUT.json {byte_level,sentencepiece,metaspace}
+    scripts/hf_tokenizer_fixture.py --fuzz-seeds   (writes fuzz/corpus/hf_tokenizer/)
 
 byte_level     GPT-2 / Llama-3 / Qwen form: a BPE vocabulary of byte strings written through
                GPT-2's bytes-to-unicode table, decoder ByteLevel
@@ -120,7 +121,26 @@ def from_llama2c_pieces(pieces):
     return doc
 
 
+def fuzz_seeds():
+    """fuzz/fuzz_hf_tokenizer.cpp's seeds: 1 byte n, n uint16 ids, the JSON (compact)."""
+    import os
+    import struct
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "corpus",
+                        "hf_tokenizer")
+    os.makedirs(root, exist_ok=True)
+    for name, doc, ids in (("byte_level", byte_level(), [256, 257, 258, 259, 260, 261, 265]),
+                           ("sentencepiece", sentencepiece(), [1, 259, 260, 3 + 0xE2, 3 + 0x82, 3 + 0xAC, 2]),
+                           ("metaspace", metaspace(), [1, 2, 3, 4, 0])):
+        text = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+        with open(os.path.join(root, name), "wb") as f:
+            f.write(bytes([len(ids)]) + b"".join(struct.pack("<H", i) for i in ids) + text)
+        print(name, 1 + 2 * len(ids) + len(text), "bytes")
+    return 0
+
+
 def main():
+    if sys.argv[1:] == ["--fuzz-seeds"]:
+        return fuzz_seeds()
     if len(sys.argv) != 3 or sys.argv[2] not in ("byte_level", "sentencepiece", "metaspace"):
         print(__doc__)
         return 2

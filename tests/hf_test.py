@@ -126,6 +126,17 @@ def reference_logits(cfg, w, tokens, record=None):
     return rms(x, w["model.norm.weight"]) @ lm.T
 
 
+def expect_rejected(name, what, model_dir, cfg, w, tokens):
+    """The engine's logits must differ (beyond tol) from the reference under `cfg`."""
+    ref = os.path.join(WORK, "%s.%s.safetensors" % (name, what.replace(" ", "_")))
+    write_safetensors(ref, [("tokens", tokens.astype(np.float32), "F32"),
+                            ("logits", reference_logits(cfg, w, tokens).astype(np.float32), "F32")])
+    r = run("check", model_dir, ref)
+    print("%-28s %s (expected above tol)" % (name + " " + what, r.stdout.strip()))
+    if r.returncode != 1:
+        failures.append("%s: the %s reference was accepted" % (name, what))
+
+
 def read_safetensors(path):
     """F32 tensors of a safetensors file as float64 arrays (the test's own reader)."""
     raw = open(path, "rb").read()
@@ -212,26 +223,12 @@ def main():
             print("%-28s max abs diff %.3e against the reference's q, k, v" % (name + " trace", worst))
             if not worst <= 1e-4:
                 failures.append(name + ": trace differs from the reference by %g" % worst)
+        # The RoPE settings must matter: a reference without them is rejected.
         if spec.get("rope_scaling") is not None:
-            # The scaling must matter: the reference without it is rejected.
-            plain = reference_logits(dict(cfg, rope_scaling=None), w, tokens)
-            write_safetensors(os.path.join(WORK, name + ".noscale.safetensors"),
-                              [("tokens", tokens.astype(np.float32), "F32"),
-                               ("logits", plain.astype(np.float32), "F32")])
-            r = run("check", out, os.path.join(WORK, name + ".noscale.safetensors"))
-            print("%-28s %s (expected above tol)" % (name + " unscaled", r.stdout.strip()))
-            if r.returncode != 1:
-                failures.append(name + ": the unscaled reference was accepted")
+            expect_rejected(name, "unscaled", out, dict(cfg, rope_scaling=None), w, tokens)
         if spec.get("rope_parameters") is not None:
-            # rope_parameters must matter: a reference with RoPE's defaults is rejected.
-            plain = reference_logits(dict(cfg, rope_parameters={"rope_type": "default"}), w, tokens)
-            write_safetensors(os.path.join(WORK, name + ".defaults.safetensors"),
-                              [("tokens", tokens.astype(np.float32), "F32"),
-                               ("logits", plain.astype(np.float32), "F32")])
-            r = run("check", out, os.path.join(WORK, name + ".defaults.safetensors"))
-            print("%-28s %s (expected above tol)" % (name + " default rope", r.stdout.strip()))
-            if r.returncode != 1:
-                failures.append(name + ": the reference without rope_parameters was accepted")
+            expect_rejected(name, "default rope", out, dict(cfg, rope_parameters={"rope_type": "default"}),
+                            w, tokens)
 
     # 3. malformed and unsupported checkpoints.
     base = os.path.join(WORK, "gqa_f32")
