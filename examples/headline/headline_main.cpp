@@ -38,6 +38,8 @@ struct Args {
   bool scorers = false;  ///< --tune-scorers: the probability-free grid instead of the table
   bool haystack = false;  ///< --haystack: the repeated-filler retrieval measure
   bool brief = false;     ///< --brief: retrieval rows of the compared policies only
+  std::size_t prompt = 0;          ///< --prompt: KL table streams' prefilled prompt (0: none)
+  std::size_t prefill_block = 64;  ///< --prefill-block
 };
 
 // nullopt: exit 0 (--help, --list).
@@ -57,6 +59,12 @@ std::optional<Args> parse(int argc, char** argv) {
            "stream length of the KL table (default 512; up to the model's seq_len / "
            "max_position_embeddings; budgets stay in tokens)",
            a.tokens, Range<int>{2, 1 << 24});
+  p.number("--prompt", "N",
+           "KL table: prefill each stream's first N tokens under the policy through "
+           "forward_block (default 0: token by token, as the published table)",
+           a.prompt, Range<std::size_t>{0});
+  p.number("--prefill-block", "N", "with --prompt: tokens per forward_block (default 64)",
+           a.prefill_block, Range<std::size_t>{1, std::size_t{1} << 20});
   p.flag("--tune", "the tuning grids instead of the reported rows", a.tune);
   p.flag("--retrieval", "far name retrieval instead of streaming KL", a.retrieval);
   p.flag("--tune-scorers", "the probability-free grid instead of the table", a.scorers);
@@ -167,6 +175,7 @@ struct Runner {
   std::vector<Stream> streams;
   std::size_t reference_budget = 0;
   std::vector<double> reference;  ///< StreamingLLM's KL per group at reference_budget
+  ProtocolOptions protocol;       ///< --prompt / --prefill-block
 
   template <class Policy>
   void row(std::size_t budget, const char* name, Policy policy, bool unbounded = false) {
@@ -177,7 +186,7 @@ struct Runner {
   template <class Policy>
   void row(std::size_t budget, const char* name, Policy policy, const Budget& b) {
     std::vector<StreamResult> rs;
-    for (const auto& s : streams) rs.push_back(run_stream(model, s, b, policy));
+    for (const auto& s : streams) rs.push_back(run_stream(model, s, b, policy, protocol));
     const Summary all = summarize(rs);
     double lo = 1e300, hi = 0.0;
     std::vector<double> groups;
@@ -439,6 +448,8 @@ int main(int argc, char** argv) {
     const Args& a = *parsed;
     Runner r;
     r.model = std::make_shared<const Model>(load_model_dir(a.model_dir, "stories260K.bin"));
+    r.protocol.prefill = a.prompt;
+    r.protocol.prefill_block = a.prefill_block;
     // The registry's knobs for --policies: the reference protocol's, with the model's RoPE.
     registry::Knobs knobs = registry::Knobs::reference_protocol();
     set_model_rope(knobs, r.model->config());
@@ -542,10 +553,13 @@ int main(int argc, char** argv) {
                                  static_cast<std::size_t>(a.streams));
       r.streams.push_back(sample_stream(r.model, o));
     }
-    fmt::print("streams {} (seeds {}..{}), T = {}, temperature 1, KL(full || policy)\n\n",
+    fmt::print("streams {} (seeds {}..{}), T = {}, temperature 1, KL(full || policy){}\n\n",
                 a.streams, static_cast<unsigned long long>(a.seed),
                 static_cast<unsigned long long>(a.seed + static_cast<std::uint64_t>(a.streams) - 1),
-                a.tokens);
+                a.tokens,
+                a.prompt > 0 ? fmt::format("; the first {} tokens prefilled in blocks of {}",
+                                           a.prompt, a.prefill_block)
+                             : std::string());
     fmt::print("| budget | policy | mean KL | range over 4-stream groups | groups below {} | "
                "top-1 |\n",
                a.paged             ? std::string("block StreamingLLM")
