@@ -58,7 +58,7 @@ def rope_of(cfg):
     """(theta, scaling) from transformers v5's rope_parameters, else v4's two fields."""
     p = cfg.get("rope_parameters")
     if p is not None:
-        return p.get("rope_theta", 10000.0), p
+        return p.get("rope_theta", cfg.get("rope_theta", 10000.0)), p
     return cfg.get("rope_theta", 10000.0), cfg.get("rope_scaling") or {}
 
 
@@ -174,6 +174,8 @@ VARIANTS = [
      "F32", 1),
     ("rope_params_and_v4_f32", dict(BASE, rope_theta=1e6, keep_v4=True, rope_parameters={
         "rope_type": "default", "rope_theta": 1e6}), "F32", 1),
+    ("rope_params_theta_v4_f32", dict(BASE, rope_theta=1e6, keep_v4=True, rope_parameters={
+        "rope_type": "linear", "factor": 2.0}), "F32", 1),
 ]
 
 
@@ -227,7 +229,8 @@ def main():
         if spec.get("rope_scaling") is not None:
             expect_rejected(name, "unscaled", out, dict(cfg, rope_scaling=None), w, tokens)
         if spec.get("rope_parameters") is not None:
-            expect_rejected(name, "default rope", out, dict(cfg, rope_parameters={"rope_type": "default"}),
+            expect_rejected(name, "default rope", out,
+                            dict(cfg, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
                             w, tokens)
 
     # 3. malformed and unsupported checkpoints.

@@ -44,9 +44,12 @@ KVCache<Policy> and kvevict::attend, and compares every decode step with the ful
 constexpr const char* kEpilog = R"(--model PATH: a Hugging Face Llama/Qwen2/Qwen3 checkpoint directory (config.json and
 *.safetensors, docs/real_models.md) or a llama2.c checkpoint (file, or directory holding one
 .bin besides tok*.bin):
-sample --steps tokens (default 512) with the full cache at temperature 1, then feed them
-one at a time under each policy and report KL(full || policy), top-1 agreement and
-perplexity (no SVG; xkv, pyramidkv and uniform-w8 are skipped: they need prompt statistics).
+sample --steps tokens (default 512, at most the model's positions) with the full cache at
+temperature 1, then feed them under each policy (the first --prompt tokens, default a
+quarter, through forward_block in blocks of --prefill-block; the rest one at a time) and
+report KL(full || policy), top-1 agreement and perplexity over every position (no SVG;
+xkv, pyramidkv and uniform-w8 are skipped: they need prompt statistics). A tokenizer.json
+next to a Hugging Face checkpoint shows the stream's first 64 tokens as text.
 Exit status: 0 on success, 2 on bad arguments or input, 1 on other failures.
 )";
 

@@ -192,7 +192,8 @@ inline RopeScaling parse_rope_scaling(const json::Value& v, const std::string& w
 
 /// RoPE's theta and scaling from config.json: v4's `rope_theta` and `rope_scaling`, or
 /// v5's `rope_parameters` object holding both (its `rope_type` defaults to "default",
-/// its `rope_theta` to 10000). Both forms may appear only when they agree.
+/// its `rope_theta` to the top-level one, else 10000). Both forms may appear only when
+/// they agree.
 inline void parse_rope(ConfigReader& r, Config& c, const std::string& where) {
   const json::Value* theta = r.take("rope_theta");
   const json::Value* scaling = r.take("rope_scaling");
@@ -211,7 +212,7 @@ inline void parse_rope(ConfigReader& r, Config& c, const std::string& where) {
   const RopeScaling s = parse_rope_object(*params, where, "rope_parameters", false, {"rope_theta"});
   const double t = params->contains("rope_theta")
                        ? theta_of((*params)["rope_theta"], "rope_parameters.rope_theta")
-                       : 10000.0;
+                       : c.rope_theta;  // absent: the top-level rope_theta, else 10000
   require(!has_theta || t == c.rope_theta, where, ": config.json field 'rope_theta' = ",
           c.rope_theta, " conflicts with 'rope_parameters.rope_theta' = ", t,
           " (give one, or the same value in both)");

@@ -27,6 +27,7 @@
 // a one-line warning once. A malformed file (bad JSON, no model vocabulary, a duplicate or
 // out-of-range id, a decoder field of the wrong type) is a kvevict::Error naming the file and
 // the field. Ids the table does not name are skipped (tokenizers does the same).
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <filesystem>
@@ -35,6 +36,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "../eval/safetensors.hpp"
@@ -296,12 +298,11 @@ class TokenizerJson {
     auto set = [&](std::int64_t id, const std::string& token, const char* field) {
       require(id >= 0 && id <= kMaxId, where, ": ", field, " gives '", token, "' id ", id,
               ", expected 0..", kMaxId);
-      const auto i = static_cast<std::size_t>(id);
-      if (i >= t.tokens_.size()) t.tokens_.resize(i + 1);
-      auto& slot = t.tokens_[i];
-      require(!slot.has_value() || *slot == token, where, ": ", field, " gives id ", id,
-              " to '", token, "', which already names '", slot.value_or(""), "'");
-      slot = token;
+      // A map, not a vector indexed by id: a tiny file naming id 2^24 - 1 costs one entry.
+      const auto [it, fresh] = t.tokens_.emplace(static_cast<int>(id), token);
+      require(fresh || it->second == token, where, ": ", field, " gives id ", id, " to '", token,
+              "', which already names '", it->second, "'");
+      t.size_ = std::max(t.size_, static_cast<std::size_t>(id) + 1);
     };
     if (vocab.is_object()) {
       for (const auto& [token, id] : vocab.items()) {
@@ -337,9 +338,7 @@ class TokenizerJson {
           require(a["special"].is_boolean(), where, ": added_tokens '", content,
                   "' special = ", a["special"].dump(), ", expected true or false");
           if (a["special"].get<bool>()) {
-            if (t.special_.size() <= static_cast<std::size_t>(id))
-              t.special_.resize(static_cast<std::size_t>(id) + 1, false);
-            t.special_[static_cast<std::size_t>(id)] = true;
+            t.special_.insert(static_cast<int>(id));
           }
         }
       }
@@ -366,7 +365,7 @@ class TokenizerJson {
   }
 
   /// Ids the table names (the largest id + 1).
-  [[nodiscard]] std::size_t size() const { return tokens_.size(); }
+  [[nodiscard]] std::size_t size() const { return size_; }
   /// Empty when every decoder step is supported; else what is not (decode() shows ids).
   [[nodiscard]] const std::string& unsupported() const { return unsupported_; }
 
@@ -384,10 +383,9 @@ class TokenizerJson {
     }
     std::vector<std::string> tokens;
     for (int id : ids) {
-      if (id < 0 || static_cast<std::size_t>(id) >= tokens_.size()) continue;
-      const auto i = static_cast<std::size_t>(id);
-      if (!tokens_[i] || (i < special_.size() && special_[i])) continue;
-      tokens.push_back(*tokens_[i]);
+      const auto it = tokens_.find(id);
+      if (it == tokens_.end() || special_.count(id) != 0) continue;
+      tokens.push_back(it->second);
     }
     if (join_with_spaces_) {
       std::string s;
@@ -477,8 +475,9 @@ class TokenizerJson {
     steps_.push_back(std::move(st));
   }
 
-  std::vector<std::optional<std::string>> tokens_;  // by id
-  std::vector<bool> special_;                       // by id
+  std::unordered_map<int, std::string> tokens_;  // id -> token
+  std::unordered_set<int> special_;                // ids left out of the text
+  std::size_t size_ = 0;                           // largest id + 1
   std::vector<tokenizer_detail::Step> steps_;
   bool join_with_spaces_ = false;
   std::string unsupported_;
