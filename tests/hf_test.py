@@ -166,6 +166,8 @@ VARIANTS = [
         "original_max_position_embeddings": 32}), "F32", 1),
     ("rope_linear_f32", dict(BASE, rope_scaling={"type": "linear", "factor": 4.0}), "F32", 1),
     ("sharded_3_bf16", dict(BASE, layers=3), "BF16", 3),
+    # More rows than Weight::kWidenRows (256): forward_block widens 16-bit matrices in slices.
+    ("wide_bf16", dict(BASE, intermediate=300, vocab=600), "BF16", 1),
     # transformers v5: rope_theta and the scaling inside rope_parameters.
     ("rope_params_llama3_f32", dict(BASE, rope_parameters={
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,

@@ -4,6 +4,7 @@
 // Both checkpoint readers (llama2.c's float file, Hugging Face safetensors memory-mapped)
 // hand the one forward pass (llama2c.hpp's Transformer) these views.
 #include <Eigen/Core>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -47,18 +48,26 @@ struct Weight {
 
   using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-  /// out = X W^T for a block of rows X (n x cols; out n x rows): one matrix product, the
-  /// weights read once. 16-bit weights are widened whole into `scratch` first.
+  /// Rows of a 16-bit matrix widened to float at a time by matmul(): its scratch stays
+  /// kWidenRows x cols floats (4 MB at cols 4096), not the whole matrix.
+  static constexpr int kWidenRows = 256;
+
+  /// out = X W^T for a block of rows X (n x cols; out n x rows): matrix products, the
+  /// weights read once. Float weights in one product; 16-bit weights widened kWidenRows
+  /// rows at a time into `scratch`, one product per slice of output columns.
   void matmul(RowMatrix& out, const RowMatrix& x, std::vector<float>& scratch) const {
-    const float* w = static_cast<const float*>(data);
-    if (dtype != DType::f32) {
-      scratch.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
-      for (int r = 0; r < rows; ++r)
-        widen_row(r, scratch.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(cols));
-      w = scratch.data();
-    }
     out.resize(x.rows(), rows);
-    out.noalias() = x * FloatMatrix(w, rows, cols).transpose();
+    if (dtype == DType::f32) {
+      out.noalias() = x * FloatMatrix(static_cast<const float*>(data), rows, cols).transpose();
+      return;
+    }
+    const auto c = static_cast<std::size_t>(cols);
+    scratch.resize(static_cast<std::size_t>(std::min(rows, kWidenRows)) * c);
+    for (int r0 = 0; r0 < rows; r0 += kWidenRows) {
+      const int n = std::min(kWidenRows, rows - r0);
+      for (int r = 0; r < n; ++r) widen_row(r0 + r, scratch.data() + static_cast<std::size_t>(r) * c);
+      out.middleCols(r0, n).noalias() = x * FloatMatrix(scratch.data(), n, cols).transpose();
+    }
   }
 
   /// Row r widened to float into out[0, cols).
