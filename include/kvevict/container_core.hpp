@@ -26,10 +26,18 @@
 //   shrink_rows(i, cap)          release storage beyond cap after a budget shrink
 //   check_stored(x, what, is_key)  reject keys/values the storage format cannot hold
 //                                (default: check_storable<Scalar>; quantized KVCache: its codec)
+//
+// Pooled budgets (Budget::pooled(), layer_pool.hpp) run through the same flows: only how
+// many victims each head of a layer gives up is decided across the heads (choose_pooled),
+// and a head's storage grows and is released with its changing share (reserve_head,
+// release_head); the layouts' hooks are the same.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -38,6 +46,7 @@
 #include "bookkeeping.hpp"
 #include "errors.hpp"
 #include "geometry.hpp"
+#include "layer_pool.hpp"
 #include "policy.hpp"
 
 namespace kvevict::detail {
@@ -73,9 +82,36 @@ class ContainerCore {
   [[nodiscard]] Policy& policy() { return policy_; }
   [[nodiscard]] const Policy& policy() const { return policy_; }
   [[nodiscard]] std::size_t size(int layer, int kv_head) const { return head(layer, kv_head).size(); }
+  /// The nominal capacity of (layer, kv_head): what the policy sees. Under a pooled budget
+  /// a head may hold more or fewer rows (max_rows, layer_total).
   [[nodiscard]] std::size_t capacity(int layer, int kv_head) const {
     check_head(layer, kv_head);
     return shape_.at(layer, kv_head);
+  }
+  /// Whether a pooled budget is in effect: Budget::pooled() and a policy with the
+  /// eviction_costs hook (without it a pooled budget keeps the nominal capacities).
+  [[nodiscard]] bool pooled() const {
+    if constexpr (kPoolable) return pool_.on;
+    else return false;
+  }
+  /// Rows `layer` may hold in total: the pool's total, else the sum of its heads'
+  /// capacities (Budget::kUnbounded when one is unbounded).
+  [[nodiscard]] std::size_t layer_total(int layer) const {
+    check_layer(shape_.geometry, layer);
+    if (pooled()) return pool_.total[static_cast<std::size_t>(layer)];
+    std::size_t t = 0;
+    for (int h = 0; h < shape_.geometry.n_kv_heads; ++h) {
+      const std::size_t c = shape_.at(layer, h);
+      if (c == Budget::kUnbounded || t > Budget::kUnbounded - c) return Budget::kUnbounded;
+      t += c;
+    }
+    return t;
+  }
+  /// Rows (layer, kv_head) may ever hold: under a pooled budget the layer total less the
+  /// other heads' floors, else the capacity.
+  [[nodiscard]] std::size_t max_rows(int layer, int kv_head) const {
+    check_head(layer, kv_head);
+    return pooled() ? pool_.ceiling[index(layer, kv_head)] : shape_.at(layer, kv_head);
   }
   /// Tokens appended to a layer so far (kept or not).
   [[nodiscard]] std::uint64_t tokens_seen(int layer) const { return layer_state(layer).next_seq; }
@@ -112,6 +148,8 @@ class ContainerCore {
     shape_.geometry = geometry;
     shape_.capacity = resolve_capacities(geometry, budget);
     check_capacities(policy_, geometry, shape_.capacity);
+    if constexpr (kPoolable)
+      pool_ = LayerPool::resolve(geometry, budget, shape_.capacity, policy_.min_capacity());
     heads_.resize(shape_.capacity.size());
     layers_.resize(static_cast<std::size_t>(geometry.n_layers));
     policy_.bind(shape_);
@@ -128,7 +166,8 @@ class ContainerCore {
         policy_(std::move(o.policy_)),
         heads_(std::exchange(o.heads_, {})),
         layers_(std::exchange(o.layers_, {})),
-        scratch_victims_(std::exchange(o.scratch_victims_, {})) {}
+        scratch_victims_(std::exchange(o.scratch_victims_, {})),
+        pool_(std::exchange(o.pool_, {})) {}
   ContainerCore& operator=(ContainerCore&& o) noexcept(std::is_nothrow_move_assignable_v<Policy>) {
     if (this != &o) {
       shape_ = std::exchange(o.shape_, CacheShape{});
@@ -136,6 +175,7 @@ class ContainerCore {
       heads_ = std::exchange(o.heads_, {});
       layers_ = std::exchange(o.layers_, {});
       scratch_victims_ = std::exchange(o.scratch_victims_, {});
+      pool_ = std::exchange(o.pool_, {});
     }
     return *this;
   }
@@ -250,11 +290,73 @@ class ContainerCore {
   /// Allocates room for `rows` live rows of head i (bookkeeping and the layout's storage).
   void reserve_head(std::size_t i, std::size_t rows, std::size_t cap) {
     auto& h = heads_[i];
-    const std::size_t n = grown_rows(h.pos.capacity(), rows, cap);
+    const std::size_t n = pooled() ? pool_grown_rows(h.pos.capacity(), rows, cap, pool_.chunk[i])
+                                   : grown_rows(h.pos.capacity(), rows, cap);
     if (n == 0) return;
     self().reserve_rows(i, n);
     h.pos.reserve(n);
     h.seq.reserve(n);
+  }
+  /// Pooled heads: releases storage a shrunken share no longer needs (pool_release_rows).
+  /// Runs after rows moved, so a failed allocation only keeps the larger storage.
+  void release_head(std::size_t i) noexcept {
+    const std::size_t to = pool_release_rows(heads_[i].pos.capacity(), heads_[i].size(), pool_.chunk[i]);
+    if (to == 0) return;
+    try {
+      shrink_head(i, to);
+    } catch (const std::bad_alloc&) {  // keeping the larger storage is always correct
+    }
+  }
+
+  /// Pooled budgets: the victims of every head of `layer` (into victims[kh]) when the layer
+  /// would pass its total (or a head its ceiling) with `incoming` rows per head. The counts
+  /// come from pooled_victim_counts over the policy's eviction costs; each head's rows from
+  /// its choose_victims. `view(kh, n)` builds the head's view (capacity, incoming token).
+  template <class MakeView>
+  void choose_pooled(int layer, std::size_t incoming, const LayerPool& pool, MakeView&& view,
+                     std::vector<std::vector<std::uint32_t>>& victims) {
+    const auto hkv = static_cast<std::size_t>(shape_.geometry.n_kv_heads);
+    const std::size_t base = static_cast<std::size_t>(layer) * hkv;
+    victims.resize(hkv);
+    std::size_t after = 0;
+    bool over = false;
+    for (std::size_t kh = 0; kh < hkv; ++kh) {
+      victims[kh].clear();
+      const std::size_t n = heads_[base + kh].size();
+      after += n + incoming;
+      over |= n + incoming > pool.ceiling[base + kh];
+    }
+    if (after <= pool.total[static_cast<std::size_t>(layer)] && !over) return;
+    if constexpr (kPoolable) {
+      pool_costs_.resize(hkv);
+      pool_heads_.resize(hkv);
+      for (std::size_t kh = 0; kh < hkv; ++kh) {
+        const auto& h = heads_[base + kh];
+        auto& c = pool_costs_[kh];
+        c.clear();
+        if (h.size() > 0) {
+          self().load_rows(layer, static_cast<int>(kh), nullptr, nullptr);
+          HeadView<Scalar> v = view(static_cast<int>(kh), h.size());
+          policy_.eviction_costs(v, c);
+          if (c.size() != h.size())
+            throw std::logic_error(std::string("kvevict: policy ") + Policy::name() +
+                                   " eviction_costs wrote " + std::to_string(c.size()) +
+                                   " costs, expected " + std::to_string(h.size()));
+        }
+        pool_heads_[kh] = PoolHead{h.size(), pool.floor[base + kh], pool.ceiling[base + kh],
+                                   c.data(), h.seq.data()};
+      }
+      pooled_victim_counts(pool_heads_, incoming, pool.total[static_cast<std::size_t>(layer)],
+                           pool_counts_, pool_scratch_, Policy::name());
+      for (std::size_t kh = 0; kh < hkv; ++kh) {
+        if (pool_counts_[kh] == 0) continue;
+        self().load_rows(layer, static_cast<int>(kh), nullptr, nullptr);
+        HeadView<Scalar> v = view(static_cast<int>(kh), heads_[base + kh].size());
+        v.need = pool_counts_[kh];
+        policy_.choose_victims(v, victims[kh]);
+        validate_victims<Policy>(victims[kh], v.size, v.need);
+      }
+    }
   }
 
   /// Swap-removes `victims` (validated, sorted descending) from (layer, kv_head).
@@ -285,22 +387,31 @@ class ContainerCore {
     // Phase 1: every decision and allocation that may throw, before anything changes.
     scratch_victims_.resize(static_cast<std::size_t>(g.n_kv_heads));
     std::size_t total_victims = 0, max_rows = 0;
+    if (pooled()) {
+      choose_pooled(layer, 1, pool_,
+                    [&](int kh, std::size_t n) { return incoming_view(layer, kh, n, position, keys, queries); },
+                    scratch_victims_);
+    } else {
+      for (int kh = 0; kh < g.n_kv_heads; ++kh) {
+        auto& victims = scratch_victims_[static_cast<std::size_t>(kh)];
+        victims.clear();
+        const std::size_t n = heads_[index(layer, kh)].size();
+        const std::size_t limit = append_limit(policy_, shape_.at(layer, kh), layer, kh);
+        if (n >= limit) {
+          self().load_rows(layer, kh, nullptr, nullptr);
+          HeadView<Scalar> view = incoming_view(layer, kh, n, position, keys, queries);
+          view.need = n - limit + 1;
+          policy_.choose_victims(view, victims);
+          validate_victims<Policy>(victims, view.size, view.need);
+        }
+      }
+    }
     for (int kh = 0; kh < g.n_kv_heads; ++kh) {
-      auto& victims = scratch_victims_[static_cast<std::size_t>(kh)];
-      victims.clear();
+      const auto& victims = scratch_victims_[static_cast<std::size_t>(kh)];
       const std::size_t i = index(layer, kh);
       const std::size_t n = heads_[i].size();
-      const std::size_t cap = shape_.at(layer, kh);
-      const std::size_t limit = append_limit(policy_, cap, layer, kh);
-      if (n >= limit) {
-        self().load_rows(layer, kh, nullptr, nullptr);
-        HeadView<Scalar> view = incoming_view(layer, kh, n, position, keys, queries);
-        view.need = n - limit + 1;
-        policy_.choose_victims(view, victims);
-        validate_victims<Policy>(victims, view.size, view.need);
-        total_victims += victims.size();
-      }
-      reserve_head(i, n - victims.size() + 1, cap);
+      total_victims += victims.size();
+      reserve_head(i, n - victims.size() + 1, shape_.at(layer, kh));
       self().prepare_head(layer, kh, i, victims);
       max_rows = std::max(max_rows, n + 1);
     }
@@ -319,6 +430,7 @@ class ContainerCore {
       h.seq.push_back(ls.next_seq);
       HeadView<Scalar> view = incoming_view(layer, kh, row + 1, position, keys, queries);
       policy_.on_append(view, row);
+      if (pooled() && !scratch_victims_[static_cast<std::size_t>(kh)].empty()) release_head(i);
     }
     ++ls.next_seq;
     ls.last_position = position;
@@ -410,9 +522,25 @@ class ContainerCore {
     budget.validate(shape_.geometry);
     auto caps = resolve_capacities(shape_.geometry, budget);
     check_capacities(policy_, shape_.geometry, caps);
+    LayerPool pool;
+    if constexpr (kPoolable) pool = LayerPool::resolve(shape_.geometry, budget, caps, policy_.min_capacity());
     std::vector<std::vector<std::uint32_t>> victims(heads_.size());
     const Geometry& g = shape_.geometry;
-    for (int l = 0; l < g.n_layers; ++l)
+    for (int l = 0; pool.on && l < g.n_layers; ++l) {
+      // The layer's rows over its new total leave across its heads, by eviction cost.
+      choose_pooled(
+          l, 0, pool,
+          [&](int kh, std::size_t n) {
+            HeadView<Scalar> view = make_view(l, kh, n);
+            view.capacity = caps[index(l, kh)];
+            view.incoming_seq = layers_[static_cast<std::size_t>(l)].next_seq;
+            return view;
+          },
+          scratch_victims_);
+      for (int kh = 0; kh < g.n_kv_heads; ++kh)
+        victims[index(l, kh)] = scratch_victims_[static_cast<std::size_t>(kh)];
+    }
+    for (int l = 0; !pool.on && l < g.n_layers; ++l)
       for (int kh = 0; kh < g.n_kv_heads; ++kh) {
         const std::size_t i = index(l, kh);
         const std::size_t n = heads_[i].size();
@@ -426,11 +554,13 @@ class ContainerCore {
         validate_victims<Policy>(victims[i], view.size, view.need);
       }
     shape_.capacity = std::move(caps);
+    pool_ = std::move(pool);
     for (int l = 0; l < g.n_layers; ++l)
       for (int kh = 0; kh < g.n_kv_heads; ++kh) {
         const std::size_t i = index(l, kh);
         evict_victims(l, kh, victims[i]);
-        shrink_head(i, shape_.capacity[i]);
+        if (pooled()) release_head(i);
+        else shrink_head(i, shape_.capacity[i]);
       }
   }
 
@@ -455,6 +585,13 @@ class ContainerCore {
   std::vector<LayerState> layers_;
   std::vector<std::vector<std::uint32_t>> scratch_victims_;
   std::vector<float> sums_;  ///< observe scratch: the group sum of each row
+  /// Budget::pooled() takes effect only for policies that rank rows across heads.
+  static constexpr bool kPoolable = HasEvictionCosts<Policy, Scalar>;
+  LayerPool pool_;  ///< the pooled budget (pool_.on), else empty
+  std::vector<std::vector<float>> pool_costs_;  ///< choose_pooled scratch: costs per head
+  std::vector<PoolHead> pool_heads_;
+  std::vector<std::size_t> pool_counts_;
+  PoolScratch pool_scratch_;
   ExclusiveUse exclusive_;
 };
 

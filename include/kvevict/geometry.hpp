@@ -49,6 +49,14 @@ struct Geometry {
   friend bool operator==(const Geometry&, const Geometry&) = default;
 };
 
+/// Options of Budget::pooled(): run-time per-head budgets inside a fixed layer total
+/// (AdaKV-style; docs/ARCHITECTURE.md, "Budgets").
+struct PoolOptions {
+  /// Rows every KV head keeps at least, as a fraction of its nominal capacity (AdaKV's
+  /// safeguard); the policy's protected rows (min_capacity()) are kept in any case.
+  double floor_fraction = 0.0;
+};
+
 /// Rows a cache may hold: one count per (layer, KV head). `unbounded()` is the full cache.
 class Budget {
  public:
@@ -101,6 +109,27 @@ class Budget {
 
   [[nodiscard]] bool is_unbounded() const { return kind_ == Kind::unbounded; }
 
+  /// The same capacities, pooled per layer: a layer holds at most the sum of its KV heads'
+  /// capacities, and how those rows split between its heads moves at run time. When a step
+  /// would take the layer over its total, the victims are chosen across all its heads by the
+  /// policy's comparable eviction cost (the `eviction_costs` hook: DecayedAttention, H2O);
+  /// a policy without that hook keeps the nominal per-head capacities (the same decisions
+  /// as without pooling). The nominal capacity is what a policy sees as
+  /// HeadView::capacity (its protected band, decay and reserve follow it).
+  [[nodiscard]] Budget pooled(PoolOptions o = {}) const {
+    detail::require(kind_ != Kind::unbounded,
+                    "budget: pooled() of an unbounded budget, expected a finite budget");
+    detail::require(std::isfinite(o.floor_fraction) && o.floor_fraction >= 0.0 &&
+                        o.floor_fraction <= 1.0,
+                    "budget: pooled floor_fraction = ", o.floor_fraction, ", expected in [0, 1]");
+    Budget b = *this;
+    b.pooled_ = true;
+    b.pool_ = o;
+    return b;
+  }
+  [[nodiscard]] bool is_pooled() const { return pooled_; }
+  [[nodiscard]] const PoolOptions& pool_options() const { return pool_; }
+
   /// Checks the budget against a geometry (layer count, KV heads per layer).
   void validate(const Geometry& g) const {
     if (kind_ == Kind::per_layer) {
@@ -145,6 +174,8 @@ class Budget {
   Kind kind_;
   std::vector<std::size_t> counts_;
   std::vector<std::size_t> widths_;
+  bool pooled_ = false;
+  PoolOptions pool_{};
 };
 
 }  // namespace kvevict

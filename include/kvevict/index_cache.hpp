@@ -84,7 +84,7 @@ class IndexCache
 
   /// `cells_per_head`: cells the engine has per (layer, KV head); cell ids must be below
   /// it, and it must be >= every finite capacity (a full head holds one row per cell). 0:
-  /// the largest capacity + 1 (one spare for engines that write the new token before
+  /// the largest capacity (pooled budgets: the largest max_rows) + 1 (one spare for engines that write the new token before
   /// evicting), at least 2^20 under an unbounded budget (an append or prefill that would
   /// need more live rows than cells is then refused before anything changes).
   IndexCache(const Geometry& geometry, const Budget& budget, Policy policy = Policy{},
@@ -92,10 +92,13 @@ class IndexCache
       : Core(geometry, budget, std::move(policy)) {
     std::size_t finite = 0;  // the largest finite capacity
     bool unbounded = false;
-    for (std::size_t c : this->shape_.capacity) {
-      if (c == Budget::kUnbounded) unbounded = true;
-      else finite = std::max(finite, c);
-    }
+    // Under a pooled budget a head may grow to its ceiling (Core::max_rows).
+    for (int l = 0; l < geometry.n_layers; ++l)
+      for (int h = 0; h < geometry.n_kv_heads; ++h) {
+        const std::size_t c = this->max_rows(l, h);
+        if (c == Budget::kUnbounded) unbounded = true;
+        else finite = std::max(finite, c);
+      }
     if (cells_per_head == 0) {
       detail::require(finite < kAutoCell - 1, "IndexCache: capacity ", finite,
                       " rows, expected < ", kAutoCell - 1, " (cells are 32-bit ids)");
