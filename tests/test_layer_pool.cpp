@@ -22,8 +22,8 @@ namespace kd = kvevict::detail;
 std::vector<std::size_t> brute_counts(const std::vector<std::vector<float>>& costs,
                                       const std::vector<std::vector<std::uint64_t>>& seqs,
                                       const std::vector<std::size_t>& floor,
-                                      const std::vector<std::size_t>& ceiling, std::size_t incoming,
-                                      std::size_t total) {
+                                      const std::vector<std::size_t>& ceiling,
+                                      const std::vector<std::size_t>& incoming, std::size_t total) {
   const std::size_t H = costs.size();
   std::vector<std::size_t> k(H, 0);
   struct Row {
@@ -34,7 +34,7 @@ std::vector<std::size_t> brute_counts(const std::vector<std::vector<float>>& cos
   std::vector<Row> all;
   std::size_t after = 0;
   for (std::size_t h = 0; h < H; ++h) {
-    after += costs[h].size() + incoming;
+    after += costs[h].size() + incoming[h];
     for (std::size_t r = 0; r < costs[h].size(); ++r)
       if (std::isfinite(costs[h][r])) all.push_back({costs[h][r], seqs[h][r], h});
   }
@@ -44,7 +44,7 @@ std::vector<std::size_t> brute_counts(const std::vector<std::vector<float>>& cos
   std::vector<std::vector<bool>> taken(H);
   std::vector<std::size_t> idx(all.size());
   for (std::size_t h = 0; h < H; ++h) {
-    const std::size_t end = costs[h].size() + incoming;
+    const std::size_t end = costs[h].size() + incoming[h];
     const std::size_t forced = end > ceiling[h] ? end - ceiling[h] : 0;
     for (std::size_t i = 0; i < all.size() && k[h] < forced; ++i)
       if (all[i].h == h) {
@@ -58,7 +58,7 @@ std::vector<std::size_t> brute_counts(const std::vector<std::vector<float>>& cos
   for (std::size_t i = 0; i < all.size() && have < need; ++i) {
     const Row& r = all[i];
     if (r.c == -std::numeric_limits<float>::infinity()) continue;
-    const std::size_t end = costs[r.h].size() + incoming;
+    const std::size_t end = costs[r.h].size() + incoming[r.h];
     const std::size_t limit = end > floor[r.h] ? end - floor[r.h] : 0;
     if (k[r.h] >= limit) continue;
     ++k[r.h];
@@ -73,7 +73,8 @@ TEST_CASE("pooled_victim_counts equals the brute-force rule on small layers", "[
   int checked = 0, uneven = 0;
   for (int trial = 0; trial < 3000; ++trial) {
     const std::size_t H = std::size_t(rng.uniform(1, 5));
-    const std::size_t incoming = std::size_t(rng.uniform(0, 1));
+    std::vector<std::size_t> incoming(H);
+    for (auto& x : incoming) x = std::size_t(rng.uniform(0, 1));
     std::vector<std::vector<float>> costs(H);
     std::vector<std::vector<std::uint64_t>> seqs(H);
     std::vector<std::size_t> floor(H), ceiling(H);
@@ -93,15 +94,17 @@ TEST_CASE("pooled_victim_counts equals the brute-force rule on small layers", "[
       floor[h] = std::size_t(rng.uniform(0, 3));
       rows += n;
     }
-    const std::size_t total = rows + H * incoming - std::size_t(rng.uniform(0, 4)) + 2;
+    std::size_t adds = 0;
+    for (std::size_t x : incoming) adds += x;
+    const std::size_t total = rows + adds - std::size_t(rng.uniform(0, 4)) + 2;
     for (std::size_t h = 0; h < H; ++h) ceiling[h] = std::size_t(rng.uniform(3, 14));
     std::vector<kd::PoolHead> heads;
     for (std::size_t h = 0; h < H; ++h)
-      heads.push_back({costs[h].size(), floor[h], ceiling[h], costs[h].data(), seqs[h].data()});
+      heads.push_back({costs[h].size(), incoming[h], floor[h], ceiling[h], costs[h].data(), seqs[h].data()});
     std::vector<std::size_t> counts;
     bool threw = false;
     try {
-      kd::pooled_victim_counts(heads, incoming, total, counts, scratch, "Test");
+      kd::pooled_victim_counts(heads, total, counts, scratch, "Test");
     } catch (const std::logic_error&) {
       threw = true;
     }
@@ -109,9 +112,9 @@ TEST_CASE("pooled_victim_counts equals the brute-force rule on small layers", "[
     // When the rule cannot be met the function refuses; otherwise the counts must match
     // and leave every head within its bounds and the layer within its total.
     std::size_t after = 0, evictable_ok = 1;
-    for (std::size_t h = 0; h < H; ++h) after += costs[h].size() + incoming - want[h];
+    for (std::size_t h = 0; h < H; ++h) after += costs[h].size() + incoming[h] - want[h];
     for (std::size_t h = 0; h < H; ++h)
-      evictable_ok &= costs[h].size() + incoming - want[h] <= ceiling[h];
+      evictable_ok &= costs[h].size() + incoming[h] - want[h] <= ceiling[h];
     const bool feasible = after <= total && evictable_ok;
     INFO("trial " << trial);
     REQUIRE(threw == !feasible);
@@ -144,69 +147,85 @@ std::vector<float> made_up_probs(const Geometry& g, int h, std::size_t n, std::s
   return p;
 }
 
+// Drives a pooled KVCache and checks, every step: the heads' new sizes equal the brute-force
+// split over the policy's own costs (computed on a copy of the policy, with the view the
+// container builds: nominal or share capacity, incoming token or not), the pool's total and
+// every floor hold, storage stays within the documented slack, protected rows (sinks and
+// the policy's recent band at the smallest capacity it can see) are never evicted; at the
+// end kept rows are bit-exact and every appended row is kept or evicted exactly once.
 template <class Policy>
-void drive_and_check(Policy policy, std::size_t B, double floor_fraction, std::size_t sinks,
+void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t sinks,
                      std::size_t recent, bool expect_uneven) {
   const Geometry g{2, 8, 4, 8};  // GQA: 2 query heads per KV head
-  const Budget budget = Budget::uniform(static_cast<long long>(B)).pooled({.floor_fraction = floor_fraction});
+  const Budget budget = Budget::uniform(static_cast<long long>(B)).pooled(o);
   KVCache<Policy> cache(g, budget, policy);
   REQUIRE(cache.pooled());
-  const std::size_t total = B * std::size_t(g.n_kv_heads);
+  const bool model = o.scope == PoolOptions::Scope::model;
+  const std::size_t hkv = std::size_t(g.n_kv_heads), heads = hkv * std::size_t(g.n_layers);
+  const std::size_t width = model ? heads : hkv;
+  const std::size_t total = B * width;
   REQUIRE(cache.layer_total(0) == total);
   const std::size_t floor = std::max(cache.policy().min_capacity(),
-                                     std::size_t(std::ceil(floor_fraction * double(B))));
-  for (int h = 0; h < g.n_kv_heads; ++h) REQUIRE(cache.max_rows(0, h) == total - 3 * floor);
+                                     std::size_t(std::ceil(o.floor_fraction * double(B))));
+  for (int h = 0; h < g.n_kv_heads; ++h) REQUIRE(cache.max_rows(0, h) == total - (width - 1) * floor);
   kvtest::Ledger ledger;
   std::uint64_t now = 0;
+  int stepping = 0;
   std::size_t bad_evictions = 0;
   auto record = ledger.callback<float>();
   cache.set_eviction_callback([&](const kvevict::EvictedRow<float>& e) {
     record(e);
-    // Protected: the first `sinks` arrivals and the `recent` newest before the incoming one.
-    if (e.seq < sinks || e.seq + recent >= now) ++bad_evictions;
+    // The evicted row's layer has seen `arrived` tokens: its incoming one is that index.
+    const std::uint64_t arrived = e.layer < stepping ? now + 1 : now;
+    if (e.seq < sinks || e.seq + recent >= arrived) ++bad_evictions;
   });
   kvtest::Rng rng(7);
-  const std::size_t kv = std::size_t(g.n_kv_heads * g.head_dim);
-  const std::size_t chunk_slack = 2 * kd::pool_chunk(B) * std::size_t(g.n_kv_heads);
-  std::size_t max_head = 0, min_head = total;
+  const std::size_t kv = hkv * std::size_t(g.head_dim);
+  const std::size_t chunk_slack = 2 * kd::pool_chunk(B) * width;
+  std::size_t max_head = 0, min_head = total, cross_layer = 0;
   for (std::uint64_t t = 0; t < 400; ++t) {
     now = t;
     for (int l = 0; l < g.n_layers; ++l) {
+      stepping = l;
       auto k = rng.normals(kv), v = rng.normals(kv);
       ledger.record(g, l, std::int64_t(t), t, k, v);
       // The split this step must make, from the policy's own costs on a copy (brute force).
-      std::vector<std::vector<float>> costs(std::size_t(g.n_kv_heads));
-      std::vector<std::vector<std::uint64_t>> seqs(std::size_t(g.n_kv_heads));
-      std::vector<std::size_t> floors, ceilings, before;
+      const std::size_t first = model ? 0 : std::size_t(l) * hkv;
+      std::vector<std::vector<float>> costs(width);
+      std::vector<std::vector<std::uint64_t>> seqs(width);
+      std::vector<std::size_t> floors, ceilings, before, incoming;
       Policy copy = cache.policy();
-      for (int h = 0; h < g.n_kv_heads; ++h) {
-        const auto s = cache.seqs(l, h);
-        const auto p = cache.positions(l, h);
-        seqs[std::size_t(h)].assign(s.begin(), s.end());
+      for (std::size_t j = 0; j < width; ++j) {
+        const int hl = int((first + j) / hkv), h = int((first + j) % hkv);
+        const auto s = cache.seqs(hl, h);
+        const auto p = cache.positions(hl, h);
+        seqs[j].assign(s.begin(), s.end());
         kvevict::HeadView<float> view;
-        view.layer = l;
+        view.layer = hl;
         view.kv_head = h;
         view.head_dim = g.head_dim;
         view.group = g.group();
         view.size = s.size();
-        view.capacity = B;
+        view.capacity = o.capacity == PoolOptions::Capacity::share ? std::max(floor, s.size()) : B;
         view.positions = p.data();
         view.seqs = s.data();
-        view.incoming_seq = t;
-        view.incoming_position = std::int64_t(t);
-        copy.eviction_costs(view, costs[std::size_t(h)]);
+        view.incoming_seq = hl < l ? t + 1 : t;
+        if (!s.empty()) copy.eviction_costs(view, costs[j]);
         floors.push_back(floor);
-        ceilings.push_back(cache.max_rows(l, h));
+        ceilings.push_back(cache.max_rows(hl, h));
         before.push_back(s.size());
+        incoming.push_back(hl == l ? 1 : 0);
       }
-      const auto want = brute_counts(costs, seqs, floors, ceilings, 1, total);
+      const auto want = brute_counts(costs, seqs, floors, ceilings, incoming, total);
       cache.append(l, std::int64_t(t), k, v);
       std::size_t rows = 0, alloc = 0;
-      for (int h = 0; h < g.n_kv_heads; ++h) {
-        const std::size_t n = cache.size(l, h);
-        REQUIRE(n == before[std::size_t(h)] + 1 - want[std::size_t(h)]);
+      for (std::size_t j = 0; j < width; ++j) {
+        const int hl = int((first + j) / hkv), h = int((first + j) % hkv);
+        const std::size_t n = cache.size(hl, h);
+        REQUIRE(n == before[j] + incoming[j] - want[j]);
+        cross_layer += hl != l && want[j] > 0;
         rows += n;
-        alloc += cache.allocated_rows(l, h);
+        alloc += cache.allocated_rows(hl, h);
         if (t > 3 * B) {
           max_head = std::max(max_head, n);
           min_head = std::min(min_head, n);
@@ -216,30 +235,39 @@ void drive_and_check(Policy policy, std::size_t B, double floor_fraction, std::s
       REQUIRE(rows <= total);
       REQUIRE(alloc <= total + chunk_slack);
       for (int h = 0; h < g.n_kv_heads; ++h) {
-        const auto probs = made_up_probs(g, h, cache.size(l, h), cache.seqs(l, h), t, rng);
+        const auto probs = made_up_probs(g, h + l, cache.size(l, h), cache.seqs(l, h), t, rng);
         cache.observe(l, h, probs);
       }
     }
   }
   REQUIRE(bad_evictions == 0);
   kvtest::check_against_ledger(cache, ledger, true);  // kept rows bit-exact, each row once
+  if (model) REQUIRE(cross_layer > 0);  // a step took rows from another layer
   if (expect_uneven) {
     REQUIRE(max_head > B + B / 4);  // the far-looking heads took rows from the local ones
     REQUIRE(min_head < B);
-  } else {
-    REQUIRE(max_head == B);
-    REQUIRE(min_head == B);
   }
 }
 
 TEST_CASE("pooled DecayedAttention: total, floors, protection, bit-exact rows, brute-force split", "[pool]") {
-  SECTION("recommended()") {
-    drive_and_check(pol::DecayedAttention::recommended(), 32, 0.0, 1, 12, true);
-  }
+  using Cap = PoolOptions::Capacity;
+  using Scope = PoolOptions::Scope;
+  const auto rec = pol::DecayedAttention::recommended();
+  SECTION("recommended(), nominal capacity") { drive_and_check(rec, 32, {}, 1, rec.recent_for(32), true); }
   SECTION("recommended(), floor 1/2") {
-    drive_and_check(pol::DecayedAttention::recommended(), 32, 0.5, 1, 12, true);
+    drive_and_check(rec, 32, {.floor_fraction = 0.5}, 1, rec.recent_for(32), true);
   }
-  SECTION("H2O") { drive_and_check(pol::H2O({.recent = 4, .sinks = 1}), 16, 0.25, 1, 4, true); }
+  SECTION("recommended(), share capacity, floor 1/4") {
+    drive_and_check(rec, 32, {.floor_fraction = 0.25, .capacity = Cap::share}, 1, rec.recent_for(8), true);
+  }
+  SECTION("recommended(), share capacity, model scope") {
+    drive_and_check(rec, 32, {.floor_fraction = 0.25, .capacity = Cap::share, .scope = Scope::model}, 1,
+                    rec.recent_for(8), true);
+  }
+  SECTION("H2O") { drive_and_check(pol::H2O({.recent = 4, .sinks = 1}), 16, {.floor_fraction = 0.25}, 1, 4, true); }
+  SECTION("H2O, model scope") {
+    drive_and_check(pol::H2O({.recent = 4, .sinks = 1}), 16, {.scope = Scope::model}, 1, 4, true);
+  }
 }
 
 TEST_CASE("pooled budget without eviction costs keeps the nominal capacities", "[pool]") {
@@ -339,6 +367,11 @@ TEST_CASE("pooled budgets: bad input is a kvevict::Error, save refuses", "[pool]
   kvevict::IndexCache<pol::H2O> ic(g, Budget::uniform(8).pooled(), pol::H2O({.recent = 2}));
   REQUIRE(ic.cells_per_head() == ic.max_rows(0, 0) + 1);
   REQUIRE(ic.max_rows(0, 0) == 16 - 3);
+  // ... but refuses a model-scope pool (its engine locates only the appended layer's rows).
+  REQUIRE_THROWS_WITH(kvevict::IndexCache<pol::H2O>(g, Budget::uniform(8).pooled({.scope = PoolOptions::Scope::model}),
+                                                    pol::H2O({.recent = 2})),
+                      Catch::Contains("scope model"));
+
 }
 
 }  // namespace

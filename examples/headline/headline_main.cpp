@@ -435,10 +435,15 @@ void paged_rows(Runner& r, bool tune) {
 constexpr HeadAllocation kHalfPerHead{.floor = 4, .uniform_share = 0.5};
 
 // --- per-head budget splits at equal memory (--adaptive) -----------------------------
-// Run-time per-head budgets (Budget::pooled(), AdaKV-style: a layer's rows move between its
-// KV heads by the policy's comparable eviction cost; no calibration pass). The floor was
-// chosen with --adaptive --tune on streams 0-7 (docs/quality.md).
-constexpr PoolOptions kPool{.floor_fraction = 0.25};
+// Run-time per-head budgets (Budget::pooled(), AdaKV-style: rows move between KV heads by
+// the policy's comparable eviction cost; no calibration pass), each head's policy seeing
+// its current share as its capacity. kPool: per layer (AdaKV; each layer's total fixed);
+// kPoolModel: one pool for the whole cache. Chosen with --adaptive --tune on streams 0-7
+// (docs/quality.md); the floor (1/4 of B) made no difference there.
+constexpr PoolOptions kPool{.floor_fraction = 0.25, .capacity = PoolOptions::Capacity::share};
+constexpr PoolOptions kPoolModel{.floor_fraction = 0.25,
+                                 .capacity = PoolOptions::Capacity::share,
+                                 .scope = PoolOptions::Scope::model};
 // DuoAttention-style head typing from the calibration profile: the share of KV heads with
 // the most mass beyond a sink + window keeps a long cache, the rest sink + window. Chosen
 // with --adaptive --tune on streams 0-7.
@@ -453,7 +458,10 @@ void split_rows(std::size_t B, const std::string& label, const Policy& policy, l
   row(label + ", uniform", policy, Budget::uniform(b));
   row(label + " + calibrated per-head budgets", policy,
       profile.allocate(b, HeadAllocation{.floor = std::max<long long>(4, floor)}));
-  if (pooled) row(label + " + run-time per-head budgets (pooled)", policy, Budget::uniform(b).pooled(kPool));
+  if (pooled) {
+    row(label + " + run-time per-head budgets, per layer", policy, Budget::uniform(b).pooled(kPool));
+    row(label + " + run-time per-head budgets, whole cache", policy, Budget::uniform(b).pooled(kPoolModel));
+  }
   if (duo) {
     HeadTyping t = kDuo;
     t.floor = std::max<long long>(4, floor);
@@ -466,24 +474,37 @@ void all_split_rows(std::size_t B, const AttentionAgeProfile& profile, Row&& row
   split_rows(B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1}, 2, profile, false, true, row);
   split_rows(B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}), b / 4 + 1, profile, true, true, row);
   split_rows(B, "recommended()", policies::DecayedAttention::recommended(), 4, profile, true, true, row);
-  row("recommended() + calibrated per-head budgets, pooled", policies::DecayedAttention::recommended(),
-      profile.allocate(b, kPerHead).pooled(kPool));
+  row("recommended() + calibrated per-head budgets, per-layer totals",
+      policies::DecayedAttention::recommended(),
+      profile.allocate(b, HeadAllocation{.floor = 4, .per_layer = true}));
 }
 // --adaptive --tune: the pooled floor and the head typing on the tuning streams.
 template <class Row>
-void tune_split_rows(std::size_t B, const AttentionAgeProfile& profile, Row&& row) {
+void tune_split_rows(std::size_t B, const AttentionAgeProfile& profile, Row&& row,
+                     bool share_only = std::getenv("KVEVICT_TUNE_POOL_ONLY") != nullptr) {
   const auto b = static_cast<long long>(B);
   const auto rec = policies::DecayedAttention::recommended();
   row("recommended(), uniform", rec, Budget::uniform(b));
   row("recommended() + calibrated per-head budgets", rec, profile.allocate(b, kPerHead));
+  row("recommended() + calibrated per-head budgets, per-layer totals", rec,
+      profile.allocate(b, HeadAllocation{.floor = 4, .per_layer = true}));
   row("H2O (recent B/4), uniform", policies::H2O({.recent = B / 4}), Budget::uniform(b));
-  for (double f : {0.0, 0.125, 0.25, 0.5}) {
-    row(fmt::format("recommended(), pooled, floor {}", f), rec, Budget::uniform(b).pooled({.floor_fraction = f}));
-    row(fmt::format("H2O (recent B/4), pooled, floor {}", f), policies::H2O({.recent = B / 4}),
-        Budget::uniform(b).pooled({.floor_fraction = f}));
-  }
+  using Cap = PoolOptions::Capacity;
+  using Scope = PoolOptions::Scope;
+  for (Scope scope : {Scope::layer, Scope::model})
+    for (Cap cap : {Cap::nominal, Cap::share})
+      for (double f : {0.0, 0.25, 0.5}) {
+        const PoolOptions o{.floor_fraction = f, .capacity = cap, .scope = scope};
+        const char* c = cap == Cap::share ? "share" : "nominal";
+        const char* sc = scope == Scope::model ? "model" : "layer";
+        row(fmt::format("recommended(), pooled per {}, {}, floor {}", sc, c, f), rec,
+            Budget::uniform(b).pooled(o));
+        row(fmt::format("H2O (recent B/4), pooled per {}, {}, floor {}", sc, c, f),
+            policies::H2O({.recent = B / 4}), Budget::uniform(b).pooled(o));
+      }
   for (double rf : {0.25, 0.5, 0.75})
     for (double sf : {0.25, 0.5}) {
+      if (share_only) continue;
       const HeadTyping t{.retrieval_fraction = rf, .stream_fraction = sf};
       row(fmt::format("recommended(), Duo retrieval {} stream {}", rf, sf), rec, profile.type_heads(b, t));
       row(fmt::format("StreamingLLM (1 sink), Duo retrieval {} stream {}", rf, sf),

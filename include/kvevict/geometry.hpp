@@ -52,9 +52,22 @@ struct Geometry {
 /// Options of Budget::pooled(): run-time per-head budgets inside a fixed layer total
 /// (AdaKV-style; docs/ARCHITECTURE.md, "Budgets").
 struct PoolOptions {
+  /// What a policy sees as a head's capacity (HeadView::capacity) under a pooled budget.
+  enum class Capacity {
+    nominal,  ///< the budget's per-head count (protected band, decay, reserve as unpooled)
+    share,    ///< the head's current rows (at least its floor): its band, decay and reserve
+              ///< follow its share, so a head that gives rows up also protects fewer
+  };
   /// Rows every KV head keeps at least, as a fraction of its nominal capacity (AdaKV's
   /// safeguard); the policy's protected rows (min_capacity()) are kept in any case.
   double floor_fraction = 0.0;
+  Capacity capacity = Capacity::nominal;
+  /// Where rows move. layer: between the KV heads of one layer, each layer's total fixed
+  /// (AdaKV). model: between every (layer, KV head) of the cache at a fixed cache total, so
+  /// a step of layer l may evict rows of other layers (KVCache and PagedCache; IndexCache
+  /// refuses it, its engine locates only the stepping layer's rows).
+  enum class Scope { layer, model };
+  Scope scope = Scope::layer;
 };
 
 /// Rows a cache may hold: one count per (layer, KV head). `unbounded()` is the full cache.
@@ -122,6 +135,13 @@ class Budget {
     detail::require(std::isfinite(o.floor_fraction) && o.floor_fraction >= 0.0 &&
                         o.floor_fraction <= 1.0,
                     "budget: pooled floor_fraction = ", o.floor_fraction, ", expected in [0, 1]");
+    detail::require(o.capacity == PoolOptions::Capacity::nominal ||
+                        o.capacity == PoolOptions::Capacity::share,
+                    "budget: pooled capacity = ", static_cast<int>(o.capacity),
+                    ", expected PoolOptions::Capacity::nominal or share");
+    detail::require(o.scope == PoolOptions::Scope::layer || o.scope == PoolOptions::Scope::model,
+                    "budget: pooled scope = ", static_cast<int>(o.scope),
+                    ", expected PoolOptions::Scope::layer or model");
     Budget b = *this;
     b.pooled_ = true;
     b.pool_ = o;

@@ -30,6 +30,9 @@ namespace kvevict {
 struct HeadAllocation {
   long long floor = 4;         ///< rows every head gets at least (>= the policy's minimum)
   double uniform_share = 0.0;  ///< 0: follow the profile; 1: uniform; between: a blend
+  /// true: every layer keeps its own total (KV heads x mean_rows) and rows move only
+  /// between the KV heads of a layer (what a pooled budget can do at run time)
+  bool per_layer = false;
 };
 
 /// Options of AttentionAgeProfile::type_heads (DuoAttention-style head typing, arXiv
@@ -134,20 +137,29 @@ class AttentionAgeProfile {
                       i % static_cast<std::size_t>(geometry_.n_kv_heads),
                       " has no calibration steps, expected add() before allocate()");
     std::vector<long long> rows(n, o.floor);
-    // Max-heap of (gain of the head's next row, -head index): O(total log heads).
-    using Entry = std::tuple<double, long long>;
-    std::priority_queue<Entry> heap;
     auto gain = [&](std::size_t i) {
       const auto age = static_cast<std::size_t>(rows[i]);
       return age < max_age_ ? mass_[i][age] / static_cast<double>(steps_[i]) : 0.0;
     };
-    for (std::size_t i = 0; i < n; ++i) heap.emplace(gain(i), -static_cast<long long>(i));
-    for (long long left = static_cast<long long>(n) * (mean_rows - o.floor); left > 0; --left) {
-      const auto i = static_cast<std::size_t>(-std::get<1>(heap.top()));
-      heap.pop();
-      ++rows[i];
-      heap.emplace(gain(i), -static_cast<long long>(i));
-    }
+    // Greedy over heads [first, last): max-heap of (gain of the head's next row, -head
+    // index), O(total log heads).
+    auto greedy = [&](std::size_t first, std::size_t last) {
+      using Entry = std::tuple<double, long long>;
+      std::priority_queue<Entry> heap;
+      for (std::size_t i = first; i < last; ++i) heap.emplace(gain(i), -static_cast<long long>(i));
+      for (long long left = static_cast<long long>(last - first) * (mean_rows - o.floor); left > 0;
+           --left) {
+        const auto i = static_cast<std::size_t>(-std::get<1>(heap.top()));
+        heap.pop();
+        ++rows[i];
+        heap.emplace(gain(i), -static_cast<long long>(i));
+      }
+    };
+    const auto hkv = static_cast<std::size_t>(geometry_.n_kv_heads);
+    if (o.per_layer)
+      for (std::size_t first = 0; first < n; first += hkv) greedy(first, first + hkv);
+    else
+      greedy(0, n);
     if (o.uniform_share > 0.0) blend(rows, mean_rows, o.uniform_share);
     std::vector<std::vector<long long>> out(static_cast<std::size_t>(geometry_.n_layers));
     for (std::size_t i = 0; i < n; ++i)

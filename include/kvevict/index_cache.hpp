@@ -111,6 +111,7 @@ class IndexCache
     detail::require(cells_per_head < kAutoCell, "IndexCache: cells_per_head = ", cells_per_head,
                     ", expected < ", kAutoCell, " (reserved for kAutoCell)");
     cell_limit_ = cells_per_head;
+    check_pool(this->pool_);
   }
 
   // --- state: geometry(), shape(), policy(), size(), capacity(), tokens_seen(), observe(),
@@ -281,6 +282,13 @@ class IndexCache
   const Scalar* attention_rows(int layer, int kh) {
     gather_rows(layer, kh, call_.stored_keys, nullptr, call_.block, call_.block_seq);
     return gather_.data();
+  }
+  /// A model-scope pool evicts rows of layers other than the stepping one, which the
+  /// engine locates only for the stepping layer (stored_keys): refused.
+  void check_pool(const detail::LayerPool& p) const {
+    detail::require(!p.on || !p.model, "IndexCache: a pooled budget of scope model "
+                    "(PoolOptions::Scope::model) evicts rows of other layers than the appended "
+                    "one, expected scope layer");
   }
   void reserve_rows(std::size_t i, std::size_t n) {
     this->heads_[i].cell.reserve(n);

@@ -9,8 +9,8 @@
 //   - pool_grown_rows / pool_release_rows: storage that follows a head's changing share.
 //
 // The selection, written out (tests/test_layer_pool.cpp checks it against a brute-force
-// transcription): after the step head h holds n_h - k_h + incoming rows (incoming: 1 for a
-// decode step, 0 for a budget change). Every head must stay at or above
+// transcription): after the step head h holds n_h - k_h + incoming_h rows (incoming_h: 1
+// for the heads of the stepping layer, 0 for other layers' heads and for a budget change). Every head must stay at or above
 // min(floor_h, n_h + incoming) and at or below ceiling_h; the layer must end at or below
 // its total. Rows with an infinite (or NaN) cost are never counted. A head above its
 // ceiling first gives its cheapest rows; the rest of the layer's need is the cheapest rows
@@ -25,6 +25,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checked.hpp"
@@ -41,7 +42,9 @@ inline std::size_t pool_chunk(std::size_t nominal) { return std::max<std::size_t
 /// A pooled budget resolved against a geometry and the nominal capacities.
 struct LayerPool {
   bool on = false;
-  std::vector<std::size_t> total;    ///< per layer: the row total
+  bool share = false;  ///< PoolOptions::Capacity::share: the policy sees max(floor, rows)
+  bool model = false;  ///< PoolOptions::Scope::model: one pool for the whole cache
+  std::vector<std::size_t> total;    ///< per pool (each layer, or the one model pool): rows
   std::vector<std::size_t> floor;    ///< per (layer, KV head): rows it keeps at least
   std::vector<std::size_t> ceiling;  ///< per (layer, KV head): rows it may hold at most
   std::vector<std::size_t> chunk;    ///< per (layer, KV head): storage growth step
@@ -52,13 +55,15 @@ struct LayerPool {
     LayerPool p;
     if (!b.is_pooled()) return p;
     p.on = true;
-    const auto hkv = static_cast<std::size_t>(g.n_kv_heads);
+    p.share = b.pool_options().capacity == PoolOptions::Capacity::share;
+    p.model = b.pool_options().scope == PoolOptions::Scope::model;
+    const std::size_t width = p.model ? caps.size() : static_cast<std::size_t>(g.n_kv_heads);
     const double f = b.pool_options().floor_fraction;
-    for (std::size_t l = 0; l < static_cast<std::size_t>(g.n_layers); ++l) {
+    for (std::size_t first = 0; first < caps.size(); first += width) {
       std::size_t total = 0, floors = 0;
-      for (std::size_t h = 0; h < hkv; ++h) {
-        const std::size_t cap = caps[l * hkv + h];
-        total = checked_add(total, cap, "budget: pooled layer total");
+      for (std::size_t i = first; i < first + width; ++i) {
+        const std::size_t cap = caps[i];
+        total = checked_add(total, cap, "budget: pooled total");
         const auto frac = static_cast<std::size_t>(std::ceil(f * static_cast<double>(cap)));
         const std::size_t fl = std::min(cap, std::max(min_rows, frac));
         p.floor.push_back(fl);
@@ -66,10 +71,16 @@ struct LayerPool {
         p.chunk.push_back(pool_chunk(cap));
       }
       p.total.push_back(total);
-      for (std::size_t h = 0; h < hkv; ++h)
-        p.ceiling.push_back(total - (floors - p.floor[l * hkv + h]));
+      for (std::size_t i = first; i < first + width; ++i) p.ceiling.push_back(total - (floors - p.floor[i]));
     }
     return p;
+  }
+  /// The pool of `layer` (its index in total) and the heads it spans, [first, last).
+  [[nodiscard]] std::size_t pool_of(int layer) const { return model ? 0 : static_cast<std::size_t>(layer); }
+  [[nodiscard]] std::pair<std::size_t, std::size_t> heads_of(int layer, std::size_t hkv) const {
+    if (model) return {0, floor.size()};
+    const std::size_t first = static_cast<std::size_t>(layer) * hkv;
+    return {first, first + hkv};
   }
   [[nodiscard]] std::size_t max_ceiling() const {
     return ceiling.empty() ? 0 : *std::max_element(ceiling.begin(), ceiling.end());
@@ -79,6 +90,7 @@ struct LayerPool {
 /// One head of a layer as the selection sees it.
 struct PoolHead {
   std::size_t size = 0;     ///< live rows n_h
+  std::size_t incoming = 0; ///< rows the step adds to it (1 for the stepping layer's heads)
   std::size_t floor = 0;    ///< rows it keeps at least
   std::size_t ceiling = 0;  ///< rows it may hold at most
   const float* costs = nullptr;          ///< size comparable costs (may be null when size == 0)
@@ -103,15 +115,15 @@ struct PoolScratch {
 /// Victims per head of one layer (counts[h]); see the header comment for the rule. Throws
 /// std::logic_error naming `policy` when the finite costs cannot cover what the layer must
 /// give up (a policy that marks too many rows as not evictable), before anything changed.
-inline void pooled_victim_counts(std::span<const PoolHead> heads, std::size_t incoming,
-                                 std::size_t total, std::vector<std::size_t>& counts,
-                                 PoolScratch& s, const char* policy) {
+inline void pooled_victim_counts(std::span<const PoolHead> heads, std::size_t total,
+                                 std::vector<std::size_t>& counts, PoolScratch& s,
+                                 const char* policy) {
   counts.assign(heads.size(), 0);
   std::size_t after = 0;
-  for (const auto& h : heads) after += h.size + incoming;
+  for (const auto& h : heads) after += h.size + h.incoming;
   std::size_t need = after > total ? after - total : 0;
   bool over_ceiling = false;
-  for (const auto& h : heads) over_ceiling |= h.size + incoming > h.ceiling;
+  for (const auto& h : heads) over_ceiling |= h.size + h.incoming > h.ceiling;
   if (need == 0 && !over_ceiling) return;
   const auto fail = [&](const std::string& what) {
     throw std::logic_error(std::string("kvevict: policy ") + policy + ": " + what);
@@ -119,7 +131,7 @@ inline void pooled_victim_counts(std::span<const PoolHead> heads, std::size_t in
   s.chosen.clear();
   for (std::size_t hi = 0; hi < heads.size(); ++hi) {
     const auto& h = heads[hi];
-    const std::size_t end = h.size + incoming;
+    const std::size_t end = h.size + h.incoming;
     const std::size_t forced = end > h.ceiling ? end - h.ceiling : 0;
     const std::size_t limit = end > h.floor ? end - h.floor : 0;
     if (forced > limit)
@@ -157,7 +169,8 @@ inline void pooled_victim_counts(std::span<const PoolHead> heads, std::size_t in
 }
 
 /// Rows to allocate so `rows` fit in a pooled head holding `have` (0: enough already):
-/// geometric up to the nominal capacity (as an unpooled head), then `chunk` rows of slack.
+/// geometric up to `nominal` (as an unpooled head; the core passes 0 once the head has
+/// given up rows, so a shrunken head regrows by chunks), then `chunk` rows of slack.
 inline std::size_t pool_grown_rows(std::size_t have, std::size_t rows, std::size_t nominal,
                                    std::size_t chunk) {
   if (have >= rows) return 0;
