@@ -375,3 +375,52 @@ TEST_CASE("pooled budgets: bad input is a kvevict::Error, save refuses", "[pool]
 }
 
 }  // namespace
+
+namespace {
+
+// A profile where KV head h of layer l puts a share of its attention on the sink (position
+// 0) and the rest at age a(l, h): head typing must rank by the mass beyond the window,
+// never counting the sink.
+kvevict::AttentionAgeProfile synthetic_profile(const Geometry& g, const std::vector<std::size_t>& age,
+                                               float sink_share) {
+  kvevict::AttentionAgeProfile p(g, 64);
+  for (int l = 0; l < g.n_layers; ++l)
+    for (int h = 0; h < g.n_kv_heads; ++h) {
+      const std::size_t a = age[std::size_t(l * g.n_kv_heads + h)];
+      const std::int64_t q = 60;
+      const std::vector<std::int64_t> pos{0, q - std::int64_t(a)};
+      std::vector<float> probs;
+      for (int k = 0; k < g.group(); ++k) {
+        probs.push_back(sink_share);
+        probs.push_back(1.0f - sink_share);
+      }
+      p.add(l, h, q, pos, probs);
+    }
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("head typing: far-looking heads keep the long cache, the sink is not far mass, totals hold", "[pool]") {
+  const Geometry g{2, 4, 2, 4};
+  // Ages: layer 0 heads 2 and 30; layer 1 heads 40 and 1. Every head also draws 0.6 on
+  // the sink (position 0, age 60): counted as far, it would make every head alike.
+  const auto p = synthetic_profile(g, {2, 30, 40, 1}, 0.6f);
+  const auto rows = p.type_heads_rows(16, {.retrieval_fraction = 0.5, .stream_fraction = 0.25});
+  REQUIRE(rows == std::vector<std::vector<long long>>{{4, 28}, {28, 4}});
+  REQUIRE(p.mass_beyond_window(0, 0, 4) == Approx(0.0));
+  REQUIRE(p.mass_beyond_window(0, 1, 4) == Approx(0.4));
+  // Totals are exact with a remainder: 3 of 4 heads retrieval.
+  const auto r3 = p.type_heads_rows(10, {.retrieval_fraction = 0.75, .stream_fraction = 0.5});
+  long long total = 0;
+  for (const auto& l : r3)
+    for (long long x : l) total += x;
+  REQUIRE(total == 40);
+  REQUIRE(r3[1][1] == 5);  // the one local head keeps sink + window
+  REQUIRE_THROWS_AS(p.type_heads(16, {.retrieval_fraction = 0.0}), kvevict::Error);
+  REQUIRE_THROWS_AS(p.type_heads(16, {.stream_fraction = 1.5}), kvevict::Error);
+  // per_layer allocation keeps each layer's total; the global one moves rows across layers.
+  const auto pl = p.allocate_rows(16, {.floor = 4, .per_layer = true});
+  REQUIRE(pl[0][0] + pl[0][1] == 32);
+  REQUIRE(pl[1][0] + pl[1][1] == 32);
+}

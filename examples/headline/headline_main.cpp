@@ -480,8 +480,7 @@ void all_split_rows(std::size_t B, const AttentionAgeProfile& profile, Row&& row
 }
 // --adaptive --tune: the pooled floor and the head typing on the tuning streams.
 template <class Row>
-void tune_split_rows(std::size_t B, const AttentionAgeProfile& profile, Row&& row,
-                     bool share_only = std::getenv("KVEVICT_TUNE_POOL_ONLY") != nullptr) {
+void tune_split_rows(std::size_t B, const AttentionAgeProfile& profile, Row&& row) {
   const auto b = static_cast<long long>(B);
   const auto rec = policies::DecayedAttention::recommended();
   row("recommended(), uniform", rec, Budget::uniform(b));
@@ -504,7 +503,6 @@ void tune_split_rows(std::size_t B, const AttentionAgeProfile& profile, Row&& ro
       }
   for (double rf : {0.25, 0.5, 0.75})
     for (double sf : {0.25, 0.5}) {
-      if (share_only) continue;
       const HeadTyping t{.retrieval_fraction = rf, .stream_fraction = sf};
       row(fmt::format("recommended(), Duo retrieval {} stream {}", rf, sf), rec, profile.type_heads(b, t));
       row(fmt::format("StreamingLLM (1 sink), Duo retrieval {} stream {}", rf, sf),
