@@ -8,6 +8,8 @@
 //   bench_layer_pool
 #include <benchmark/benchmark.h>
 
+#include "step_tokens.hpp"
+
 #include <ctime>
 #include <fstream>
 #include <kvevict/attention.hpp>
@@ -23,30 +25,8 @@ namespace {
 
 const Geometry kGeometry{4, 32, 8, 128};
 
-double cpu_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
-}
-
-struct Tokens {
-  std::vector<float> k, v, q;
-  std::size_t n = 509;
-  Tokens() {
-    std::mt19937 rng(7);
-    std::normal_distribution<float> d;
-    k.resize(n * 8 * 128);
-    v.resize(k.size());
-    q.resize(n * 32 * 128);
-    for (auto* vec : {&k, &v, &q})
-      for (auto& x : *vec) x = d(rng);
-  }
-  std::span<const float> key(std::size_t t) const { return {k.data() + (t % n) * 1024, 1024}; }
-  std::span<const float> value(std::size_t t) const { return {v.data() + (t % n) * 1024, 1024}; }
-  std::span<const float> query(std::size_t t) const {
-    return {q.data() + ((t * 7 + 3) % n) * 4096, 4096};
-  }
-};
+using kvbench::cpu_ns;
+using Tokens = kvbench::StepTokens;
 
 using Cache = KVCache<policies::DecayedAttention>;
 
@@ -88,7 +68,7 @@ void BM_pool_step(benchmark::State& state) {
   Cache layer(kGeometry, Budget::uniform(cap).pooled(per_layer), policy);
   Cache model(kGeometry, Budget::uniform(cap).pooled(whole), policy);
   std::size_t t = 0;
-  for (; t < static_cast<std::size_t>(2 * cap); ++t)  // fill, then let the shares move
+  for (; t < static_cast<std::size_t>(cap + 256); ++t)  // fill, then let the shares move
     for (Cache* c : {&uniform, &layer, &model}) token(*c, tk, t, nullptr);
   Times tu, tl, tm;
   std::size_t steps = 0;
@@ -115,7 +95,7 @@ void BM_pool_step(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_pool_step)->Arg(256)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_pool_step)->Arg(256)->Arg(1024)->MinTime(2.0)->Unit(benchmark::kMillisecond);
 
 int main(int argc, char** argv) {
   std::ifstream cpuinfo("/proc/cpuinfo");

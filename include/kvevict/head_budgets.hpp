@@ -131,11 +131,7 @@ class AttentionAgeProfile {
                     "AttentionAgeProfile::allocate: uniform_share = ", o.uniform_share,
                     ", expected in [0, 1]");
     const std::size_t n = mass_.size();
-    for (std::size_t i = 0; i < n; ++i)
-      detail::require(steps_[i] > 0, "AttentionAgeProfile::allocate: layer ",
-                      i / static_cast<std::size_t>(geometry_.n_kv_heads), " KV head ",
-                      i % static_cast<std::size_t>(geometry_.n_kv_heads),
-                      " has no calibration steps, expected add() before allocate()");
+    check_calibrated("allocate");
     std::vector<long long> rows(n, o.floor);
     auto gain = [&](std::size_t i) {
       const auto age = static_cast<std::size_t>(rows[i]);
@@ -205,11 +201,7 @@ class AttentionAgeProfile {
     detail::require(mean_rows >= o.floor, "AttentionAgeProfile::type_heads: mean_rows = ",
                     mean_rows, ", expected >= floor = ", o.floor);
     const std::size_t n = mass_.size();
-    for (std::size_t i = 0; i < n; ++i)
-      detail::require(steps_[i] > 0, "AttentionAgeProfile::type_heads: layer ",
-                      i / static_cast<std::size_t>(geometry_.n_kv_heads), " KV head ",
-                      i % static_cast<std::size_t>(geometry_.n_kv_heads),
-                      " has no calibration steps, expected add() before type_heads()");
+    check_calibrated("type_heads");
     const long long window = std::min(
         mean_rows, std::max(o.floor, std::llround(o.stream_fraction * static_cast<double>(mean_rows))));
     const auto retrieval = std::clamp<std::size_t>(
@@ -253,6 +245,14 @@ class AttentionAgeProfile {
     }
     std::sort(frac.begin(), frac.end());
     for (std::size_t k = 0; total < want; ++k, ++total) ++rows[frac[k].second];
+  }
+  /// Every head has calibration steps (what allocate / type_heads need).
+  void check_calibrated(const char* what) const {
+    for (std::size_t i = 0; i < mass_.size(); ++i)
+      detail::require(steps_[i] > 0, "AttentionAgeProfile::", what, ": layer ",
+                      i / static_cast<std::size_t>(geometry_.n_kv_heads), " KV head ",
+                      i % static_cast<std::size_t>(geometry_.n_kv_heads),
+                      " has no calibration steps, expected add() before ", what, "()");
   }
   void check_head(int layer, int kv_head) const {
     detail::require(layer >= 0 && layer < geometry_.n_layers, "AttentionAgeProfile: layer = ", layer,
