@@ -1,22 +1,24 @@
 #pragma once
-// Pooled budgets (Budget::pooled(), AdaKV-style, arXiv 2407.11550): a layer holds at most
-// the sum of its KV heads' nominal capacities, and the split between its heads moves at
-// run time. This header holds the rules the container core applies (container_core.hpp
-// runs the flow, for every layout):
-//   - LayerPool: per layer the row total, per head a floor, a ceiling and a storage chunk;
-//   - pooled_victim_counts: how many victims each head of a layer gives up, chosen across
+// Pooled budgets (Budget::pooled(), AdaKV-style, arXiv 2407.11550): a pool (one layer, or
+// with PoolOptions::Scope::model the whole cache) holds at most the sum of its KV heads'
+// nominal capacities, and the split between its heads moves at run time. This header holds
+// the rules the container core applies (container_core.hpp runs the flow, for every
+// layout):
+//   - LayerPool: per pool the row total, per head a floor, a ceiling and a storage chunk;
+//   - pooled_victim_counts: how many victims each head of a pool gives up, chosen across
 //     the heads by the policy's comparable eviction costs (policy.hpp, HasEvictionCosts);
 //   - pool_grown_rows / pool_release_rows: storage that follows a head's changing share.
 //
 // The selection, written out (tests/test_layer_pool.cpp checks it against a brute-force
 // transcription): after the step head h holds n_h - k_h + incoming_h rows (incoming_h: 1
-// for the heads of the stepping layer, 0 for other layers' heads and for a budget change). Every head must stay at or above
-// min(floor_h, n_h + incoming) and at or below ceiling_h; the layer must end at or below
-// its total. Rows with an infinite (or NaN) cost are never counted. A head above its
-// ceiling first gives its cheapest rows; the rest of the layer's need is the cheapest rows
-// of the whole layer, ordered by (cost, seq, head): on equal costs the older row, then the
-// lower head. Only the counts k_h are decided here; the policy's choose_victims picks the
-// k_h rows of each head (so its protection and reserve rules still hold).
+// for the heads of the stepping layer, 0 for other layers' heads and for a budget change).
+// Every head must stay at or above min(floor_h, n_h + incoming_h) and at or below
+// ceiling_h; the pool must end at or below its total. Rows with an infinite (or NaN) cost
+// are never counted. A head above its ceiling first gives its cheapest rows; the rest of
+// the pool's need is the cheapest rows of the whole pool, ordered by (cost, seq, head): on
+// equal costs the older row, then the lower head. Only the counts k_h are decided here;
+// the policy's choose_victims picks the k_h rows of each head (so its protection and
+// reserve rules still hold).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
