@@ -290,7 +290,9 @@ TEST_CASE("pooled budget without eviction costs keeps the nominal capacities", "
 
 TEST_CASE("pooled PagedCache keeps exactly KVCache's rows", "[pool]") {
   const Geometry g{2, 4, 2, 8};
-  const auto budget = Budget::uniform(16).pooled();
+  // Layer scope, and model scope (steps evict rows of the other layer).
+  const auto scope = GENERATE(PoolOptions::Scope::layer, PoolOptions::Scope::model);
+  const auto budget = Budget::uniform(16).pooled({.capacity = PoolOptions::Capacity::share, .scope = scope});
   const auto policy = pol::DecayedAttention::recommended();
   kvevict::BlockPool<float> pool(1024, 4, g.head_dim);
   KVCache<pol::DecayedAttention> cache(g, budget, policy);
@@ -303,11 +305,12 @@ TEST_CASE("pooled PagedCache keeps exactly KVCache's rows", "[pool]") {
       auto k = rng.normals(kv, 1.0f + float(t % 3)), v = rng.normals(kv), q = rng.normals(qn, 2.0f);
       cache.append(l, t, k, v, q);
       paged.append(l, t, k, v, q);
-      for (int h = 0; h < g.n_kv_heads; ++h) {
-        const auto pc = cache.positions(l, h), pp = paged.positions(l, h);
-        REQUIRE(std::equal(pc.begin(), pc.end(), pp.begin(), pp.end()));
-        moved |= pc.size() != 16;
-      }
+      for (int hl = 0; hl < g.n_layers; ++hl)
+        for (int h = 0; h < g.n_kv_heads; ++h) {
+          const auto pc = cache.positions(hl, h), pp = paged.positions(hl, h);
+          REQUIRE(std::equal(pc.begin(), pc.end(), pp.begin(), pp.end()));
+          moved |= pc.size() != 16;
+        }
       const auto att = kvevict::attend(cache, l, q);
       for (int h = 0; h < g.n_kv_heads; ++h) {
         const auto& p = att.probs[std::size_t(h)];
