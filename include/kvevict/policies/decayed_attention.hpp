@@ -442,8 +442,9 @@ class DecayedAttention {
   /// RecallDedup: walks the candidates (cand_spike_ / cand_row_) from the largest rank down
   /// (ties: the newer row first) and keeps up to `k` of them, skipping a row whose key
   /// signature a kept row already has (with protected_rows: or a sink or recent row has).
-  /// Only a prefix of that order is sorted: the candidates ranked at least the w-th largest
-  /// rank (w = 2k, doubled while the prefix yields fewer than k distinct rows).
+  /// Only a prefix of that order is sorted: the candidates ranked at least the 2k-th largest
+  /// rank; when that prefix yields fewer than k distinct rows, the best candidate of every
+  /// signature is found in one hashed pass and the k best of those are kept (the same rows).
   template <class S, class Keep>
   void keep_distinct(const HeadView<S>& v, std::size_t k, Keep keep) {
     const std::size_t m = cand_row_.size();
@@ -452,32 +453,52 @@ class DecayedAttention {
     if (k == 0 || m == 0) return;
     const auto& sig = sigs_.of(v.layer, v.kv_head);
     const auto& band = bands_[head_index(v.layer, v.kv_head)].count;
-    for (std::size_t w = std::min(m, 2 * k);; w = std::min(m, 2 * w)) {
+    const auto before = [&](std::uint32_t a, std::uint32_t b) {  // reserve order of candidates
+      if (cand_spike_[a] != cand_spike_[b]) return cand_spike_[a] > cand_spike_[b];
+      return v.seqs[cand_row_[a]] > v.seqs[cand_row_[b]];
+    };
+    // The prefix down to the 2k-th largest spike (ties included) usually holds k distinct rows.
+    const std::size_t w = std::min(m, 2 * k);
+    order_.clear();
+    if (w < m) {
+      top_.resize(w);
+      kernels::topk_indices(cand_spike_.data(), m, w, top_.data());
+      float t = cand_spike_[top_[0]];
+      for (std::uint32_t i : top_) t = std::min(t, cand_spike_[i]);
+      for (std::uint32_t i = 0; i < m; ++i)
+        if (cand_spike_[i] >= t) order_.push_back(i);
+    } else {
+      for (std::uint32_t i = 0; i < m; ++i) order_.push_back(i);
+    }
+    std::sort(order_.begin(), order_.end(), before);
+    seen_.clear();
+    chosen_.clear();
+    for (std::uint32_t i : order_) {
+      const std::uint32_t r = cand_row_[i];
+      if (prot && band.find(sig[r]) != band.end()) continue;
+      if (!seen_.insert(sig[r]).second) continue;
+      chosen_.push_back(r);
+      if (chosen_.size() == k) break;
+    }
+    if (chosen_.size() < k && order_.size() < m) {
+      // Fewer than k distinct in the prefix (very repetitive text): the first row of each
+      // signature in reserve order is its best candidate; keep the k best of those.
+      best_.clear();
+      for (std::uint32_t i = 0; i < m; ++i) {
+        const std::uint64_t sg = sig[cand_row_[i]];
+        if (prot && band.find(sg) != band.end()) continue;
+        const auto [it, fresh] = best_.try_emplace(sg, i);
+        if (!fresh && before(i, it->second)) it->second = i;
+      }
       order_.clear();
-      if (w < m) {
-        top_.resize(w);
-        kernels::topk_indices(cand_spike_.data(), m, w, top_.data());
-        float t = cand_spike_[top_[0]];
-        for (std::uint32_t i : top_) t = std::min(t, cand_spike_[i]);
-        for (std::uint32_t i = 0; i < m; ++i)
-          if (cand_spike_[i] >= t) order_.push_back(i);
-      } else {
-        for (std::uint32_t i = 0; i < m; ++i) order_.push_back(i);
+      for (const auto& [sg, i] : best_) order_.push_back(i);
+      if (order_.size() > k) {
+        std::nth_element(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k),
+                         order_.end(), before);
+        order_.resize(k);
       }
-      std::sort(order_.begin(), order_.end(), [&](std::uint32_t a, std::uint32_t b) {
-        if (cand_spike_[a] != cand_spike_[b]) return cand_spike_[a] > cand_spike_[b];
-        return v.seqs[cand_row_[a]] > v.seqs[cand_row_[b]];
-      });
-      seen_.clear();
       chosen_.clear();
-      for (std::uint32_t i : order_) {
-        const std::uint32_t r = cand_row_[i];
-        if (prot && band.find(sig[r]) != band.end()) continue;
-        if (!seen_.insert(sig[r]).second) continue;
-        chosen_.push_back(r);
-        if (chosen_.size() == k) break;
-      }
-      if (chosen_.size() == k || order_.size() == m) break;
+      for (std::uint32_t i : order_) chosen_.push_back(cand_row_[i]);
     }
     for (std::uint32_t r : chosen_) keep(r);
   }
@@ -543,6 +564,7 @@ class DecayedAttention {
   std::unordered_set<std::uint64_t> seen_;  ///< RecallDedup: signatures already represented
   std::vector<std::uint32_t> order_;  ///< RecallDedup: candidates in reserve order
   std::vector<std::uint32_t> chosen_;  ///< RecallDedup: rows kept by this decision
+  std::unordered_map<std::uint64_t, std::uint32_t> best_;  ///< RecallDedup: signature -> best candidate
   /// RecallDedup::protected_rows, per (layer, KV head): the protected rows' signatures.
   struct Band {
     std::deque<std::pair<std::uint64_t, std::uint64_t>> recent;  ///< (seq, signature), oldest first
