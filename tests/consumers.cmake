@@ -1,3 +1,7 @@
+# Consumer builds (find_package after install, add_subdirectory): on by default; the
+# sanitizer pass of scripts/test.sh turns them off (they do not build with its flags).
+option(KVEVICT_TEST_CONSUMERS "Test kvevict as a consumer project sees it" ON)
+if(KVEVICT_TEST_CONSUMERS)
 # Two downstream projects: one through the installed package, one through add_subdirectory.
 foreach(mode find_package add_subdirectory)
   add_test(NAME consumer_${mode}
@@ -19,3 +23,4 @@ set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_
 add_executable(kvevict_readme_example ${CMAKE_CURRENT_BINARY_DIR}/readme_example.cpp)
 target_link_libraries(kvevict_readme_example PRIVATE kvevict::kvevict kvevict_warnings)
 add_test(NAME readme_example COMMAND kvevict_readme_example)
+endif()
