@@ -10,7 +10,7 @@
 #include <kvevict/policies/decayed_attention.hpp>
 #include <kvevict/serialize.hpp>
 
-#include "support/test_support.hpp"
+#include "support/recall_support.hpp"
 
 using namespace kvevict;
 using DA = policies::DecayedAttention;
@@ -147,18 +147,9 @@ TEST_CASE("DecayedAttention RecallDedup agrees with a brute-force rule", "[recal
           for (int h = 0; h < 2; ++h) {
             auto& b = brute[static_cast<std::size_t>(h)];
             b.step(t, static_cast<std::uint64_t>(t), sig[h]);
-            const auto pos = cache.positions(0, h);
-            std::set<std::int64_t> kept(pos.begin(), pos.end()), want;
-            for (const auto& [p, row] : b.rows) want.insert(p);
             INFO("mode " << static_cast<int>(mode) << " layout " << static_cast<int>(layout)
                          << " G " << G << " step " << t << " head " << h);
-            REQUIRE(kept == want);
-            const auto& p = res.probs[static_cast<std::size_t>(h)];
-            for (std::size_t i = 0; i < pos.size(); ++i) {
-              float s = 0.0f;
-              for (int gq = 0; gq < G; ++gq) s += p(gq, static_cast<Eigen::Index>(i));
-              b.observe(pos[i], static_cast<std::uint64_t>(t), s);
-            }
+            kvtest::check_kept_then_observe(cache, res, h, G, b, static_cast<std::uint64_t>(t));
           }
         }
       }
@@ -168,8 +159,7 @@ TEST_CASE("DecayedAttention RecallDedup agrees with a brute-force rule", "[recal
 // first token draws 0.4 of the attention of the query 6 tokens on (a sentence
 // boundary acting like a sink for the next sentence), so each repetition of it gets a
 // long-range spike of 0.4, more than the name's 0.3 (drawn once, from 8 tokens on; almost
-// nothing otherwise). With a
-// 2-row reserve, the plain spike fills the reserve with boundary repetitions and the name
+// nothing otherwise). With a 2-row reserve, the plain spike fills the reserve with boundary repetitions and the name
 // fades out of the decayed score; with distinct signatures the boundary holds one slot and
 // the name the other.
 TEST_CASE("RecallDedup keeps the name against a repeated boundary", "[recall]") {
@@ -191,18 +181,11 @@ TEST_CASE("RecallDedup keeps the name against a repeated boundary", "[recall]") 
       cache.append(0, t, k, k, q);
       const auto pos = cache.positions(0, 0);
       if (t > 3 && std::find(pos.begin(), pos.end(), 3) == pos.end()) return false;
-      probs.assign(pos.size(), 0.0f);
-      float used = 0.0f;
-      std::size_t special = 0;
-      for (std::size_t i = 0; i < pos.size(); ++i) {
-        if (pos[i] == 3) probs[i] = t == 11 ? 0.3f : 0.001f;  // the name: drawn once
-        else if (pos[i] >= 5 && pos[i] % 5 == 0 && t - pos[i] == 6) probs[i] = 0.4f;  // boundary
-        else continue;
-        used += probs[i];
-        ++special;
-      }
-      for (std::size_t i = 0; i < pos.size(); ++i)
-        if (probs[i] == 0.0f) probs[i] = (1.0f - used) / static_cast<float>(pos.size() - special);
+      kvtest::chosen_then_rest(pos, probs, [&](std::int64_t x) {
+        if (x == 3) return t == 11 ? 0.3f : 0.001f;                      // the name: drawn once
+        if (x >= 5 && x % 5 == 0 && t - x == 6) return 0.4f;  // a boundary, one period on
+        return -1.0f;
+      });
       cache.observe(0, 0, probs);
     }
     return true;
@@ -221,27 +204,9 @@ TEST_CASE("RecallDedup saves and restores; a state without signatures does not l
   kvtest::Rng rng(9);
   std::vector<std::vector<float>> vocab;
   for (int i = 0; i < 3; ++i) vocab.push_back(rng.normals(4));
-  auto key = [&](int t) {
+  const auto bytes = kvtest::check_restore_twin(cache, dedup, 12, rng, [&](int t) {
     return rotate(vocab[static_cast<std::size_t>(rng.uniform(0, 2))], t, RopeLayout::interleaved);
-  };
-  for (int t = 0; t < 40; ++t) {
-    auto k = key(t), v = rng.normals(4), q = rng.normals(8);
-    cache.append(0, t, k, v, q);
-    attend(cache, 0, q);
-  }
-  const auto bytes = save_bytes(cache);
-  KVCache<DA> restored(g, Budget::uniform(12), dedup);
-  load_bytes(restored, bytes);
-  KVCache<DA> twin = cache;
-  for (int t = 40; t < 80; ++t) {
-    auto k = key(t), v = rng.normals(4), q = rng.normals(8);
-    twin.append(0, t, k, v, q);
-    restored.append(0, t, k, v, q);
-    attend(twin, 0, q);
-    attend(restored, 0, q);
-    const auto a = twin.positions(0, 0), b = restored.positions(0, 0);
-    REQUIRE(std::vector<std::int64_t>(a.begin(), a.end()) == std::vector<std::int64_t>(b.begin(), b.end()));
-  }
+  });
   KVCache<DA> plain(g, Budget::uniform(12),
                     DA({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.25f, .recall_fraction = 0.25f}));
   REQUIRE_THROWS_AS(load_bytes(plain, bytes), Error);
