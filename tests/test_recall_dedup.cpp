@@ -159,9 +159,9 @@ TEST_CASE("DecayedAttention RecallDedup agrees with a brute-force rule", "[recal
 // first token draws 0.4 of the attention of the query 6 tokens on (a sentence
 // boundary acting like a sink for the next sentence), so each repetition of it gets a
 // long-range spike of 0.4, more than the name's 0.3 (drawn once, from 8 tokens on; almost
-// nothing otherwise). With a 2-row reserve, the plain spike fills the reserve with boundary repetitions and the name
-// fades out of the decayed score; with distinct signatures the boundary holds one slot and
-// the name the other.
+// nothing otherwise). With a 2-row reserve, the plain spike fills the reserve with boundary
+// repetitions and the name fades out of the decayed score; with distinct signatures the
+// boundary holds one slot (reserve) or none, its latest copy being recent (protected_rows).
 TEST_CASE("RecallDedup keeps the name against a repeated boundary", "[recall]") {
   const Geometry g{1, 1, 1, 4};
   auto name_survives = [&](DA::RecallDedup mode) {
