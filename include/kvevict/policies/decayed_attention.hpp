@@ -18,14 +18,19 @@
 // referred back to; attention a row draws while it is recent (previous-token heads) is
 // not counted, so the reserve does not fill with local rows.
 //
+// Repeated text gives every copy of a token its own spike. Two options (off in
+// recommended(), measured in docs/quality.md) keep it from filling the reserve:
+// RecallRank::excess ranks by spike minus mean long-range draw, RecallDedup keeps reserve
+// rows whose keys differ modulo RoPE (detail::key_signature).
+//
 // recommended() is the setting chosen on stories260K (docs/quality.md): h = 3,
 // f = 3/8, r = 1/8, one sink.
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <deque>
 #include <stdexcept>
 #include <string>
-#include <deque>
 #include <unordered_map>
 #include <unordered_set>
 
