@@ -5,6 +5,8 @@
 //   bench_decayed --benchmark_filter=BM_step
 #include <benchmark/benchmark.h>
 
+#include "step_tokens.hpp"
+
 #include <ctime>
 #include <cmath>
 #include <kvevict/attention.hpp>
@@ -21,30 +23,8 @@ namespace {
 
 const Geometry kGeometry{1, 32, 8, 128};
 
-double cpu_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
-}
-
-struct Pool {
-  std::vector<float> k, v, q;
-  std::size_t n = 509;
-  Pool() {
-    std::mt19937 rng(7);
-    std::normal_distribution<float> d;
-    k.resize(n * 8 * 128);
-    v.resize(k.size());
-    q.resize(n * 32 * 128);
-    for (auto* vec : {&k, &v, &q})
-      for (auto& x : *vec) x = d(rng);
-  }
-  std::span<const float> key(std::size_t t) const { return {k.data() + (t % n) * 1024, 1024}; }
-  std::span<const float> value(std::size_t t) const { return {v.data() + (t % n) * 1024, 1024}; }
-  std::span<const float> query(std::size_t t) const {
-    return {q.data() + ((t * 7 + 3) % n) * 4096, 4096};
-  }
-};
+using kvbench::cpu_ns;
+using Pool = kvbench::StepTokens;
 
 template <class Policy>
 void BM_step(benchmark::State& state, Policy policy) {

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "cpu_model.hpp"
+
 namespace {
 
 using kvevict::BlockLayout;
@@ -29,12 +31,7 @@ constexpr int kHkv = 8, kG = 4, kD = 128;
 constexpr std::uint32_t kBlock = 16, kBudgetTokens = 256;
 const Geometry kGeo{1, kHkv * kG, kHkv, kD};
 
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
+using kvevict::examples::cpu_model;
 
 // A pool with one sequence at its budget (the steady state of a long decode).
 struct Fixture {

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "cpu_model.hpp"
+
 using namespace kvevict;
 
 namespace {
@@ -211,13 +213,7 @@ BENCHMARK_CAPTURE(BM_policy, hashevict_query_b16, hash_query(16))->Apply(sizes);
 BENCHMARK_CAPTURE(BM_policy, hashevict_query_b64, hash_query(64))->Apply(sizes);
 
 int main(int argc, char** argv) {
-  std::string cpu = "unknown";
-  std::ifstream info("/proc/cpuinfo");
-  for (std::string line; std::getline(info, line);)
-    if (line.rfind("model name", 0) == 0) {
-      cpu = line.substr(line.find(':') + 2);
-      break;
-    }
+  const std::string cpu = kvevict::examples::cpu_model();
   std::printf("CPU: %s; kvevict kernels ISA: %s\n", cpu.c_str(),
               kernels::isa_name(kernels::active_isa()));
   benchmark::AddCustomContext("cpu_model", cpu);

@@ -14,6 +14,8 @@
 
 #include <kvevict/kvevict.hpp>
 
+#include "cpu_model.hpp"
+
 namespace decode_bench {
 
 inline constexpr int kHeadDim = 128;
@@ -66,16 +68,6 @@ inline std::vector<float> queries(int hkv) {
   return q;
 }
 
-/// "model name" from /proc/cpuinfo (or "unknown").
-inline std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) {
-      const auto c = line.find(':');
-      return c == std::string::npos ? line : line.substr(c + 2);
-    }
-  return "unknown";
-}
+using kvevict::examples::cpu_model;
 
 }  // namespace decode_bench

@@ -202,6 +202,12 @@ TEMPLATE_TEST_CASE("IndexCache decisions reproduce KVCache exactly", "[index_cac
   SECTION("per-head budget") {
     run_same<S>(pol::KNorm(pol::KNorm::Config{0, 1}), Budget::per_head({{4, 9}, {12, 5}}), 5, prefill);
   }
+  // Pooled budgets (layer scope): the cross-head split is the core's, so the rows match too.
+  SECTION("H2O, pooled") { run_same<S>(pol::H2O(pol::H2O::Config{3, 1}), Budget::uniform(10).pooled(), 6, prefill); }
+  SECTION("recommended(), pooled, share capacity") {
+    run_same<S>(pol::DecayedAttention::recommended(),
+                Budget::uniform(16).pooled({.capacity = kvevict::PoolOptions::Capacity::share}), 7, prefill);
+  }
 }
 
 TEST_CASE("IndexCache allocates cells within the budget", "[index_cache]") {

@@ -41,6 +41,7 @@ struct Args {
   bool brief = false;     ///< --brief: retrieval rows of the compared policies only
   bool reserve = false;   ///< --tune-reserve: the deduplicated-reserve grid
   bool trace = false;     ///< --trace-reserve: with --haystack, what the reserve ranks first
+  bool adaptive = false;  ///< --adaptive: per-head budget splits at equal memory
 };
 
 // nullopt: exit 0 (--help, --list).
@@ -73,6 +74,10 @@ std::optional<Args> parse(int argc, char** argv) {
          "story (DecayedAttention rows)",
          a.trace);
   p.flag("--brief", "with --retrieval: only the rows of the compared policies", a.brief);
+  p.flag("--adaptive",
+         "per-head budget splits at equal memory: uniform, calibrated (AttentionAgeProfile), "
+         "run-time (Budget::pooled) and head typing (with --retrieval / --haystack: those measures)",
+         a.adaptive);
   p.flag("--paged", "block-granular eviction through PagedKV (the paged rows)", a.paged);
   kvevict::registry::add_selection_options(
       p, a.policies, a.budgets,
@@ -557,6 +562,82 @@ void paged_rows(Runner& r, bool tune) {
 }
 constexpr HeadAllocation kHalfPerHead{.floor = 4, .uniform_share = 0.5};
 
+// --- per-head budget splits at equal memory (--adaptive) -----------------------------
+// Run-time per-head budgets (Budget::pooled(), AdaKV-style: rows move between KV heads by
+// the policy's comparable eviction cost; no calibration pass), each head's policy seeing
+// its current share as its capacity. kPool: per layer (AdaKV; each layer's total fixed);
+// kPoolModel: one pool for the whole cache. Chosen with --adaptive --tune on streams 0-7
+// (docs/quality.md); the floor (1/4 of B) made no difference there.
+constexpr PoolOptions kPool{.floor_fraction = 0.25, .capacity = PoolOptions::Capacity::share};
+constexpr PoolOptions kPoolModel{.floor_fraction = 0.25,
+                                 .capacity = PoolOptions::Capacity::share,
+                                 .scope = PoolOptions::Scope::model};
+// DuoAttention-style head typing from the calibration profile: the share of KV heads with
+// the most mass beyond a sink + window keeps a long cache, the rest sink + window. Chosen
+// with --adaptive --tune on streams 0-7.
+constexpr HeadTyping kDuo{.retrieval_fraction = 0.5, .stream_fraction = 0.5};
+
+// One policy family under every split, at mean B rows per layer and KV head. `floor`: the
+// fewest rows a head may get (a policy's protected rows + 1; H2O protects B/4 rows).
+template <class Policy, class Row>
+void split_rows(std::size_t B, const std::string& label, const Policy& policy, long long floor,
+                const AttentionAgeProfile& profile, bool pooled, bool duo, Row&& row) {
+  const auto b = static_cast<long long>(B);
+  row(label + ", uniform", policy, Budget::uniform(b));
+  row(label + " + calibrated per-head budgets", policy,
+      profile.allocate(b, HeadAllocation{.floor = std::max<long long>(4, floor)}));
+  if (pooled) {
+    row(label + " + run-time per-head budgets, per layer", policy, Budget::uniform(b).pooled(kPool));
+    row(label + " + run-time per-head budgets, whole cache", policy, Budget::uniform(b).pooled(kPoolModel));
+  }
+  if (duo) {
+    HeadTyping t = kDuo;
+    t.floor = std::max<long long>(4, floor);
+    row(label + " + head typing (Duo)", policy, profile.type_heads(b, t));
+  }
+}
+template <class Row>
+void all_split_rows(std::size_t B, const AttentionAgeProfile& profile, Row&& row) {
+  const auto b = static_cast<long long>(B);
+  split_rows(B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1}, 2, profile, false, true, row);
+  split_rows(B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}), b / 4 + 1, profile, true, true, row);
+  split_rows(B, "recommended()", policies::DecayedAttention::recommended(), 4, profile, true, true, row);
+  row("recommended() + calibrated per-head budgets, per-layer totals",
+      policies::DecayedAttention::recommended(),
+      profile.allocate(b, HeadAllocation{.floor = 4, .per_layer = true}));
+}
+// --adaptive --tune: the pooled floor and the head typing on the tuning streams.
+template <class Row>
+void tune_split_rows(std::size_t B, const AttentionAgeProfile& profile, Row&& row) {
+  const auto b = static_cast<long long>(B);
+  const auto rec = policies::DecayedAttention::recommended();
+  row("recommended(), uniform", rec, Budget::uniform(b));
+  row("recommended() + calibrated per-head budgets", rec, profile.allocate(b, kPerHead));
+  row("recommended() + calibrated per-head budgets, per-layer totals", rec,
+      profile.allocate(b, HeadAllocation{.floor = 4, .per_layer = true}));
+  row("H2O (recent B/4), uniform", policies::H2O({.recent = B / 4}), Budget::uniform(b));
+  using Cap = PoolOptions::Capacity;
+  using Scope = PoolOptions::Scope;
+  for (Scope scope : {Scope::layer, Scope::model})
+    for (Cap cap : {Cap::nominal, Cap::share})
+      for (double f : {0.0, 0.25, 0.5}) {
+        const PoolOptions o{.floor_fraction = f, .capacity = cap, .scope = scope};
+        const char* c = cap == Cap::share ? "share" : "nominal";
+        const char* sc = scope == Scope::model ? "model" : "layer";
+        row(fmt::format("recommended(), pooled per {}, {}, floor {}", sc, c, f), rec,
+            Budget::uniform(b).pooled(o));
+        row(fmt::format("H2O (recent B/4), pooled per {}, {}, floor {}", sc, c, f),
+            policies::H2O({.recent = B / 4}), Budget::uniform(b).pooled(o));
+      }
+  for (double rf : {0.25, 0.5, 0.75})
+    for (double sf : {0.25, 0.5}) {
+      const HeadTyping t{.retrieval_fraction = rf, .stream_fraction = sf};
+      row(fmt::format("recommended(), Duo retrieval {} stream {}", rf, sf), rec, profile.type_heads(b, t));
+      row(fmt::format("StreamingLLM (1 sink), Duo retrieval {} stream {}", rf, sf),
+          policies::StreamingLLM{.sinks = 1}, profile.type_heads(b, t));
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -566,6 +647,11 @@ int main(int argc, char** argv) {
     const Args& a = *parsed;
     Runner r;
     r.model = std::make_shared<const Model>(load_model_dir(a.model_dir, "stories260K.bin"));
+    // The per-head rows need the calibration pass; --policies, --tune and --paged rows do not.
+    const AttentionAgeProfile profile =
+        (a.policies.empty() && !a.tune && !a.paged && !a.haystack && !a.reserve) || a.adaptive
+            ? calibrate(r.model)
+            : AttentionAgeProfile(r.model->config().geometry(), 1);
     if (a.haystack) {
       g_trace_reserve = a.trace;
       // --tune picks the tuning fillers (0-1); otherwise the held-out ones (2-3).
@@ -592,6 +678,12 @@ int main(int argc, char** argv) {
           });
           continue;
         }
+        if (a.adaptive) {
+          all_split_rows(B, profile, [&](const std::string& name, const auto& pol, const Budget& b) {
+            haystack_row(r.model, cases, B, name.c_str(), pol, b);
+          });
+          continue;
+        }
         haystack_row(r.model, cases, B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
         haystack_row(r.model, cases, B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}));
         haystack_row(r.model, cases, B, "DecayedAttention without recall (h 3, f 1/2)", kNoRecall);
@@ -607,11 +699,6 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
-    // The per-head rows need the calibration pass; --policies, --tune and --paged rows do not.
-    const AttentionAgeProfile profile =
-        a.policies.empty() && !a.tune && !a.paged && !a.reserve
-            ? calibrate(r.model)
-            : AttentionAgeProfile(r.model->config().geometry(), 1);
     if (a.retrieval) {
       const Tokenizer tok = Tokenizer::load(a.model_dir + "/tok512.bin", r.model->config().vocab_size);
       const int per_name = a.streams / 4;
@@ -627,6 +714,12 @@ int main(int argc, char** argv) {
                                   [&](auto pol, const Budget& b) {
                                     retrieval_row(r.model, streams, B, name.c_str(), pol, b);
                                   });
+          continue;
+        }
+        if (a.adaptive) {
+          all_split_rows(B, profile, [&](const std::string& name, const auto& pol, const Budget& b) {
+            retrieval_row(r.model, streams, B, name.c_str(), pol, b);
+          });
           continue;
         }
         if (a.scorers) {  // the retrieval side of the probability-free grid
@@ -719,6 +812,14 @@ int main(int argc, char** argv) {
         r.row(B, "**DecayedAttention::recommended()**", policies::DecayedAttention::recommended());
         for_each_reserve_candidate(
             [&](const char* name, const policies::DecayedAttention& p) { r.row(B, name, p); });
+        continue;
+      }
+      if (a.adaptive) {
+        const auto row = [&](const std::string& name, const auto& pol, const Budget& b) {
+          r.row(B, name.c_str(), pol, b);
+        };
+        if (a.tune) tune_split_rows(B, profile, row);
+        else all_split_rows(B, profile, row);
         continue;
       }
       if (a.scorers) {

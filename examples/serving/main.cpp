@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_model.hpp"
 #include "cli.hpp"
 #include "e2e.hpp"
 #include "options.hpp"
@@ -41,12 +42,7 @@ struct Args {
   bool quiet = false;
 };
 
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
+using kvevict::examples::cpu_model;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

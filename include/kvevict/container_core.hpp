@@ -26,10 +26,18 @@
 //   shrink_rows(i, cap)          release storage beyond cap after a budget shrink
 //   check_stored(x, what, is_key)  reject keys/values the storage format cannot hold
 //                                (default: check_storable<Scalar>; quantized KVCache: its codec)
+//
+// Pooled budgets (Budget::pooled(), layer_pool.hpp) run through the same flows: only how
+// many victims each head of a layer gives up is decided across the heads (choose_pooled),
+// and a head's storage grows and is released with its changing share (reserve_head,
+// release_head); the layouts' hooks are the same.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -38,6 +46,7 @@
 #include "bookkeeping.hpp"
 #include "errors.hpp"
 #include "geometry.hpp"
+#include "layer_pool.hpp"
 #include "policy.hpp"
 
 namespace kvevict::detail {
@@ -73,9 +82,36 @@ class ContainerCore {
   [[nodiscard]] Policy& policy() { return policy_; }
   [[nodiscard]] const Policy& policy() const { return policy_; }
   [[nodiscard]] std::size_t size(int layer, int kv_head) const { return head(layer, kv_head).size(); }
+  /// The nominal capacity of (layer, kv_head): what the policy sees. Under a pooled budget
+  /// a head may hold more or fewer rows (max_rows, layer_total).
   [[nodiscard]] std::size_t capacity(int layer, int kv_head) const {
     check_head(layer, kv_head);
     return shape_.at(layer, kv_head);
+  }
+  /// Whether a pooled budget is in effect: Budget::pooled() and a policy with the
+  /// eviction_costs hook (without it a pooled budget keeps the nominal capacities).
+  [[nodiscard]] bool pooled() const {
+    if constexpr (kPoolable) return pool_.on;
+    else return false;
+  }
+  /// Rows `layer` may hold in total: its pool's total (a model-scope pool: the whole
+  /// cache's), else the sum of its heads' capacities (Budget::kUnbounded when one is).
+  [[nodiscard]] std::size_t layer_total(int layer) const {
+    check_layer(shape_.geometry, layer);
+    if (pooled()) return pool_.total[pool_.pool_of(layer)];
+    std::size_t t = 0;
+    for (int h = 0; h < shape_.geometry.n_kv_heads; ++h) {
+      const std::size_t c = shape_.at(layer, h);
+      if (c == Budget::kUnbounded || t > Budget::kUnbounded - c) return Budget::kUnbounded;
+      t += c;
+    }
+    return t;
+  }
+  /// Rows (layer, kv_head) may ever hold: under a pooled budget the layer total less the
+  /// other heads' floors, else the capacity.
+  [[nodiscard]] std::size_t max_rows(int layer, int kv_head) const {
+    check_head(layer, kv_head);
+    return pooled() ? pool_.ceiling[index(layer, kv_head)] : shape_.at(layer, kv_head);
   }
   /// Tokens appended to a layer so far (kept or not).
   [[nodiscard]] std::uint64_t tokens_seen(int layer) const { return layer_state(layer).next_seq; }
@@ -95,6 +131,7 @@ class ContainerCore {
     // Checked and group-summed in one pass (bookkeeping.hpp); the policy reads the sums.
     const AttentionView view =
         observed_view<Policy>(shape_.geometry, layer, kv_head, probs, n, sums_);
+    pool_touch(index(layer, kv_head));
     if constexpr (has(Policy::signals, Signals::attention)) {
       static_assert(HasObserve<Policy>,
                     "EvictionPolicy declares Signals::attention but has no observe(AttentionView)");
@@ -112,6 +149,8 @@ class ContainerCore {
     shape_.geometry = geometry;
     shape_.capacity = resolve_capacities(geometry, budget);
     check_capacities(policy_, geometry, shape_.capacity);
+    if constexpr (kPoolable)
+      pool_ = LayerPool::resolve(geometry, budget, shape_.capacity, policy_.min_capacity());
     heads_.resize(shape_.capacity.size());
     layers_.resize(static_cast<std::size_t>(geometry.n_layers));
     policy_.bind(shape_);
@@ -128,7 +167,9 @@ class ContainerCore {
         policy_(std::move(o.policy_)),
         heads_(std::exchange(o.heads_, {})),
         layers_(std::exchange(o.layers_, {})),
-        scratch_victims_(std::exchange(o.scratch_victims_, {})) {}
+        scratch_victims_(std::exchange(o.scratch_victims_, {})),
+        pool_(std::exchange(o.pool_, {})),
+        pool_settled_(std::exchange(o.pool_settled_, {})) {}
   ContainerCore& operator=(ContainerCore&& o) noexcept(std::is_nothrow_move_assignable_v<Policy>) {
     if (this != &o) {
       shape_ = std::exchange(o.shape_, CacheShape{});
@@ -136,6 +177,9 @@ class ContainerCore {
       heads_ = std::exchange(o.heads_, {});
       layers_ = std::exchange(o.layers_, {});
       scratch_victims_ = std::exchange(o.scratch_victims_, {});
+      pool_ = std::exchange(o.pool_, {});
+      pool_settled_ = std::exchange(o.pool_settled_, {});
+      pool_fresh_.clear();
     }
     return *this;
   }
@@ -152,6 +196,8 @@ class ContainerCore {
   void begin_prompt_head(int, int) {}
   void prepare_prompt(int, std::size_t, const std::vector<std::vector<std::uint32_t>>&) {}
   void shrink_rows(std::size_t, std::size_t) {}
+  /// A pooled budget about to take effect (throws kvevict::Error if the layout cannot run it).
+  void check_pool(const LayerPool&) const {}
   /// Keys (is_key) or values about to be stored: storable in the layout's format.
   void check_stored(std::span<const float> x, const char* what, bool is_key) const {
     (void)is_key;
@@ -250,17 +296,112 @@ class ContainerCore {
   /// Allocates room for `rows` live rows of head i (bookkeeping and the layout's storage).
   void reserve_head(std::size_t i, std::size_t rows, std::size_t cap) {
     auto& h = heads_[i];
-    const std::size_t n = grown_rows(h.pos.capacity(), rows, cap);
+    const bool settled = i < pool_settled_.size() && pool_settled_[i];
+    const std::size_t n =
+        pooled() ? pool_grown_rows(h.pos.capacity(), rows, settled ? 0 : cap, pool_.chunk[i])
+                 : grown_rows(h.pos.capacity(), rows, cap);
     if (n == 0) return;
     self().reserve_rows(i, n);
     h.pos.reserve(n);
     h.seq.reserve(n);
+  }
+  /// Pooled heads: releases storage a shrunken share no longer needs (pool_release_rows).
+  /// Runs after rows moved, so a failed allocation only keeps the larger storage.
+  void release_head(std::size_t i) noexcept {
+    const std::size_t to = pool_release_rows(heads_[i].pos.capacity(), heads_[i].size(), pool_.chunk[i]);
+    if (to == 0) return;
+    try {
+      shrink_head(i, to);
+    } catch (const std::bad_alloc&) {  // keeping the larger storage is always correct
+    }
+  }
+
+  /// Pooled budgets: the victims (victims[i], by flat head index) of every head of
+  /// `layer`'s pool (layer scope: the layer's heads; model scope: every head) when the pool
+  /// would pass its total, or a head its ceiling. `stepping`: the layer whose heads each get
+  /// one incoming row (-1: none, a budget change). The counts come from pooled_victim_counts
+  /// over the policy's eviction costs (model scope: a head's costs are reused until it
+  /// changes); each head's rows from its choose_victims. `view(l, kh, n)` builds a view.
+  template <class MakeView>
+  void choose_pooled(int layer, int stepping, const LayerPool& pool, MakeView&& view,
+                     std::vector<std::vector<std::uint32_t>>& victims) {
+    const auto hkv = static_cast<std::size_t>(shape_.geometry.n_kv_heads);
+    const auto [first, last] = pool.heads_of(layer, hkv);
+    const std::size_t total = pool.total[pool.pool_of(layer)];
+    const auto incoming = [&](std::size_t i) -> std::size_t {
+      return stepping >= 0 && i / hkv == static_cast<std::size_t>(stepping) ? 1 : 0;
+    };
+    victims.resize(heads_.size());
+    std::size_t after = 0;
+    bool over = false;
+    for (std::size_t i = first; i < last; ++i) {
+      victims[i].clear();
+      const std::size_t n = heads_[i].size() + incoming(i);
+      after += n;
+      over |= n > pool.ceiling[i];
+    }
+    if (after <= total && !over) return;
+    if constexpr (kPoolable) {
+      pool_costs_.resize(heads_.size());
+      pool_fresh_.resize(heads_.size(), 0);
+      pool_heads_.clear();
+      for (std::size_t i = first; i < last; ++i) {
+        const auto& h = heads_[i];
+        auto& c = pool_costs_[i];
+        if (!(pool.model && pool_fresh_[i])) {
+          c.clear();
+          if (h.size() > 0) {
+            const int l = static_cast<int>(i / hkv), kh = static_cast<int>(i % hkv);
+            self().load_rows(l, kh, nullptr, nullptr);
+            HeadView<Scalar> v = view(l, kh, h.size());
+            if (pool.share) v.capacity = std::max(pool.floor[i], h.size());
+            policy_.eviction_costs(v, c);
+            if (c.size() != h.size())
+              throw std::logic_error(std::string("kvevict: policy ") + Policy::name() +
+                                     " eviction_costs wrote " + std::to_string(c.size()) +
+                                     " costs, expected " + std::to_string(h.size()));
+          }
+          pool_fresh_[i] = 1;
+        }
+        pool_heads_.push_back(
+            PoolHead{h.size(), incoming(i), pool.floor[i], pool.ceiling[i], c.data(), h.seq.data()});
+      }
+      pooled_victim_counts(pool_heads_, total, pool_counts_, pool_scratch_, Policy::name());
+      for (std::size_t i = first; i < last; ++i) {
+        const std::size_t k = pool_counts_[i - first];
+        if (k == 0) continue;
+        const int l = static_cast<int>(i / hkv), kh = static_cast<int>(i % hkv);
+        self().load_rows(l, kh, nullptr, nullptr);
+        HeadView<Scalar> v = view(l, kh, heads_[i].size());
+        if (pool.share) v.capacity = std::max(pool.floor[i], v.size);
+        v.need = k;
+        policy_.choose_victims(v, victims[i]);
+        validate_victims<Policy>(victims[i], v.size, v.need);
+      }
+    }
+  }
+  /// Model-scope pools reuse a head's eviction costs until the head changes.
+  void pool_touch(std::size_t i) {
+    if (i < pool_fresh_.size()) pool_fresh_[i] = 0;
+  }
+  /// A view of a head outside the stepping layer (no incoming token).
+  HeadView<Scalar> resting_view(int layer, int kv_head, std::size_t n) const {
+    HeadView<Scalar> v = make_view(layer, kv_head, n);
+    v.incoming_seq = layers_[static_cast<std::size_t>(layer)].next_seq;
+    return v;
   }
 
   /// Swap-removes `victims` (validated, sorted descending) from (layer, kv_head).
   void evict_victims(int layer, int kv_head, const std::vector<std::uint32_t>& victims) {
     const std::size_t i = index(layer, kv_head);
     auto& h = heads_[i];
+    if (!victims.empty()) {
+      pool_touch(i);
+      if (pooled()) {  // from now on its storage grows by chunks (pool_grown_rows)
+        if (pool_settled_.size() != heads_.size()) pool_settled_.assign(heads_.size(), 0);
+        pool_settled_[i] = 1;
+      }
+    }
     for (std::uint32_t r : victims) {
       const std::size_t last = h.size() - 1;
       self().remove_row(layer, kv_head, i, r, last);
@@ -285,27 +426,58 @@ class ContainerCore {
     // Phase 1: every decision and allocation that may throw, before anything changes.
     scratch_victims_.resize(static_cast<std::size_t>(g.n_kv_heads));
     std::size_t total_victims = 0, max_rows = 0;
+    const auto hkv = static_cast<std::size_t>(g.n_kv_heads);
+    if (pooled()) {
+      choose_pooled(layer, layer, pool_,
+                    [&](int l, int kh, std::size_t n) {
+                      return l == layer ? incoming_view(layer, kh, n, position, keys, queries)
+                                        : resting_view(l, kh, n);
+                    },
+                    pool_victims_);
+      for (std::size_t kh = 0; kh < hkv; ++kh)
+        scratch_victims_[kh].assign(pool_victims_[index(layer, static_cast<int>(kh))].begin(),
+                                    pool_victims_[index(layer, static_cast<int>(kh))].end());
+      if (pool_.model)  // other layers' heads give rows too: room to gather them
+        for (std::size_t i = 0; i < heads_.size(); ++i)
+          if (!pool_victims_[i].empty() && i / hkv != static_cast<std::size_t>(layer)) {
+            total_victims += pool_victims_[i].size();
+            max_rows = std::max(max_rows, heads_[i].size() + 1);
+          }
+    } else {
+      for (int kh = 0; kh < g.n_kv_heads; ++kh) {
+        auto& victims = scratch_victims_[static_cast<std::size_t>(kh)];
+        victims.clear();
+        const std::size_t n = heads_[index(layer, kh)].size();
+        const std::size_t limit = append_limit(policy_, shape_.at(layer, kh), layer, kh);
+        if (n >= limit) {
+          self().load_rows(layer, kh, nullptr, nullptr);
+          HeadView<Scalar> view = incoming_view(layer, kh, n, position, keys, queries);
+          view.need = n - limit + 1;
+          policy_.choose_victims(view, victims);
+          validate_victims<Policy>(victims, view.size, view.need);
+        }
+      }
+    }
     for (int kh = 0; kh < g.n_kv_heads; ++kh) {
-      auto& victims = scratch_victims_[static_cast<std::size_t>(kh)];
-      victims.clear();
+      const auto& victims = scratch_victims_[static_cast<std::size_t>(kh)];
       const std::size_t i = index(layer, kh);
       const std::size_t n = heads_[i].size();
-      const std::size_t cap = shape_.at(layer, kh);
-      const std::size_t limit = append_limit(policy_, cap, layer, kh);
-      if (n >= limit) {
-        self().load_rows(layer, kh, nullptr, nullptr);
-        HeadView<Scalar> view = incoming_view(layer, kh, n, position, keys, queries);
-        view.need = n - limit + 1;
-        policy_.choose_victims(view, victims);
-        validate_victims<Policy>(victims, view.size, view.need);
-        total_victims += victims.size();
-      }
-      reserve_head(i, n - victims.size() + 1, cap);
+      total_victims += victims.size();
+      reserve_head(i, n - victims.size() + 1, shape_.at(layer, kh));
       self().prepare_head(layer, kh, i, victims);
       max_rows = std::max(max_rows, n + 1);
     }
     self().prepare_step(layer, total_victims, max_rows);
     // Phase 2: apply; nothing below throws except the policy's own bookkeeping.
+    if (pooled() && pool_.model)  // first the other layers' victims of a model-scope pool
+      for (std::size_t i = 0; i < heads_.size(); ++i)
+        if (!pool_victims_[i].empty() && i / hkv != static_cast<std::size_t>(layer)) {
+          const int l = static_cast<int>(i / hkv), kh = static_cast<int>(i % hkv);
+          self().load_rows(l, kh, nullptr, nullptr);
+          evict_victims(l, kh, pool_victims_[i]);
+          pool_victims_[i].clear();
+          release_head(i);
+        }
     for (int kh = 0; kh < g.n_kv_heads; ++kh) {
       const std::size_t i = index(layer, kh);
       const float* kin = keys + static_cast<std::size_t>(kh) * d;
@@ -319,6 +491,8 @@ class ContainerCore {
       h.seq.push_back(ls.next_seq);
       HeadView<Scalar> view = incoming_view(layer, kh, row + 1, position, keys, queries);
       policy_.on_append(view, row);
+      pool_touch(i);
+      if (pooled() && !scratch_victims_[static_cast<std::size_t>(kh)].empty()) release_head(i);
     }
     ++ls.next_seq;
     ls.last_position = position;
@@ -388,6 +562,7 @@ class ContainerCore {
           self().keep_prompt_row(layer, kh, i, row, t, kin, vin, pos, seq);
           h.pos.push_back(pos);
           h.seq.push_back(seq);
+          pool_touch(i);
           HeadView<Scalar> view = make_view(layer, kh, row + 1);
           view.incoming_seq = seq;
           view.incoming_position = pos;
@@ -410,9 +585,28 @@ class ContainerCore {
     budget.validate(shape_.geometry);
     auto caps = resolve_capacities(shape_.geometry, budget);
     check_capacities(policy_, shape_.geometry, caps);
+    LayerPool pool;
+    if constexpr (kPoolable) pool = LayerPool::resolve(shape_.geometry, budget, caps, policy_.min_capacity());
     std::vector<std::vector<std::uint32_t>> victims(heads_.size());
     const Geometry& g = shape_.geometry;
-    for (int l = 0; l < g.n_layers; ++l)
+    if (pool.on) self().check_pool(pool);
+    pool_fresh_.assign(pool_fresh_.size(), 0);  // costs were computed under the old budget
+    pool_settled_.assign(pool.on ? heads_.size() : 0, 1);  // no geometric regrowth after a change
+    for (int l = 0; pool.on && l < (pool.model ? 1 : g.n_layers); ++l) {
+      // The pool's rows over its new total leave across its heads, by eviction cost.
+      choose_pooled(
+          l, -1, pool,
+          [&](int hl, int kh, std::size_t n) {
+            HeadView<Scalar> view = resting_view(hl, kh, n);
+            view.capacity = caps[index(hl, kh)];
+            return view;
+          },
+          pool_victims_);
+      const auto [first, last] = pool.heads_of(l, static_cast<std::size_t>(g.n_kv_heads));
+      for (std::size_t i = first; i < last; ++i) victims[i] = pool_victims_[i];
+    }
+    pool_fresh_.assign(pool_fresh_.size(), 0);
+    for (int l = 0; !pool.on && l < g.n_layers; ++l)
       for (int kh = 0; kh < g.n_kv_heads; ++kh) {
         const std::size_t i = index(l, kh);
         const std::size_t n = heads_[i].size();
@@ -426,11 +620,14 @@ class ContainerCore {
         validate_victims<Policy>(victims[i], view.size, view.need);
       }
     shape_.capacity = std::move(caps);
+    pool_ = std::move(pool);
     for (int l = 0; l < g.n_layers; ++l)
       for (int kh = 0; kh < g.n_kv_heads; ++kh) {
         const std::size_t i = index(l, kh);
         evict_victims(l, kh, victims[i]);
-        shrink_head(i, shape_.capacity[i]);
+        pool_touch(i);
+        if (pooled()) release_head(i);
+        else shrink_head(i, shape_.capacity[i]);
       }
   }
 
@@ -455,6 +652,18 @@ class ContainerCore {
   std::vector<LayerState> layers_;
   std::vector<std::vector<std::uint32_t>> scratch_victims_;
   std::vector<float> sums_;  ///< observe scratch: the group sum of each row
+  /// Budget::pooled() takes effect only for policies that rank rows across heads.
+  static constexpr bool kPoolable = HasEvictionCosts<Policy, Scalar>;
+  LayerPool pool_;  ///< the pooled budget (pool_.on), else empty
+  std::vector<std::vector<float>> pool_costs_;  ///< choose_pooled: costs per head
+  std::vector<std::uint8_t> pool_fresh_;         ///< model scope: pool_costs_[i] still valid
+  /// Pooled heads that gave up rows: their storage grows by chunks only, never
+  /// geometrically, so a layer's storage stays within its total + the chunks.
+  std::vector<std::uint8_t> pool_settled_;
+  std::vector<std::vector<std::uint32_t>> pool_victims_;  ///< choose_pooled: victims per head
+  std::vector<PoolHead> pool_heads_;
+  std::vector<std::size_t> pool_counts_;
+  PoolScratch pool_scratch_;
   ExclusiveUse exclusive_;
 };
 

@@ -49,6 +49,27 @@ struct Geometry {
   friend bool operator==(const Geometry&, const Geometry&) = default;
 };
 
+/// Options of Budget::pooled(): run-time per-head budgets inside a fixed layer total
+/// (AdaKV-style; docs/ARCHITECTURE.md, "Budgets").
+struct PoolOptions {
+  /// What a policy sees as a head's capacity (HeadView::capacity) under a pooled budget.
+  enum class Capacity {
+    nominal,  ///< the budget's per-head count (protected band, decay, reserve as unpooled)
+    share,    ///< the head's current rows (at least its floor): its band, decay and reserve
+              ///< follow its share, so a head that gives rows up also protects fewer
+  };
+  /// Rows every KV head keeps at least, as a fraction of its nominal capacity (AdaKV's
+  /// safeguard); the policy's protected rows (min_capacity()) are kept in any case.
+  double floor_fraction = 0.0;
+  Capacity capacity = Capacity::nominal;
+  /// Where rows move. layer: between the KV heads of one layer, each layer's total fixed
+  /// (AdaKV). model: between every (layer, KV head) of the cache at a fixed cache total, so
+  /// a step of layer l may evict rows of other layers (KVCache and PagedCache; IndexCache
+  /// refuses it, its engine locates only the stepping layer's rows).
+  enum class Scope { layer, model };
+  Scope scope = Scope::layer;
+};
+
 /// Rows a cache may hold: one count per (layer, KV head). `unbounded()` is the full cache.
 class Budget {
  public:
@@ -101,6 +122,35 @@ class Budget {
 
   [[nodiscard]] bool is_unbounded() const { return kind_ == Kind::unbounded; }
 
+  /// The same capacities, pooled: a layer (PoolOptions::Scope::layer) or the whole cache
+  /// (Scope::model) holds at most the sum of its KV heads' capacities, and how those rows
+  /// split between the heads moves at run time. When a step would take the pool over its
+  /// total, the victims are chosen across all its heads by the policy's comparable eviction
+  /// cost (the `eviction_costs` hook: DecayedAttention, H2O);
+  /// a policy without that hook keeps the nominal per-head capacities (the same decisions
+  /// as without pooling). The nominal capacity is what a policy sees as
+  /// HeadView::capacity (its protected band, decay and reserve follow it).
+  [[nodiscard]] Budget pooled(PoolOptions o = {}) const {
+    detail::require(kind_ != Kind::unbounded,
+                    "budget: pooled() of an unbounded budget, expected a finite budget");
+    detail::require(std::isfinite(o.floor_fraction) && o.floor_fraction >= 0.0 &&
+                        o.floor_fraction <= 1.0,
+                    "budget: pooled floor_fraction = ", o.floor_fraction, ", expected in [0, 1]");
+    detail::require(o.capacity == PoolOptions::Capacity::nominal ||
+                        o.capacity == PoolOptions::Capacity::share,
+                    "budget: pooled capacity = ", static_cast<int>(o.capacity),
+                    ", expected PoolOptions::Capacity::nominal or share");
+    detail::require(o.scope == PoolOptions::Scope::layer || o.scope == PoolOptions::Scope::model,
+                    "budget: pooled scope = ", static_cast<int>(o.scope),
+                    ", expected PoolOptions::Scope::layer or model");
+    Budget b = *this;
+    b.pooled_ = true;
+    b.pool_ = o;
+    return b;
+  }
+  [[nodiscard]] bool is_pooled() const { return pooled_; }
+  [[nodiscard]] const PoolOptions& pool_options() const { return pool_; }
+
   /// Checks the budget against a geometry (layer count, KV heads per layer).
   void validate(const Geometry& g) const {
     if (kind_ == Kind::per_layer) {
@@ -145,6 +195,8 @@ class Budget {
   Kind kind_;
   std::vector<std::size_t> counts_;
   std::vector<std::size_t> widths_;
+  bool pooled_ = false;
+  PoolOptions pool_{};
 };
 
 }  // namespace kvevict

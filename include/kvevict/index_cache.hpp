@@ -84,7 +84,7 @@ class IndexCache
 
   /// `cells_per_head`: cells the engine has per (layer, KV head); cell ids must be below
   /// it, and it must be >= every finite capacity (a full head holds one row per cell). 0:
-  /// the largest capacity + 1 (one spare for engines that write the new token before
+  /// the largest capacity (pooled budgets: the largest max_rows) + 1 (one spare for engines that write the new token before
   /// evicting), at least 2^20 under an unbounded budget (an append or prefill that would
   /// need more live rows than cells is then refused before anything changes).
   IndexCache(const Geometry& geometry, const Budget& budget, Policy policy = Policy{},
@@ -92,10 +92,13 @@ class IndexCache
       : Core(geometry, budget, std::move(policy)) {
     std::size_t finite = 0;  // the largest finite capacity
     bool unbounded = false;
-    for (std::size_t c : this->shape_.capacity) {
-      if (c == Budget::kUnbounded) unbounded = true;
-      else finite = std::max(finite, c);
-    }
+    // Under a pooled budget a head may grow to its ceiling (Core::max_rows).
+    for (int l = 0; l < geometry.n_layers; ++l)
+      for (int h = 0; h < geometry.n_kv_heads; ++h) {
+        const std::size_t c = this->max_rows(l, h);
+        if (c == Budget::kUnbounded) unbounded = true;
+        else finite = std::max(finite, c);
+      }
     if (cells_per_head == 0) {
       detail::require(finite < kAutoCell - 1, "IndexCache: capacity ", finite,
                       " rows, expected < ", kAutoCell - 1, " (cells are 32-bit ids)");
@@ -108,6 +111,7 @@ class IndexCache
     detail::require(cells_per_head < kAutoCell, "IndexCache: cells_per_head = ", cells_per_head,
                     ", expected < ", kAutoCell, " (reserved for kAutoCell)");
     cell_limit_ = cells_per_head;
+    check_pool(this->pool_);
   }
 
   // --- state: geometry(), shape(), policy(), size(), capacity(), tokens_seen(), observe(),
@@ -278,6 +282,13 @@ class IndexCache
   const Scalar* attention_rows(int layer, int kh) {
     gather_rows(layer, kh, call_.stored_keys, nullptr, call_.block, call_.block_seq);
     return gather_.data();
+  }
+  /// A model-scope pool evicts rows of layers other than the stepping one, which the
+  /// engine locates only for the stepping layer (stored_keys): refused.
+  void check_pool(const detail::LayerPool& p) const {
+    detail::require(!p.on || !p.model, "IndexCache: a pooled budget of scope model "
+                    "(PoolOptions::Scope::model) evicts rows of other layers than the appended "
+                    "one, expected scope layer");
   }
   void reserve_rows(std::size_t i, std::size_t n) {
     this->heads_[i].cell.reserve(n);

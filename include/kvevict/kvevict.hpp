@@ -9,6 +9,7 @@
 #include "head_budgets.hpp"
 #include "index_cache.hpp"
 #include "kernels/kernels.hpp"
+#include "layer_pool.hpp"
 #include "metrics.hpp"
 #include "policies/buzz.hpp"
 #include "policies/decayed_attention.hpp"

@@ -155,9 +155,17 @@ class PagedCache
   std::size_t blocks_for(std::size_t rows) const { return (rows + pool_->block_tokens() - 1) >> shift_; }
 
   // --- layout hooks (container_core.hpp) ------------------------------------------------
-  detail::RowsData<Scalar> rows_data(int, int) const { return {gather_k_.data(), gather_v_.data()}; }
-  // The head's rows (and the incoming one) as contiguous matrices for the policy.
+  // A policy declaring reads_stored_rows = false gets views without keys/values, and decode
+  // steps gather nothing from the pool (kGather), as in IndexCache.
+  detail::RowsData<Scalar> rows_data(int, int) const {
+    if constexpr (!kGather) return {nullptr, nullptr};
+    return {gather_k_.data(), gather_v_.data()};
+  }
   void load_rows(int layer, int kh, const float* key, const float* value) {
+    if constexpr (kGather) gather(layer, kh, key, value);
+  }
+  // The head's rows (and the incoming one) as contiguous matrices.
+  void gather(int layer, int kh, const float* key, const float* value) {
     const auto& h = this->heads_[this->index(layer, kh)];
     const std::size_t d = this->udim(), n = h.size();
     gather_k_.resize((n + 1) * d);
@@ -172,7 +180,7 @@ class PagedCache
     }
   }
   const Scalar* attention_rows(int layer, int kh) {
-    load_rows(layer, kh, nullptr, nullptr);
+    gather(layer, kh, nullptr, nullptr);
     return gather_k_.data();
   }
   void reserve_rows(std::size_t i, std::size_t n) { this->heads_[i].blocks.reserve(blocks_for(n)); }
@@ -183,9 +191,13 @@ class PagedCache
   }
   void prepare_step(int layer, std::size_t total_victims, std::size_t max_rows) {
     (void)total_victims;
-    const std::size_t d = this->udim();
-    gather_k_.reserve(max_rows * d);
-    gather_v_.reserve(max_rows * d);
+    if constexpr (kGather) {
+      const std::size_t d = this->udim();
+      gather_k_.reserve(max_rows * d);
+      gather_v_.reserve(max_rows * d);
+    } else {
+      (void)max_rows;
+    }
     check_pool(layer);
   }
   // prefill_keep on an empty layer: every kept row needs room in new blocks.
@@ -208,8 +220,10 @@ class PagedCache
                   d * sizeof(Scalar));
       std::memcpy(pool_->value_row(block_of(h, r), slot_of(r)),
                   pool_->value_row(block_of(h, last), slot_of(last)), d * sizeof(Scalar));
-      std::memcpy(gather_k_.data() + r * d, gather_k_.data() + last * d, d * sizeof(Scalar));
-      std::memcpy(gather_v_.data() + r * d, gather_v_.data() + last * d, d * sizeof(Scalar));
+      if constexpr (kGather) {
+        std::memcpy(gather_k_.data() + r * d, gather_k_.data() + last * d, d * sizeof(Scalar));
+        std::memcpy(gather_v_.data() + r * d, gather_v_.data() + last * d, d * sizeof(Scalar));
+      }
     }
     if (slot_of(last) == 0) {  // the last block held only the removed row: back to the pool
       pool_->release(h.blocks.back());
@@ -228,6 +242,7 @@ class PagedCache
   void push_row(int, int, std::size_t i, std::size_t row, std::int64_t, std::uint64_t,
                 const float* key, const float* value, std::uint32_t) {
     write_row(this->heads_[i], row, key, value);
+    if constexpr (!kGather) return;
     // The gathered matrices now hold the survivors in row order, then the incoming row.
     const std::size_t d = this->udim();
     std::memmove(gather_k_.data() + row * d, gather_k_.data() + (gather_k_.size() - d), d * sizeof(Scalar));
@@ -242,6 +257,7 @@ class PagedCache
   void keep_prompt_row(int, int, std::size_t i, std::size_t row, std::size_t, const float* key,
                        const float* value, std::int64_t, std::uint64_t) {
     write_row(this->heads_[i], row, key, value);
+    if constexpr (!kGather) return;
     for (std::size_t j = 0; j < this->udim(); ++j) {
       gather_k_.push_back(static_cast<Scalar>(key[j]));
       gather_v_.push_back(static_cast<Scalar>(value[j]));
@@ -256,6 +272,8 @@ class PagedCache
   std::size_t need_blocks_ = 0;
   bool released_ = false;
   std::vector<Scalar> gather_k_, gather_v_;
+  /// Whether decode steps gather stored rows from the pool for the policy's views.
+  static constexpr bool kGather = detail::reads_stored_rows<Policy>();
 };
 
 }  // namespace kvevict

@@ -165,6 +165,15 @@ template <class P>
 concept HasRowLimit = requires(const P& p, int layer, int head) {
   { p.row_limit(layer, head) } -> std::convertible_to<std::size_t>;
 };
+/// The optional pooled-budget hook: `eviction_costs(view, costs)` writes one comparable
+/// cost per live row (costs.size() == view.size): what keeping the row is worth, on a
+/// scale shared by every KV head of a layer (lower = evicted first; +infinity = the policy
+/// would not evict it now). Budget::pooled() splits a layer's evictions over its heads by
+/// these costs; the policy's choose_victims still picks the rows.
+template <class P, class Scalar = float>
+concept HasEvictionCosts = requires(P& p, const HeadView<Scalar>& v, std::vector<float>& costs) {
+  p.eviction_costs(v, costs);
+};
 template <class P>
 concept HasPrefillKeep = requires(P& p, const PrefillView& v, std::vector<std::uint32_t>& keep) {
   p.prefill_keep(v, keep);

@@ -97,6 +97,9 @@ struct CacheAccess {
   static void save(const Cache& c, std::vector<std::uint8_t>& out) {
     const Geometry& g = c.shape_.geometry;
     check_live(g, "save");
+    require(!c.pooled(), "save: the cache runs a pooled budget (Budget::pooled()), which the save "
+            "format does not hold (heads may hold more rows than their nominal capacity); "
+            "expected a cache with a per-head budget");
     out.clear();
     ByteWriter w(out);
     w.put_array("KVEVSAVE", 8);
@@ -184,6 +187,8 @@ struct CacheAccess {
   static void load(Cache& c, std::span<const std::uint8_t> in, bool verify_checksum) {
     const auto in_use = c.exclusive_.enter("load");
     check_live(c.shape_.geometry, "load");
+    require(!c.pooled(), "load: the target cache runs a pooled budget (Budget::pooled()), which "
+            "the save format does not hold; expected a cache with a per-head budget");
     require(in.size() >= 8 + 4 + 8 && std::memcmp(in.data(), "KVEVSAVE", 8) == 0,
             "saved state: bad magic (", in.size(), " bytes), expected a kvevict save file");
     ByteReader hdr(in.subspan(8));

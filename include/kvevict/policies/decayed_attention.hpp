@@ -29,6 +29,7 @@
 #include <bit>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -154,17 +155,7 @@ class DecayedAttention {
   template <class S>
   void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
     const auto& sc = scores_.of(v.layer, v.kv_head);
-    // The capacity may have changed through set_budget: follow it.
-    const std::size_t h = head_index(v.layer, v.kv_head);
-    decay_[h] = decay_for(v.capacity);
-    capacity_[h] = v.capacity;
-    // Protection as bits (set = never evicted): a row is evictable iff its arrival index
-    // lies in [sinks, incoming - recent). One vectorised pass over the seqs.
-    const std::size_t recent = recent_for(v.capacity);
-    const std::uint64_t hi = v.incoming_seq >= recent ? v.incoming_seq - recent : 0;
-    bits_.resize((v.size + 63) / 64);
-    kernels::protect_outside(v.seqs, v.size, config_.sinks, hi, bits_.data());
-    if (recalls()) keep_recalled(v);
+    protect(v);
     const std::uint64_t* bits = bits_.data();
     if (v.need == 1) {
       out.push_back(lowest(sc.data(), v.seqs, v.size, bits));
@@ -173,6 +164,25 @@ class DecayedAttention {
     detail::evict_lowest(
         v, [&](std::size_t r) { return sc[r]; },
         [&](std::size_t r) { return ((bits[r >> 6] >> (r & 63)) & 1u) == 0; }, out, label_);
+  }
+  /// Pooled budgets (Budget::pooled()): each row's cost on a scale shared by the KV heads
+  /// of a layer: its attention rate, the decayed score times (1 - decay) (a row drawing a
+  /// steady share x of the group's attention tends to x), or H2O's accumulated score at
+  /// decay 1; +infinity for the rows choose_victims would not evict with need 1 (sinks, the
+  /// recent band, the recall reserve). Same protection, so the split follows the rows the
+  /// policy would give up.
+  template <class S>
+  void eviction_costs(const HeadView<S>& view, std::vector<float>& out) {
+    HeadView<S> v = view;
+    v.need = std::max<std::size_t>(v.need, 1);
+    protect(v);
+    const std::size_t h = head_index(v.layer, v.kv_head);
+    const auto& sc = scores_.of(v.layer, v.kv_head);
+    const float scale = decay_[h] < 1.0f ? 1.0f - decay_[h] : 1.0f;
+    out.resize(v.size);
+    for (std::size_t r = 0; r < v.size; ++r)
+      out[r] = ((bits_[r >> 6] >> (r & 63)) & 1u) ? std::numeric_limits<float>::infinity()
+                                                  : scale * sc[r];
   }
   template <class S>
   void on_append(const HeadView<S>& v, std::size_t row) {
@@ -364,6 +374,22 @@ class DecayedAttention {
     const std::uint32_t n = counts_.of(layer, kv_head)[r];
     if (n == 0) return 0.0f;
     return spikes_.of(layer, kv_head)[r] - draws_.of(layer, kv_head)[r] / static_cast<float>(n);
+  }
+
+  /// Follows the head's capacity (it may change through set_budget or a pooled budget) and
+  /// sets bits_ (set = never evicted): a row is evictable iff its arrival index lies in
+  /// [sinks, incoming - recent) (one vectorised pass over the seqs) and it is not held by
+  /// the recall reserve.
+  template <class S>
+  void protect(const HeadView<S>& v) {
+    const std::size_t h = head_index(v.layer, v.kv_head);
+    decay_[h] = decay_for(v.capacity);
+    capacity_[h] = v.capacity;
+    const std::size_t recent = recent_for(v.capacity);
+    const std::uint64_t hi = v.incoming_seq >= recent ? v.incoming_seq - recent : 0;
+    bits_.resize((v.size + 63) / 64);
+    kernels::protect_outside(v.seqs, v.size, config_.sinks, hi, bits_.data());
+    if (recalls()) keep_recalled(v);
   }
 
   /// The unprotected row (bit clear in `bits`) with the lowest score, the oldest (lowest

@@ -39,6 +39,12 @@ class H2O {
   void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
     inner_.choose_victims(v, out);
   }
+  /// Pooled budgets: the accumulated score of each row, +infinity for protected rows
+  /// (DecayedAttention::eviction_costs at decay 1).
+  template <class S>
+  void eviction_costs(const HeadView<S>& v, std::vector<float>& out) {
+    inner_.eviction_costs(v, out);
+  }
   template <class S>
   void on_append(const HeadView<S>& v, std::size_t row) {
     inner_.on_append(v, row);

@@ -1,0 +1,189 @@
+#pragma once
+// Pooled budgets (Budget::pooled(), AdaKV-style, arXiv 2407.11550): a pool (one layer, or
+// with PoolOptions::Scope::model the whole cache) holds at most the sum of its KV heads'
+// nominal capacities, and the split between its heads moves at run time. This header holds
+// the rules the container core applies (container_core.hpp runs the flow, for every
+// layout):
+//   - LayerPool: per pool the row total, per head a floor, a ceiling and a storage chunk;
+//   - pooled_victim_counts: how many victims each head of a pool gives up, chosen across
+//     the heads by the policy's comparable eviction costs (policy.hpp, HasEvictionCosts);
+//   - pool_grown_rows / pool_release_rows: storage that follows a head's changing share.
+//
+// The selection, written out (tests/test_layer_pool.cpp checks it against a brute-force
+// transcription): after the step head h holds n_h - k_h + incoming_h rows (incoming_h: 1
+// for the heads of the stepping layer, 0 for other layers' heads and for a budget change).
+// Every head must stay at or above min(floor_h, n_h + incoming_h) and at or below
+// ceiling_h; the pool must end at or below its total. Rows with an infinite (or NaN) cost
+// are never counted. A head above its ceiling first gives its cheapest rows; the rest of
+// the pool's need is the cheapest rows of the whole pool, ordered by (cost, seq, head): on
+// equal costs the older row, then the lower head. Only the counts k_h are decided here;
+// the policy's choose_victims picks the k_h rows of each head (so its protection and
+// reserve rules still hold).
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "checked.hpp"
+#include "errors.hpp"
+#include "geometry.hpp"
+
+namespace kvevict::detail {
+
+/// Storage slack of a pooled head: it grows by chunk rows past its nominal capacity and is
+/// released down to size + chunk once it holds more than size + 2 x chunk, so a layer
+/// allocates at most its total + 2 x the sum of its heads' chunks (about 1/8 over).
+inline std::size_t pool_chunk(std::size_t nominal) { return std::max<std::size_t>(1, (nominal + 15) / 16); }
+
+/// A pooled budget resolved against a geometry and the nominal capacities.
+struct LayerPool {
+  bool on = false;
+  bool share = false;  ///< PoolOptions::Capacity::share: the policy sees max(floor, rows)
+  bool model = false;  ///< PoolOptions::Scope::model: one pool for the whole cache
+  std::vector<std::size_t> total;    ///< per pool (each layer, or the one model pool): rows
+  std::vector<std::size_t> floor;    ///< per (layer, KV head): rows it keeps at least
+  std::vector<std::size_t> ceiling;  ///< per (layer, KV head): rows it may hold at most
+  std::vector<std::size_t> chunk;    ///< per (layer, KV head): storage growth step
+
+  /// `caps` are the nominal capacities (layer-major); `min_rows` the policy's min_capacity().
+  static LayerPool resolve(const Geometry& g, const Budget& b, const std::vector<std::size_t>& caps,
+                           std::size_t min_rows) {
+    LayerPool p;
+    if (!b.is_pooled()) return p;
+    p.on = true;
+    p.share = b.pool_options().capacity == PoolOptions::Capacity::share;
+    p.model = b.pool_options().scope == PoolOptions::Scope::model;
+    const std::size_t width = p.model ? caps.size() : static_cast<std::size_t>(g.n_kv_heads);
+    const double f = b.pool_options().floor_fraction;
+    for (std::size_t first = 0; first < caps.size(); first += width) {
+      std::size_t total = 0, floors = 0;
+      for (std::size_t i = first; i < first + width; ++i) {
+        const std::size_t cap = caps[i];
+        total = checked_add(total, cap, "budget: pooled total");
+        const auto frac = static_cast<std::size_t>(std::ceil(f * static_cast<double>(cap)));
+        const std::size_t fl = std::min(cap, std::max(min_rows, frac));
+        p.floor.push_back(fl);
+        floors += fl;
+        p.chunk.push_back(pool_chunk(cap));
+      }
+      p.total.push_back(total);
+      for (std::size_t i = first; i < first + width; ++i) p.ceiling.push_back(total - (floors - p.floor[i]));
+    }
+    return p;
+  }
+  /// The pool of `layer` (its index in total) and the heads it spans, [first, last).
+  [[nodiscard]] std::size_t pool_of(int layer) const { return model ? 0 : static_cast<std::size_t>(layer); }
+  [[nodiscard]] std::pair<std::size_t, std::size_t> heads_of(int layer, std::size_t hkv) const {
+    if (model) return {0, floor.size()};
+    const std::size_t first = static_cast<std::size_t>(layer) * hkv;
+    return {first, first + hkv};
+  }
+  [[nodiscard]] std::size_t max_ceiling() const {
+    return ceiling.empty() ? 0 : *std::max_element(ceiling.begin(), ceiling.end());
+  }
+};
+
+/// One head of a layer as the selection sees it.
+struct PoolHead {
+  std::size_t size = 0;     ///< live rows n_h
+  std::size_t incoming = 0; ///< rows the step adds to it (1 for the stepping layer's heads)
+  std::size_t floor = 0;    ///< rows it keeps at least
+  std::size_t ceiling = 0;  ///< rows it may hold at most
+  const float* costs = nullptr;          ///< size comparable costs (may be null when size == 0)
+  const std::uint64_t* seqs = nullptr;   ///< size arrival indices
+};
+
+/// Scratch of pooled_victim_counts (kept by the caller so a step allocates nothing new).
+struct PoolScratch {
+  struct Cand {
+    float cost;
+    std::uint64_t seq;
+    std::uint32_t head;
+  };
+  std::vector<Cand> head_rows, chosen;
+  static bool before(const Cand& a, const Cand& b) {
+    if (a.cost != b.cost) return a.cost < b.cost;
+    if (a.seq != b.seq) return a.seq < b.seq;
+    return a.head < b.head;
+  }
+};
+
+/// Victims per head of one layer (counts[h]); see the header comment for the rule. Throws
+/// std::logic_error naming `policy` when the finite costs cannot cover what the layer must
+/// give up (a policy that marks too many rows as not evictable), before anything changed.
+inline void pooled_victim_counts(std::span<const PoolHead> heads, std::size_t total,
+                                 std::vector<std::size_t>& counts, PoolScratch& s,
+                                 const char* policy) {
+  counts.assign(heads.size(), 0);
+  std::size_t after = 0;
+  for (const auto& h : heads) after += h.size + h.incoming;
+  std::size_t need = after > total ? after - total : 0;
+  bool over_ceiling = false;
+  for (const auto& h : heads) over_ceiling |= h.size + h.incoming > h.ceiling;
+  if (need == 0 && !over_ceiling) return;
+  const auto fail = [&](const std::string& what) {
+    throw std::logic_error(std::string("kvevict: policy ") + policy + ": " + what);
+  };
+  s.chosen.clear();
+  for (std::size_t hi = 0; hi < heads.size(); ++hi) {
+    const auto& h = heads[hi];
+    const std::size_t end = h.size + h.incoming;
+    const std::size_t forced = end > h.ceiling ? end - h.ceiling : 0;
+    const std::size_t limit = end > h.floor ? end - h.floor : 0;
+    if (forced > limit)
+      fail("head " + std::to_string(hi) + " must give " + std::to_string(forced) +
+           " rows to its ceiling but only " + std::to_string(limit) + " above its floor");
+    // The head's cheapest rows, as many as could matter: forced + need, at most limit.
+    s.head_rows.clear();
+    for (std::size_t r = 0; r < h.size; ++r)
+      if (h.costs[r] <= std::numeric_limits<float>::max() && !std::isnan(h.costs[r]))
+        s.head_rows.push_back({h.costs[r], h.seqs[r], static_cast<std::uint32_t>(hi)});
+    const std::size_t take = std::min({limit, forced + need, s.head_rows.size()});
+    if (take < forced)
+      fail("head " + std::to_string(hi) + " must give " + std::to_string(forced) +
+           " rows to its ceiling but has " + std::to_string(s.head_rows.size()) + " evictable");
+    if (take < s.head_rows.size())
+      std::nth_element(s.head_rows.begin(), s.head_rows.begin() + static_cast<std::ptrdiff_t>(take),
+                       s.head_rows.end(), PoolScratch::before);
+    std::sort(s.head_rows.begin(), s.head_rows.begin() + static_cast<std::ptrdiff_t>(take),
+              PoolScratch::before);
+    counts[hi] = forced;
+    s.chosen.insert(s.chosen.end(), s.head_rows.begin() + static_cast<std::ptrdiff_t>(forced),
+                    s.head_rows.begin() + static_cast<std::ptrdiff_t>(take));
+  }
+  std::size_t forced_total = 0;
+  for (std::size_t c : counts) forced_total += c;
+  need = need > forced_total ? need - forced_total : 0;
+  if (need == 0) return;
+  if (s.chosen.size() < need)
+    fail("the layer must give up " + std::to_string(need) + " more rows but only " +
+         std::to_string(s.chosen.size()) + " are evictable above the heads' floors");
+  if (need < s.chosen.size())
+    std::nth_element(s.chosen.begin(), s.chosen.begin() + static_cast<std::ptrdiff_t>(need),
+                     s.chosen.end(), PoolScratch::before);
+  for (std::size_t i = 0; i < need; ++i) ++counts[s.chosen[i].head];
+}
+
+/// Rows to allocate so `rows` fit in a pooled head holding `have` (0: enough already):
+/// geometric up to `nominal` (as an unpooled head; the core passes 0 once the head has
+/// given up rows, so a shrunken head regrows by chunks), then `chunk` rows of slack.
+inline std::size_t pool_grown_rows(std::size_t have, std::size_t rows, std::size_t nominal,
+                                   std::size_t chunk) {
+  if (have >= rows) return 0;
+  if (rows <= nominal) return std::min(std::max<std::size_t>({rows, 16, have * 2}), nominal);
+  return rows + chunk;
+}
+
+/// The allocation a pooled head of `rows` rows should shrink to, or 0 to keep it: release
+/// once more than rows + 2 x chunk are allocated, down to rows + chunk.
+inline std::size_t pool_release_rows(std::size_t have, std::size_t rows, std::size_t chunk) {
+  return have > rows + 2 * chunk ? rows + chunk : 0;
+}
+
+}  // namespace kvevict::detail

@@ -1,0 +1,429 @@
+// Pooled budgets (Budget::pooled(), layer_pool.hpp, AdaKV-style): the cross-head split of
+// a layer's evictions against a brute-force transcription of its rule; on real caches the
+// layer total is never exceeded, protected rows are never evicted, kept rows stay bit-exact,
+// storage follows each head's share, the per-step split equals the brute-force rule over the
+// policy's own costs, PagedCache keeps KVCache's rows, and bad input is a kvevict::Error.
+#include <kvevict/paged_cache.hpp>
+
+#include "support/test_support.hpp"
+
+namespace {
+
+using kvevict::Budget;
+using kvevict::Geometry;
+using kvevict::KVCache;
+using kvevict::PoolOptions;
+namespace pol = kvevict::policies;
+namespace kd = kvevict::detail;
+
+// The rule, transcribed independently: sort every evictable row of the layer by (cost,
+// seq, head); each head first gives what its ceiling forces (its cheapest rows), then rows
+// are taken in the global order, skipping heads at their floor, until the layer fits.
+std::vector<std::size_t> brute_counts(const std::vector<std::vector<float>>& costs,
+                                      const std::vector<std::vector<std::uint64_t>>& seqs,
+                                      const std::vector<std::size_t>& floor,
+                                      const std::vector<std::size_t>& ceiling,
+                                      const std::vector<std::size_t>& incoming, std::size_t total) {
+  const std::size_t H = costs.size();
+  std::vector<std::size_t> k(H, 0);
+  struct Row {
+    float c;
+    std::uint64_t s;
+    std::size_t h;
+  };
+  std::vector<Row> all;
+  std::size_t after = 0;
+  for (std::size_t h = 0; h < H; ++h) {
+    after += costs[h].size() + incoming[h];
+    for (std::size_t r = 0; r < costs[h].size(); ++r)
+      if (std::isfinite(costs[h][r])) all.push_back({costs[h][r], seqs[h][r], h});
+  }
+  std::sort(all.begin(), all.end(), [](const Row& a, const Row& b) {
+    return std::tie(a.c, a.s, a.h) < std::tie(b.c, b.s, b.h);
+  });
+  std::vector<std::vector<bool>> taken(H);
+  std::vector<std::size_t> idx(all.size());
+  for (std::size_t h = 0; h < H; ++h) {
+    const std::size_t end = costs[h].size() + incoming[h];
+    const std::size_t forced = end > ceiling[h] ? end - ceiling[h] : 0;
+    for (std::size_t i = 0; i < all.size() && k[h] < forced; ++i)
+      if (all[i].h == h) {
+        all[i].c = -std::numeric_limits<float>::infinity();  // marks it taken
+        ++k[h];
+      }
+  }
+  std::size_t have = 0;
+  for (std::size_t x : k) have += x;
+  std::size_t need = after > total ? after - total : 0;
+  for (std::size_t i = 0; i < all.size() && have < need; ++i) {
+    const Row& r = all[i];
+    if (r.c == -std::numeric_limits<float>::infinity()) continue;
+    const std::size_t end = costs[r.h].size() + incoming[r.h];
+    const std::size_t limit = end > floor[r.h] ? end - floor[r.h] : 0;
+    if (k[r.h] >= limit) continue;
+    ++k[r.h];
+    ++have;
+  }
+  return k;
+}
+
+TEST_CASE("pooled_victim_counts equals the brute-force rule on small layers", "[pool]") {
+  kvtest::Rng rng(16);
+  kd::PoolScratch scratch;
+  int checked = 0, uneven = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const std::size_t H = std::size_t(rng.uniform(1, 5));
+    std::vector<std::size_t> incoming(H);
+    for (auto& x : incoming) x = std::size_t(rng.uniform(0, 1));
+    std::vector<std::vector<float>> costs(H);
+    std::vector<std::vector<std::uint64_t>> seqs(H);
+    std::vector<std::size_t> floor(H), ceiling(H);
+    std::size_t rows = 0;
+    for (std::size_t h = 0; h < H; ++h) {
+      const std::size_t n = std::size_t(rng.uniform(0, 9));
+      // Few distinct costs and shared seqs, so ties on cost and on seq are common.
+      std::vector<std::uint64_t> pool(20);
+      for (std::size_t i = 0; i < pool.size(); ++i) pool[i] = i;
+      std::shuffle(pool.begin(), pool.end(), rng.engine());
+      for (std::size_t r = 0; r < n; ++r) {
+        const float c = rng.chance(0.2) ? std::numeric_limits<float>::infinity()
+                                        : float(rng.uniform(0, 4)) * 0.25f;
+        costs[h].push_back(c);
+        seqs[h].push_back(pool[r]);
+      }
+      floor[h] = std::size_t(rng.uniform(0, 3));
+      rows += n;
+    }
+    std::size_t adds = 0;
+    for (std::size_t x : incoming) adds += x;
+    const std::size_t total = rows + adds - std::size_t(rng.uniform(0, 4)) + 2;
+    for (std::size_t h = 0; h < H; ++h) ceiling[h] = std::size_t(rng.uniform(3, 14));
+    std::vector<kd::PoolHead> heads;
+    for (std::size_t h = 0; h < H; ++h)
+      heads.push_back({costs[h].size(), incoming[h], floor[h], ceiling[h], costs[h].data(), seqs[h].data()});
+    std::vector<std::size_t> counts;
+    bool threw = false;
+    try {
+      kd::pooled_victim_counts(heads, total, counts, scratch, "Test");
+    } catch (const std::logic_error&) {
+      threw = true;
+    }
+    const auto want = brute_counts(costs, seqs, floor, ceiling, incoming, total);
+    // When the rule cannot be met the function refuses; otherwise the counts must match
+    // and leave every head within its bounds and the layer within its total.
+    std::size_t after = 0, evictable_ok = 1;
+    for (std::size_t h = 0; h < H; ++h) after += costs[h].size() + incoming[h] - want[h];
+    for (std::size_t h = 0; h < H; ++h)
+      evictable_ok &= costs[h].size() + incoming[h] - want[h] <= ceiling[h];
+    const bool feasible = after <= total && evictable_ok;
+    INFO("trial " << trial);
+    REQUIRE(threw == !feasible);
+    if (threw) continue;
+    REQUIRE(counts == want);
+    ++checked;
+    uneven += std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) != counts.end();
+  }
+  REQUIRE(checked > 1000);
+  REQUIRE(uneven > 100);  // the split really moves between heads
+}
+
+// A GQA layer whose KV heads look at different distances: head 0's queries spread
+// attention over every row, head 1's fall on the newest rows only. Probabilities are made
+// up per step (no model): what matters is that they differ by head.
+std::vector<float> made_up_probs(const Geometry& g, int h, std::size_t n, std::span<const std::uint64_t> seqs,
+                                 std::uint64_t now, kvtest::Rng& rng) {
+  std::vector<float> p(std::size_t(g.group()) * n, 0.0f);
+  for (int q = 0; q < g.group(); ++q) {
+    float* row = p.data() + std::size_t(q) * n;
+    float sum = 0.0f;
+    for (std::size_t r = 0; r < n; ++r) {
+      const double age = double(now - seqs[r]);
+      const double w = h % 2 == 0 ? 0.5 + std::abs(rng.normal()) : std::exp(-age / 2.0) * (1.0 + 0.1 * rng.normal());
+      row[r] = float(std::max(w, 1e-6));
+      sum += row[r];
+    }
+    for (std::size_t r = 0; r < n; ++r) row[r] /= sum;
+  }
+  return p;
+}
+
+// Drives a pooled KVCache and checks, every step: the heads' new sizes equal the brute-force
+// split over the policy's own costs (computed on a copy of the policy, with the view the
+// container builds: nominal or share capacity, incoming token or not), the pool's total and
+// every floor hold, storage stays within the documented slack, protected rows (sinks and
+// the policy's recent band at the smallest capacity it can see) are never evicted; at the
+// end kept rows are bit-exact and every appended row is kept or evicted exactly once.
+template <class Policy>
+void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t sinks,
+                     std::size_t recent, bool expect_uneven) {
+  const Geometry g{2, 8, 4, 8};  // GQA: 2 query heads per KV head
+  const Budget budget = Budget::uniform(static_cast<long long>(B)).pooled(o);
+  KVCache<Policy> cache(g, budget, policy);
+  REQUIRE(cache.pooled());
+  const bool model = o.scope == PoolOptions::Scope::model;
+  const std::size_t hkv = std::size_t(g.n_kv_heads), heads = hkv * std::size_t(g.n_layers);
+  const std::size_t width = model ? heads : hkv;
+  const std::size_t total = B * width;
+  REQUIRE(cache.layer_total(0) == total);
+  const std::size_t floor = std::max(cache.policy().min_capacity(),
+                                     std::size_t(std::ceil(o.floor_fraction * double(B))));
+  for (int h = 0; h < g.n_kv_heads; ++h) REQUIRE(cache.max_rows(0, h) == total - (width - 1) * floor);
+  kvtest::Ledger ledger;
+  std::uint64_t now = 0;
+  int stepping = 0;
+  std::size_t bad_evictions = 0;
+  auto record = ledger.callback<float>();
+  cache.set_eviction_callback([&](const kvevict::EvictedRow<float>& e) {
+    record(e);
+    // The evicted row's layer has seen `arrived` tokens: its incoming one is that index.
+    const std::uint64_t arrived = e.layer < stepping ? now + 1 : now;
+    if (e.seq < sinks || e.seq + recent >= arrived) ++bad_evictions;
+  });
+  kvtest::Rng rng(7);
+  const std::size_t kv = hkv * std::size_t(g.head_dim);
+  const std::size_t chunk_slack = 2 * kd::pool_chunk(B) * width;
+  std::size_t max_head = 0, min_head = total, cross_layer = 0;
+  for (std::uint64_t t = 0; t < 400; ++t) {
+    now = t;
+    for (int l = 0; l < g.n_layers; ++l) {
+      stepping = l;
+      auto k = rng.normals(kv), v = rng.normals(kv);
+      ledger.record(g, l, std::int64_t(t), t, k, v);
+      // The split this step must make, from the policy's own costs on a copy (brute force).
+      const std::size_t first = model ? 0 : std::size_t(l) * hkv;
+      std::vector<std::vector<float>> costs(width);
+      std::vector<std::vector<std::uint64_t>> seqs(width);
+      std::vector<std::size_t> floors, ceilings, before, incoming;
+      Policy copy = cache.policy();
+      for (std::size_t j = 0; j < width; ++j) {
+        const int hl = int((first + j) / hkv), h = int((first + j) % hkv);
+        const auto s = cache.seqs(hl, h);
+        const auto p = cache.positions(hl, h);
+        seqs[j].assign(s.begin(), s.end());
+        kvevict::HeadView<float> view;
+        view.layer = hl;
+        view.kv_head = h;
+        view.head_dim = g.head_dim;
+        view.group = g.group();
+        view.size = s.size();
+        view.capacity = o.capacity == PoolOptions::Capacity::share ? std::max(floor, s.size()) : B;
+        view.positions = p.data();
+        view.seqs = s.data();
+        view.incoming_seq = hl < l ? t + 1 : t;
+        if (!s.empty()) copy.eviction_costs(view, costs[j]);
+        floors.push_back(floor);
+        ceilings.push_back(cache.max_rows(hl, h));
+        before.push_back(s.size());
+        incoming.push_back(hl == l ? 1 : 0);
+      }
+      const auto want = brute_counts(costs, seqs, floors, ceilings, incoming, total);
+      cache.append(l, std::int64_t(t), k, v);
+      std::size_t rows = 0, alloc = 0;
+      for (std::size_t j = 0; j < width; ++j) {
+        const int hl = int((first + j) / hkv), h = int((first + j) % hkv);
+        const std::size_t n = cache.size(hl, h);
+        REQUIRE(n == before[j] + incoming[j] - want[j]);
+        cross_layer += hl != l && want[j] > 0;
+        rows += n;
+        alloc += cache.allocated_rows(hl, h);
+        if (t > 3 * B) {
+          max_head = std::max(max_head, n);
+          min_head = std::min(min_head, n);
+          REQUIRE(n >= floor);
+        }
+      }
+      REQUIRE(rows <= total);
+      REQUIRE(alloc <= total + chunk_slack);
+      for (int h = 0; h < g.n_kv_heads; ++h) {
+        const auto probs = made_up_probs(g, h + l, cache.size(l, h), cache.seqs(l, h), t, rng);
+        cache.observe(l, h, probs);
+      }
+    }
+  }
+  REQUIRE(bad_evictions == 0);
+  kvtest::check_against_ledger(cache, ledger, true);  // kept rows bit-exact, each row once
+  if (model) REQUIRE(cross_layer > 0);  // a step took rows from another layer
+  if (expect_uneven) {
+    REQUIRE(max_head > B + B / 4);  // the far-looking heads took rows from the local ones
+    REQUIRE(min_head < B);
+  }
+}
+
+TEST_CASE("pooled DecayedAttention: total, floors, protection, bit-exact rows, brute-force split", "[pool]") {
+  using Cap = PoolOptions::Capacity;
+  using Scope = PoolOptions::Scope;
+  const auto rec = pol::DecayedAttention::recommended();
+  SECTION("recommended(), nominal capacity") { drive_and_check(rec, 32, {}, 1, rec.recent_for(32), true); }
+  SECTION("recommended(), floor 1/2") {
+    drive_and_check(rec, 32, {.floor_fraction = 0.5}, 1, rec.recent_for(32), true);
+  }
+  SECTION("recommended(), share capacity, floor 1/4") {
+    drive_and_check(rec, 32, {.floor_fraction = 0.25, .capacity = Cap::share}, 1, rec.recent_for(8), true);
+  }
+  SECTION("recommended(), share capacity, model scope") {
+    drive_and_check(rec, 32, {.floor_fraction = 0.25, .capacity = Cap::share, .scope = Scope::model}, 1,
+                    rec.recent_for(8), true);
+  }
+  SECTION("H2O") { drive_and_check(pol::H2O({.recent = 4, .sinks = 1}), 16, {.floor_fraction = 0.25}, 1, 4, true); }
+  SECTION("H2O, model scope") {
+    drive_and_check(pol::H2O({.recent = 4, .sinks = 1}), 16, {.scope = Scope::model}, 1, 4, true);
+  }
+}
+
+TEST_CASE("pooled budget without eviction costs keeps the nominal capacities", "[pool]") {
+  // StreamingLLM has no comparable cost: the pooled budget is the uniform one.
+  const Geometry g{1, 4, 2, 4};
+  KVCache<pol::StreamingLLM> a(g, Budget::uniform(8).pooled(), pol::StreamingLLM{.sinks = 1});
+  KVCache<pol::StreamingLLM> b(g, Budget::uniform(8), pol::StreamingLLM{.sinks = 1});
+  REQUIRE_FALSE(a.pooled());
+  kvtest::Rng rng(3);
+  for (int t = 0; t < 40; ++t) {
+    auto k = rng.normals(8), v = rng.normals(8);
+    a.append(0, t, k, v);
+    b.append(0, t, k, v);
+  }
+  for (int h = 0; h < 2; ++h) {
+    const auto pa = a.positions(0, h), pb = b.positions(0, h);
+    REQUIRE(std::equal(pa.begin(), pa.end(), pb.begin(), pb.end()));
+  }
+}
+
+TEST_CASE("pooled PagedCache keeps exactly KVCache's rows", "[pool]") {
+  const Geometry g{2, 4, 2, 8};
+  // Layer scope, and model scope (steps evict rows of the other layer).
+  const auto scope = GENERATE(PoolOptions::Scope::layer, PoolOptions::Scope::model);
+  const auto budget = Budget::uniform(16).pooled({.capacity = PoolOptions::Capacity::share, .scope = scope});
+  const auto policy = pol::DecayedAttention::recommended();
+  kvevict::BlockPool<float> pool(1024, 4, g.head_dim);
+  KVCache<pol::DecayedAttention> cache(g, budget, policy);
+  kvevict::PagedCache<pol::DecayedAttention> paged(g, budget, pool, 0, policy);
+  kvtest::Rng rng(11);
+  const std::size_t kv = std::size_t(g.n_kv_heads * g.head_dim), qn = std::size_t(g.n_heads * g.head_dim);
+  bool moved = false;
+  for (int t = 0; t < 120; ++t)
+    for (int l = 0; l < g.n_layers; ++l) {
+      auto k = rng.normals(kv, 1.0f + float(t % 3)), v = rng.normals(kv), q = rng.normals(qn, 2.0f);
+      cache.append(l, t, k, v, q);
+      paged.append(l, t, k, v, q);
+      for (int hl = 0; hl < g.n_layers; ++hl)
+        for (int h = 0; h < g.n_kv_heads; ++h) {
+          const auto pc = cache.positions(hl, h), pp = paged.positions(hl, h);
+          REQUIRE(std::equal(pc.begin(), pc.end(), pp.begin(), pp.end()));
+          moved |= pc.size() != 16;
+        }
+      const auto att = kvevict::attend(cache, l, q);
+      for (int h = 0; h < g.n_kv_heads; ++h) {
+        const auto& p = att.probs[std::size_t(h)];
+        paged.observe(l, h, std::span<const float>(p.data(), std::size_t(p.size())));
+      }
+    }
+  REQUIRE(moved);
+}
+
+TEST_CASE("pooled set_budget: a smaller pool evicts across heads, back to uniform caps each head", "[pool]") {
+  const Geometry g{1, 4, 2, 4};
+  KVCache<pol::DecayedAttention> c(g, Budget::uniform(24), pol::DecayedAttention::recommended());
+  kvtest::Rng rng(5);
+  for (int t = 0; t < 60; ++t) {
+    auto k = rng.normals(8), v = rng.normals(8);
+    c.append(0, t, k, v);
+    for (int h = 0; h < 2; ++h) {
+      const auto probs = made_up_probs(g, h, c.size(0, h), c.seqs(0, h), std::uint64_t(t), rng);
+      c.observe(0, h, probs);
+    }
+  }
+  c.set_budget(Budget::uniform(16).pooled());
+  REQUIRE(c.pooled());
+  REQUIRE(c.size(0, 0) + c.size(0, 1) <= 32);
+  REQUIRE(c.allocated_rows(0, 0) + c.allocated_rows(0, 1) <= 32 + 4 * kd::pool_chunk(16));
+  for (int t = 60; t < 120; ++t) {
+    auto k = rng.normals(8), v = rng.normals(8);
+    c.append(0, t, k, v);
+    REQUIRE(c.size(0, 0) + c.size(0, 1) <= 32);
+    for (int h = 0; h < 2; ++h) {
+      const auto probs = made_up_probs(g, h, c.size(0, h), c.seqs(0, h), std::uint64_t(t), rng);
+      c.observe(0, h, probs);
+    }
+  }
+  REQUIRE(c.size(0, 0) != c.size(0, 1));
+  c.set_budget(Budget::uniform(12));
+  REQUIRE_FALSE(c.pooled());
+  REQUIRE(c.size(0, 0) <= 12);
+  REQUIRE(c.size(0, 1) <= 12);
+  REQUIRE(c.allocated_rows(0, 0) <= 12);
+}
+
+TEST_CASE("pooled budgets: bad input is a kvevict::Error, save refuses", "[pool]") {
+  using kvevict::Error;
+  REQUIRE_THROWS_AS(Budget::unbounded().pooled(), Error);
+  REQUIRE_THROWS_WITH(Budget::uniform(8).pooled({.floor_fraction = 1.5}), Catch::Contains("floor_fraction = 1.5"));
+  REQUIRE_THROWS_AS(Budget::uniform(8).pooled({.floor_fraction = std::nan("")}), Error);
+  const Geometry g{1, 2, 2, 4};
+  KVCache<pol::H2O> c(g, Budget::uniform(8).pooled(), pol::H2O({.recent = 2}));
+  REQUIRE_THROWS_WITH(kvevict::save_bytes(c), Catch::Contains("pooled"));
+  KVCache<pol::H2O> plain(g, Budget::uniform(8), pol::H2O({.recent = 2}));
+  const auto bytes = kvevict::save_bytes(plain);
+  REQUIRE_THROWS_WITH(kvevict::load_bytes(c, bytes), Catch::Contains("pooled"));
+  // A budget below the policy's protected rows is still refused per head.
+  REQUIRE_THROWS_AS(KVCache<pol::H2O>(g, Budget::uniform(2).pooled(), pol::H2O({.recent = 2})), Error);
+  // IndexCache sizes its cells for the largest share a head can take.
+  kvevict::IndexCache<pol::H2O> ic(g, Budget::uniform(8).pooled(), pol::H2O({.recent = 2}));
+  REQUIRE(ic.cells_per_head() == ic.max_rows(0, 0) + 1);
+  REQUIRE(ic.max_rows(0, 0) == 16 - 3);
+  // ... but refuses a model-scope pool (its engine locates only the appended layer's rows).
+  REQUIRE_THROWS_WITH(kvevict::IndexCache<pol::H2O>(g, Budget::uniform(8).pooled({.scope = PoolOptions::Scope::model}),
+                                                    pol::H2O({.recent = 2})),
+                      Catch::Contains("scope model"));
+
+}
+
+}  // namespace
+
+namespace {
+
+// A profile where KV head h of layer l puts a share of its attention on the sink (position
+// 0) and the rest at age a(l, h): head typing must rank by the mass beyond the window,
+// never counting the sink.
+kvevict::AttentionAgeProfile synthetic_profile(const Geometry& g, const std::vector<std::size_t>& age,
+                                               float sink_share) {
+  kvevict::AttentionAgeProfile p(g, 64);
+  for (int l = 0; l < g.n_layers; ++l)
+    for (int h = 0; h < g.n_kv_heads; ++h) {
+      const std::size_t a = age[std::size_t(l * g.n_kv_heads + h)];
+      const std::int64_t q = 60;
+      const std::vector<std::int64_t> pos{0, q - std::int64_t(a)};
+      std::vector<float> probs;
+      for (int k = 0; k < g.group(); ++k) {
+        probs.push_back(sink_share);
+        probs.push_back(1.0f - sink_share);
+      }
+      p.add(l, h, q, pos, probs);
+    }
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("head typing: far-looking heads keep the long cache, the sink is not far mass, totals hold", "[pool]") {
+  const Geometry g{2, 4, 2, 4};
+  // Ages: layer 0 heads 2 and 30; layer 1 heads 40 and 1. Every head also draws 0.6 on
+  // the sink (position 0, age 60): counted as far, it would make every head alike.
+  const auto p = synthetic_profile(g, {2, 30, 40, 1}, 0.6f);
+  const auto rows = p.type_heads_rows(16, {.retrieval_fraction = 0.5, .stream_fraction = 0.25});
+  REQUIRE(rows == std::vector<std::vector<long long>>{{4, 28}, {28, 4}});
+  REQUIRE(p.mass_beyond_window(0, 0, 4) == Approx(0.0));
+  REQUIRE(p.mass_beyond_window(0, 1, 4) == Approx(0.4));
+  // Totals are exact with a remainder: 3 of 4 heads retrieval.
+  const auto r3 = p.type_heads_rows(10, {.retrieval_fraction = 0.75, .stream_fraction = 0.5});
+  long long total = 0;
+  for (const auto& l : r3)
+    for (long long x : l) total += x;
+  REQUIRE(total == 40);
+  REQUIRE(r3[1][1] == 5);  // the one local head keeps sink + window
+  REQUIRE_THROWS_AS(p.type_heads(16, {.retrieval_fraction = 0.0}), kvevict::Error);
+  REQUIRE_THROWS_AS(p.type_heads(16, {.stream_fraction = 1.5}), kvevict::Error);
+  // per_layer allocation keeps each layer's total; the global one moves rows across layers.
+  const auto pl = p.allocate_rows(16, {.floor = 4, .per_layer = true});
+  REQUIRE(pl[0][0] + pl[0][1] == 32);
+  REQUIRE(pl[1][0] + pl[1][1] == 32);
+}
