@@ -194,6 +194,17 @@ BENCHMARK_CAPTURE(BM_policy, streaming_llm, policies::StreamingLLM{})->Apply(siz
 BENCHMARK_CAPTURE(BM_policy, h2o, policies::H2O({.recent = 64}))->Apply(sizes);
 BENCHMARK_CAPTURE(BM_policy, decayed_recommended, policies::DecayedAttention::recommended())
     ->Apply(sizes);
+// recommended() with the distinct-key recall reserve (RecallDedup::protected_rows, step 0.1;
+// the pool's 509 keys repeat, so signatures repeat as in repeated text).
+BENCHMARK_CAPTURE(BM_policy, decayed_distinct,
+                  policies::DecayedAttention(
+                      {.sinks = 1,
+                       .horizon = 3.0f,
+                       .recent_fraction = 0.375f,
+                       .recall_fraction = 0.125f,
+                       .recall_dedup = policies::DecayedAttention::RecallDedup::protected_rows,
+                       .dedup_step = 0.1f}))
+    ->Apply(sizes);
 BENCHMARK(BM_buzz_steady)->Apply(sizes);
 BENCHMARK(BM_buzz_rebuild)->Apply(sizes)->Iterations(3);
 BENCHMARK_CAPTURE(BM_policy, hashevict_key_b16, hash_key(16))->Apply(sizes);

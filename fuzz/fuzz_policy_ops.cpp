@@ -372,7 +372,10 @@ void dispatch(kvfuzz::Input& in) {
       dc.decay = float(in.byte()) / 255.0f;
       dc.sinks = sinks;
       dc.recent = recent;
-      dc.recall_fraction = float(in.byte() % 128) / 128.0f;  // [0, 1): the recall reserve
+      const std::uint8_t recall = in.byte();
+      dc.recall_fraction = float(recall % 128) / 128.0f;  // [0, 1): the recall reserve
+      if (recall >= 128)  // the high bit: the distinct-key reserve (RecallDedup)
+        dc.recall_dedup = pol::DecayedAttention::RecallDedup::protected_rows;
       return run<pol::DecayedAttention, Scalar>(in, g, bounded, pol::DecayedAttention(dc));
     }
   }

@@ -9,7 +9,7 @@
 #include <kvevict/policies/decayed_attention.hpp>
 #include <kvevict/serialize.hpp>
 
-#include "support/test_support.hpp"
+#include "support/recall_support.hpp"
 
 using namespace kvevict;
 using DA = policies::DecayedAttention;
@@ -87,17 +87,8 @@ TEST_CASE("DecayedAttention RecallRank::excess agrees with a brute-force rule", 
       for (int h = 0; h < 2; ++h) {
         auto& b = brute[static_cast<std::size_t>(h)];
         b.step(t, static_cast<std::uint64_t>(t));
-        const auto pos = cache.positions(0, h);
-        std::set<std::int64_t> kept(pos.begin(), pos.end()), want;
-        for (const auto& [p, row] : b.rows) want.insert(p);
         INFO("step " << t << " head " << h);
-        REQUIRE(kept == want);
-        const auto& p = r.probs[static_cast<std::size_t>(h)];
-        for (std::size_t i = 0; i < pos.size(); ++i) {
-          float s = 0.0f;
-          for (int gq = 0; gq < G; ++gq) s += p(gq, static_cast<Eigen::Index>(i));
-          b.observe(pos[i], static_cast<std::uint64_t>(t), s);
-        }
+        kvtest::check_kept_then_observe(cache, r, h, G, b, static_cast<std::uint64_t>(t));
       }
     }
   }
@@ -122,19 +113,11 @@ TEST_CASE("RecallRank::excess keeps a rarely-recalled row against sink-like rows
       const auto pos = cache.positions(0, 0);
       const bool has_name = std::find(pos.begin(), pos.end(), 7) != pos.end();
       if (t > 7 && !has_name) return false;
-      probs.assign(pos.size(), 0.0f);
-      float used = 0.0f;
-      std::size_t special = 0;
-      for (std::size_t i = 0; i < pos.size(); ++i) {
-        if (pos[i] == 8 || pos[i] == 9) probs[i] = 0.3f;
-        else if (pos[i] == 7) probs[i] = t < 30 ? 0.05f : (t == 30 ? 0.25f : 0.0f);
-        else continue;
-        used += probs[i];
-        ++special;
-      }
-      for (std::size_t i = 0; i < pos.size(); ++i)
-        if (pos[i] < 7 || pos[i] > 9)
-          probs[i] = (1.0f - used) / static_cast<float>(pos.size() - special);
+      kvtest::chosen_then_rest(pos, probs, [&](std::int64_t x) {
+        if (x == 8 || x == 9) return 0.3f;
+        if (x == 7) return t < 30 ? 0.05f : (t == 30 ? 0.25f : 0.0f);
+        return -1.0f;
+      });
       cache.observe(0, 0, probs);
     }
     return true;
@@ -150,24 +133,8 @@ TEST_CASE("RecallRank::excess saves and restores; states of the two ranks do not
                    .recall_fraction = 0.25f, .recall_rank = DA::RecallRank::excess});
   KVCache<DA> cache(g, Budget::uniform(12), excess);
   kvtest::Rng rng(9);
-  for (int t = 0; t < 40; ++t) {
-    auto k = rng.normals(4), v = rng.normals(4), q = rng.normals(8);
-    cache.append(0, t, k, v, q);
-    attend(cache, 0, q);
-  }
-  const auto bytes = save_bytes(cache);
-  KVCache<DA> restored(g, Budget::uniform(12), excess);
-  load_bytes(restored, bytes);
-  KVCache<DA> twin = cache;
-  for (int t = 40; t < 80; ++t) {
-    auto k = rng.normals(4), v = rng.normals(4), q = rng.normals(8);
-    twin.append(0, t, k, v, q);
-    restored.append(0, t, k, v, q);
-    attend(twin, 0, q);
-    attend(restored, 0, q);
-    const auto a = twin.positions(0, 0), b = restored.positions(0, 0);
-    REQUIRE(std::vector<std::int64_t>(a.begin(), a.end()) == std::vector<std::int64_t>(b.begin(), b.end()));
-  }
+  const auto bytes =
+      kvtest::check_restore_twin(cache, excess, 12, rng, [&](int) { return rng.normals(4); });
   KVCache<DA> spike(g, Budget::uniform(12),
                     DA({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.25f, .recall_fraction = 0.25f}));
   REQUIRE_THROWS_AS(load_bytes(spike, bytes), Error);

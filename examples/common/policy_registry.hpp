@@ -73,7 +73,8 @@ struct Knobs {
   std::size_t random_recent = 0;
   double random_recent_fraction = 0.0;  ///< > 0: Random's window is this share of the budget
   std::uint64_t seed = 0;               ///< Random's seed
-  /// The RoPE layout ExpectedAttention un-rotates queries with: llama2.c's (interleaved
+  /// The RoPE layout ExpectedAttention un-rotates queries with (and decayed-distinct's key
+  /// signatures pair coordinates by): llama2.c's (interleaved
   /// pairs, base 10000) by default; kvevict-eval's synthetic and trace workloads set none
   /// (their positions are content directions, no rotation).
   policies::RopeLayout rope = policies::RopeLayout::interleaved;
@@ -246,6 +247,20 @@ void for_each_policy(Fn&& fn) {
                                  .recent_fraction = 0.375f,
                                  .recall_fraction = 0.125f,
                                  .recall_rank = DecayedAttention::RecallRank::excess});
+      });
+  add.template operator()<DecayedAttention>(
+      {"decayed-distinct",
+       "recommended() with the distinct-key recall reserve (RecallDedup::protected_rows, "
+       "step 0.1: reserve rows whose keys differ modulo RoPE, against repetitive text)",
+       Family::kvevict},
+      [](const Args& a) {
+        return DecayedAttention({.sinks = 1,
+                                 .horizon = 3.0f,
+                                 .recent_fraction = 0.375f,
+                                 .recall_fraction = 0.125f,
+                                 .recall_dedup = DecayedAttention::RecallDedup::protected_rows,
+                                 .dedup_step = 0.1f,
+                                 .rope = a.knobs.rope});
       });
   // kvevict's probability-free variant of recommended() (chosen with llama2c_headline
   // --tune-scorers, docs/policies/expected_attention.md): 1 sink, the 3/8 recent band, the

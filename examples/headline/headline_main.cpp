@@ -8,6 +8,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -40,6 +41,8 @@ struct Args {
   bool brief = false;     ///< --brief: retrieval rows of the compared policies only
   std::size_t prompt = 0;          ///< --prompt: KL table streams' prefilled prompt (0: none)
   std::size_t prefill_block = 64;  ///< --prefill-block
+  bool reserve = false;   ///< --tune-reserve: the deduplicated-reserve grid
+  bool trace = false;     ///< --trace-reserve: with --haystack, what the reserve ranks first
   bool adaptive = false;  ///< --adaptive: per-head budget splits at equal memory
 };
 
@@ -71,6 +74,13 @@ std::optional<Args> parse(int argc, char** argv) {
   p.flag("--tune-scorers", "the probability-free grid instead of the table", a.scorers);
   p.flag("--haystack", "the repeated-filler retrieval measure (needle in a haystack)",
          a.haystack);
+  p.flag("--tune-reserve",
+         "the recall-reserve grid (key-signature deduplication) on the chosen measure",
+         a.reserve);
+  p.flag("--trace-reserve",
+         "with --haystack: per head, the rows with the largest long-range spike in the first "
+         "story (DecayedAttention rows)",
+         a.trace);
   p.flag("--brief", "with --retrieval: only the rows of the compared policies", a.brief);
   p.flag("--adaptive",
          "per-head budget splits at equal memory: uniform, calibrated (AttentionAgeProfile), "
@@ -102,6 +112,44 @@ const policies::DecayedAttention kExcess({.sinks = 1,
                                           .recent_fraction = 0.375f,
                                           .recall_fraction = 0.125f,
                                           .recall_rank = policies::DecayedAttention::RecallRank::excess});
+
+// recommended() with a reserve of distinct key signatures (RecallDedup): repeated text holds
+// one reserve slot per distinct key instead of one per repetition.
+policies::DecayedAttention dedup_variant(policies::DecayedAttention::RecallDedup d, float step) {
+  return policies::DecayedAttention({.sinks = 1,
+                                     .horizon = 3.0f,
+                                     .recent_fraction = 0.375f,
+                                     .recall_fraction = 0.125f,
+                                     .recall_dedup = d,
+                                     .dedup_step = step,
+                                     .rope = policies::RopeLayout::interleaved});
+}
+
+// The setting chosen with --tune-reserve (tuning fillers 0-1, retrieval seeds 3000.., KL
+// streams 0-7): distinct from the protected rows too, step 0.1.
+const policies::DecayedAttention kDistinct =
+    dedup_variant(policies::DecayedAttention::RecallDedup::protected_rows, 0.1f);
+
+// The --tune-reserve grid: deduplication among reserve rows or also against the protected
+// rows, signature step 0.05 / 0.1 / 0.2; recall fraction 1/8 (recommended()'s).
+template <class F>
+void for_each_reserve_candidate(F&& f) {
+  using D = policies::DecayedAttention::RecallDedup;
+  for (D d : {D::reserve, D::protected_rows})
+    for (float step : {0.05f, 0.1f, 0.2f}) {
+      const std::string name = fmt::format("recommended(), distinct reserve ({}), step {:.2f}",
+                                           d == D::reserve ? "reserve" : "reserve + protected", step);
+      f(name.c_str(), dedup_variant(d, step));
+    }
+  // A larger reserve with the chosen rule.
+  for (float rf : {0.1875f, 0.25f}) {
+    auto c = kDistinct.config();
+    c.recall_fraction = rf;
+    const std::string name =
+        fmt::format("recommended(), distinct reserve (reserve + protected), step 0.10, recall {:.4f}", rf);
+    f(name.c_str(), policies::DecayedAttention(c));
+  }
+}
 
 // The recall grid (--tune), around the no-recall winner h = 3: recent fraction f and
 // recall fraction r at h = 3, and h = 2 / 4 at f = 3/8.
@@ -317,8 +365,11 @@ constexpr const char* kFillers[] = {
 
 struct HaystackCase {
   Stream stream;
-  std::size_t cue = 0;  // position of the cue's first name token
-  int second = 0;       // the name's second token
+  std::size_t cue = 0;   // position of the cue's first name token
+  int second = 0;        // the name's second token
+  std::vector<std::int64_t> name_positions;  // the intro's name tokens (the fact's rows)
+  std::size_t intro = 0;  // tokens before the first filler passage
+  int boundary = 0;       // the filler's last token (its sentence boundary ".")
 };
 
 std::vector<HaystackCase> haystack_streams(const std::shared_ptr<const Model>& model,
@@ -332,20 +383,28 @@ std::vector<HaystackCase> haystack_streams(const std::shared_ptr<const Model>& m
         auto tokens = tok.encode(std::string("Once upon a time, there was a little ") + nc.noun +
                                      " named " + nc.name + ".",
                                  true, false);
+        // The cue ends with the name's tokens: its first name token is at size - (name tokens).
+        const std::size_t name_tokens = named.size() - 2;  // "named" and "." are not the name
+        HaystackCase c;
+        c.intro = tokens.size();
+        for (std::size_t i = 0; i < name_tokens; ++i)  // the intro ends with the name and "."
+          c.name_positions.push_back(static_cast<std::int64_t>(tokens.size() - 1 - name_tokens + i));
         const auto filler = tok.encode(kFillers[f], false, false);
+        c.boundary = filler.back();
         const auto cue = tok.encode(std::string("One day, ") + nc.name, false, false);
         while (static_cast<int>(tokens.size() + filler.size() + cue.size()) <= length)
           tokens.insert(tokens.end(), filler.begin(), filler.end());
         tokens.insert(tokens.end(), cue.begin(), cue.end());
         kvevict::detail::require(static_cast<int>(tokens.size()) <= T, "haystack story of ",
                                  tokens.size(), " tokens, expected <= seq_len ", T);
-        HaystackCase c;
-        // The cue ends with the name's tokens: its first name token is at size - (name tokens).
-        const std::size_t name_tokens = named.size() - 2;  // "named" and "." are not the name
         c.cue = tokens.size() - name_tokens;
         c.second = named[2];
         kvevict::detail::require(tokens[c.cue] == named[1] && tokens[c.cue + 1] == named[2],
                                  "haystack: the cue of ", nc.name, " does not tokenize like its intro");
+        for (std::int64_t p : c.name_positions)
+          kvevict::detail::require(tokens[static_cast<std::size_t>(p)] ==
+                                       named[static_cast<std::size_t>(p - c.name_positions[0]) + 1],
+                                   "haystack: the intro of ", nc.name, " does not hold its name");
         tokens.resize(c.cue + 1);  // the story stops at the cue: the next token is the test
         c.stream = reference_stream(model, tokens);
         out.push_back(std::move(c));
@@ -353,23 +412,92 @@ std::vector<HaystackCase> haystack_streams(const std::shared_ptr<const Model>& m
   return out;
 }
 
+/// log p(token) of a logit vector (log-softmax of one entry).
+double log_prob(std::span<const float> logits, int token) {
+  const float m = *std::max_element(logits.begin(), logits.end());
+  double z = 0.0;
+  for (float x : logits) z += std::exp(static_cast<double>(x - m));
+  return static_cast<double>(logits[static_cast<std::size_t>(token)] - m) - std::log(z);
+}
+
+// --trace-reserve: for the first counted story, per (layer, KV head) at the cue, the rows
+// with the largest long-range spike (what the recall reserve ranks by), each as
+// <kind><position>:<spike>, kind N = the intro's name, . = a filler sentence boundary,
+// f = another filler token, i = another intro token (position 0 is the protected sink).
+bool g_trace_reserve = false;
+template <class Cache>
+void trace_spikes(const Cache& cache, const HaystackCase& c, int l, int h, const char* name,
+                  std::size_t budget) {
+  if (cache.policy().config().recall_fraction <= 0.0f) return;
+  if (l == 0 && h == 0) fmt::print("{} at {} rows, the first counted story's cue:\n", name, budget);
+  const auto pos = cache.positions(l, h);
+  const auto& sp = cache.policy().spikes(l, h);
+  std::vector<std::size_t> idx(pos.size());
+  for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  std::stable_sort(idx.begin(), idx.end(), [&](auto a, auto b) { return sp[a] > sp[b]; });
+  fmt::print("  layer {} KV head {}:", l, h);
+  for (std::size_t i = 0; i < std::min<std::size_t>(8, idx.size()) && sp[idx[i]] > 0.0f; ++i) {
+    const auto x = pos[idx[i]];
+    const int tk = c.stream.tokens[static_cast<std::size_t>(x)];
+    const bool nm = std::find(c.name_positions.begin(), c.name_positions.end(), x) !=
+                    c.name_positions.end();
+    const char* kind = nm ? "N" : static_cast<std::size_t>(x) < c.intro ? "i" : tk == c.boundary ? "." : "f";
+    fmt::print(" {}{}:{:.2f}", kind, x, sp[idx[i]]);
+  }
+  fmt::print("\n");
+}
+
+// The measure (docs/quality.md, "A second retrieval measure"), over the stories whose full
+// cache puts the name's second token first at the cue:
+//   top-1    share of them where the policy does too;
+//   p kept   exp(mean log(p_policy / p_full)) of the name's second token at the cue
+//            (1 = the full cache's confidence; a geometric mean, so one lost story counts);
+//   heads    share of the (layer, KV head) caches that still hold a row of the intro's name
+//            when the cue is attended;
+//   "." rows mean rows per (layer, KV head) at the cue that are the filler's sentence
+//            boundary (the token the issue found capturing the recall reserve);
+//   KL       mean KL(full || policy) over every position of those stories.
 template <class Policy>
 void haystack_row(const std::shared_ptr<const Model>& model, const std::vector<HaystackCase>& cases,
                   std::size_t budget, const char* name, Policy policy, const Budget& b) {
-  std::size_t n = 0, hit = 0;
-  double kl = 0.0;
+  std::size_t n = 0, hit = 0, heads_n = 0, heads_hit = 0, dots = 0;
+  double kl = 0.0, log_kept = 0.0;
   std::size_t kl_n = 0;
   for (const auto& c : cases) {
     if (metrics::argmax(c.stream.logits(c.cue)) != static_cast<std::size_t>(c.second)) continue;
-    const StreamResult r = run_stream(model, c.stream, b, policy);
-    for (double x : r.kl) kl += x;
-    kl_n += r.kl.size();
+    Transformer<Policy> tf(model, b, policy);
+    for (std::size_t t = 0; t < c.stream.size(); ++t) {
+      const auto q = tf.forward(c.stream.tokens[t], static_cast<int>(t));
+      const auto p = c.stream.logits(t);
+      kl += metrics::kl_divergence(p, q);
+      ++kl_n;
+      if (t != c.cue) continue;
+      hit += metrics::top1_agreement(p, q) ? 1 : 0;
+      log_kept += log_prob(q, c.second) - log_prob(p, c.second);
+      const auto& g = model->config().geometry();
+      for (int l = 0; l < g.n_layers; ++l)
+        for (int h = 0; h < g.n_kv_heads; ++h) {
+          const auto pos = tf.cache().positions(l, h);
+          bool held = false;
+          for (std::int64_t x : pos) {
+            held = held || std::find(c.name_positions.begin(), c.name_positions.end(), x) !=
+                               c.name_positions.end();
+            dots += static_cast<std::size_t>(x) >= c.intro &&
+                    c.stream.tokens[static_cast<std::size_t>(x)] == c.boundary;
+          }
+          heads_hit += held;
+          ++heads_n;
+          if constexpr (std::is_same_v<Policy, policies::DecayedAttention>)
+            if (g_trace_reserve && n == 0) trace_spikes(tf.cache(), c, l, h, name, budget);
+        }
+    }
     ++n;
-    hit += r.top1[c.cue];
   }
-  fmt::print("| {} | {} | {:.3f} ({} of {} stories) | {:.4f} |\n", budget, name,
-              n ? static_cast<double>(hit) / static_cast<double>(n) : 0.0, n, cases.size(),
-              kl_n ? kl / static_cast<double>(kl_n) : 0.0);
+  const auto ratio = [](double a, std::size_t d) { return d ? a / static_cast<double>(d) : 0.0; };
+  fmt::print("| {} | {} | {:.3f} | {:.3f} | {:.3f} | {:.2f} | {:.4f} |\n", budget, name,
+             ratio(static_cast<double>(hit), n), std::exp(ratio(log_kept, n)),
+             ratio(static_cast<double>(heads_hit), heads_n), ratio(static_cast<double>(dots), heads_n),
+             ratio(kl, kl_n));
   std::fflush(stdout);
 }
 template <class Policy>
@@ -536,19 +664,35 @@ int main(int argc, char** argv) {
     set_model_rope(knobs, r.model->config());
     // The per-head rows need the calibration pass; --policies, --tune and --paged rows do not.
     const AttentionAgeProfile profile =
-        (a.policies.empty() && !a.tune && !a.paged && !a.haystack) || a.adaptive
+        (a.policies.empty() && !a.tune && !a.paged && !a.haystack && !a.reserve) || a.adaptive
             ? calibrate(r.model)
             : AttentionAgeProfile(r.model->config().geometry(), 1);
     if (a.haystack) {
+      g_trace_reserve = a.trace;
       // --tune picks the tuning fillers (0-1); otherwise the held-out ones (2-3).
       const Tokenizer tok = Tokenizer::load(a.model_dir + "/tok512.bin", r.model->config().vocab_size);
       const auto cases = haystack_streams(r.model, tok, !a.tune);
       fmt::print("needle in a haystack: {} stories ({} fillers), the name recalled after "
                   "repeated filler text\n\n",
                   cases.size(), a.tune ? "tuning" : "held-out");
-      fmt::print("| budget | policy | cue: top-1 = name (stories where the full cache recalls it) | mean KL |\n");
-      fmt::print("|---|---|---|---|\n");
+      std::size_t counted = 0;
+      for (const auto& c : cases)
+        counted += metrics::argmax(c.stream.logits(c.cue)) == static_cast<std::size_t>(c.second);
+      fmt::print("{} of the {} stories counted (the full cache's top-1 at the cue is the name)\n\n",
+                 counted, cases.size());
+      fmt::print("| budget | policy | cue top-1 = name | p(name) kept | heads holding the name | "
+                 "\".\" rows per head | mean KL |\n");
+      fmt::print("|---|---|---|---|---|---|---|\n");
       for (std::size_t B : a.budgets) {
+        if (a.reserve) {
+          haystack_row(r.model, cases, B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}));
+          haystack_row(r.model, cases, B, "**DecayedAttention::recommended()**",
+                       policies::DecayedAttention::recommended());
+          for_each_reserve_candidate([&](const char* name, const policies::DecayedAttention& p) {
+            haystack_row(r.model, cases, B, name, p);
+          });
+          continue;
+        }
         if (a.adaptive) {
           all_split_rows(B, profile, [&](const std::string& name, const auto& pol, const Budget& b) {
             haystack_row(r.model, cases, B, name.c_str(), pol, b);
@@ -561,6 +705,7 @@ int main(int argc, char** argv) {
         haystack_row(r.model, cases, B, "**DecayedAttention::recommended()**",
                      policies::DecayedAttention::recommended());
         haystack_row(r.model, cases, B, "recommended() with the excess-spike reserve", kExcess);
+        haystack_row(r.model, cases, B, "recommended() with the distinct-key reserve", kDistinct);
         haystack_row(r.model, cases, B, "ExpectedAttention (paper settings, 4 sinks)", with_model_rope(kExpectedPaper, r.model->config()));
         haystack_row(r.model, cases, B, "KeyDiff (paper settings)", kKeyDiffPaper);
         haystack_row(r.model, cases, B, "probability-free: 1 sink, 3/8 recent, decayed expected attention",
@@ -599,6 +744,15 @@ int main(int argc, char** argv) {
           });
           continue;
         }
+        if (a.reserve) {
+          retrieval_row(r.model, streams, B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}));
+          retrieval_row(r.model, streams, B, "**DecayedAttention::recommended()**",
+                        policies::DecayedAttention::recommended());
+          for_each_reserve_candidate([&](const char* name, const policies::DecayedAttention& p) {
+            retrieval_row(r.model, streams, B, name, p);
+          });
+          continue;
+        }
         if (a.tune) {  // the retrieval side of the recall grid (tuning seeds: 3000..)
           retrieval_row(r.model, streams, B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}));
           for_each_recall_candidate([&](const char* name, const policies::DecayedAttention& p) {
@@ -612,6 +766,7 @@ int main(int argc, char** argv) {
           retrieval_row(r.model, streams, B, "**DecayedAttention::recommended()**",
                         policies::DecayedAttention::recommended());
           retrieval_row(r.model, streams, B, "recommended() with the excess-spike reserve", kExcess);
+          retrieval_row(r.model, streams, B, "recommended() with the distinct-key reserve", kDistinct);
           retrieval_row(r.model, streams, B,
                         "probability-free: 1 sink, 3/8 recent, decayed expected attention",
                         with_model_rope(kProbabilityFree, r.model->config()));
@@ -628,6 +783,7 @@ int main(int argc, char** argv) {
                       policies::DecayedAttention::recommended(),
                       profile.allocate(static_cast<long long>(B), kHalfPerHead));
         retrieval_row(r.model, streams, B, "recommended() with the excess-spike reserve", kExcess);
+        retrieval_row(r.model, streams, B, "recommended() with the distinct-key reserve", kDistinct);
         retrieval_row(r.model, streams, B, "ExpectedAttention (paper settings, 4 sinks)", with_model_rope(kExpectedPaper, r.model->config()));
         retrieval_row(r.model, streams, B, "KeyDiff (paper settings)", kKeyDiffPaper);
         retrieval_row(r.model, streams, B, "KeyDiff (1 sink, recent 3/8)", kKeyDiffBand);
@@ -672,6 +828,12 @@ int main(int argc, char** argv) {
         continue;
       }
       r.row(B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
+      if (a.reserve) {
+        r.row(B, "**DecayedAttention::recommended()**", policies::DecayedAttention::recommended());
+        for_each_reserve_candidate(
+            [&](const char* name, const policies::DecayedAttention& p) { r.row(B, name, p); });
+        continue;
+      }
       if (a.adaptive) {
         const auto row = [&](const std::string& name, const auto& pol, const Budget& b) {
           r.row(B, name.c_str(), pol, b);
@@ -712,6 +874,7 @@ int main(int argc, char** argv) {
             policies::DecayedAttention::recommended(),
             profile.allocate(static_cast<long long>(B), kHalfPerHead));
       r.row(B, "recommended() with the excess-spike reserve", kExcess);
+      r.row(B, "recommended() with the distinct-key reserve", kDistinct);
       r.row(B, "ExpectedAttention (paper settings, 4 sinks)", with_model_rope(kExpectedPaper, r.model->config()));
       r.row(B, "KeyDiff (paper settings)", kKeyDiffPaper);
       r.row(B, "KeyDiff (1 sink, recent 3/8)", kKeyDiffBand);

@@ -18,7 +18,54 @@
 #include "../errors.hpp"
 #include "../policy.hpp"
 
+namespace kvevict::policies {
+
+/// How the engine applies rotary position embedding to queries and keys (ExpectedAttention's
+/// expected logits; DecayedAttention's key signatures).
+enum class RopeLayout {
+  none,         ///< no RoPE (or queries and keys are passed un-rotated)
+  interleaved,  ///< pairs (2i, 2i+1), as llama2.c / Meta's reference Llama code
+  halves,       ///< pairs (i, i + d/2), as Hugging Face transformers / GPT-NeoX
+};
+
+}  // namespace kvevict::policies
+
 namespace kvevict::policies::detail {
+
+/// A position-free signature of a stored key: RoPE rotates each pair of coordinates by an
+/// angle that depends on the position, which leaves the pair's length unchanged. So the
+/// lengths of the d / 2 rotated pairs as shares of the key's norm, and the log of the norm,
+/// each rounded to a multiple of `step`, are the same for two keys that differ only in
+/// position (the same token in the same context, repeated), and hashed into 64 bits (FNV-1a).
+/// With RopeLayout::none (no rotation) the coordinates themselves, as shares of the norm,
+/// are rounded. A zero key has signature 0; d must be even unless `rope` is none.
+inline std::uint64_t key_signature(const float* k, std::size_t d, RopeLayout rope, float step) {
+  double sq = 0.0;
+  for (std::size_t i = 0; i < d; ++i) sq += static_cast<double>(k[i]) * static_cast<double>(k[i]);
+  if (!(sq > 0.0)) return 0;
+  const double norm = std::sqrt(sq);
+  std::uint64_t h = 14695981039346656037ull;
+  const auto mix = [&](double x) {
+    const auto q = static_cast<std::int64_t>(std::llround(x / static_cast<double>(step)));
+    auto u = static_cast<std::uint64_t>(q);
+    for (int b = 0; b < 8; ++b, u >>= 8) {
+      h ^= u & 0xffu;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(std::log(norm));
+  if (rope == RopeLayout::none) {
+    for (std::size_t i = 0; i < d; ++i) mix(static_cast<double>(k[i]) / norm);
+    return h;
+  }
+  const std::size_t pairs = d / 2;
+  for (std::size_t j = 0; j < pairs; ++j) {
+    const std::size_t a = rope == RopeLayout::halves ? j : 2 * j;
+    const std::size_t b = rope == RopeLayout::halves ? j + pairs : 2 * j + 1;
+    mix(std::hypot(static_cast<double>(k[a]), static_cast<double>(k[b])) / norm);
+  }
+  return h;
+}
 
 /// check_budget of the policies that never evict (FullCache, Oracle): every capacity must
 /// be unbounded. `what` names the budget in the message, `why` says why it must be so.

@@ -18,14 +18,22 @@
 // referred back to; attention a row draws while it is recent (previous-token heads) is
 // not counted, so the reserve does not fill with local rows.
 //
+// Repeated text gives every copy of a token its own spike. Two options (off in
+// recommended(), measured in docs/quality.md) keep it from filling the reserve:
+// RecallRank::excess ranks by spike minus mean long-range draw, RecallDedup keeps reserve
+// rows whose keys differ modulo RoPE (detail::key_signature).
+//
 // recommended() is the setting chosen on stories260K (docs/quality.md): h = 3,
 // f = 3/8, r = 1/8, one sink.
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "../bytes.hpp"
 #include "../errors.hpp"
@@ -46,6 +54,13 @@ class DecayedAttention {
     /// attended rarely but strongly (a name referred back to) keeps its spike
     excess,
   };
+  /// Which rows the recall reserve must differ from (by key signature, detail::key_signature:
+  /// the same token in the same context, repeated at another position, has the same one).
+  enum class RecallDedup {
+    none,       ///< no deduplication (recommended()'s rule)
+    reserve,    ///< at most one reserve row per signature: repeated text holds one slot
+    protected_rows,  ///< also none whose signature a sink or recent row already has
+  };
   struct Config {
     float decay = 0.0f;       ///< 0 = TOVA, 1 = H2O-style accumulation (when horizon = 0)
     std::size_t sinks = 0;    ///< first rows never evicted
@@ -54,6 +69,9 @@ class DecayedAttention {
     float recent_fraction = 0.0f;  ///< protect max(recent, floor(fraction * capacity)) rows
     float recall_fraction = 0.0f;  ///< keep floor(fraction * capacity) rows by long-range spike
     RecallRank recall_rank = RecallRank::spike;  ///< the reserve's ranking (with recall_fraction > 0)
+    RecallDedup recall_dedup = RecallDedup::none;  ///< reserve rows with distinct key signatures
+    float dedup_step = 0.1f;  ///< the signature's rounding step (with recall_dedup)
+    RopeLayout rope = RopeLayout::interleaved;  ///< the engine's RoPE pairs (with recall_dedup)
   };
   DecayedAttention() = default;
   explicit DecayedAttention(Config c) : config_(c) {
@@ -71,6 +89,17 @@ class DecayedAttention {
         c.recall_rank == RecallRank::spike || c.recall_rank == RecallRank::excess,
         "DecayedAttention: recall_rank = ", static_cast<int>(c.recall_rank),
         ", expected RecallRank::spike or RecallRank::excess");
+    kvevict::detail::require(
+        c.recall_dedup == RecallDedup::none || c.recall_dedup == RecallDedup::reserve ||
+            c.recall_dedup == RecallDedup::protected_rows,
+        "DecayedAttention: recall_dedup = ", static_cast<int>(c.recall_dedup),
+        ", expected RecallDedup::none, reserve or protected_rows");
+    kvevict::detail::require(std::isfinite(c.dedup_step) && c.dedup_step > 0.0f,
+                             "DecayedAttention: dedup_step = ", c.dedup_step, ", expected > 0");
+    kvevict::detail::require(c.rope == RopeLayout::none || c.rope == RopeLayout::interleaved ||
+                                 c.rope == RopeLayout::halves,
+                             "DecayedAttention: rope = ", static_cast<int>(c.rope),
+                             ", expected RopeLayout::none, interleaved or halves");
   }
   /// The setting recommended for streaming generation and for recalling early facts
   /// (chosen on held-in streams of stories260K, reported on held-out ones: docs/quality.md).
@@ -113,6 +142,14 @@ class DecayedAttention {
       seqs_.bind(shape);
       latest_.assign(shape.capacity.size(), 0);
       if (excess()) bind_excess(shape);
+      if (dedups()) {
+        kvevict::detail::require(config_.rope == RopeLayout::none || shape.geometry.head_dim % 2 == 0,
+                                 "DecayedAttention: recall_dedup with RoPE pairs needs an even "
+                                 "head_dim, got ", shape.geometry.head_dim);
+        head_dim_ = static_cast<std::size_t>(shape.geometry.head_dim);
+        sigs_.bind(shape);
+        bands_.assign(shape.capacity.size(), Band{});
+      }
     }
   }
   template <class S>
@@ -155,6 +192,14 @@ class DecayedAttention {
       seqs_.set(v.layer, v.kv_head, row, v.seqs[row]);
       latest_[head_index(v.layer, v.kv_head)] = v.seqs[row];
       if (excess()) append_excess(v.layer, v.kv_head, row);
+      if (dedups()) {
+        const std::uint64_t sg = v.incoming_key ? detail::key_signature(v.incoming_key, head_dim_,
+                                                                        config_.rope, config_.dedup_step)
+                                                : 0;
+        sigs_.set(v.layer, v.kv_head, row, sg);
+        if (config_.recall_dedup == RecallDedup::protected_rows)
+          band_append(v.layer, v.kv_head, v.seqs[row], sg);
+      }
     }
   }
   void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
@@ -163,6 +208,7 @@ class DecayedAttention {
       spikes_.move(layer, kv_head, from, to);
       seqs_.move(layer, kv_head, from, to);
       if (excess()) move_excess(layer, kv_head, from, to);
+      if (dedups()) sigs_.move(layer, kv_head, from, to);
     }
   }
   void observe(const AttentionView& a) {
@@ -209,6 +255,7 @@ class DecayedAttention {
         draws_.save(w);
         counts_.save(w);
       }
+      if (dedups()) sigs_.save(w);  // only with recall_dedup, likewise
     }
   }
   void load_state(std::span<const std::uint8_t> in) {
@@ -244,6 +291,7 @@ class DecayedAttention {
     auto latest = latest_;
     auto draws = draws_;
     auto counts = counts_;
+    auto sigs = sigs_;
     const auto valid = [](float x) { return std::isfinite(x) && x >= 0.0f; };
     scores.load(r, name(), valid);
     if (recalls()) {
@@ -259,6 +307,7 @@ class DecayedAttention {
         draws.load(r, name(), valid);
         counts.load(r, name());
       }
+      if (dedups()) sigs.load(r, name());
     }
     kvevict::detail::require(r.remaining() == 0, "DecayedAttention state: ", r.remaining(),
                              " trailing bytes");
@@ -269,6 +318,8 @@ class DecayedAttention {
     latest_ = std::move(latest);
     draws_ = std::move(draws);
     counts_ = std::move(counts);
+    sigs_ = std::move(sigs);
+    for (Band& b : bands_) b.valid = false;  // rebuilt from the loaded rows
   }
   [[nodiscard]] const std::vector<float>& scores(int layer, int kv_head) const {
     return scores_.of(layer, kv_head);
@@ -283,6 +334,7 @@ class DecayedAttention {
   friend class H2O;
   [[nodiscard]] bool recalls() const { return config_.recall_fraction > 0.0f; }
   [[nodiscard]] bool excess() const { return config_.recall_rank == RecallRank::excess; }
+  [[nodiscard]] bool dedups() const { return config_.recall_dedup != RecallDedup::none; }
 
   // RecallRank::excess: per row, the sum and count of its long-range draws (the spike is
   // kept as for RecallRank::spike); kept apart from the default path.
@@ -380,10 +432,15 @@ class DecayedAttention {
       }
     }
     const std::size_t m = cand_spike_.size();
+    const auto keep = [&](std::uint32_t r) { bits_[r >> 6] |= std::uint64_t{1} << (r & 63); };
+    if (dedups()) {
+      keep_distinct(v, std::min(recall_for(v.capacity), evictable > v.need ? evictable - v.need : 0),
+                    keep);
+      return;
+    }
     std::size_t k = std::min(recall_for(v.capacity), m);
     k = std::min(k, evictable > v.need ? evictable - v.need : 0);
     if (k == 0) return;
-    const auto keep = [&](std::uint32_t r) { bits_[r >> 6] |= std::uint64_t{1} << (r & 63); };
     if (k == m) {
       for (std::uint32_t r : cand_row_) keep(r);
       return;
@@ -413,6 +470,105 @@ class DecayedAttention {
     std::uint64_t seq;
     std::uint32_t row;
   };
+  /// RecallDedup: walks the candidates (cand_spike_ / cand_row_) from the largest rank down
+  /// (ties: the newer row first) and keeps up to `k` of them, skipping a row whose key
+  /// signature a kept row already has (with protected_rows: or a sink or recent row has).
+  /// Only a prefix of that order is sorted: the candidates ranked at least the 2k-th largest
+  /// rank; when that prefix yields fewer than k distinct rows, the best candidate of every
+  /// signature is found in one hashed pass and the k best of those are kept (the same rows).
+  template <class S, class Keep>
+  void keep_distinct(const HeadView<S>& v, std::size_t k, Keep keep) {
+    const std::size_t m = cand_row_.size();
+    const bool prot = config_.recall_dedup == RecallDedup::protected_rows;
+    if (prot) update_band(v);
+    if (k == 0 || m == 0) return;
+    const auto& sig = sigs_.of(v.layer, v.kv_head);
+    const auto& band = bands_[head_index(v.layer, v.kv_head)].count;
+    const auto before = [&](std::uint32_t a, std::uint32_t b) {  // reserve order of candidates
+      if (cand_spike_[a] != cand_spike_[b]) return cand_spike_[a] > cand_spike_[b];
+      return v.seqs[cand_row_[a]] > v.seqs[cand_row_[b]];
+    };
+    // The prefix down to the 2k-th largest spike (ties included) usually holds k distinct rows.
+    const std::size_t w = std::min(m, 2 * k);
+    order_.clear();
+    if (w < m) {
+      top_.resize(w);
+      kernels::topk_indices(cand_spike_.data(), m, w, top_.data());
+      float t = cand_spike_[top_[0]];
+      for (std::uint32_t i : top_) t = std::min(t, cand_spike_[i]);
+      for (std::uint32_t i = 0; i < m; ++i)
+        if (cand_spike_[i] >= t) order_.push_back(i);
+    } else {
+      for (std::uint32_t i = 0; i < m; ++i) order_.push_back(i);
+    }
+    std::sort(order_.begin(), order_.end(), before);
+    seen_.clear();
+    chosen_.clear();
+    for (std::uint32_t i : order_) {
+      const std::uint32_t r = cand_row_[i];
+      if (prot && band.find(sig[r]) != band.end()) continue;
+      if (!seen_.insert(sig[r]).second) continue;
+      chosen_.push_back(r);
+      if (chosen_.size() == k) break;
+    }
+    if (chosen_.size() < k && order_.size() < m) {
+      // Fewer than k distinct in the prefix (very repetitive text): the first row of each
+      // signature in reserve order is its best candidate; keep the k best of those.
+      best_.clear();
+      for (std::uint32_t i = 0; i < m; ++i) {
+        const std::uint64_t sg = sig[cand_row_[i]];
+        if (prot && band.find(sg) != band.end()) continue;
+        const auto [it, fresh] = best_.try_emplace(sg, i);
+        if (!fresh && before(i, it->second)) it->second = i;
+      }
+      order_.clear();
+      for (const auto& [sg, i] : best_) order_.push_back(i);
+      if (order_.size() > k) {
+        std::nth_element(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k),
+                         order_.end(), before);
+        order_.resize(k);
+      }
+      chosen_.clear();
+      for (std::uint32_t i : order_) chosen_.push_back(cand_row_[i]);
+    }
+    for (std::uint32_t r : chosen_) keep(r);
+  }
+
+  /// RecallDedup::protected_rows: brings the head's band (the signatures of its protected
+  /// rows: sinks, and the rows at or after the band's first arrival) up to this decision.
+  /// Rows enter it in on_append; rows that left the band are dropped here, oldest first;
+  /// it is rebuilt from the rows when unset (bind, load_state) or when the band widened
+  /// (a larger budget), since rows of the wider band arrived before it was tracked.
+  template <class S>
+  void update_band(const HeadView<S>& v) {
+    Band& b = bands_[head_index(v.layer, v.kv_head)];
+    const std::size_t recent = recent_for(v.capacity);
+    const std::uint64_t lo = v.incoming_seq >= recent ? v.incoming_seq - recent : 0;
+    if (!b.valid || lo < b.lo) {
+      const auto& sig = sigs_.of(v.layer, v.kv_head);
+      b.count.clear();
+      b.recent.clear();
+      for (std::size_t r = 0; r < v.size; ++r) {
+        if (v.seqs[r] >= config_.sinks && v.seqs[r] < lo) continue;
+        ++b.count[sig[r]];
+        if (v.seqs[r] >= config_.sinks) b.recent.push_back({v.seqs[r], sig[r]});
+      }
+      std::sort(b.recent.begin(), b.recent.end());
+      b.valid = true;
+    }
+    while (!b.recent.empty() && b.recent.front().first < lo) {
+      const auto it = b.count.find(b.recent.front().second);
+      if (--it->second == 0) b.count.erase(it);
+      b.recent.pop_front();
+    }
+    b.lo = lo;
+  }
+  void band_append(int layer, int kv_head, std::uint64_t seq, std::uint64_t sig) {
+    Band& b = bands_[head_index(layer, kv_head)];
+    if (!b.valid) return;  // rebuilt from the rows at the next decision
+    ++b.count[sig];
+    if (seq >= config_.sinks) b.recent.push_back({seq, sig});
+  }
 
   std::size_t head_index(int layer, int kv_head) const {
     return static_cast<std::size_t>(layer) * hkv_ + static_cast<std::size_t>(kv_head);
@@ -429,11 +585,25 @@ class DecayedAttention {
   std::vector<std::uint64_t> latest_;  ///< per head: arrival index of the newest row
   detail::RowColumn<float> draws_;           ///< RecallRank::excess: sum of long-range draws
   detail::RowColumn<std::uint32_t> counts_;  ///< RecallRank::excess: number of them
+  detail::RowColumn<std::uint64_t> sigs_;    ///< RecallDedup: key signature of each row
+  std::size_t head_dim_ = 0;
   // Scratch for choose_victims and observe (no allocation per step once warm).
   std::vector<std::uint64_t> bits_;  ///< protected (and reserved) rows, one bit each
   std::vector<float> cand_spike_, sum_;
   std::vector<std::uint32_t> cand_row_, top_;
   std::vector<Tie> ties_;
+  std::unordered_set<std::uint64_t> seen_;  ///< RecallDedup: signatures already represented
+  std::vector<std::uint32_t> order_;  ///< RecallDedup: candidates in reserve order
+  std::vector<std::uint32_t> chosen_;  ///< RecallDedup: rows kept by this decision
+  std::unordered_map<std::uint64_t, std::uint32_t> best_;  ///< RecallDedup: signature -> best candidate
+  /// RecallDedup::protected_rows, per (layer, KV head): the protected rows' signatures.
+  struct Band {
+    std::deque<std::pair<std::uint64_t, std::uint64_t>> recent;  ///< (seq, signature), oldest first
+    std::unordered_map<std::uint64_t, std::uint32_t> count;      ///< signature -> protected rows
+    std::uint64_t lo = 0;  ///< the band's first arrival at the last decision
+    bool valid = false;
+  };
+  std::vector<Band> bands_;
   const char* label_ = name();  ///< the policy named in errors (H2O when it wraps this)
 };
 

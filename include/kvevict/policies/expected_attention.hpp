@@ -42,13 +42,6 @@
 
 namespace kvevict::policies {
 
-/// How the engine applies rotary position embedding to queries and keys.
-enum class RopeLayout {
-  none,         ///< no RoPE (or queries and keys are passed un-rotated)
-  interleaved,  ///< pairs (2i, 2i+1), as llama2.c / Meta's reference Llama code
-  halves,       ///< pairs (i, i + d/2), as Hugging Face transformers / GPT-NeoX
-};
-
 class ExpectedAttention {
  public:
   /// What part of the query covariance enters the expected logit.

@@ -1,0 +1,226 @@
+// DecayedAttention's RecallDedup: recall-reserve rows with distinct key signatures, so a
+// passage repeated many times holds one reserve slot per distinct key rather than one per
+// repetition. The signature's invariance under RoPE, a brute-force rule (kept rows compared
+// every step, both dedup modes, both RoPE layouts), the case it exists for, save/restore,
+// bad settings, and the default left alone.
+#include <cmath>
+#include <map>
+#include <set>
+
+#include <kvevict/policies/decayed_attention.hpp>
+#include <kvevict/serialize.hpp>
+
+#include "support/recall_support.hpp"
+
+using namespace kvevict;
+using DA = policies::DecayedAttention;
+using policies::RopeLayout;
+using policies::detail::key_signature;
+
+namespace {
+
+// Rotates key x (pre-RoPE) to position pos, base 10000, the way an engine does.
+std::vector<float> rotate(std::vector<float> x, double pos, RopeLayout layout) {
+  const std::size_t d = x.size(), pairs = d / 2;
+  for (std::size_t j = 0; j < pairs; ++j) {
+    const double th = pos * std::pow(10000.0, -2.0 * static_cast<double>(j) / static_cast<double>(d));
+    const std::size_t a = layout == RopeLayout::halves ? j : 2 * j;
+    const std::size_t b = layout == RopeLayout::halves ? j + pairs : 2 * j + 1;
+    const double u = x[a], w = x[b];
+    x[a] = static_cast<float>(u * std::cos(th) - w * std::sin(th));
+    x[b] = static_cast<float>(u * std::sin(th) + w * std::cos(th));
+  }
+  return x;
+}
+
+struct Row {
+  std::uint64_t seq;
+  std::uint64_t sig;
+  double score = 0.0, spike = 0.0;
+};
+
+// The rule written out: protected sinks and band; of the rest, walk the rows with a positive
+// long-range spike from the largest down (ties: newer) and keep a row unless a row kept
+// before it (with protected_rows: or a protected row) has its key signature, until
+// min(recall, open - 1) are kept; the lowest decayed score of the remainder goes (ties: older).
+struct Brute {
+  double decay;
+  std::size_t sinks, recent, capacity, recall;
+  DA::RecallDedup mode;
+  std::map<std::int64_t, Row> rows;
+  void step(std::int64_t pos, std::uint64_t seq, std::uint64_t sig) {
+    if (rows.size() >= capacity) {
+      std::vector<std::int64_t> open;
+      std::set<std::uint64_t> seen;
+      for (const auto& [p, r] : rows) {
+        if (!(r.seq < sinks || r.seq + recent >= seq)) open.push_back(p);
+        else if (mode == DA::RecallDedup::protected_rows) seen.insert(r.sig);
+      }
+      std::vector<std::int64_t> ranked;
+      for (auto p : open)
+        if (rows.at(p).spike > 0.0) ranked.push_back(p);
+      std::sort(ranked.begin(), ranked.end(), [&](auto a, auto b) {
+        const Row &x = rows.at(a), &y = rows.at(b);
+        return x.spike != y.spike ? x.spike > y.spike : x.seq > y.seq;
+      });
+      std::set<std::int64_t> kept;
+      const std::size_t k = std::min(recall, open.size() - 1);
+      for (auto p : ranked) {
+        if (kept.size() == k) break;
+        if (seen.insert(rows.at(p).sig).second) kept.insert(p);
+      }
+      std::int64_t victim = -1;
+      for (auto p : open) {
+        if (kept.count(p)) continue;
+        if (victim < 0 || rows.at(p).score < rows.at(victim).score ||
+            (rows.at(p).score == rows.at(victim).score && rows.at(p).seq < rows.at(victim).seq))
+          victim = p;
+      }
+      REQUIRE(victim >= 0);
+      rows.erase(victim);
+    }
+    rows[pos] = {seq, sig};
+  }
+  void observe(std::int64_t pos, std::uint64_t latest, float x) {
+    Row& r = rows.at(pos);
+    r.score = static_cast<double>(static_cast<float>(decay) * static_cast<float>(r.score) + x);
+    if (latest - r.seq >= recent) r.spike = std::max(r.spike, static_cast<double>(x));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("key_signature ignores the RoPE position and separates different keys", "[recall]") {
+  kvtest::Rng rng(3);
+  for (RopeLayout layout : {RopeLayout::interleaved, RopeLayout::halves}) {
+    std::set<std::uint64_t> distinct;
+    for (int token = 0; token < 12; ++token) {
+      const auto x = rng.normals(8);
+      const auto s0 = key_signature(x.data(), 8, layout, 0.1f);
+      distinct.insert(s0);
+      for (double pos : {1.0, 37.0, 500.0, 4096.0}) {
+        const auto r = rotate(x, pos, layout);
+        CHECK(key_signature(r.data(), 8, layout, 0.1f) == s0);
+      }
+    }
+    CHECK(distinct.size() == 12);  // 12 random keys, 12 signatures
+  }
+  // Without RoPE the coordinates count; a scaled key (another norm) differs.
+  const std::vector<float> a{1.0f, 2.0f, 3.0f, 4.0f}, b{2.0f, 1.0f, 3.0f, 4.0f},
+      c{3.0f, 6.0f, 9.0f, 12.0f};
+  CHECK(key_signature(a.data(), 4, RopeLayout::none, 0.1f) != key_signature(b.data(), 4, RopeLayout::none, 0.1f));
+  CHECK(key_signature(a.data(), 4, RopeLayout::none, 0.1f) != key_signature(c.data(), 4, RopeLayout::none, 0.1f));
+  // Interleaved pairs of b are a's pairs swapped within: the same pair lengths.
+  CHECK(key_signature(a.data(), 4, RopeLayout::interleaved, 0.1f) ==
+        key_signature(b.data(), 4, RopeLayout::interleaved, 0.1f));
+  const std::vector<float> zero(4, 0.0f);
+  CHECK(key_signature(zero.data(), 4, RopeLayout::interleaved, 0.1f) == 0);
+}
+
+TEST_CASE("DecayedAttention RecallDedup agrees with a brute-force rule", "[recall]") {
+  for (DA::RecallDedup mode : {DA::RecallDedup::reserve, DA::RecallDedup::protected_rows})
+    for (RopeLayout layout : {RopeLayout::interleaved, RopeLayout::halves})
+      for (int G : {1, 2}) {
+        const std::size_t cap = 24;
+        const DA policy({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.25f,
+                         .recall_fraction = 0.25f, .recall_dedup = mode, .dedup_step = 0.1f,
+                         .rope = layout});
+        const Geometry g{1, 2 * G, 2, 8};
+        KVCache<DA> cache(g, Budget::uniform(cap), policy);
+        std::vector<Brute> brute(2, Brute{1.0 - 3.0 / cap, 1, 6, cap, 6, mode, {}});
+        kvtest::Rng rng(60 + G + 4 * static_cast<int>(mode) + 2 * static_cast<int>(layout));
+        // A vocabulary of 6 pre-RoPE keys per head: tokens repeat, so signatures collide.
+        std::vector<std::vector<float>> vocab;
+        for (int i = 0; i < 12; ++i) vocab.push_back(rng.normals(8));
+        for (int t = 0; t < 250; ++t) {
+          std::vector<float> k;
+          std::uint64_t sig[2];
+          for (int h = 0; h < 2; ++h) {
+            const auto& x = vocab[static_cast<std::size_t>(6 * h + rng.uniform(0, 5))];
+            const auto r = rotate(x, t, layout);
+            sig[h] = key_signature(r.data(), 8, layout, 0.1f);
+            k.insert(k.end(), r.begin(), r.end());
+          }
+          auto v = rng.normals(16), q = rng.normals(static_cast<std::size_t>(2 * G * 8), 2.0f);
+          cache.append(0, t, k, v, q);
+          const auto res = attend(cache, 0, q);
+          for (int h = 0; h < 2; ++h) {
+            auto& b = brute[static_cast<std::size_t>(h)];
+            b.step(t, static_cast<std::uint64_t>(t), sig[h]);
+            INFO("mode " << static_cast<int>(mode) << " layout " << static_cast<int>(layout)
+                         << " G " << G << " step " << t << " head " << h);
+            kvtest::check_kept_then_observe(cache, res, h, G, b, static_cast<std::uint64_t>(t));
+          }
+        }
+      }
+}
+
+// Repetitive text: a passage of period 5 repeats after the name (row 3); the passage's
+// first token draws 0.4 of the attention of the query 6 tokens on (a sentence
+// boundary acting like a sink for the next sentence), so each repetition of it gets a
+// long-range spike of 0.4, more than the name's 0.3 (drawn once, from 8 tokens on; almost
+// nothing otherwise). With a 2-row reserve, the plain spike fills the reserve with boundary
+// repetitions and the name fades out of the decayed score; with distinct signatures the
+// boundary holds one slot (reserve) or none, its latest copy being recent (protected_rows).
+TEST_CASE("RecallDedup keeps the name against a repeated boundary", "[recall]") {
+  const Geometry g{1, 1, 1, 4};
+  auto name_survives = [&](DA::RecallDedup mode) {
+    KVCache<DA> cache(g, Budget::uniform(16),
+                      DA({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.375f,
+                          .recall_fraction = 0.125f, .recall_dedup = mode,
+                          .rope = RopeLayout::interleaved}));
+    kvtest::Rng rng(5);
+    std::vector<std::vector<float>> passage;
+    for (int i = 0; i < 5; ++i) passage.push_back(rng.normals(4));
+    const auto name = rng.normals(4), other = rng.normals(4);
+    const std::vector<float> q(4, 0.0f);
+    std::vector<float> probs;
+    for (int t = 0; t < 300; ++t) {
+      const auto& x = t == 3 ? name : t < 5 ? other : passage[static_cast<std::size_t>(t % 5)];
+      const auto k = rotate(x, t, RopeLayout::interleaved);
+      cache.append(0, t, k, k, q);
+      const auto pos = cache.positions(0, 0);
+      if (t > 3 && std::find(pos.begin(), pos.end(), 3) == pos.end()) return false;
+      kvtest::chosen_then_rest(pos, probs, [&](std::int64_t x) {
+        if (x == 3) return t == 11 ? 0.3f : 0.001f;                      // the name: drawn once
+        if (x >= 5 && x % 5 == 0 && t - x == 6) return 0.4f;  // a boundary, one period on
+        return -1.0f;
+      });
+      cache.observe(0, 0, probs);
+    }
+    return true;
+  };
+  CHECK_FALSE(name_survives(DA::RecallDedup::none));
+  CHECK(name_survives(DA::RecallDedup::reserve));
+  CHECK(name_survives(DA::RecallDedup::protected_rows));
+}
+
+TEST_CASE("RecallDedup saves and restores; a state without signatures does not load",
+          "[recall]") {
+  const Geometry g{1, 2, 1, 4};
+  const DA dedup({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.25f,
+                  .recall_fraction = 0.25f, .recall_dedup = DA::RecallDedup::protected_rows});
+  KVCache<DA> cache(g, Budget::uniform(12), dedup);
+  kvtest::Rng rng(9);
+  std::vector<std::vector<float>> vocab;
+  for (int i = 0; i < 3; ++i) vocab.push_back(rng.normals(4));
+  const auto bytes = kvtest::check_restore_twin(cache, dedup, 12, rng, [&](int t) {
+    return rotate(vocab[static_cast<std::size_t>(rng.uniform(0, 2))], t, RopeLayout::interleaved);
+  });
+  KVCache<DA> plain(g, Budget::uniform(12),
+                    DA({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.25f, .recall_fraction = 0.25f}));
+  REQUIRE_THROWS_AS(load_bytes(plain, bytes), Error);
+}
+
+TEST_CASE("RecallDedup rejects bad settings by value", "[recall]") {
+  REQUIRE_THROWS_WITH(DA({.recall_dedup = static_cast<DA::RecallDedup>(9)}),
+                      Catch::Contains("recall_dedup = 9"));
+  REQUIRE_THROWS_WITH(DA({.dedup_step = 0.0f}), Catch::Contains("dedup_step = 0"));
+  REQUIRE_THROWS_WITH(DA({.rope = static_cast<RopeLayout>(5)}), Catch::Contains("rope = 5"));
+  // An odd head_dim cannot be split into RoPE pairs.
+  REQUIRE_THROWS_WITH(KVCache<DA>(Geometry{1, 1, 1, 5}, Budget::uniform(8),
+                                  DA({.recall_fraction = 0.25f,
+                                      .recall_dedup = DA::RecallDedup::reserve})),
+                      Catch::Contains("head_dim, got 5"));
+  CHECK(DA::recommended().config().recall_dedup == DA::RecallDedup::none);  // default unchanged
+}
