@@ -18,7 +18,7 @@ cxx=${CXX_FUZZ:-clang++}
 eigen=$(pkg-config --cflags eigen3 2>/dev/null || echo -I/usr/include/eigen3)
 # No coverage counters in std / Eigen / fmt (fuzz/coverage_ignorelist.txt): sanitizers still
 # check that code, but libFuzzer's per-execution feature bookkeeping only sees kvevict's.
-flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
+flags=(-std=c++20 -O1 -gline-tables-only -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=all -fsanitize-coverage-ignorelist=fuzz/coverage_ignorelist.txt
        -DFMT_HEADER_ONLY=1 -Iinclude -Iexamples/llama2c -Iexamples/eval $eigen)
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

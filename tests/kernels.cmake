@@ -1,6 +1,10 @@
 # The kernel test binaries (kvevict_test_kernels_*) run again with KVEVICT_ISA capping the
 # level, so the scalar and AVX2 paths are checked on an AVX-512 machine too.
 file(GLOB KVEVICT_KERNEL_TEST_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/test_kernels_*.cpp)
+# KVEVICT_TEST_ISA_RERUNS (tests/CMakeLists.txt) off: no reruns.
+if(NOT KVEVICT_TEST_ISA_RERUNS)
+  set(KVEVICT_KERNEL_TEST_SOURCES "")
+endif()
 foreach(src ${KVEVICT_KERNEL_TEST_SOURCES})
   get_filename_component(name ${src} NAME_WE)
   string(REGEX REPLACE "^test_" "kvevict_test_" target ${name})
