@@ -105,8 +105,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<std::int64_t> last(64 * 4, -1);
   std::uint32_t max_id = 0;
   int ops = 0;
-  // `before` is the state after the previous operation (refilled and checked once per
-  // operation); `after` is taken only when an operation threw, to compare.
+  // One state pass and check per operation: `before` is the state after the previous
+  // operation; an operation that threw fills `after` instead, which must equal it.
   static State before, after;
   static std::vector<std::uint8_t> owned;
   static std::vector<float> k, v, probs;
@@ -159,8 +159,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         }
       }
     } catch (const kvevict::Error&) {
-      state(p, max_id, after, nullptr);
+      state(p, max_id, after, &owned);
       KVFUZZ_ASSERT(after == before);
+      continue;  // nothing changed: `before` is still the state (and `after` was checked)
     }
     state(p, max_id, before, &owned);
   }
