@@ -122,8 +122,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           b.score = static_cast<kvevict::BlockScore>(in.range(0, 2));
           b.decay = in.byte() % 8 == 0 ? 0.0f : 1.0f;
           const auto id = p.add_sequence(b);
-          KVFUZZ_ASSERT(id < 64);
+          // A new id: a released one or the next unused (ids are dense). An input may add
+          // more than 64 sequences (up to 400 adds; only ids 0-8 are ever released): the
+          // harness once asserted id < 64 here, which a long run hit (seed many_sequences).
+          KVFUZZ_ASSERT(id <= max_id && !std::binary_search(before.ids.begin(), before.ids.end(), id));
           max_id = std::max(max_id, id + 1);
+          if (last.size() < (static_cast<std::size_t>(id) + 1) * 4) last.resize((static_cast<std::size_t>(id) + 1) * 4);
           for (int l = 0; l < 4; ++l) last[static_cast<std::size_t>(id) * 4 + static_cast<std::size_t>(l)] = -1;
           break;
         }
