@@ -315,3 +315,24 @@ TEST_CASE("bad input is a kvevict::Error naming the value; the pool is unchanged
   REQUIRE_NOTHROW(p.append(b, 0, 0, kv, kv));
   REQUIRE(p.pool().in_use() == 2);
 }
+
+// fuzz_paged_pool once asserted that ids stay below 64; a long run added 65 sequences (the
+// harness was wrong, the pool right). The pool has no such limit: ids are dense, released
+// ids are reused, and a sequence past id 64 works like any other.
+TEST_CASE("more sequences than blocks: ids are dense, released ids reused, ids past 64 work") {
+  PagedKV<float> p(PoolConfig{Geometry{1, 1, 1, 1}, 1, 4, BlockLayout::per_kv_head});
+  for (std::uint32_t i = 0; i < 70; ++i) REQUIRE(p.add_sequence(SequenceBudget{}) == i);
+  REQUIRE(p.sequences() == 70);
+  p.release_sequence(5);
+  p.release_sequence(64);
+  const auto x = p.add_sequence(SequenceBudget{}), y = p.add_sequence(SequenceBudget{});
+  REQUIRE(std::set<std::uint32_t>{x, y} == std::set<std::uint32_t>{5, 64});
+  REQUIRE(p.add_sequence(SequenceBudget{}) == 70);
+  REQUIRE(p.sequences() == 71);
+  const std::vector<float> kv{0.5f};
+  p.append(69, 0, 0, kv, kv);
+  REQUIRE(p.tokens(69, 0, 0) == 1);
+  REQUIRE(p.pool().owner(p.table(69, 0, 0)[0]) == 69);
+  p.release_sequence(69);
+  REQUIRE(p.pool().in_use() == 0);
+}
