@@ -481,7 +481,7 @@ std::size_t compare_passes(const Policy& policy, std::size_t B, PoolOptions o, s
         REQUIRE(std::equal(a.begin(), a.end(), b.begin(), b.end()));
       }
   };
-  for (std::uint64_t t = 0; t < 220; ++t) {
+  for (std::uint64_t t = 0; t < 110; ++t) {
     for (int l = 0; l < g.n_layers; ++l) {
       std::vector<std::size_t> before;
       for (int h = 0; h < g.n_kv_heads; ++h) before.push_back(one.size(l, h));
@@ -498,10 +498,10 @@ std::size_t compare_passes(const Policy& policy, std::size_t B, PoolOptions o, s
         two.observe(l, h, probs);
       }
     }
-    if (t == 120 || t == 170) {  // a smaller pool, then the original: many rows per head at once
+    if (t == 60 || t == 85) {  // a smaller pool, then the original: many rows per head at once
       // (A pooled shrink can refuse when the reserve protects too much, issue #16's notes:
       // both paths must then refuse alike and change nothing.)
-      const Budget b = t == 120 ? Budget::uniform(static_cast<long long>(B * 5 / 6)).pooled(o) : budget;
+      const Budget b = t == 60 ? Budget::uniform(static_cast<long long>(B * 5 / 6)).pooled(o) : budget;
       bool threw_one = false, threw_two = false;
       try {
         one.set_budget(b);
@@ -514,7 +514,7 @@ std::size_t compare_passes(const Policy& policy, std::size_t B, PoolOptions o, s
         threw_two = true;
       }
       REQUIRE(threw_one == threw_two);
-      shrinks += !threw_one && t == 120;
+      shrinks += !threw_one && t == 60;
       same("set_budget", t);
     }
   }

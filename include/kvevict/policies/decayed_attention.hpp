@@ -185,15 +185,18 @@ class DecayedAttention {
     m.incoming_seq = v.incoming_seq;
     m.need = v.need;
     m.evictable = last_evictable_;
-    m.candidates = last_candidates_;
+    m.reserve = last_reserve_;
     m.valid = true;
   }
   /// Pooled budgets, the single protection pass: the victims choose_victims(view, out)
   /// would choose, for a head whose eviction_costs ran last on the same view (need aside)
   /// with no call on that head since (the container's promise). The protection that pass
-  /// computed is reused when the recall reserve it held is the one `view.need` gives (the
-  /// reserve leaves at least `need` rows evictable, so it can depend on need); otherwise,
-  /// and whenever the view does not match the kept one, the protection is recomputed.
+  /// computed is reused when the recall reserve would be the same for `view.need`: the
+  /// reserve's target min(recall rows, candidates, evictable - need) is unchanged while
+  /// need <= evictable - (the pass's target), which holds whenever the container asks a
+  /// head for no more rows than its costs marked finite (without RecallDedup; with it the
+  /// reserve may keep fewer than its target). Otherwise, and whenever the view does not
+  /// match the kept one, the protection is recomputed.
   template <class S>
   void pooled_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
     const std::size_t h = head_index(v.layer, v.kv_head);
@@ -201,8 +204,7 @@ class DecayedAttention {
       const Memo& m = memo_[h];
       if (m.valid && m.size == v.size && m.capacity == v.capacity &&
           m.incoming_seq == v.incoming_seq &&
-          (!recalls() || reserve_rows(v.capacity, v.need, m.evictable, m.candidates) ==
-                             reserve_rows(v.capacity, m.need, m.evictable, m.candidates))) {
+          (!recalls() || v.need == m.need || v.need + m.reserve <= m.evictable)) {
         pick(v, m.bits.data(), out);
         return;
       }
@@ -461,10 +463,10 @@ class DecayedAttention {
       }
     }
     const std::size_t m = cand_spike_.size();
-    last_evictable_ = evictable;
-    last_candidates_ = m;
     const auto keep = [&](std::uint32_t r) { bits_[r >> 6] |= std::uint64_t{1} << (r & 63); };
     const std::size_t k = reserve_rows(v.capacity, v.need, evictable, m);
+    last_evictable_ = evictable;  // for eviction_costs' memo (pooled_victims)
+    last_reserve_ = k;
     if (dedups()) {
       keep_distinct(v, k, keep);
       return;
@@ -645,12 +647,13 @@ class DecayedAttention {
   std::size_t head_dim_ = 0;
   // Scratch for choose_victims and observe (no allocation per step once warm).
   std::vector<std::uint64_t> bits_;  ///< protected (and reserved) rows, one bit each
-  std::size_t last_evictable_ = 0, last_candidates_ = 0;  ///< keep_recalled's, for the memo
+  std::size_t last_evictable_ = 0, last_reserve_ = 0;  ///< keep_recalled's, for the memo
   /// Pooled budgets, per (layer, KV head): the protection eviction_costs computed last
   /// and the view it was computed for, reused by pooled_victims.
   struct Memo {
     std::vector<std::uint64_t> bits;
-    std::size_t size = 0, capacity = 0, need = 0, evictable = 0, candidates = 0;
+    std::size_t size = 0, capacity = 0, need = 0;
+    std::size_t evictable = 0, reserve = 0;  ///< unprotected rows before the reserve; its target
     std::uint64_t incoming_seq = 0;
     bool valid = false;
   };
