@@ -40,13 +40,14 @@ STUDIES = {
     "stories260K": {
         "head_dim": 8, "metric": "mean_kl", "metric_name": "KL", "ymin": 1e-5,
         "sets": {"tune": (0, 8), "report": (1000, 16)},  # first seed, streams
-        "what": "stories260K, KL(full fp32 || configuration) per token",
+        "what": "stories260K, KL(full fp32 || configuration) per token", "short": "stories260K, KL",
         "sets_text": "8 tuning streams (seeds 0..7), reported on 16 held-out streams (seeds 1000..1015)",
     },
     "synthetic": {
         "head_dim": 128, "metric": "output_error", "metric_name": "output error", "ymin": 1e-3,
         "sets": {"tune": (1, 1), "report": (2, 1)},  # seed, (one workload)
         "what": "synthetic `mixed` workload (head_dim 128), attention-output relative error",
+        "short": "synthetic mixed (head_dim 128), output error",
         "sets_text": "the workload at seed 1, reported at seed 2",
     },
 }
@@ -146,7 +147,7 @@ def analyze(args):
     for m, rec, best in table:
         ev, qu, mx = best["evict"], best["quant"], best["mix"]
         cell = lambda c: label(c) if c else "none fits"
-        num = lambda c: f"{err(c):.5f}" if c else "-"
+        num = lambda c: f"{err(c):.3g}" if c else "-"
         if mx and ev and qu:
             verdict = "**yes**" if err(mx) < min(err(ev), err(qu)) else "no"
         elif mx and ev:
@@ -198,10 +199,7 @@ def analyze(args):
     fmt_b = lambda b: f"{b // 1024}K" if b >= 1024 else str(b)
     xt = [(u * r, fmt_b(u * r)) for r in (16, 32, 64, 128, 256, 512, 1024)]
     yt = [(10 ** e, f"1e{e}") for e in range(round(math.log10(ymin)), 1)]
-    full_pts = sorted((report[c]["bytes"], max(err(c), ymin)) for c in report if c[0] == "full")
-    context = [("full cache in each format, fp32 .. q4g8 (" + ", ".join(
-        f"{c[1]}" for c in sorted((c for c in report if c[0] == "full"), key=lambda c: -report[c]["bytes"])) + ")",
-        full_pts)]
+    context = []  # each format's series ends at its own full cache; the others are in the table
     panels = []
     for policy in POLICIES:
         series = []
@@ -224,7 +222,7 @@ def analyze(args):
         pts = [(m, max(err(c), ymin)) for m, rec, best in table
                for c in [rec if key is None else best[key]] if c]
         series.append((name, pts))
-    svg = panels_svg(f"{st['what']}: the best configuration at each memory size",
+    svg = panels_svg(f"{st['short']}: the best configuration at each memory size (held-out)",
                      [(f"chosen on {st['sets_text']}", series)], [],
                      x_of, y_of, xt, yt, "memory: bytes per (layer, KV head), log", y_label,
                      pw=760, ph=400)
