@@ -52,12 +52,11 @@ report KL(full || policy), top-1 agreement and perplexity over every position (n
 xkv, pyramidkv and uniform-w8 are skipped: they need prompt statistics). A tokenizer.json
 next to a Hugging Face checkpoint shows the stream's first 64 tokens as text.
 --streams N samples N streams (seeds --seed .. --seed + N - 1) and pools their positions.
---kv-format LIST runs each policy's KVCache in each storage format (the engine's attention
-reads the stored bytes through kvevict::attend; the reference stays the float full cache)
-and adds the format, its bytes per cached token and the bytes per (layer, KV head) to the
-outputs. Formats (docs/quantized.md):
-{}decayed, tova, decayed-excess, decayed-distinct, streaming, h2o, probfree, expected and
-full run in every format; the other policies in fp32 only.
+--kv-format LIST (with --model or a synthetic/trace workload) runs each policy's KVCache in
+each storage format (kvevict::attend reads the stored bytes; the reference stays the float
+full cache) and adds the format, its bytes per cached token and the bytes per (layer, KV
+head) to the outputs. Formats (docs/quantized.md):
+{}{} run in every format; the other policies in fp32 only.
 Exit status: 0 on success, 2 on bad arguments or input, 1 on other failures.
 )";
 
@@ -161,8 +160,7 @@ std::optional<Options> parse(int argc, char** argv) {
            "with --model: sample N streams (seeds --seed ..) and pool their positions (default 1)",
            o.streams, Range<std::size_t>{1, 4096});
   p.custom("--kv-format", "LIST",
-           "with --model: the caches' storage formats, comma-separated, or 'all' (default fp32; "
-           "see below)",
+           "the caches' storage formats, comma-separated, or 'all' (default fp32; see below)",
            [&](const std::string& v) {
              o.kv_formats = v == "all" ? split(kvevict::registry::kv_format_names()) : split(v);
              if (o.kv_formats.empty()) throw ArgError("--kv-format: empty list");
@@ -193,7 +191,11 @@ std::optional<Options> parse(int argc, char** argv) {
     for (const auto& n : synthetic_workload_names()) fmt::print(" {}", n);
     fmt::print("\n");
   });
-  p.epilog(fmt::format(kEpilog, kvevict::registry::kv_format_listing()));
+#if KVEVICT_EVAL_HAS_LLAMA2C
+  p.epilog(fmt::format(kEpilog, kvevict::registry::kv_format_listing(), all_kv_format_policies()));
+#else
+  p.epilog(fmt::format(kEpilog, kvevict::registry::kv_format_listing(), "no policy"));
+#endif
   if (!p.parse(argc, argv)) return std::nullopt;
   if (o.trace.empty())
     for (const auto& w : o.workloads) {
