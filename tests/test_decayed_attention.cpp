@@ -289,3 +289,45 @@ TEST_CASE("DecayedAttention breaks score and spike ties exactly as the brute-for
     }
   }
 }
+
+// The recall reserve ranks only the rows at or above its last threshold when at least k of
+// them still reach it (spikes never decrease). That threshold is a hint: a cache whose
+// policy state is restored before every step (the restore drops the hint, so every
+// decision ranks all candidates) must keep exactly the same rows, also across budget
+// changes (a smaller capacity evicts reserve rows at once; a larger one grows k).
+TEST_CASE("DecayedAttention's incremental reserve keeps what a full re-ranking keeps") {
+  const Geometry g{1, 4, 2, 8};
+  const auto policy = policies::DecayedAttention::recommended();
+  KVCache<policies::DecayedAttention> a(g, Budget::uniform(64), policy);
+  KVCache<policies::DecayedAttention> b(g, Budget::uniform(64), policy);
+  kvtest::Rng rng(4242);
+  std::mt19937 pick(7);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  const float levels[] = {0.0f, 0.01f, 0.02f, 0.05f, 0.3f};
+  for (int t = 0; t < 900; ++t) {
+    if (t == 150 || t == 300 || t == 600) {
+      const Budget nb = Budget::uniform(t == 150 ? 40 : t == 300 ? 96 : 48);
+      a.set_budget(nb);
+      b.set_budget(nb);
+    }
+    const auto k = rng.normals(16), v = rng.normals(16);
+    load_bytes(b, save_bytes(b));  // drops the reserve's threshold hint
+    a.append(0, t, k, v);
+    b.append(0, t, k, v);
+    for (int h = 0; h < 2; ++h) {
+      auto pa = a.positions(0, h), pb = b.positions(0, h);
+      REQUIRE(std::vector<std::int64_t>(pa.begin(), pa.end()) ==
+              std::vector<std::int64_t>(pb.begin(), pb.end()));
+      // Continuous draws first (distinct spikes: after the budget grows, fewer rows than
+      // the larger reserve reach the old threshold), then a few levels (many equal spikes
+      // at the threshold).
+      std::vector<float> probs(2 * pa.size());
+      for (auto& x : probs) {
+        const float w = u(pick);
+        x = t < 450 ? 0.3f * w * w * w * w : levels[pick() % 5];
+      }
+      a.observe(0, h, probs);
+      b.observe(0, h, probs);
+    }
+  }
+}

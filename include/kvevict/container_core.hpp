@@ -629,6 +629,7 @@ class ContainerCore {
         if (pooled()) release_head(i);
         else shrink_head(i, shape_.capacity[i]);
       }
+    if constexpr (detail::HasOnBudget<Policy>) policy_.on_budget(shape_);
   }
 
   void shrink_head(std::size_t i, std::size_t cap) {

@@ -129,6 +129,7 @@ struct CacheShape {
 /// signals has Signals::attention), prefill_keep(const PrefillView&, std::vector<uint32_t>&),
 /// attention_limit(layer, kv_head) (Oracle), check_budget(const CacheShape&) const (throws
 /// kvevict::Error for capacities the policy cannot serve; run on construction and set_budget),
+/// on_budget(const CacheShape&) (set_budget took effect: the shape holds the new capacities),
 /// row_limit(layer, kv_head) const (the policy's own, possibly changing, bound on a head's
 /// rows: an append evicts through choose_victims once the head holds min(capacity,
 /// row_limit) rows, so a policy can trigger itself under an unbounded budget, as BUZZ does).
@@ -161,6 +162,8 @@ template <class P>
 concept HasObserve = requires(P& p, const AttentionView& a) { p.observe(a); };
 template <class P>
 concept HasCheckBudget = requires(const P& p, const CacheShape& s) { p.check_budget(s); };
+template <class P>
+concept HasOnBudget = requires(P& p, const CacheShape& s) { p.on_budget(s); };
 template <class P>
 concept HasRowLimit = requires(const P& p, int layer, int head) {
   { p.row_limit(layer, head) } -> std::convertible_to<std::size_t>;

@@ -141,6 +141,7 @@ class DecayedAttention {
       spikes_.bind(shape);
       seqs_.bind(shape);
       latest_.assign(shape.capacity.size(), 0);
+      floor_.assign(shape.capacity.size(), 0.0f);
       if (excess()) bind_excess(shape);
       if (dedups()) {
         kvevict::detail::require(config_.rope == RopeLayout::none || shape.geometry.head_dim % 2 == 0,
@@ -151,6 +152,12 @@ class DecayedAttention {
         bands_.assign(shape.capacity.size(), Band{});
       }
     }
+  }
+  /// set_budget: the recent band that decides which attention counts as long-range (the
+  /// reserve's spikes) follows the new capacities at once, as a restored cache's does (the
+  /// decay follows at the next eviction, as before; it is part of the saved state).
+  void on_budget(const CacheShape& shape) {
+    capacity_.assign(shape.capacity.begin(), shape.capacity.end());
   }
   template <class S>
   void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
@@ -320,6 +327,7 @@ class DecayedAttention {
     counts_ = std::move(counts);
     sigs_ = std::move(sigs);
     for (Band& b : bands_) b.valid = false;  // rebuilt from the loaded rows
+    std::fill(floor_.begin(), floor_.end(), 0.0f);  // a hint only: reset with the rows
   }
   [[nodiscard]] const std::vector<float>& scores(int layer, int kv_head) const {
     return scores_.of(layer, kv_head);
@@ -411,44 +419,65 @@ class DecayedAttention {
   /// the newer row), leaving at least `need` rows evictable. The spikes of the candidates
   /// are packed into a float array and the k-th largest found with the library's top-k
   /// select; only rows equal to that threshold need the seq tie rule.
+  ///
+  /// Incremental (RecallRank::spike without dedup): spikes never decrease, so the last
+  /// decision's threshold is a lower bound for this one's as long as at least k candidates
+  /// still reach it; only those are packed and ranked then (rows below it cannot be among
+  /// the k largest), else every candidate is (the first decision, a changed capacity,
+  /// reserve rows evicted by a larger `need`). The threshold is a hint: the rows kept are
+  /// the same either way.
   template <class S>
   void keep_recalled(const HeadView<S>& v) {
     const auto& sp = spikes_.of(v.layer, v.kv_head);
+    const std::size_t h = head_index(v.layer, v.kv_head);
     std::size_t evictable = 0;
-    cand_spike_.clear();
-    cand_row_.clear();
     const std::size_t words = bits_.size();
-    for (std::size_t w = 0; w < words; ++w) {
-      std::uint64_t open = ~bits_[w];  // bits past size are set, so never open
-      evictable += static_cast<std::size_t>(std::popcount(open));
-      while (open) {
-        const std::size_t r = w * 64 + static_cast<std::size_t>(std::countr_zero(open));
-        open &= open - 1;
-        const float rank = excess() ? excess_of(v.layer, v.kv_head, r) : sp[r];
-        if (rank > 0.0f) {
-          cand_spike_.push_back(rank);
-          cand_row_.push_back(static_cast<std::uint32_t>(r));
+    for (std::size_t w = 0; w < words; ++w)
+      evictable += static_cast<std::size_t>(std::popcount(~bits_[w]));  // bits past size are set
+    const auto collect = [&](float lo) {  // candidates with rank > 0 and rank >= lo
+      cand_spike_.clear();
+      cand_row_.clear();
+      for (std::size_t w = 0; w < words; ++w) {
+        std::uint64_t open = ~bits_[w];
+        while (open) {
+          const std::size_t r = w * 64 + static_cast<std::size_t>(std::countr_zero(open));
+          open &= open - 1;
+          const float rank = excess() ? excess_of(v.layer, v.kv_head, r) : sp[r];
+          if (rank > 0.0f && rank >= lo) {
+            cand_spike_.push_back(rank);
+            cand_row_.push_back(static_cast<std::uint32_t>(r));
+          }
         }
       }
-    }
-    const std::size_t m = cand_spike_.size();
+    };
     const auto keep = [&](std::uint32_t r) { bits_[r >> 6] |= std::uint64_t{1} << (r & 63); };
+    const std::size_t limit = std::min(recall_for(v.capacity), evictable > v.need ? evictable - v.need : 0);
     if (dedups()) {
-      keep_distinct(v, std::min(recall_for(v.capacity), evictable > v.need ? evictable - v.need : 0),
-                    keep);
+      collect(0.0f);
+      keep_distinct(v, limit, keep);
       return;
     }
-    std::size_t k = std::min(recall_for(v.capacity), m);
-    k = std::min(k, evictable > v.need ? evictable - v.need : 0);
+    if (limit == 0) return;
+    const float hint = excess() ? 0.0f : floor_[h];
+    collect(hint);
+    if (hint > 0.0f && cand_spike_.size() < limit) collect(0.0f);
+    const std::size_t m = cand_spike_.size();
+    const std::size_t k = std::min(limit, m);
     if (k == 0) return;
     if (k == m) {
-      for (std::uint32_t r : cand_row_) keep(r);
+      float t = std::numeric_limits<float>::infinity();
+      for (std::size_t i = 0; i < m; ++i) {
+        keep(cand_row_[i]);
+        t = std::min(t, cand_spike_[i]);
+      }
+      floor_[h] = t;
       return;
     }
     top_.resize(k);
     kernels::topk_indices(cand_spike_.data(), m, k, top_.data());
     float t = cand_spike_[top_[0]];
     for (std::uint32_t i : top_) t = std::min(t, cand_spike_[i]);
+    floor_[h] = t;
     // Every candidate above the threshold is kept; of those equal to it, the newest.
     std::size_t above = 0;
     ties_.clear();
@@ -583,6 +612,7 @@ class DecayedAttention {
   detail::RowColumn<float> spikes_;  ///< largest attention drawn while long-range
   detail::RowColumn<std::uint64_t> seqs_;  ///< arrival index, for the row's age in observe
   std::vector<std::uint64_t> latest_;  ///< per head: arrival index of the newest row
+  std::vector<float> floor_;  ///< per head: the reserve's last threshold (keep_recalled's hint)
   detail::RowColumn<float> draws_;           ///< RecallRank::excess: sum of long-range draws
   detail::RowColumn<std::uint32_t> counts_;  ///< RecallRank::excess: number of them
   detail::RowColumn<std::uint64_t> sigs_;    ///< RecallDedup: key signature of each row
