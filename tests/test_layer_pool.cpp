@@ -118,8 +118,26 @@ TEST_CASE("pooled_victim_counts equals the brute-force rule on small layers", "[
     const bool feasible = after <= total && evictable_ok;
     INFO("trial " << trial);
     REQUIRE(threw == !feasible);
+    // Again from kept prefixes (the model-scope reuse): first stored by a selection of
+    // another total (so of another length, maybe too short), then reused for this one.
+    std::vector<kd::PoolPrefix> prefixes(H);
+    for (std::size_t h = 0; h < H; ++h) heads[h].prefix = &prefixes[h];
+    std::vector<std::size_t> counts2;
+    try {
+      kd::pooled_victim_counts(heads, total + 3 - std::size_t(rng.uniform(0, 6)), counts2, scratch, "Test");
+    } catch (const std::logic_error&) {
+    }
+    for (auto& h : heads) h.reuse = true;
+    bool threw2 = false;
+    try {
+      kd::pooled_victim_counts(heads, total, counts2, scratch, "Test");
+    } catch (const std::logic_error&) {
+      threw2 = true;
+    }
+    REQUIRE(threw2 == threw);
     if (threw) continue;
     REQUIRE(counts == want);
+    REQUIRE(counts2 == want);
     ++checked;
     uneven += std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) != counts.end();
   }
@@ -426,4 +444,170 @@ TEST_CASE("head typing: far-looking heads keep the long cache, the sink is not f
   const auto pl = p.allocate_rows(16, {.floor = 4, .per_layer = true});
   REQUIRE(pl[0][0] + pl[0][1] == 32);
   REQUIRE(pl[1][0] + pl[1][1] == 32);
+}
+
+// The two-pass path: the same policy with its pooled_victims hook hidden, so the core
+// calls choose_victims (a second protection pass) after eviction_costs.
+template <class P>
+struct TwoPass : P {
+  explicit TwoPass(const P& p) : P(p) {}
+  template <class S>
+  void pooled_victims(const kvevict::HeadView<S>&, std::vector<std::uint32_t>&) = delete;
+};
+static_assert(kd::HasPooledVictims<pol::DecayedAttention> && kd::HasPooledVictims<pol::H2O>);
+static_assert(!kd::HasPooledVictims<TwoPass<pol::DecayedAttention>>);
+
+// Runs the single-pass cache (pooled_victims) and the two-pass one on the same random
+// stream and requires identical rows after every append and every budget change. Small
+// budgets, so a head often gives several rows at once and the recall reserve is often
+// bounded by what must stay evictable (the case where the kept protection cannot be reused).
+template <class Policy>
+std::size_t compare_passes(const Policy& policy, std::size_t B, PoolOptions o, std::uint64_t seed) {
+  const Geometry g{2, 8, 4, 8};
+  const Budget budget = Budget::uniform(static_cast<long long>(B)).pooled(o);
+  KVCache<Policy> one(g, budget, policy);
+  KVCache<TwoPass<Policy>> two(g, budget, TwoPass<Policy>(policy));
+  REQUIRE(one.pooled());
+  REQUIRE(two.pooled());
+  kvtest::Rng rng(seed);
+  const std::size_t kv = std::size_t(g.n_kv_heads * g.head_dim);
+  std::size_t multi = 0;  // (head, step) pairs that gave two or more rows at once
+  std::size_t shrinks = 0;
+  const auto same = [&](const char* when, std::uint64_t t) {
+    for (int l = 0; l < g.n_layers; ++l)
+      for (int h = 0; h < g.n_kv_heads; ++h) {
+        const auto a = one.seqs(l, h), b = two.seqs(l, h);
+        INFO(when << " t " << t << " layer " << l << " head " << h);
+        REQUIRE(std::equal(a.begin(), a.end(), b.begin(), b.end()));
+      }
+  };
+  for (std::uint64_t t = 0; t < 110; ++t) {
+    for (int l = 0; l < g.n_layers; ++l) {
+      std::vector<std::size_t> before;
+      for (int h = 0; h < g.n_kv_heads; ++h) before.push_back(one.size(l, h));
+      // Repeated keys now and then, so RecallDedup's signatures collide.
+      auto k = rng.chance(0.3) ? std::vector<float>(kv, 0.5f) : rng.normals(kv);
+      auto v = rng.normals(kv);
+      one.append(l, std::int64_t(t), k, v);
+      two.append(l, std::int64_t(t), k, v);
+      same("append", t);
+      for (int h = 0; h < g.n_kv_heads; ++h) multi += before[std::size_t(h)] + 1 >= one.size(l, h) + 2;
+      for (int h = 0; h < g.n_kv_heads; ++h) {
+        const auto probs = made_up_probs(g, h + int(t % 3), one.size(l, h), one.seqs(l, h), t, rng);
+        one.observe(l, h, probs);
+        two.observe(l, h, probs);
+      }
+    }
+    if (t == 60 || t == 85) {  // a smaller pool, then the original: many rows per head at once
+      // (A pooled shrink can refuse when the reserve protects too much, issue #16's notes:
+      // both paths must then refuse alike and change nothing.)
+      const Budget b = t == 60 ? Budget::uniform(static_cast<long long>(B * 5 / 6)).pooled(o) : budget;
+      bool threw_one = false, threw_two = false;
+      try {
+        one.set_budget(b);
+      } catch (const std::logic_error&) {
+        threw_one = true;
+      }
+      try {
+        two.set_budget(b);
+      } catch (const std::logic_error&) {
+        threw_two = true;
+      }
+      REQUIRE(threw_one == threw_two);
+      shrinks += !threw_one && t == 60;
+      same("set_budget", t);
+    }
+  }
+  REQUIRE(shrinks == 1);
+  return multi;
+}
+
+TEST_CASE("pooled_victims (one protection pass) decides exactly as the two-pass path", "[pool]") {
+  using Cap = PoolOptions::Capacity;
+  using Scope = PoolOptions::Scope;
+  using DA = pol::DecayedAttention;
+  const auto cap = GENERATE(Cap::nominal, Cap::share);
+  const auto scope = GENERATE(Scope::layer, Scope::model);
+  const PoolOptions o{.floor_fraction = 0.25, .capacity = cap, .scope = scope};
+  std::size_t multi = 0;
+  multi += compare_passes(DA::recommended(), 12, o, 1);
+  multi += compare_passes(DA::recommended(), 24, o, 2);
+  // A large reserve, so it is often bounded by the rows that must stay evictable.
+  multi += compare_passes(DA({.sinks = 1, .horizon = 2.0f, .recent_fraction = 0.25f, .recall_fraction = 0.5f}),
+                          12, o, 3);
+  multi += compare_passes(DA({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.25f, .recall_fraction = 0.4f,
+                              .recall_rank = DA::RecallRank::excess}),
+                          16, o, 4);
+  multi += compare_passes(DA({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.25f, .recall_fraction = 0.4f,
+                              .recall_dedup = DA::RecallDedup::reserve, .rope = pol::RopeLayout::none}),
+                          16, o, 5);
+  multi += compare_passes(DA({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.25f, .recall_fraction = 0.4f,
+                              .recall_dedup = DA::RecallDedup::protected_rows, .rope = pol::RopeLayout::none}),
+                          16, o, 6);
+  multi += compare_passes(pol::H2O({.recent = 3, .sinks = 1}), 12, o, 7);
+  REQUIRE(multi > 20);  // heads gave several rows in one decode step
+}
+
+// pooled_victims called directly, for any need (the container only asks a head for rows its
+// costs marked finite; here need may pass them): the victims equal choose_victims' on a copy
+// of the policy, or both refuse.
+TEST_CASE("pooled_victims equals choose_victims for every need, reserve bounded or not", "[pool]") {
+  using DA = pol::DecayedAttention;
+  const Geometry g{1, 4, 2, 8};
+  kvtest::Rng rng(21);
+  std::size_t compared = 0, recomputed_reserve = 0;
+  for (const auto dedup : {DA::RecallDedup::none, DA::RecallDedup::reserve}) {
+    const DA policy({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.25f, .recall_fraction = 0.5f,
+                     .recall_dedup = dedup, .rope = pol::RopeLayout::none});
+    KVCache<DA> cache(g, Budget::uniform(40), policy);
+    for (std::uint64_t t = 0; t < 40; ++t) {
+      auto k = rng.chance(0.3) ? std::vector<float>(16, 0.5f) : rng.normals(16);
+      cache.append(0, std::int64_t(t), k, rng.normals(16));
+      for (int h = 0; h < 2; ++h)
+        cache.observe(0, h, made_up_probs(g, h + int(t % 2), cache.size(0, h), cache.seqs(0, h), t, rng));
+    }
+    for (int h = 0; h < 2; ++h)
+      for (std::size_t capacity = 12; capacity <= 40; capacity += 4)
+        for (std::size_t need = 1; need <= 36; ++need) {
+          const auto s = cache.seqs(0, h);
+          const auto p = cache.positions(0, h);
+          kvevict::HeadView<float> view;
+          view.layer = 0;
+          view.kv_head = h;
+          view.head_dim = g.head_dim;
+          view.group = g.group();
+          view.size = s.size();
+          view.capacity = capacity;
+          view.positions = p.data();
+          view.seqs = s.data();
+          view.incoming_seq = 40;
+          DA one = cache.policy(), two = cache.policy();
+          std::vector<float> costs;
+          one.eviction_costs(view, costs);
+          const auto finite = std::size_t(std::count_if(costs.begin(), costs.end(),
+                                                        [](float c) { return std::isfinite(c); }));
+          view.need = need;
+          std::vector<std::uint32_t> a, b;
+          bool threw_a = false, threw_b = false;
+          try {
+            one.pooled_victims(view, a);
+          } catch (const std::logic_error&) {
+            threw_a = true;
+          }
+          try {
+            two.choose_victims(view, b);
+          } catch (const std::logic_error&) {
+            threw_b = true;
+          }
+          INFO("dedup " << int(dedup) << " head " << h << " capacity " << capacity << " need " << need);
+          REQUIRE(threw_a == threw_b);
+          std::sort(a.begin(), a.end());
+          std::sort(b.begin(), b.end());
+          REQUIRE(a == b);
+          ++compared;
+          recomputed_reserve += !threw_b && need > finite;
+        }
+  }
+  REQUIRE(compared > 500);
+  REQUIRE(recomputed_reserve > 20);  // needs past the reused protection's open rows
 }

@@ -271,6 +271,33 @@ TEMPLATE_TEST_CASE("a quantized cache keeps the encoded rows bit for bit", "[qua
   run_stream<S>(pol::Random{}, head_dim, 12, 7);
 }
 
+TEST_CASE("key_row_bytes / value_row_bytes are the bytes of one stored row in every type",
+          "[quantized]") {
+  // The frontier (docs/quality.md) counts memory with these: head_dim x element size for
+  // float, fp16 and bf16, the encoded row (fp16 scales included) for quantized formats.
+  const auto bytes = [](auto tag, int d) {
+    using S = typename decltype(tag)::type;
+    const KVCache<pol::FullCache, S> c(Geometry{1, 2, 1, d}, Budget::unbounded());
+    return std::pair{c.key_row_bytes(), c.value_row_bytes()};
+  };
+  using P = std::pair<std::size_t, std::size_t>;
+  CHECK(bytes(std::type_identity<float>{}, 8) == P{32, 32});
+  CHECK(bytes(std::type_identity<Eigen::half>{}, 8) == P{16, 16});
+  CHECK(bytes(std::type_identity<Eigen::bfloat16>{}, 64) == P{128, 128});
+  CHECK(bytes(std::type_identity<Q8<8>>{}, 8) == P{10, 10});
+  CHECK(bytes(std::type_identity<Q4<8>>{}, 8) == P{6, 6});
+  CHECK(bytes(std::type_identity<Q4<4>>{}, 8) == P{8, 8});
+  CHECK(bytes(std::type_identity<Q8<32>>{}, 128) == P{136, 136});
+  CHECK(bytes(std::type_identity<E4M3>{}, 8) == P{8, 8});
+  CHECK(bytes(std::type_identity<KV<Q8<8>, Q4<8>>>{}, 8) == P{10, 6});
+  // The stored spans hold rows x row bytes (in units of the stored element).
+  KVCache<pol::FullCache, Eigen::half> h(Geometry{1, 2, 1, 8}, Budget::unbounded());
+  const std::vector<float> k(8, 0.5f), q(16, 0.25f);
+  h.append(0, 0, k, k, q);
+  h.append(0, 1, k, k, q);
+  CHECK(h.stored_keys(0, 0).size_bytes() == 2 * h.key_row_bytes());
+}
+
 TEST_CASE("bad parameters and inputs are kvevict::Error naming the value, cache unchanged",
           "[quantized]") {
   const Geometry g8{1, 2, 1, 8};

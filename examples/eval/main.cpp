@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.hpp"
+#include "kv_format.hpp"
 #include "registry.hpp"
 #include "runner.hpp"
 #include "safetensors.hpp"
@@ -50,6 +51,12 @@ quarter, through forward_block in blocks of --prefill-block; the rest one at a t
 report KL(full || policy), top-1 agreement and perplexity over every position (no SVG;
 xkv, pyramidkv and uniform-w8 are skipped: they need prompt statistics). A tokenizer.json
 next to a Hugging Face checkpoint shows the stream's first 64 tokens as text.
+--streams N samples N streams (seeds --seed .. --seed + N - 1) and pools their positions.
+--kv-format LIST (with --model or a synthetic/trace workload) runs each policy's KVCache in
+each storage format (kvevict::attend reads the stored bytes; the reference stays the float
+full cache) and adds the format, its bytes per cached token and the bytes per (layer, KV
+head) to the outputs. Formats (docs/quantized.md):
+{}{} run in every format; the other policies in fp32 only.
 Exit status: 0 on success, 2 on bad arguments or input, 1 on other failures.
 )";
 
@@ -64,6 +71,8 @@ struct Options {
   std::size_t topk = 10;
   std::size_t prefill_chunk = 0;
   std::size_t prefill_block = 64;
+  std::size_t streams = 1;
+  std::vector<std::string> kv_formats;  ///< --kv-format; empty: fp32, outputs without bytes
   bool quiet = false, force_progress = false;
 };
 
@@ -147,6 +156,19 @@ std::optional<Options> parse(int argc, char** argv) {
            "with --model: the prompt (--prompt tokens) is prefilled through forward_block in "
            "blocks of N tokens (default 64; 0: token by token)",
            o.prefill_block, Range<std::size_t>{0, std::size_t{1} << 20});
+  p.number("--streams", "N",
+           "with --model: sample N streams (seeds --seed ..) and pool their positions (default 1)",
+           o.streams, Range<std::size_t>{1, 4096});
+  p.custom("--kv-format", "LIST",
+           "the caches' storage formats, comma-separated, or 'all' (default fp32; see below)",
+           [&](const std::string& v) {
+             o.kv_formats = v == "all" ? split(kvevict::registry::kv_format_names()) : split(v);
+             if (o.kv_formats.empty()) throw ArgError("--kv-format: empty list");
+             for (const auto& f : o.kv_formats)
+               if (!kvevict::registry::is_kv_format(f))
+                 throw ArgError("--kv-format: unknown format '" + f + "', expected one of: " +
+                                kvevict::registry::kv_format_names() + " or all");
+           });
   p.text("--json", "FILE", "write the results as JSON", o.json);
   p.text("--csv", "FILE", "write the results as CSV", o.csv);
   p.text("--svg", "FILE",
@@ -169,7 +191,11 @@ std::optional<Options> parse(int argc, char** argv) {
     for (const auto& n : synthetic_workload_names()) fmt::print(" {}", n);
     fmt::print("\n");
   });
-  p.epilog(kEpilog);
+#if KVEVICT_EVAL_HAS_LLAMA2C
+  p.epilog(fmt::format(kEpilog, kvevict::registry::kv_format_listing(), all_kv_format_policies()));
+#else
+  p.epilog(fmt::format(kEpilog, kvevict::registry::kv_format_listing(), "no policy"));
+#endif
   if (!p.parse(argc, argv)) return std::nullopt;
   if (o.trace.empty())
     for (const auto& w : o.workloads) {
@@ -183,6 +209,17 @@ std::optional<Options> parse(int argc, char** argv) {
     }
   if (!o.dump_trace.empty() && o.model.empty())
     throw ArgError("--dump-trace needs --model");
+  if (o.kv_formats.size() > 1 && !o.svg.empty())
+    throw ArgError("--svg with several --kv-format formats: give one format (or plot the CSV, "
+                   "as scripts/frontier.py does)");
+  if (o.streams != 1 && o.model.empty()) throw ArgError("--streams needs --model");
+#if KVEVICT_EVAL_HAS_LLAMA2C
+  for (const auto& f : o.kv_formats)
+    for (const auto& name : o.policies)
+      if (f != "fp32" && !find_policy(name)->all_kv_formats && !find_policy(name)->needs_workload)
+        throw ArgError("--kv-format " + f + ": policy '" + name +
+                       "' runs in fp32 only; formats are built for: " + all_kv_format_policies());
+#endif
   if (!o.model.empty() && !o.trace.empty())
     throw ArgError("--model and --trace: give one workload source");
   return o;
@@ -229,6 +266,9 @@ struct Row {
   double fraction = 1.0;
   Quality q;
   double seconds = 0.0;
+  std::string format = "fp32";  ///< --kv-format
+  std::size_t row_bytes = 0;    ///< one token's key + value rows per (layer, KV head)
+  std::size_t kv_bytes = 0;     ///< rows held at the end x row_bytes
 };
 
 /// A figure with `prec` decimals for tables and CSV; "-" when not finite.
@@ -291,10 +331,15 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
   if (!o.csv.empty()) {
     std::ofstream f(o.csv);
     if (!f) throw kvevict::Error("kvevict-eval: cannot write --csv file '" + o.csv + "'");
-    f << "workload,policy,budget_tokens,budget_fraction,mass_recall,output_error,topk_recall,"
+    const bool with_bytes = !o.kv_formats.empty();
+    f << "workload,policy," << (with_bytes ? "format,row_bytes,kv_bytes," : "")
+      << "budget_tokens,budget_fraction,mass_recall,output_error,topk_recall,"
          "needle_rate,needle_probes,samples,seconds\n";
     for (const auto& r : rows)
-      f << fmt::format("{},{},{},{},{},{},{},{},{},{},{}\n", r.workload, r.policy, r.budget,
+      f << fmt::format("{},{},{}{},{},{},{},{},{},{},{},{}\n", r.workload, r.policy,
+                       with_bytes ? fmt::format("{},{},{},", r.format, r.row_bytes, r.kv_bytes)
+                                  : std::string(),
+                       r.budget,
                        num(r.fraction, 6), num(r.q.mass_recall, 6), num(r.q.output_error, 6),
                        num(r.q.topk_recall, 6),
                        std::isfinite(r.q.needle_rate()) ? num(r.q.needle_rate(), 6) : "",
@@ -316,10 +361,14 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
                     {"head_dim", w.geometry.head_dim},
                     {"needles", w.needles.size()}});
     auto& rs = doc["results"] = nlohmann::ordered_json::array();
-    for (const auto& r : rows)
-      rs.push_back({{"workload", r.workload},
-                    {"policy", r.policy},
-                    {"causal", r.causal},
+    for (const auto& r : rows) {
+      nlohmann::ordered_json j = {{"workload", r.workload}, {"policy", r.policy}, {"causal", r.causal}};
+      if (!o.kv_formats.empty()) {
+        j["format"] = r.format;
+        j["row_bytes"] = r.row_bytes;
+        j["kv_bytes"] = r.kv_bytes;
+      }
+      nlohmann::ordered_json rest = {
                     {"budget_tokens", r.budget},
                     {"budget_fraction", json_number(r.fraction)},
                     {"mass_recall", json_number(r.q.mass_recall)},
@@ -328,7 +377,10 @@ void write_outputs(const Options& o, const std::vector<Row>& rows,
                     {"needle_rate", json_number(r.q.needle_rate())},
                     {"needle_probes", r.q.needle_probes},
                     {"samples", r.q.samples},
-                    {"seconds", json_number(r.seconds)}});
+                    {"seconds", json_number(r.seconds)}};
+      for (auto it = rest.begin(); it != rest.end(); ++it) j[it.key()] = it.value();
+      rs.push_back(std::move(j));
+    }
     f << doc.dump(2) << '\n';
   }
   const auto metrics = split(o.metric);
@@ -432,10 +484,14 @@ int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
   kvevict::llama2c::SampleOptions so;
   so.tokens = static_cast<int>(std::min<std::size_t>(
       o.steps.value_or(512), static_cast<std::size_t>(model->config().seq_len)));
-  so.seed = o.seed;
   // Long streams of large-vocabulary models keep hidden states, not logits (Stream).
-  so.keep_logits = kvevict::llama2c::logits_fit(model->config(), static_cast<std::size_t>(so.tokens), 1);
-  const std::vector<kvevict::llama2c::Stream> streams{kvevict::llama2c::sample_stream(model, so)};
+  so.keep_logits = kvevict::llama2c::logits_fit(model->config(),
+                                                static_cast<std::size_t>(so.tokens), o.streams);
+  std::vector<kvevict::llama2c::Stream> streams;
+  for (std::size_t i = 0; i < o.streams; ++i) {
+    so.seed = o.seed + i;
+    streams.push_back(kvevict::llama2c::sample_stream(model, so));
+  }
   if (!o.dump_trace.empty()) {
     const std::size_t n = streams[0].tokens.size();
     kvevict::llama2c::dump_trace(model, streams[0].tokens, std::min(o.prompt.value_or(n / 4), n - 1),
@@ -449,11 +505,19 @@ int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
   kvevict::llama2c::ProtocolOptions protocol;
   protocol.prefill = o.prefill_block > 0 ? prompt : 0;
   protocol.prefill_block = std::max<std::size_t>(o.prefill_block, 1);
+  // --kv-format: the formats and their bytes per cached token and (layer, KV head).
+  const bool with_bytes = !o.kv_formats.empty();
+  const std::vector<std::string> formats =
+      with_bytes ? o.kv_formats : std::vector<std::string>{"fp32"};
+  const int head_dim = model->config().head_dim();
   struct ModelRow {
     std::string policy;
     std::size_t budget;
     double fraction;
     kvevict::llama2c::Summary s;
+    std::string format = "fp32";
+    std::size_t row_bytes = 0;  ///< one token's key + value rows in `format`
+    std::size_t kv_bytes = 0;   ///< rows held at the end x row_bytes, per (layer, KV head)
   };
   std::vector<ModelRow> rows;
   for (const auto& pname : o.policies) {
@@ -463,21 +527,33 @@ int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
                    e.name);
       continue;
     }
-    const std::size_t n = e.sizing == Sizing::reference ? 1 : budgets.size();
-    for (std::size_t bi = 0; bi < n; ++bi) {
-      const std::size_t b = e.sizing == Sizing::reference ? 0 : budgets[bi].resolve(T);
-      try {
-        rows.push_back({e.name, b, b ? double(b) / double(T) : 1.0,
-                        e.run_model(model, streams, PolicyArgs{b, o.seed, nullptr, protocol})});
-      } catch (const kvevict::Error& err) {
-        throw kvevict::Error(std::string(err.what()) + " (policy " + e.name + ", budget " +
-                             std::to_string(b) + " tokens)");
+    for (const auto& format : formats) {
+      const std::size_t row_bytes = kvevict::registry::kv_row_bytes(format, head_dim);
+      const std::size_t n = e.sizing == Sizing::reference ? 1 : budgets.size();
+      for (std::size_t bi = 0; bi < n; ++bi) {
+        const std::size_t b = e.sizing == Sizing::reference ? 0 : budgets[bi].resolve(T);
+        PolicyArgs args{b, o.seed, nullptr, protocol};
+        args.kv_format = format;
+        try {
+          // The Oracle stores every row (it limits attention instead): all T are held.
+          const std::size_t held = b == 0 || e.sizing != Sizing::budget ? T : std::min(b, T);
+          rows.push_back({e.name, b, b ? double(b) / double(T) : 1.0,
+                          e.run_model(model, streams, args), format, row_bytes,
+                          held * row_bytes});
+        } catch (const kvevict::Error& err) {
+          throw kvevict::Error(std::string(err.what()) + " (policy " + e.name + ", budget " +
+                               std::to_string(b) + " tokens, format " + format + ")");
+        }
       }
     }
   }
-  fmt::print("model {}, one stream of {} tokens sampled at temperature 1, seed {}; the first "
+  fmt::print("model {}, {} of {} tokens sampled at temperature 1, seed {}; the first "
              "{} prefilled {}\n",
-             path, T, static_cast<unsigned long long>(o.seed), prompt,
+             path, o.streams == 1 ? std::string("one stream") : fmt::format("{} streams", o.streams),
+             T,
+             o.streams == 1 ? fmt::format("{}", o.seed)
+                            : fmt::format("{}..{}", o.seed, o.seed + o.streams - 1),
+             prompt,
              protocol.prefill > 0 ? fmt::format("in blocks of {}", protocol.prefill_block)
                                   : std::string("token by token"));
   if (hf_dir) {  // the stream's beginning as text, when the checkpoint has a tokenizer.json
@@ -491,35 +567,55 @@ int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
                                           .first(std::min<std::size_t>(T, 64)))));
     }
   }
-  fmt::print("{:<{}} {:>8} {:>6} {:>10} {:>8} {:>10} {:>10}\n", "policy", kvevict::registry::name_width(), "budget", "frac", "mean_kl", "top1",
-              "ppl", "ppl_full");
+  if (with_bytes)
+    fmt::print("bytes: one token's key + value rows per (layer, KV head) in the format (row_B), "
+               "and the rows held x row_B (kv_bytes; positions not counted)\n");
+  const std::string bytes_head =
+      with_bytes ? fmt::format(" {:>6} {:>6} {:>8}", "format", "row_B", "kv_bytes") : "";
+  fmt::print("{:<{}}{} {:>8} {:>6} {:>10} {:>8} {:>10} {:>10}\n", "policy",
+             kvevict::registry::name_width(), bytes_head, "budget", "frac", "mean_kl", "top1",
+             "ppl", "ppl_full");
   for (const auto& r : rows)
-    fmt::print("{:<{}} {:>8} {:>6} {:>10} {:>8} {:>10} {:>10}\n", r.policy, kvevict::registry::name_width(),
-                r.budget ? std::to_string(r.budget) : "all", num(r.fraction, 2),
-                num(r.s.mean_kl, 5), num(r.s.top1, 4),
-                num(r.s.perplexity, 3), num(r.s.perplexity_full, 3));
+    fmt::print("{:<{}}{} {:>8} {:>6} {:>10} {:>8} {:>10} {:>10}\n", r.policy,
+               kvevict::registry::name_width(),
+               with_bytes ? fmt::format(" {:>6} {:>6} {:>8}", r.format, r.row_bytes, r.kv_bytes)
+                          : std::string(),
+               r.budget ? std::to_string(r.budget) : "all", num(r.fraction, 2),
+               num(r.s.mean_kl, 5), num(r.s.top1, 4), num(r.s.perplexity, 3),
+               num(r.s.perplexity_full, 3));
   if (!o.csv.empty()) {
     std::ofstream c(o.csv);
     if (!c) throw kvevict::Error("kvevict-eval: cannot write --csv file '" + o.csv + "'");
-    c << "policy,budget_tokens,budget_fraction,mean_kl,top1,perplexity,perplexity_full\n";
+    c << "policy," << (with_bytes ? "format,row_bytes,kv_bytes," : "")
+      << "budget_tokens,budget_fraction,mean_kl,top1,perplexity,perplexity_full\n";
     for (const auto& r : rows)
-      c << fmt::format("{},{},{},{},{},{},{}\n", r.policy, r.budget, num(r.fraction, 6),
-                       num(r.s.mean_kl, 6), num(r.s.top1, 6), num(r.s.perplexity, 6),
-                       num(r.s.perplexity_full, 6));
+      c << fmt::format("{},{}{},{},{},{},{},{}\n", r.policy,
+                       with_bytes ? fmt::format("{},{},{},", r.format, r.row_bytes, r.kv_bytes)
+                                  : std::string(),
+                       r.budget, num(r.fraction, 6), num(r.s.mean_kl, 6), num(r.s.top1, 6),
+                       num(r.s.perplexity, 6), num(r.s.perplexity_full, 6));
   }
   if (!o.json.empty()) {
     std::ofstream j(o.json);
     if (!j) throw kvevict::Error("kvevict-eval: cannot write --json file '" + o.json + "'");
     nlohmann::ordered_json doc = {{"model", path}, {"tokens", T}};
+    if (o.streams != 1) doc["streams"] = o.streams;
     auto& rs = doc["results"] = nlohmann::ordered_json::array();
-    for (const auto& r : rows)
-      rs.push_back({{"policy", r.policy},
-                    {"budget_tokens", r.budget},
-                    {"budget_fraction", json_number(r.fraction)},
-                    {"mean_kl", json_number(r.s.mean_kl)},
-                    {"top1", json_number(r.s.top1)},
-                    {"perplexity", json_number(r.s.perplexity)},
-                    {"perplexity_full", json_number(r.s.perplexity_full)}});
+    for (const auto& r : rows) {
+      nlohmann::ordered_json j = {{"policy", r.policy}};
+      if (with_bytes) {
+        j["format"] = r.format;
+        j["row_bytes"] = r.row_bytes;
+        j["kv_bytes"] = r.kv_bytes;
+      }
+      j["budget_tokens"] = r.budget;
+      j["budget_fraction"] = json_number(r.fraction);
+      j["mean_kl"] = json_number(r.s.mean_kl);
+      j["top1"] = json_number(r.s.top1);
+      j["perplexity"] = json_number(r.s.perplexity);
+      j["perplexity_full"] = json_number(r.s.perplexity_full);
+      rs.push_back(std::move(j));
+    }
     j << doc.dump(2) << '\n';
   }
   return 0;
@@ -556,13 +652,15 @@ int run(int argc, char** argv) {
     }
   }
   std::vector<std::string> workload_names;
+  const std::vector<std::string> formats =
+      o.kv_formats.empty() ? std::vector<std::string>{"fp32"} : o.kv_formats;
   std::size_t total = 0;
   for (const auto& w : loaded) {
     workload_names.push_back(w.name);
-    std::size_t runs = 1;  // the reference
+    std::size_t runs = 0;
     for (const auto& p : o.policies)
       runs += find_policy(p)->sizing == Sizing::reference ? 1 : budgets.size();
-    total += runs * (w.tokens - w.prompt);
+    total += (1 + runs * formats.size()) * (w.tokens - w.prompt);  // 1: the reference
   }
   Progress progress(total, !o.quiet && (o.force_progress || isatty(2)));
   const Tick tick = [&] { progress.tick(); };
@@ -577,35 +675,53 @@ int run(int argc, char** argv) {
     for (const auto& pname : o.policies) {
       const PolicyEntry& e = *find_policy(pname);
       const std::size_t n = e.sizing == Sizing::reference ? 1 : budgets.size();
-      for (std::size_t bi = 0; bi < n; ++bi) {
-        Row r;
-        r.workload = w.name;
-        r.policy = e.name;
-        r.causal = e.causal();
-        r.reference = e.sizing == Sizing::reference;
-        if (!r.reference) {
-          r.budget = budgets[bi].resolve(w.tokens);
-          r.fraction = double(r.budget) / double(w.tokens);
+      for (const auto& format : formats) {
+        const std::size_t row_bytes = kvevict::registry::kv_row_bytes(format, w.geometry.head_dim);
+        for (std::size_t bi = 0; bi < n; ++bi) {
+          Row r;
+          r.workload = w.name;
+          r.policy = e.name;
+          r.causal = e.causal();
+          r.reference = e.sizing == Sizing::reference;
+          r.format = format;
+          r.row_bytes = row_bytes;
+          if (!r.reference) {
+            r.budget = budgets[bi].resolve(w.tokens);
+            r.fraction = double(r.budget) / double(w.tokens);
+          }
+          // Rows held at the end: the budget, or every token (full cache, Oracle).
+          r.kv_bytes = (e.sizing == Sizing::budget ? std::min(r.budget, w.tokens) : w.tokens) *
+                       row_bytes;
+          progress.label(w.name + ": " + e.name + " " + (r.reference ? "" : budgets[bi].text) +
+                         (formats.size() > 1 ? " " + format : ""));
+          const auto t0 = std::chrono::steady_clock::now();
+          PolicyArgs args{r.budget, o.seed, &w};
+          args.kv_format = format;
+          try {
+            r.q = e.run(w, ref, args, ro, tick);
+          } catch (const kvevict::Error& err) {
+            throw kvevict::Error(std::string(err.what()) + " (policy " + e.name + ", budget " +
+                                 std::to_string(r.budget) + " tokens, workload " + w.name +
+                                 ", format " + format + ")");
+          }
+          r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          rows.push_back(r);
         }
-        progress.label(w.name + ": " + e.name + " " + (r.reference ? "" : budgets[bi].text));
-        const auto t0 = std::chrono::steady_clock::now();
-        try {
-          r.q = e.run(w, ref, PolicyArgs{r.budget, o.seed, &w}, ro, tick);
-        } catch (const kvevict::Error& err) {
-          throw kvevict::Error(std::string(err.what()) + " (policy " + e.name + ", budget " +
-                               std::to_string(r.budget) + " tokens, workload " + w.name + ")");
-        }
-        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        rows.push_back(r);
       }
     }
   }
   progress.finish();
 
-  fmt::print("{:<10} {:<{}} {:>8} {:>7} {:>10} {:>10} {:>9} {:>8}\n", "workload", "policy", kvevict::registry::name_width(), "budget", "frac",
-              "mass_rec", "out_err", "topk", "needle");
+  const bool with_bytes = !o.kv_formats.empty();
+  fmt::print("{:<10} {:<{}}{} {:>8} {:>7} {:>10} {:>10} {:>9} {:>8}\n", "workload", "policy",
+             kvevict::registry::name_width(),
+             with_bytes ? fmt::format(" {:>6} {:>6} {:>8}", "format", "row_B", "kv_bytes") : "",
+             "budget", "frac", "mass_rec", "out_err", "topk", "needle");
   for (const auto& r : rows)
-    fmt::print("{:<10} {:<{}} {:>8} {:>7} {:>10} {:>10} {:>9} {:>8}\n", r.workload, r.policy, kvevict::registry::name_width(),
+    fmt::print("{:<10} {:<{}}{} {:>8} {:>7} {:>10} {:>10} {:>9} {:>8}\n", r.workload, r.policy,
+               kvevict::registry::name_width(),
+               with_bytes ? fmt::format(" {:>6} {:>6} {:>8}", r.format, r.row_bytes, r.kv_bytes)
+                          : std::string(),
                 r.reference ? "all" : std::to_string(r.budget),
                 r.reference ? "1.00" : num(r.fraction, 2), num(r.q.mass_recall),
                 num(r.q.output_error), num(r.q.topk_recall),

@@ -32,6 +32,7 @@
 #include "../llama2c/hf.hpp"
 #include "../llama2c/hf_tokenizer.hpp"
 #include "../llama2c/trace_dump.hpp"
+#include "model_formats.hpp"
 #define KVEVICT_EVAL_HAS_LLAMA2C 1
 #else
 #define KVEVICT_EVAL_HAS_LLAMA2C 0
@@ -48,6 +49,8 @@ struct PolicyArgs {
   /// --model: the protocol's options (the prompt prefilled in blocks).
   llama2c::ProtocolOptions protocol{};
 #endif
+  /// The cache's storage format (examples/common/kv_format.hpp; --kv-format).
+  std::string kv_format = "fp32";
 };
 
 using registry::Family;
@@ -65,6 +68,8 @@ struct PolicyEntry {
       run;
   /// Needs a workload's Q/K at setup (per-layer allocators): not available with --model.
   bool needs_workload = false;
+  /// --model runs it in every format of kv_format.hpp (else fp32 only).
+  bool all_kv_formats = false;
 #if KVEVICT_EVAL_HAS_LLAMA2C
   /// The streaming KL protocol on a llama2.c checkpoint (budget: PolicyArgs::budget).
   std::function<llama2c::Summary(const std::shared_ptr<const llama2c::Model>&,
@@ -87,6 +92,19 @@ inline registry::Knobs eval_knobs(std::uint64_t seed) {
   k.rope = policies::RopeLayout::none;
   return k;
 }
+
+#if KVEVICT_EVAL_HAS_LLAMA2C
+/// The registry names --model runs in every storage format (kAllKvFormats), comma-separated.
+inline std::string all_kv_format_policies() {
+  std::string out;
+  registry::for_each_policy([&](const auto& re) {
+    using Policy = typename std::decay_t<decltype(re)>::policy_type;
+    if (kAllKvFormats<Policy> && !re.info.needs_prompt)
+      out += (out.empty() ? "" : ", ") + std::string(re.info.name);
+  });
+  return out;
+}
+#endif
 
 /// The prompt's keys and queries of a workload, for the per-layer allocators.
 inline registry::PromptStats prompt_stats(const Workload& w) {
@@ -117,10 +135,23 @@ inline const std::vector<PolicyEntry>& policy_registry() {
         const registry::PromptStats stats = prompt_stats(w);
         const registry::Args ra{a.budget, eval_knobs(a.seed), &stats};
         return registry::invoke(re, ra, [&](Policy policy, const Budget& b) {
+#if KVEVICT_EVAL_HAS_LLAMA2C
+          if constexpr (kAllKvFormats<Policy>) {
+            return FormatRunner<Policy>::synthetic(a.kv_format, w, ref, policy, b, o, tick);
+          } else {
+            if (a.kv_format != "fp32")
+              kvevict::detail::fail("K/V format '", a.kv_format, "': policy ", re.info.name,
+                                    " runs in fp32 only (the other formats are built for: ",
+                                    all_kv_format_policies(), ")");
+            return evaluate<Policy>(w, ref, std::move(policy), b, o, tick);
+          }
+#else
           return evaluate<Policy>(w, ref, std::move(policy), b, o, tick);
+#endif
         });
       };
 #if KVEVICT_EVAL_HAS_LLAMA2C
+      e.all_kv_formats = kAllKvFormats<Policy>;
       if (!re.info.needs_prompt)
         e.run_model = [re](const std::shared_ptr<const llama2c::Model>& model,
                            std::span<const llama2c::Stream> streams, const PolicyArgs& a) {
@@ -130,7 +161,15 @@ inline const std::vector<PolicyEntry>& policy_registry() {
           llama2c::set_model_rope(knobs, model->config());
           const registry::Args ra{a.budget, knobs, nullptr};
           return registry::invoke(re, ra, [&](Policy policy, const Budget& b) {
-            return llama2c::evaluate<Policy>(model, streams, b, std::move(policy), a.protocol);
+            if constexpr (kAllKvFormats<Policy>) {
+              return FormatRunner<Policy>::run(a.kv_format, model, streams, b, policy, a.protocol);
+            } else {
+              if (a.kv_format != "fp32")
+                kvevict::detail::fail("K/V format '", a.kv_format, "': policy ", re.info.name,
+                                      " runs in fp32 only (the other formats are built for: ",
+                                      all_kv_format_policies(), ")");
+              return llama2c::evaluate<Policy>(model, streams, b, std::move(policy), a.protocol);
+            }
           });
         };
 #endif

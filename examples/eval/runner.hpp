@@ -58,8 +58,8 @@ inline std::size_t group_argmax(
 }
 
 /// The prompt in chunks of `chunk` tokens (0: the whole prompt at once).
-template <class Policy>
-void prefill_all(KVCache<Policy>& cache, const Workload& w, std::size_t chunk = 0) {
+template <class Policy, class Scalar>
+void prefill_all(KVCache<Policy, Scalar>& cache, const Workload& w, std::size_t chunk = 0) {
   if (w.prompt == 0) return;
   const Geometry& g = w.geometry;
   const std::size_t kv = static_cast<std::size_t>(g.n_kv_heads * g.head_dim);
@@ -74,8 +74,8 @@ void prefill_all(KVCache<Policy>& cache, const Workload& w, std::size_t chunk = 
   }
 }
 
-template <class Policy>
-AttentionResult step(KVCache<Policy>& cache, const Workload& w, int l, std::size_t t) {
+template <class Policy, class Scalar>
+AttentionResult step(KVCache<Policy, Scalar>& cache, const Workload& w, int l, std::size_t t) {
   const Geometry& g = w.geometry;
   const std::size_t kv = static_cast<std::size_t>(g.n_kv_heads * g.head_dim);
   const std::size_t qs = static_cast<std::size_t>(g.n_heads * g.head_dim);
@@ -156,11 +156,12 @@ class Reference {
 /// Runs `policy` inside `budget` over the workload and compares every decode step with
 /// the reference. The kept set S of a step is the rows the policy's attention used:
 /// its cached rows, and for policies that restrict attention (Oracle) the rows with
-/// non-zero probability.
-template <class Policy>
+/// non-zero probability. Scalar is the cache's storage type (a quantized format of
+/// quantized.hpp: attend reads the stored bytes); the reference stays the float cache.
+template <class Policy, class Scalar = float>
 Quality evaluate(const Workload& w, const Reference& ref, Policy policy, const Budget& budget,
                  const RunOptions& options = {}, const Tick& tick = {}) {
-  KVCache<Policy> cache(w.geometry, budget, std::move(policy));
+  KVCache<Policy, Scalar> cache(w.geometry, budget, std::move(policy));
   detail::prefill_all(cache, w, options.prefill_chunk);
   const Geometry& g = w.geometry;
   const int G = g.group();

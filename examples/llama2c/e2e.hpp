@@ -241,11 +241,13 @@ struct StreamResult {
   [[nodiscard]] std::size_t counted() const { return kl.size() > skip ? kl.size() - skip : 0; }
 };
 
-/// Feeds `stream` one token at a time into a Transformer<Policy> with `budget` and
+/// Feeds `stream` one token at a time into a Transformer<Policy, Scalar> with `budget` and
 /// compares with the stream's full-cache logits. Policy is copied per call, so one
 /// configured instance serves many streams. (Oracle and FullCache take
-/// Budget::unbounded(); the Oracle's row count is its own `rows`.)
-template <class Policy>
+/// Budget::unbounded(); the Oracle's row count is its own `rows`.) Scalar is the cache's
+/// storage type (float, Eigen::half, a quantized format such as Q8<8>): the stream's
+/// reference logits stay those of the float full cache it was sampled with.
+template <class Policy, class Scalar = float>
 StreamResult run_stream(const std::shared_ptr<const Model>& model, const Stream& stream,
                         const Budget& budget, Policy policy = Policy{},
                         const ProtocolOptions& options = {}) {
@@ -265,7 +267,7 @@ StreamResult run_stream(const std::shared_ptr<const Model>& model, const Stream&
   kvevict::detail::require(options.prefill == 0 || options.prefill_block > 0,
                            "run_stream: prefill = ", options.prefill,
                            " tokens with prefill_block = 0, expected a block of >= 1 token");
-  Transformer<Policy> tf(model, budget, std::move(policy));
+  Transformer<Policy, Scalar> tf(model, budget, std::move(policy));
   StreamResult r;
   r.skip = options.skip;
   auto score = [&](std::size_t t, std::span<const float> q) {
@@ -333,13 +335,14 @@ inline Summary summarize(std::span<const StreamResult> results) {
   return s;
 }
 
-/// run_stream over several streams, summarised.
-template <class Policy>
+/// run_stream over several streams, summarised (Scalar: the cache's storage type).
+template <class Policy, class Scalar = float>
 Summary evaluate(const std::shared_ptr<const Model>& model, std::span<const Stream> streams,
                  const Budget& budget, const Policy& policy = Policy{},
                  const ProtocolOptions& options = {}) {
   std::vector<StreamResult> results;
-  for (const auto& s : streams) results.push_back(run_stream(model, s, budget, policy, options));
+  for (const auto& s : streams)
+    results.push_back(run_stream<Policy, Scalar>(model, s, budget, policy, options));
   return summarize(results);
 }
 

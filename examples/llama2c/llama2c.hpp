@@ -456,12 +456,14 @@ class Tokenizer {
   std::unordered_map<std::string, int> ids_;
 };
 
-/// The K/V store Transformer<Policy> runs over: KVCache<Policy, float>, unless a
+/// The K/V store Transformer<Policy, Scalar> runs over: KVCache<Policy, Scalar> (float by
+/// default; Eigen::half, Eigen::bfloat16 or a quantized format of quantized.hpp, e.g.
+/// Q8<8>, store the rows in fewer bytes and attend() reads those bytes), unless a
 /// specialisation names another type with the same append(layer, pos, k, v, q) and an
 /// attend(store, layer, queries) overload (paged_adapter.hpp: PagedTables' decisions).
-template <class Policy>
+template <class Policy, class Scalar = float>
 struct CacheFor {
-  using type = KVCache<Policy, float>;
+  using type = KVCache<Policy, Scalar>;
 };
 
 /// What RoPE sees after eviction (docs/engine.md, "Generating past the trained length").
@@ -481,17 +483,24 @@ enum class Positions {
 /// computed with; Positions::reindex stores them unrotated and re-indexes at attention.
 /// A bounded cache (any budget but Budget::unbounded()) may run past the checkpoint's
 /// seq_len; an unbounded one (FullCache, the Oracle) stops there with an Error.
-template <class Policy>
+template <class Policy, class Scalar = float>
 class Transformer {
  public:
-  using Cache = typename CacheFor<Policy>::type;
-  /// Positions::reindex reads the stored rows back (keys(), values(), positions()): only
-  /// the KVCache store has them, not paged_adapter.hpp's PagedStore.
-  static constexpr bool kStoresRows = requires(Cache& c) {
-    c.keys(0, 0);
-    c.values(0, 0);
+  using Cache = typename CacheFor<Policy, Scalar>::type;
+  /// A KVCache (of any storage type): attention runs through the allocation-free
+  /// workspace overload of kvevict::attend, which reads the stored rows (or bytes).
+  static constexpr bool kDenseCache = requires(Cache& c) {
+    c.stored_keys(0, 0);
     c.positions(0, 0);
   };
+  /// Positions::reindex reads the stored rows back as floats (keys(), values(),
+  /// positions()): only a float KVCache has them, not paged_adapter.hpp's PagedStore nor
+  /// a 16-bit or quantized cache.
+  static constexpr bool kStoresRows = kDenseCache && std::is_same_v<Scalar, float> &&
+                                      requires(Cache& c) {
+                                        c.keys(0, 0);
+                                        c.values(0, 0);
+                                      };
 
   /// `model` must outlive the transformer (shared so several policies reuse one copy).
   Transformer(std::shared_ptr<const Model> model, const Budget& budget, Policy policy = Policy{},
@@ -504,8 +513,8 @@ class Transformer {
         bounded_(!budget.is_unbounded()) {
     if constexpr (!kStoresRows)
       kvevict::detail::require(positions == Positions::keep,
-                               "Transformer: Positions::reindex needs a KVCache (this store "
-                               "keeps keys rotated at their positions)");
+                               "Transformer: Positions::reindex needs a float KVCache (this "
+                               "store keeps keys rotated at their positions)");
     const Config& c = model_->config();
     x_.resize(c.dim);
     xb_.resize(c.dim);
@@ -677,7 +686,7 @@ class Transformer {
     }
     const std::span<const float> qs(q, qn);
     cache_.append(l, pos, std::span<const float>(k, kn), std::span<const float>(v, kn), qs);
-    if constexpr (kStoresRows) {  // a KVCache (paged_adapter.hpp's store has its own attend)
+    if constexpr (kDenseCache) {  // a KVCache (paged_adapter.hpp's store has its own attend)
       // The common case allocates nothing per step: output and probabilities in reused
       // buffers (the same kernel as the allocating overload, bit-identical).
       if (!reindex && !observer_) {

@@ -133,9 +133,11 @@ class KVCache
   }
 
   // --- quantized caches: the stored bytes and dequantised copies ----------------------
-  /// Bytes of one stored key row / value row (size(l, h) rows, row-major, back to back).
-  [[nodiscard]] std::size_t key_row_bytes() const { return key_units(); }
-  [[nodiscard]] std::size_t value_row_bytes() const { return value_units(); }
+  /// Bytes of one stored key row / value row (size(l, h) rows, row-major, back to back):
+  /// head_dim x sizeof(Scalar) for float, fp16 and bf16 caches, the encoded row (scales
+  /// included) for quantized ones.
+  [[nodiscard]] std::size_t key_row_bytes() const { return key_units() * sizeof(Unit); }
+  [[nodiscard]] std::size_t value_row_bytes() const { return value_units() * sizeof(Unit); }
   [[nodiscard]] std::span<const Unit> stored_keys(int layer, int kv_head) const {
     const auto& h = this->head(layer, kv_head);
     return {h.k.data(), h.size() * key_units()};

@@ -321,7 +321,10 @@ class ContainerCore {
   /// would pass its total, or a head its ceiling. `stepping`: the layer whose heads each get
   /// one incoming row (-1: none, a budget change). The counts come from pooled_victim_counts
   /// over the policy's eviction costs (model scope: a head's costs are reused until it
-  /// changes); each head's rows from its choose_victims. `view(l, kh, n)` builds a view.
+  /// changes); each head's rows from its choose_victims, or, when the policy has the
+  /// pooled_victims hook, from that: the same choice reusing the protection its
+  /// eviction_costs pass computed (one protection pass per head and step, not two).
+  /// `view(l, kh, n)` builds a view.
   template <class MakeView>
   void choose_pooled(int layer, int stepping, const LayerPool& pool, MakeView&& view,
                      std::vector<std::vector<std::uint32_t>>& victims) {
@@ -343,12 +346,15 @@ class ContainerCore {
     if (after <= total && !over) return;
     if constexpr (kPoolable) {
       pool_costs_.resize(heads_.size());
+      pool_prefix_.resize(heads_.size());
       pool_fresh_.resize(heads_.size(), 0);
       pool_heads_.clear();
       for (std::size_t i = first; i < last; ++i) {
         const auto& h = heads_[i];
         auto& c = pool_costs_[i];
-        if (!(pool.model && pool_fresh_[i])) {
+        // Model scope: costs unchanged since the last selection, so is its sorted prefix.
+        const bool reuse = pool.model && pool_fresh_[i];
+        if (!reuse) {
           c.clear();
           if (h.size() > 0) {
             const int l = static_cast<int>(i / hkv), kh = static_cast<int>(i % hkv);
@@ -363,8 +369,8 @@ class ContainerCore {
           }
           pool_fresh_[i] = 1;
         }
-        pool_heads_.push_back(
-            PoolHead{h.size(), incoming(i), pool.floor[i], pool.ceiling[i], c.data(), h.seq.data()});
+        pool_heads_.push_back(PoolHead{h.size(), incoming(i), pool.floor[i], pool.ceiling[i], c.data(),
+                                       h.seq.data(), pool.model ? &pool_prefix_[i] : nullptr, reuse});
       }
       pooled_victim_counts(pool_heads_, total, pool_counts_, pool_scratch_, Policy::name());
       for (std::size_t i = first; i < last; ++i) {
@@ -375,7 +381,10 @@ class ContainerCore {
         HeadView<Scalar> v = view(l, kh, heads_[i].size());
         if (pool.share) v.capacity = std::max(pool.floor[i], v.size);
         v.need = k;
-        policy_.choose_victims(v, victims[i]);
+        if constexpr (HasPooledVictims<Policy, Scalar>)  // reuses the costs pass's protection
+          policy_.pooled_victims(v, victims[i]);
+        else
+          policy_.choose_victims(v, victims[i]);
         validate_victims<Policy>(victims[i], v.size, v.need);
       }
     }
@@ -658,6 +667,7 @@ class ContainerCore {
   LayerPool pool_;  ///< the pooled budget (pool_.on), else empty
   std::vector<std::vector<float>> pool_costs_;  ///< choose_pooled: costs per head
   std::vector<std::uint8_t> pool_fresh_;         ///< model scope: pool_costs_[i] still valid
+  std::vector<PoolPrefix> pool_prefix_;  ///< choose_pooled: each head's cheapest rows, sorted
   /// Pooled heads that gave up rows: their storage grows by chunks only, never
   /// geometrically, so a layer's storage stays within its total + the chunks.
   std::vector<std::uint8_t> pool_settled_;

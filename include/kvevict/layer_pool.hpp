@@ -18,7 +18,8 @@
 // the pool's need is the cheapest rows of the whole pool, ordered by (cost, seq, head): on
 // equal costs the older row, then the lower head. Only the counts k_h are decided here;
 // the policy's choose_victims picks the k_h rows of each head (so its protection and
-// reserve rules still hold).
+// reserve rules still hold; its optional pooled_victims makes the same choice reusing the
+// protection of the eviction_costs pass).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -89,16 +90,6 @@ struct LayerPool {
   }
 };
 
-/// One head of a layer as the selection sees it.
-struct PoolHead {
-  std::size_t size = 0;     ///< live rows n_h
-  std::size_t incoming = 0; ///< rows the step adds to it (1 for the stepping layer's heads)
-  std::size_t floor = 0;    ///< rows it keeps at least
-  std::size_t ceiling = 0;  ///< rows it may hold at most
-  const float* costs = nullptr;          ///< size comparable costs (may be null when size == 0)
-  const std::uint64_t* seqs = nullptr;   ///< size arrival indices
-};
-
 /// Scratch of pooled_victim_counts (kept by the caller so a step allocates nothing new).
 struct PoolScratch {
   struct Cand {
@@ -112,6 +103,27 @@ struct PoolScratch {
     if (a.seq != b.seq) return a.seq < b.seq;
     return a.head < b.head;
   }
+};
+
+/// A head's cheapest rows as the last selection found them (sorted by PoolScratch::before),
+/// kept by the caller while the head's costs are unchanged: the next selection takes its
+/// rows from here instead of scanning the head again when the prefix is long enough (rows
+/// of a total order: the first k of the head's order are the first k of any longer prefix).
+struct PoolPrefix {
+  std::vector<PoolScratch::Cand> rows;
+  bool complete = false;  ///< rows holds every row with a finite cost
+};
+
+/// One head of a layer as the selection sees it.
+struct PoolHead {
+  std::size_t size = 0;     ///< live rows n_h
+  std::size_t incoming = 0; ///< rows the step adds to it (1 for the stepping layer's heads)
+  std::size_t floor = 0;    ///< rows it keeps at least
+  std::size_t ceiling = 0;  ///< rows it may hold at most
+  const float* costs = nullptr;          ///< size comparable costs (may be null when size == 0)
+  const std::uint64_t* seqs = nullptr;   ///< size arrival indices
+  PoolPrefix* prefix = nullptr;  ///< optional: the head's kept cheapest rows (refreshed here)
+  bool reuse = false;  ///< prefix was stored for these very costs and rows (else rebuilt)
 };
 
 /// Victims per head of one layer (counts[h]); see the header comment for the rule. Throws
@@ -140,22 +152,48 @@ inline void pooled_victim_counts(std::span<const PoolHead> heads, std::size_t to
       fail("head " + std::to_string(hi) + " must give " + std::to_string(forced) +
            " rows to its ceiling but only " + std::to_string(limit) + " above its floor");
     // The head's cheapest rows, as many as could matter: forced + need, at most limit.
-    s.head_rows.clear();
-    for (std::size_t r = 0; r < h.size; ++r)
-      if (h.costs[r] <= std::numeric_limits<float>::max() && !std::isnan(h.costs[r]))
-        s.head_rows.push_back({h.costs[r], h.seqs[r], static_cast<std::uint32_t>(hi)});
-    const std::size_t take = std::min({limit, forced + need, s.head_rows.size()});
+    const std::size_t want = std::min(limit, forced + need);
+    const auto head_of = static_cast<std::uint32_t>(hi);
+    const PoolScratch::Cand* sorted = nullptr;  // the head's first `take` rows, in order
+    std::size_t take = 0, evictable = 0;
+    if (h.prefix && h.reuse && (h.prefix->complete || h.prefix->rows.size() >= want)) {
+      evictable = h.prefix->rows.size();  // a lower bound unless complete (then >= want)
+      take = std::min(want, evictable);
+      sorted = h.prefix->rows.data();
+    } else {
+      // One scan keeping the `want` cheapest finite rows in a max-heap (most rows fail the
+      // comparison with its top), then sorted.
+      s.head_rows.clear();
+      for (std::size_t r = 0; r < h.size; ++r) {
+        const float c = h.costs[r];
+        if (!(c <= std::numeric_limits<float>::max())) continue;  // +infinity or NaN
+        ++evictable;
+        const PoolScratch::Cand cand{c, h.seqs[r], head_of};
+        if (s.head_rows.size() < want) {
+          s.head_rows.push_back(cand);
+          std::push_heap(s.head_rows.begin(), s.head_rows.end(), PoolScratch::before);
+        } else if (want > 0 && PoolScratch::before(cand, s.head_rows.front())) {
+          std::pop_heap(s.head_rows.begin(), s.head_rows.end(), PoolScratch::before);
+          s.head_rows.back() = cand;
+          std::push_heap(s.head_rows.begin(), s.head_rows.end(), PoolScratch::before);
+        }
+      }
+      std::sort_heap(s.head_rows.begin(), s.head_rows.end(), PoolScratch::before);
+      take = s.head_rows.size();
+      if (h.prefix) {
+        h.prefix->rows.assign(s.head_rows.begin(), s.head_rows.begin() + static_cast<std::ptrdiff_t>(take));
+        h.prefix->complete = take == evictable;
+      }
+      sorted = s.head_rows.data();
+    }
     if (take < forced)
       fail("head " + std::to_string(hi) + " must give " + std::to_string(forced) +
-           " rows to its ceiling but has " + std::to_string(s.head_rows.size()) + " evictable");
-    if (take < s.head_rows.size())
-      std::nth_element(s.head_rows.begin(), s.head_rows.begin() + static_cast<std::ptrdiff_t>(take),
-                       s.head_rows.end(), PoolScratch::before);
-    std::sort(s.head_rows.begin(), s.head_rows.begin() + static_cast<std::ptrdiff_t>(take),
-              PoolScratch::before);
+           " rows to its ceiling but has " + std::to_string(evictable) + " evictable");
     counts[hi] = forced;
-    s.chosen.insert(s.chosen.end(), s.head_rows.begin() + static_cast<std::ptrdiff_t>(forced),
-                    s.head_rows.begin() + static_cast<std::ptrdiff_t>(take));
+    for (std::size_t j = forced; j < take; ++j) {
+      s.chosen.push_back(sorted[j]);
+      s.chosen.back().head = head_of;
+    }
   }
   std::size_t forced_total = 0;
   for (std::size_t c : counts) forced_total += c;

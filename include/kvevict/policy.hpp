@@ -177,6 +177,15 @@ template <class P, class Scalar = float>
 concept HasEvictionCosts = requires(P& p, const HeadView<Scalar>& v, std::vector<float>& costs) {
   p.eviction_costs(v, costs);
 };
+/// The optional single-pass companion of eviction_costs: `pooled_victims(view, out)`
+/// chooses exactly what `choose_victims(view, out)` would, for a head whose eviction_costs
+/// ran last on the same view (need aside) with no call on that head since, so the policy
+/// can reuse the protection that pass computed. Pooled budgets call it instead of
+/// choose_victims (ContainerCore::choose_pooled).
+template <class P, class Scalar = float>
+concept HasPooledVictims = requires(P& p, const HeadView<Scalar>& v, std::vector<std::uint32_t>& out) {
+  p.pooled_victims(v, out);
+};
 template <class P>
 concept HasPrefillKeep = requires(P& p, const PrefillView& v, std::vector<std::uint32_t>& keep) {
   p.prefill_keep(v, keep);

@@ -132,6 +132,7 @@ class DecayedAttention {
     return detail::protected_plus_one(label_, {{"sinks", config_.sinks}, {"recent", config_.recent}});
   }
   void bind(const CacheShape& shape) {
+    memo_.clear();
     scores_.bind(shape);
     hkv_ = static_cast<std::size_t>(shape.geometry.n_kv_heads);
     decay_.clear();
@@ -157,20 +158,13 @@ class DecayedAttention {
   /// reserve's spikes) follows the new capacities at once, as a restored cache's does (the
   /// decay follows at the next eviction, as before; it is part of the saved state).
   void on_budget(const CacheShape& shape) {
+    memo_.clear();  // pooled_victims recomputes under the new capacities
     capacity_.assign(shape.capacity.begin(), shape.capacity.end());
   }
   template <class S>
   void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
-    const auto& sc = scores_.of(v.layer, v.kv_head);
     protect(v);
-    const std::uint64_t* bits = bits_.data();
-    if (v.need == 1) {
-      out.push_back(lowest(sc.data(), v.seqs, v.size, bits));
-      return;
-    }
-    detail::evict_lowest(
-        v, [&](std::size_t r) { return sc[r]; },
-        [&](std::size_t r) { return ((bits[r >> 6] >> (r & 63)) & 1u) == 0; }, out, label_);
+    pick(v, bits_.data(), out);
   }
   /// Pooled budgets (Budget::pooled()): each row's cost on a scale shared by the KV heads
   /// of a layer: its attention rate, the decayed score times (1 - decay) (a row drawing a
@@ -190,9 +184,44 @@ class DecayedAttention {
     for (std::size_t r = 0; r < v.size; ++r)
       out[r] = ((bits_[r >> 6] >> (r & 63)) & 1u) ? std::numeric_limits<float>::infinity()
                                                   : scale * sc[r];
+    // Kept for pooled_victims: this pass's protection and what its reserve depended on.
+    if (memo_.size() != capacity_.size()) memo_.resize(capacity_.size());
+    Memo& m = memo_[h];
+    m.bits.assign(bits_.begin(), bits_.end());
+    m.size = v.size;
+    m.capacity = v.capacity;
+    m.incoming_seq = v.incoming_seq;
+    m.need = v.need;
+    m.evictable = last_evictable_;
+    m.reserve = last_reserve_;
+    m.valid = true;
+  }
+  /// Pooled budgets, the single protection pass: the victims choose_victims(view, out)
+  /// would choose, for a head whose eviction_costs ran last on the same view (need aside)
+  /// with no call on that head since (the container's promise). The protection that pass
+  /// computed is reused when the recall reserve would be the same for `view.need`: the
+  /// reserve's target min(recall rows, candidates, evictable - need) is unchanged while
+  /// need <= evictable - (the pass's target), which holds whenever the container asks a
+  /// head for no more rows than its costs marked finite (without RecallDedup; with it the
+  /// reserve may keep fewer than its target). Otherwise, and whenever the view does not
+  /// match the kept one, the protection is recomputed.
+  template <class S>
+  void pooled_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
+    const std::size_t h = head_index(v.layer, v.kv_head);
+    if (h < memo_.size()) {
+      const Memo& m = memo_[h];
+      if (m.valid && m.size == v.size && m.capacity == v.capacity &&
+          m.incoming_seq == v.incoming_seq &&
+          (!recalls() || v.need == m.need || v.need + m.reserve <= m.evictable)) {
+        pick(v, m.bits.data(), out);
+        return;
+      }
+    }
+    choose_victims(v, out);
   }
   template <class S>
   void on_append(const HeadView<S>& v, std::size_t row) {
+    forget(v.layer, v.kv_head);
     scores_.set(v.layer, v.kv_head, row, 0.0f);
     if (recalls()) {
       spikes_.set(v.layer, v.kv_head, row, 0.0f);
@@ -210,6 +239,7 @@ class DecayedAttention {
     }
   }
   void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
+    forget(layer, kv_head);
     scores_.move(layer, kv_head, from, to);
     if (recalls()) {
       spikes_.move(layer, kv_head, from, to);
@@ -219,6 +249,7 @@ class DecayedAttention {
     }
   }
   void observe(const AttentionView& a) {
+    forget(a.layer, a.kv_head);
     auto& sc = scores_.of(a.layer, a.kv_head);
     const std::size_t h = head_index(a.layer, a.kv_head);
     const float g = decay_[h];
@@ -266,6 +297,7 @@ class DecayedAttention {
     }
   }
   void load_state(std::span<const std::uint8_t> in) {
+    memo_.clear();  // derived from the scores; pooled_victims recomputes without it
     kvevict::detail::ByteReader r(in);
     const auto decay = r.get<float>("DecayedAttention decay");
     const auto sinks = r.get<std::uint64_t>("DecayedAttention sinks");
@@ -452,6 +484,8 @@ class DecayedAttention {
     };
     const auto keep = [&](std::uint32_t r) { bits_[r >> 6] |= std::uint64_t{1} << (r & 63); };
     const std::size_t limit = std::min(recall_for(v.capacity), evictable > v.need ? evictable - v.need : 0);
+    last_evictable_ = evictable;  // for eviction_costs' memo (pooled_victims): the reserve's
+    last_reserve_ = limit;        // target, min(recall rows, candidates, evictable - need)
     if (dedups()) {
       collect(0.0f);
       keep_distinct(v, limit, keep);
@@ -463,6 +497,7 @@ class DecayedAttention {
     if (hint > 0.0f && cand_spike_.size() < limit) collect(0.0f);
     const std::size_t m = cand_spike_.size();
     const std::size_t k = std::min(limit, m);
+    last_reserve_ = k;  // m counts every candidate whenever it is below limit
     if (k == 0) return;
     if (k == m) {
       float t = std::numeric_limits<float>::infinity();
@@ -499,6 +534,19 @@ class DecayedAttention {
     std::uint64_t seq;
     std::uint32_t row;
   };
+  /// The `v.need` victims among the rows `bits` leaves open: the lowest scores, the oldest
+  /// among equal scores.
+  template <class S>
+  void pick(const HeadView<S>& v, const std::uint64_t* bits, std::vector<std::uint32_t>& out) const {
+    const auto& sc = scores_.of(v.layer, v.kv_head);
+    if (v.need == 1) {
+      out.push_back(lowest(sc.data(), v.seqs, v.size, bits));
+      return;
+    }
+    detail::evict_lowest(
+        v, [&](std::size_t r) { return sc[r]; },
+        [&](std::size_t r) { return ((bits[r >> 6] >> (r & 63)) & 1u) == 0; }, out, label_);
+  }
   /// RecallDedup: walks the candidates (cand_spike_ / cand_row_) from the largest rank down
   /// (ties: the newer row first) and keeps up to `k` of them, skipping a row whose key
   /// signature a kept row already has (with protected_rows: or a sink or recent row has).
@@ -599,6 +647,11 @@ class DecayedAttention {
     if (seq >= config_.sinks) b.recent.push_back({seq, sig});
   }
 
+  /// The head's rows or scores changed: its kept protection no longer holds.
+  void forget(int layer, int kv_head) {
+    const std::size_t h = head_index(layer, kv_head);
+    if (h < memo_.size()) memo_[h].valid = false;
+  }
   std::size_t head_index(int layer, int kv_head) const {
     return static_cast<std::size_t>(layer) * hkv_ + static_cast<std::size_t>(kv_head);
   }
@@ -619,6 +672,17 @@ class DecayedAttention {
   std::size_t head_dim_ = 0;
   // Scratch for choose_victims and observe (no allocation per step once warm).
   std::vector<std::uint64_t> bits_;  ///< protected (and reserved) rows, one bit each
+  std::size_t last_evictable_ = 0, last_reserve_ = 0;  ///< keep_recalled's, for the memo
+  /// Pooled budgets, per (layer, KV head): the protection eviction_costs computed last
+  /// and the view it was computed for, reused by pooled_victims.
+  struct Memo {
+    std::vector<std::uint64_t> bits;
+    std::size_t size = 0, capacity = 0, need = 0;
+    std::size_t evictable = 0, reserve = 0;  ///< unprotected rows before the reserve; its target
+    std::uint64_t incoming_seq = 0;
+    bool valid = false;
+  };
+  std::vector<Memo> memo_;
   std::vector<float> cand_spike_, sum_;
   std::vector<std::uint32_t> cand_row_, top_;
   std::vector<Tie> ties_;

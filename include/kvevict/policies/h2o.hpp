@@ -45,6 +45,12 @@ class H2O {
   void eviction_costs(const HeadView<S>& v, std::vector<float>& out) {
     inner_.eviction_costs(v, out);
   }
+  /// Pooled budgets: choose_victims reusing eviction_costs' protection
+  /// (DecayedAttention::pooled_victims).
+  template <class S>
+  void pooled_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
+    inner_.pooled_victims(v, out);
+  }
   template <class S>
   void on_append(const HeadView<S>& v, std::size_t row) {
     inner_.on_append(v, row);
@@ -61,6 +67,7 @@ class H2O {
     inner_.scores_.save(w);
   }
   void load_state(std::span<const std::uint8_t> in) {
+    inner_.memo_.clear();  // derived from the scores; pooled_victims recomputes without it
     kvevict::detail::ByteReader r(in);
     const auto rc = r.get<std::uint64_t>("H2O recent");
     const auto sk = r.get<std::uint64_t>("H2O sinks");
