@@ -64,7 +64,8 @@ inline std::string xml_escape(const std::string& s) {
   }
   return o;
 }
-inline std::string fmt_tick(double v) { return fmt::format("{:.3g}", v); }
+/// A tick label; -0 (an axis starting at a negative zero) prints as 0.
+inline std::string fmt_tick(double v) { return fmt::format("{:.3g}", v == 0.0 ? 0.0 : v); }
 
 // Okabe-Ito colours (distinguishable with colour-vision deficiencies), then black.
 constexpr const char* kPalette[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7",
