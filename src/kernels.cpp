@@ -48,6 +48,18 @@ KVEVICT_INSTANTIATE_AT(Isa::avx2)
 KVEVICT_INSTANTIATE_AT(Isa::avx512)
 #undef KVEVICT_INSTANTIATE_AT
 
+// The format-pinned attention entry points (attention_decode.hpp).
+#define KVEVICT_INSTANTIATE_FORMAT(F)                                                          \
+  template bool attention_probs_as<F>(const float*, std::size_t, std::size_t, const void*,    \
+                                      std::size_t, std::size_t, std::size_t, float, float*);   \
+  template void attention_output_as<F>(const float*, std::size_t, const void*, std::size_t,   \
+                                       std::size_t, std::size_t, float*, std::size_t);
+
+KVEVICT_INSTANTIATE_FORMAT(KvFormat::f32)
+KVEVICT_INSTANTIATE_FORMAT(KvFormat::f16)
+KVEVICT_INSTANTIATE_FORMAT(KvFormat::bf16)
+#undef KVEVICT_INSTANTIATE_FORMAT
+
 // The key-type templates of the untemplated counting selections.
 template void counting_topk<std::uint8_t>(const std::uint8_t*, std::size_t, std::size_t,
                                           std::uint32_t*);

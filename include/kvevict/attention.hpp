@@ -130,7 +130,7 @@ template <class Scalar>
 void group_output(const float* probs, std::size_t group, const Scalar* values, std::size_t n,
                   std::size_t d, float* out) {
   if constexpr (kernel_scalar<Scalar>) {
-    kernels::attention_output(probs, group, values, d, kv_format_of<Scalar>(), n, d, out, d);
+    kernels::attention_output_as<kv_format_of<Scalar>()>(probs, group, values, d, n, d, out, d);
   } else {
     using RowMajorS = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     const auto G = static_cast<Eigen::Index>(group), N = static_cast<Eigen::Index>(n),
@@ -339,13 +339,12 @@ void decode_attention(const float* queries, std::size_t group, const Scalar* key
                   "decode_attention: probs is null (use the AttendWorkspace overload)");
   scale = detail::resolve_scale(scale, head_dim, "decode_attention");
   if (n > 0)
-    detail::require(kernels::attention_probs(queries, head_dim, group, keys, key_stride,
-                                             detail::kv_format_of<Scalar>(), n, head_dim, scale,
-                                             probs),
+    detail::require(kernels::attention_probs_as<detail::kv_format_of<Scalar>()>(
+                        queries, head_dim, group, keys, key_stride, n, head_dim, scale, probs),
                     "decode_attention: a score q.k x scale (scale ", scale,
                     ") is not finite (query or key magnitudes overflow float)");
-  kernels::attention_output(probs, group, values, value_stride, detail::kv_format_of<Scalar>(), n,
-                            head_dim, out, head_dim);
+  kernels::attention_output_as<detail::kv_format_of<Scalar>()>(probs, group, values, value_stride,
+                                                               n, head_dim, out, head_dim);
 }
 
 /// As above, with the probabilities kept in `workspace` (workspace.probs(0)).

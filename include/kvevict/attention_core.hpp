@@ -65,8 +65,8 @@ template <class Scalar>
   if (n == 0) return true;
   if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(d));
   if constexpr (kernel_scalar<Scalar>) {
-    return kernels::attention_probs(queries, d, group, keys, d, kv_format_of<Scalar>(), n, d,
-                                    scale, out);
+    return kernels::attention_probs_as<kv_format_of<Scalar>()>(queries, d, group, keys, d, n, d,
+                                                               scale, out);
   } else {
     group_probabilities_reference(keys, n, d, queries, static_cast<int>(group), out, scale);
     std::uint32_t bad = 0;

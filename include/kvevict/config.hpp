@@ -27,3 +27,18 @@
 #define KVEVICT_KERNEL_FN inline
 #define KVEVICT_KERNELS_DECLARE_ONLY 0
 #endif
+
+// KVEVICT_LAZY / KVEVICT_LAZY_DEF: header-only, they make a function whose body instantiates
+// heavy templates (the Eigen GEMMs of SimHash and of the observation window) a function
+// template with one defaulted, unused parameter: a translation unit that never calls it
+// instantiates nothing (an inline non-template function instantiates what it calls in every
+// includer). Calls are written as before (f(args), p.f(args)). KVEVICT_LAZY goes on the
+// first declaration (with the default), KVEVICT_LAZY_DEF on a later out-of-class definition.
+// Separate-kernels mode: empty (ordinary functions; the heavy ones are in kvevict_kernels).
+#if defined(KVEVICT_SEPARATE_KERNELS)
+#define KVEVICT_LAZY
+#define KVEVICT_LAZY_DEF
+#else
+#define KVEVICT_LAZY template <class KvevictLazy = void>
+#define KVEVICT_LAZY_DEF template <class KvevictLazy>
+#endif

@@ -7,6 +7,8 @@
 //   attention_output(probs, G, values, v_stride, fmt, n, d, out, out_stride)
 //       out[g * out_stride + j] = sum_i probs[g * n + i] * v_i[j].
 //   decode_attention(...) = both.
+//   attention_probs_as<F>(...), attention_output_as<F>(...): the same with the format a
+//       template argument (a typed caller compiles one format's kernels, not three).
 //
 // Strides are in elements. Every K/V row is read once for all G heads; fp16/bf16 rows are
 // widened in registers; nothing is allocated. kvevict::decode_attention (attention.hpp) is
@@ -30,12 +32,29 @@ template <Isa I>
 KVEVICT_KERNEL_FN void attention_output(const float* probs, std::size_t group, const void* values,
                                         std::size_t v_stride, KvFormat fmt, std::size_t n,
                                         std::size_t d, float* out, std::size_t out_stride);
-KVEVICT_KERNEL_FN bool attention_probs(const float* q, std::size_t q_stride, std::size_t group,
-                                       const void* keys, std::size_t k_stride, KvFormat fmt,
-                                       std::size_t n, std::size_t d, float scale, float* probs);
-KVEVICT_KERNEL_FN void attention_output(const float* probs, std::size_t group, const void* values,
-                                        std::size_t v_stride, KvFormat fmt, std::size_t n,
-                                        std::size_t d, float* out, std::size_t out_stride);
+// The untemplated forms (format at run time) are KVEVICT_LAZY (config.hpp): header-only, a
+// translation unit that does not call them compiles none of their nine kernel variants.
+KVEVICT_LAZY KVEVICT_KERNEL_FN bool attention_probs(const float* q, std::size_t q_stride,
+                                                    std::size_t group, const void* keys,
+                                                    std::size_t k_stride, KvFormat fmt,
+                                                    std::size_t n, std::size_t d, float scale,
+                                                    float* probs);
+KVEVICT_LAZY KVEVICT_KERNEL_FN void attention_output(const float* probs, std::size_t group,
+                                                     const void* values, std::size_t v_stride,
+                                                     KvFormat fmt, std::size_t n, std::size_t d,
+                                                     float* out, std::size_t out_stride);
+// Format-pinned forms (attention_isa() decided per call, the format a template argument):
+// what a typed caller (KVCache<Policy, Scalar>, decode_attention<Scalar>) uses, so that a
+// translation unit compiles the kernels of its own storage format only, not all three.
+template <KvFormat F>
+KVEVICT_KERNEL_FN bool attention_probs_as(const float* q, std::size_t q_stride, std::size_t group,
+                                          const void* keys, std::size_t k_stride, std::size_t n,
+                                          std::size_t d, float scale, float* probs);
+template <KvFormat F>
+KVEVICT_KERNEL_FN void attention_output_as(const float* probs, std::size_t group,
+                                           const void* values, std::size_t v_stride,
+                                           std::size_t n, std::size_t d, float* out,
+                                           std::size_t out_stride);
 }  // namespace kvevict::kernels
 
 #if !KVEVICT_KERNELS_DECLARE_ONLY
@@ -137,26 +156,42 @@ KVEVICT_KERNEL_FN void attention_output(const float* probs, std::size_t group, c
   });
 }
 
-/// Untemplated forms: attention_isa(), decided once per call.
-KVEVICT_KERNEL_FN bool attention_probs(const float* q, std::size_t q_stride, std::size_t group,
-                            const void* keys, std::size_t k_stride, KvFormat fmt, std::size_t n,
-                            std::size_t d, float scale, float* probs) {
+template <KvFormat F>
+KVEVICT_KERNEL_FN bool attention_probs_as(const float* q, std::size_t q_stride, std::size_t group,
+                                          const void* keys, std::size_t k_stride, std::size_t n,
+                                          std::size_t d, float scale, float* probs) {
   return detail::with_isa(attention_isa(), [&](auto isa) {
-    return detail::with_format(fmt, [&](auto f) {
-      return detail::attention_probs_at<decltype(isa)::value, decltype(f)::value>(
-          q, q_stride, group, keys, k_stride, n, d, scale, probs);
-    });
+    return detail::attention_probs_at<decltype(isa)::value, F>(q, q_stride, group, keys, k_stride,
+                                                               n, d, scale, probs);
   });
 }
 
-KVEVICT_KERNEL_FN void attention_output(const float* probs, std::size_t group, const void* values,
+template <KvFormat F>
+KVEVICT_KERNEL_FN void attention_output_as(const float* probs, std::size_t group,
+                                           const void* values, std::size_t v_stride,
+                                           std::size_t n, std::size_t d, float* out,
+                                           std::size_t out_stride) {
+  detail::with_isa(attention_isa(), [&](auto isa) {
+    detail::attention_output_at<decltype(isa)::value, F>(probs, group, values, v_stride, n, d,
+                                                         out, out_stride);
+  });
+}
+
+/// Untemplated forms: attention_isa(), decided once per call; the format at run time.
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN bool attention_probs(const float* q, std::size_t q_stride, std::size_t group,
+                            const void* keys, std::size_t k_stride, KvFormat fmt, std::size_t n,
+                            std::size_t d, float scale, float* probs) {
+  return detail::with_format(fmt, [&](auto f) {
+    return attention_probs_as<decltype(f)::value>(q, q_stride, group, keys, k_stride, n, d, scale,
+                                                  probs);
+  });
+}
+
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN void attention_output(const float* probs, std::size_t group, const void* values,
                              std::size_t v_stride, KvFormat fmt, std::size_t n, std::size_t d,
                              float* out, std::size_t out_stride) {
-  detail::with_isa(attention_isa(), [&](auto isa) {
-    detail::with_format(fmt, [&](auto f) {
-      detail::attention_output_at<decltype(isa)::value, decltype(f)::value>(
-          probs, group, values, v_stride, n, d, out, out_stride);
-    });
+  detail::with_format(fmt, [&](auto f) {
+    attention_output_as<decltype(f)::value>(probs, group, values, v_stride, n, d, out, out_stride);
   });
 }
 

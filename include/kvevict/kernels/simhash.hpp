@@ -27,13 +27,13 @@ class SimHashProjection {
   SimHashProjection(int dim, int bits, std::uint64_t seed);
 
   /// Codes for n row-major rows (rows[i*dim + c]); writes n * bits/8 bytes to codes_out.
-  void hash(const float* rows, std::size_t n, std::uint8_t* codes_out) const;
+  KVEVICT_LAZY void hash(const float* rows, std::size_t n, std::uint8_t* codes_out) const;
 
   /// Code of one dim-float vector; writes bits/8 bytes.
-  void hash_one(const float* x, std::uint8_t* code_out) const;
+  KVEVICT_LAZY void hash_one(const float* x, std::uint8_t* code_out) const;
 
   /// hash_one by the reference Eigen product (what the FMA path must agree with).
-  void reference_one(const float* x, std::uint8_t* code_out) const;
+  KVEVICT_LAZY void reference_one(const float* x, std::uint8_t* code_out) const;
 
   int bits() const noexcept { return bits_; }
   int dim() const noexcept { return dim_; }
@@ -211,7 +211,7 @@ KVEVICT_KERNEL_FN SimHashProjection::SimHashProjection(int dim, int bits, std::u
   }
 }
 
-KVEVICT_KERNEL_FN void SimHashProjection::hash(const float* rows, std::size_t n,
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN void SimHashProjection::hash(const float* rows, std::size_t n,
                                                std::uint8_t* codes_out) const {
   detail::require_nonnull(rows, n, "rows");
   detail::require_nonnull(codes_out, n, "codes_out");
@@ -239,7 +239,7 @@ KVEVICT_KERNEL_FN void SimHashProjection::hash(const float* rows, std::size_t n,
   }
 }
 
-KVEVICT_KERNEL_FN void SimHashProjection::hash_one(const float* x, std::uint8_t* code_out) const {
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN void SimHashProjection::hash_one(const float* x, std::uint8_t* code_out) const {
   if (x == nullptr || code_out == nullptr)
     throw std::invalid_argument("kvevict::kernels::SimHashProjection::hash_one: null pointer");
 #if KVEVICT_X86
@@ -252,7 +252,7 @@ KVEVICT_KERNEL_FN void SimHashProjection::hash_one(const float* x, std::uint8_t*
   reference_one(x, code_out);
 }
 
-KVEVICT_KERNEL_FN void SimHashProjection::reference_one(const float* x,
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN void SimHashProjection::reference_one(const float* x,
                                                         std::uint8_t* code_out) const {
   Eigen::Map<const Eigen::RowVectorXf> v(x, dim_);
   // bits <= 256: the projection fits a stack buffer, so hashing allocates nothing.

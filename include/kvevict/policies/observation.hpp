@@ -65,13 +65,13 @@ namespace detail {
 /// (float, scale 1/sqrt(d)) that window query t (T-W <= t < T, keys 0..t) of each of the
 /// G query heads puts on key j, summed over window rows and the group. Needs T > W.
 /// GQA reads the KV head's keys once for its G query heads: no K is repeated.
-KVEVICT_KERNEL_FN void window_importance(const PrefillView& v, std::size_t window,
-                                         std::vector<float>& out);
+KVEVICT_LAZY KVEVICT_KERNEL_FN void window_importance(const PrefillView& v, std::size_t window,
+                                                      std::vector<float>& out);
 // The Eigen product below is the costliest template instantiation of kvevict.hpp; in
 // separate-kernels mode (config.hpp) it is compiled once into the kvevict_kernels library.
 #if !KVEVICT_KERNELS_DECLARE_ONLY
-KVEVICT_KERNEL_FN void window_importance(const PrefillView& v, std::size_t window,
-                                         std::vector<float>& out) {
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN void window_importance(const PrefillView& v, std::size_t window,
+                                                          std::vector<float>& out) {
   using RowMajorF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using Strided = Eigen::Map<const RowMajorF, 0, Eigen::OuterStride<>>;
   const std::size_t T = v.tokens;
@@ -104,7 +104,7 @@ KVEVICT_KERNEL_FN void window_importance(const PrefillView& v, std::size_t windo
 }  // namespace detail
 
 /// Pooled observation scores of the prefix [0, T - W) of one KV head (empty if T <= W).
-inline void observation_scores(const PrefillView& v, const ObservationConfig& c,
+KVEVICT_LAZY inline void observation_scores(const PrefillView& v, const ObservationConfig& c,
                                std::vector<float>& out) {
   kvevict::detail::require(v.queries != nullptr,
                            "observation_scores: the prefill has no queries, expected T x n_heads "

@@ -50,7 +50,7 @@ class SnapKV {
 
   /// Keeps all of a prompt that fits in capacity - decode_reserve; otherwise the window
   /// plus the top (capacity - decode_reserve - W) prefix tokens of this KV head.
-  void prefill_keep(const PrefillView& v, std::vector<std::uint32_t>& keep) {
+  KVEVICT_LAZY void prefill_keep(const PrefillView& v, std::vector<std::uint32_t>& keep) {
     auto& p = pending_[index(v.layer, v.kv_head)];
     p = Pending{};
     p.first_seq = v.first_seq;

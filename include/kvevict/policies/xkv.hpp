@@ -102,7 +102,7 @@ class XkvLayerAllocator {
 
   /// Records layer statistics from its prefill: keys T x n_kv_heads x d, queries
   /// T x n_heads x d (only the last W rows are read). Costs W x T x H dot products.
-  void observe_layer(int layer, std::size_t tokens, std::span<const float> keys,
+  KVEVICT_LAZY void observe_layer(int layer, std::size_t tokens, std::span<const float> keys,
                      std::span<const float> queries) {
     check_layer(layer, "observe_layer");
     const auto d = static_cast<std::size_t>(geometry_.head_dim);
@@ -286,7 +286,7 @@ class XkvLayerAllocator {
 
   // Reference mode: K/V repeated to every query head, so each query head is ranked on its
   // own pooled scores (the G-fold copy lives only for this call).
-  void observe_layer_repeated(int layer, std::size_t tokens, std::span<const float> keys,
+  KVEVICT_LAZY void observe_layer_repeated(int layer, std::size_t tokens, std::span<const float> keys,
                               std::span<const float> queries) {
     const auto d = static_cast<std::size_t>(geometry_.head_dim);
     const auto H = static_cast<std::size_t>(geometry_.n_heads);
