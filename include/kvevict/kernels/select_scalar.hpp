@@ -224,10 +224,10 @@ inline std::size_t find_eq(const float* s, std::size_t n, std::size_t from,
 }
 
 /// out[r] = 0 + p[0][r] + p[1][r] + ... + p[g-1][r] (rows of length n, that order of
-/// additions); returns whether every input value is finite (exponent test, OR-reduced).
-KVEVICT_ALWAYS_INLINE bool group_sum_body(const float* p, std::size_t g, std::size_t n,
-                                          float* out) noexcept {
-  std::uint32_t carry = 0;
+/// additions), calling test(bits of x) on every input x (the caller's check, OR-reduced).
+template <class Test>
+KVEVICT_ALWAYS_INLINE void group_sum_tested(const float* p, std::size_t g, std::size_t n, float* out,
+                                            Test&& test) noexcept {
   constexpr std::size_t kBlock = 512;  // the block of out stays in L1 across the g rows
   for (std::size_t base = 0; base < n; base += kBlock) {
     const std::size_t m = n - base < kBlock ? n - base : kBlock;
@@ -235,54 +235,42 @@ KVEVICT_ALWAYS_INLINE bool group_sum_body(const float* p, std::size_t g, std::si
     const float* r0 = p + base;
     for (std::size_t i = 0; i < m; ++i) {
       const float x = r0[i];
-      carry |= (std::bit_cast<std::uint32_t>(x) & 0x7fffffffu) + 0x00800000u;
+      test(std::bit_cast<std::uint32_t>(x));
       o[i] = 0.0f + x;
     }
     for (std::size_t k = 1; k < g; ++k) {
       const float* r = p + k * n + base;
       for (std::size_t i = 0; i < m; ++i) {
         const float x = r[i];
-        carry |= (std::bit_cast<std::uint32_t>(x) & 0x7fffffffu) + 0x00800000u;
+        test(std::bit_cast<std::uint32_t>(x));
         o[i] += x;
       }
     }
   }
+}
+
+/// The group sum; returns whether every input value is finite (exponent test, OR-reduced).
+KVEVICT_ALWAYS_INLINE bool group_sum_body(const float* p, std::size_t g, std::size_t n,
+                                          float* out) noexcept {
+  std::uint32_t carry = 0;
+  group_sum_tested(p, g, n, out, [&](std::uint32_t u) { carry |= (u & 0x7fffffffu) + 0x00800000u; });
   return (carry & 0x80000000u) == 0;
 }
 inline bool group_sum(const float* p, std::size_t g, std::size_t n, float* out) noexcept {
   return group_sum_body(p, g, n, out);
 }
 
-/// group_sum_body with a range test instead of the finiteness test: returns whether every
+/// The group sum with a range test instead of the finiteness test: returns whether every
 /// input is a probability, +-0 or in (0, hi] (bit pattern u <= bits(hi) or u == -0; NaN,
-/// infinities and negatives fail). hi must be a positive finite float. Same sums.
+/// infinities and negatives fail). hi must be a positive finite float.
 KVEVICT_ALWAYS_INLINE bool group_sum_bounded_body(const float* p, std::size_t g, std::size_t n,
                                                   float hi, float* out) noexcept {
   const std::uint32_t hb = std::bit_cast<std::uint32_t>(hi);
   std::uint32_t bad = 0;
-  constexpr std::size_t kBlock = 512;  // the block of out stays in L1 across the g rows
-  for (std::size_t base = 0; base < n; base += kBlock) {
-    const std::size_t m = n - base < kBlock ? n - base : kBlock;
-    float* o = out + base;
-    const float* r0 = p + base;
-    for (std::size_t i = 0; i < m; ++i) {
-      const float x = r0[i];
-      const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
-      bad |= static_cast<std::uint32_t>((u & 0x7fffffffu) > hb) |
-             static_cast<std::uint32_t>(u > 0x80000000u);
-      o[i] = 0.0f + x;
-    }
-    for (std::size_t k = 1; k < g; ++k) {
-      const float* r = p + k * n + base;
-      for (std::size_t i = 0; i < m; ++i) {
-        const float x = r[i];
-        const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
-        bad |= static_cast<std::uint32_t>((u & 0x7fffffffu) > hb) |
-               static_cast<std::uint32_t>(u > 0x80000000u);
-        o[i] += x;
-      }
-    }
-  }
+  group_sum_tested(p, g, n, out, [&](std::uint32_t u) {
+    bad |= static_cast<std::uint32_t>((u & 0x7fffffffu) > hb) |
+           static_cast<std::uint32_t>(u > 0x80000000u);
+  });
   return bad == 0;
 }
 inline bool group_sum_bounded(const float* p, std::size_t g, std::size_t n, float hi,
