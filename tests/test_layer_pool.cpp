@@ -3,6 +3,8 @@
 // layer total is never exceeded, protected rows are never evicted, kept rows stay bit-exact,
 // storage follows each head's share, the per-step split equals the brute-force rule over the
 // policy's own costs, PagedCache keeps KVCache's rows, and bad input is a kvevict::Error.
+#include <limits>
+
 #include <kvevict/paged_cache.hpp>
 
 #include "support/test_support.hpp"
@@ -499,8 +501,8 @@ std::size_t compare_passes(const Policy& policy, std::size_t B, PoolOptions o, s
       }
     }
     if (t == 60 || t == 85) {  // a smaller pool, then the original: many rows per head at once
-      // (A pooled shrink can refuse when the reserve protects too much, issue #16's notes:
-      // both paths must then refuse alike and change nothing.)
+      // (A pooled shrink used to refuse with std::logic_error when the recall reserve
+      // protected too much: neither path may refuse now.)
       const Budget b = t == 60 ? Budget::uniform(static_cast<long long>(B * 5 / 6)).pooled(o) : budget;
       bool threw_one = false, threw_two = false;
       try {
@@ -513,8 +515,9 @@ std::size_t compare_passes(const Policy& policy, std::size_t B, PoolOptions o, s
       } catch (const std::logic_error&) {
         threw_two = true;
       }
-      REQUIRE(threw_one == threw_two);
-      shrinks += !threw_one && t == 60;
+      REQUIRE_FALSE(threw_one);
+      REQUIRE_FALSE(threw_two);
+      shrinks += t == 60;
       same("set_budget", t);
     }
   }
@@ -555,7 +558,7 @@ TEST_CASE("pooled_victims equals choose_victims for every need, reserve bounded 
   using DA = pol::DecayedAttention;
   const Geometry g{1, 4, 2, 8};
   kvtest::Rng rng(21);
-  std::size_t compared = 0, recomputed_reserve = 0;
+  std::size_t compared = 0, recomputed_reserve = 0, reserved = 0;
   for (const auto dedup : {DA::RecallDedup::none, DA::RecallDedup::reserve}) {
     const DA policy({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.25f, .recall_fraction = 0.5f,
                      .recall_dedup = dedup, .rope = pol::RopeLayout::none});
@@ -584,8 +587,11 @@ TEST_CASE("pooled_victims equals choose_victims for every need, reserve bounded 
           DA one = cache.policy(), two = cache.policy();
           std::vector<float> costs;
           one.eviction_costs(view, costs);
-          const auto finite = std::size_t(std::count_if(costs.begin(), costs.end(),
-                                                        [](float c) { return std::isfinite(c); }));
+          // Open rows: neither protected (+infinity) nor in the reserve (FLT_MAX, evicted
+          // by a pool only after every open row).
+          const auto finite = std::size_t(std::count_if(
+              costs.begin(), costs.end(), [](float c) { return c < std::numeric_limits<float>::max(); }));
+          reserved += std::size_t(std::count(costs.begin(), costs.end(), std::numeric_limits<float>::max()));
           view.need = need;
           std::vector<std::uint32_t> a, b;
           bool threw_a = false, threw_b = false;
@@ -610,4 +616,43 @@ TEST_CASE("pooled_victims equals choose_victims for every need, reserve bounded 
   }
   REQUIRE(compared > 500);
   REQUIRE(recomputed_reserve > 20);  // needs past the reused protection's open rows
+  REQUIRE(reserved > 100);           // reserve rows carry the highest finite cost
+}
+
+TEST_CASE("pooled set_budget: a large shrink evicts reserve rows too, never a logic_error", "[pool]") {
+  // Issue #16/#17: the costs pass marked the recall reserve +infinity as if one row were
+  // needed, so a pool shrinking by more than its unreserved rows threw std::logic_error.
+  using Cap = PoolOptions::Capacity;
+  using Scope = PoolOptions::Scope;
+  const auto cap = GENERATE(Cap::nominal, Cap::share);
+  const auto scope = GENERATE(Scope::layer, Scope::model);
+  const auto to = GENERATE(8, 4, 3, 2);
+  const Geometry g{2, 4, 2, 4};
+  PoolOptions o;
+  o.scope = scope;
+  o.capacity = cap;
+  KVCache<pol::DecayedAttention> c(g, Budget::uniform(12).pooled(o), pol::DecayedAttention::recommended());
+  kvtest::Rng rng(11);
+  const auto step = [&](int t) {
+    for (int l = 0; l < g.n_layers; ++l) {
+      auto k = rng.normals(8), v = rng.normals(8);
+      c.append(l, t, k, v);
+      for (int h = 0; h < g.n_kv_heads; ++h) {
+        const auto probs = made_up_probs(g, h + l, c.size(l, h), c.seqs(l, h), std::uint64_t(t), rng);
+        c.observe(l, h, probs);
+      }
+    }
+  };
+  for (int t = 0; t < 80; ++t) step(t);
+  INFO("to " << to);
+  c.set_budget(Budget::uniform(to).pooled(o));
+  std::size_t all = 0;
+  for (int l = 0; l < g.n_layers; ++l) {
+    std::size_t layer = 0;
+    for (int h = 0; h < g.n_kv_heads; ++h) layer += c.size(l, h);
+    if (scope == Scope::layer) REQUIRE(layer <= std::size_t(2 * to));
+    all += layer;
+  }
+  REQUIRE(all <= std::size_t(4 * to));
+  for (int t = 80; t < 120; ++t) step(t);
 }

@@ -368,7 +368,7 @@ class ContainerCore {
             const int l = static_cast<int>(i / hkv), kh = static_cast<int>(i % hkv);
             self().load_rows(l, kh, nullptr, nullptr);
             HeadView<Scalar> v = view(l, kh, h.size());
-            if (pool.share) v.capacity = std::max(pool.floor[i], h.size());
+            if (pool.share && stepping >= 0) v.capacity = std::max(pool.floor[i], h.size());
             policy_.eviction_costs(v, c);
             if (c.size() != h.size())
               throw std::logic_error(std::string("kvevict: policy ") + Policy::name() +
@@ -387,7 +387,7 @@ class ContainerCore {
         const int l = static_cast<int>(i / hkv), kh = static_cast<int>(i % hkv);
         self().load_rows(l, kh, nullptr, nullptr);
         HeadView<Scalar> v = view(l, kh, heads_[i].size());
-        if (pool.share) v.capacity = std::max(pool.floor[i], v.size);
+        if (pool.share && stepping >= 0) v.capacity = std::max(pool.floor[i], v.size);
         v.need = k;
         if constexpr (HasPooledVictims<Policy, Scalar>)  // reuses the costs pass's protection
           policy_.pooled_victims(v, victims[i]);

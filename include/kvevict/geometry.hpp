@@ -56,7 +56,9 @@ struct PoolOptions {
   enum class Capacity {
     nominal,  ///< the budget's per-head count (protected band, decay, reserve as unpooled)
     share,    ///< the head's current rows (at least its floor): its band, decay and reserve
-              ///< follow its share, so a head that gives rows up also protects fewer
+              ///< follow its share, so a head that gives rows up also protects fewer;
+              ///< during set_budget the new nominal count (the rows held then may be far
+              ///< above the new pool, and protecting by them could exceed it)
   };
   /// Rows every KV head keeps at least, as a fraction of its nominal capacity (AdaKV's
   /// safeguard); the policy's protected rows (min_capacity()) are kept in any case.

@@ -169,9 +169,12 @@ class DecayedAttention {
   /// Pooled budgets (Budget::pooled()): each row's cost on a scale shared by the KV heads
   /// of a layer: its attention rate, the decayed score times (1 - decay) (a row drawing a
   /// steady share x of the group's attention tends to x), or H2O's accumulated score at
-  /// decay 1; +infinity for the rows choose_victims would not evict with need 1 (sinks, the
-  /// recent band, the recall reserve). Same protection, so the split follows the rows the
-  /// policy would give up.
+  /// decay 1. Rows choose_victims would not evict with need 1: +infinity for the sinks and
+  /// the recent band (never evicted), the highest finite cost (FLT_MAX) for the recall
+  /// reserve, which gives up rows when a head must lose more than its other rows (a
+  /// pooled budget shrinking by much): a pool takes reserve rows only once every other
+  /// finite row is taken, and choose_victims with that larger need keeps a smaller
+  /// reserve. Same protection, so the split follows the rows the policy would give up.
   template <class S>
   void eviction_costs(const HeadView<S>& view, std::vector<float>& out) {
     HeadView<S> v = view;
@@ -180,10 +183,17 @@ class DecayedAttention {
     const std::size_t h = head_index(v.layer, v.kv_head);
     const auto& sc = scores_.of(v.layer, v.kv_head);
     const float scale = decay_[h] < 1.0f ? 1.0f - decay_[h] : 1.0f;
+    const std::size_t recent = recent_for(v.capacity);
+    const std::uint64_t hi = v.incoming_seq >= recent ? v.incoming_seq - recent : 0;
     out.resize(v.size);
-    for (std::size_t r = 0; r < v.size; ++r)
-      out[r] = ((bits_[r >> 6] >> (r & 63)) & 1u) ? std::numeric_limits<float>::infinity()
-                                                  : scale * sc[r];
+    for (std::size_t r = 0; r < v.size; ++r) {
+      if (!((bits_[r >> 6] >> (r & 63)) & 1u)) {
+        out[r] = scale * sc[r];
+        continue;
+      }
+      const bool reserve = v.seqs[r] >= config_.sinks && v.seqs[r] < hi;  // else sink or band
+      out[r] = reserve ? std::numeric_limits<float>::max() : std::numeric_limits<float>::infinity();
+    }
     // Kept for pooled_victims: this pass's protection and what its reserve depended on.
     if (memo_.size() != capacity_.size()) memo_.resize(capacity_.size());
     Memo& m = memo_[h];
