@@ -35,6 +35,19 @@ struct ObservationConfig {
   }
 };
 
+/// One pooled value over in[lo, hi) (lo < hi): the sum times `inv`, or the maximum.
+inline float pool_range(std::span<const float> in, std::size_t lo, std::size_t hi, Pooling pooling,
+                        float inv) {
+  if (pooling == Pooling::avg) {
+    float s = 0.0f;
+    for (std::size_t j = lo; j < hi; ++j) s += in[j];
+    return s * inv;
+  }
+  float m = in[lo];
+  for (std::size_t j = lo + 1; j < hi; ++j) m = std::max(m, in[j]);
+  return m;
+}
+
 /// 1-D pooling, stride 1, padding kernel/2. Average pooling counts the zero padding in
 /// the divisor (PyTorch's avg_pool1d default, which both reference codes use), so edge
 /// tokens are damped; max pooling ignores padding.
@@ -47,15 +60,7 @@ inline void pool1d(std::span<const float> in, std::size_t kernel, Pooling poolin
   for (std::size_t i = 0; i < n; ++i) {
     const std::size_t lo = i >= half ? i - half : 0;
     const std::size_t hi = std::min(n, i + half + 1);
-    if (pooling == Pooling::avg) {
-      float s = 0.0f;
-      for (std::size_t j = lo; j < hi; ++j) s += in[j];
-      out[i] = s * inv;
-    } else {
-      float m = in[lo];
-      for (std::size_t j = lo + 1; j < hi; ++j) m = std::max(m, in[j]);
-      out[i] = m;
-    }
+    out[i] = pool_range(in, lo, hi, pooling, inv);
   }
 }
 
@@ -170,15 +175,7 @@ inline void pool1d_by_seq(std::span<const float> in, const PrefillView& v, std::
     while (v.seq(lo) + half < s) ++lo;
     if (hi < i + 1) hi = i + 1;
     while (hi < n && v.seq(hi) <= s + half) ++hi;
-    if (pooling == Pooling::avg) {
-      float sum = 0.0f;
-      for (std::size_t j = lo; j < hi; ++j) sum += in[j];
-      out[i] = sum * inv;
-    } else {
-      float m = in[lo];
-      for (std::size_t j = lo + 1; j < hi; ++j) m = std::max(m, in[j]);
-      out[i] = m;
-    }
+    out[i] = pool_range(in, lo, hi, pooling, inv);
   }
 }
 
