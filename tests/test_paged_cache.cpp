@@ -4,6 +4,9 @@
 // the rows (ceil(rows / block_tokens) per head) and go back to the pool at once.
 #include <kvevict/paged_cache.hpp>
 
+#include <cmath>
+#include <limits>
+
 #include "support/test_support.hpp"
 
 namespace {
@@ -28,19 +31,29 @@ void check_same(const KVCache<Policy, S>& c, const PagedCache<Policy, S>& p, int
     REQUIRE(std::equal(sc.begin(), sc.end(), sp.begin(), sp.end()));
     const auto table = p.table(l, h);
     REQUIRE(table.size() == (pc.size() + B - 1) / B);
-    const auto K = c.keys(l, h), V = c.values(l, h);
+    // The stored rows, byte for byte (for a quantized S: the encoded rows, scales included).
+    const auto& pool = p.pool();
+    REQUIRE(pool.key_row_bytes() == c.key_row_bytes());
+    REQUIRE(pool.value_row_bytes() == c.value_row_bytes());
+    const std::size_t ku = pool.key_row_units(), vu = pool.value_row_units();
+    REQUIRE(ku * sizeof(*pool.key_block(0)) == pool.key_row_bytes());
+    if constexpr (!KVCache<Policy, S>::quantized) REQUIRE(ku == d);
+    const auto K = c.stored_keys(l, h), V = c.stored_values(l, h);
+    REQUIRE(K.size() == pc.size() * ku);
     std::size_t diff = 0;
     for (std::size_t r = 0; r < pc.size(); ++r) {
-      const S* kr = p.pool().key_block(table[r / B]) + (r % B) * d;
-      const S* vr = p.pool().value_block(table[r / B]) + (r % B) * d;
-      for (std::size_t j = 0; j < d; ++j) {
-        const S kc = K(Eigen::Index(r), Eigen::Index(j)), vc = V(Eigen::Index(r), Eigen::Index(j));
-        diff += std::memcmp(&kr[j], &kc, sizeof(S)) != 0;
-        diff += std::memcmp(&vr[j], &vc, sizeof(S)) != 0;
-      }
+      diff += std::memcmp(pool.key_block(table[r / B]) + (r % B) * ku, K.data() + r * ku, pool.key_row_bytes()) != 0;
+      diff += std::memcmp(pool.value_block(table[r / B]) + (r % B) * vu, V.data() + r * vu, pool.value_row_bytes()) != 0;
     }
     REQUIRE(diff == 0);
   }
+}
+
+// The rows attention reads: as stored, or dequantised for a quantized cache.
+template <class Cache>
+auto rows_for_attention(const Cache& c, int l, int h) {
+  if constexpr (Cache::quantized) return c.dequantized_keys(l, h);
+  else return c.keys(l, h);
 }
 
 // Two sequences share one pool; each is compared with its own KVCache.
@@ -75,7 +88,7 @@ void run_same(Policy policy, Budget budget, std::uint32_t block_tokens, std::uin
             kvevict::attend(cache, l, q);
             // The same probabilities from the paged rows, handed to the paged sequence.
             for (int h = 0; h < g.n_kv_heads; ++h) {
-              const auto K = cache.keys(l, h);
+              const auto K = rows_for_attention(cache, l, h);
               std::vector<float> p(std::size_t(g.group()) * std::size_t(K.rows()));
               kvevict::detail::group_probabilities(K.data(), std::size_t(K.rows()), std::size_t(g.head_dim),
                                                    q.data() + std::size_t(h * g.group() * g.head_dim),
@@ -97,7 +110,7 @@ void run_same(Policy policy, Budget budget, std::uint32_t block_tokens, std::uin
 }  // namespace
 
 TEMPLATE_TEST_CASE("PagedCache keeps exactly KVCache's rows at every block size", "[paged]", float,
-                   Eigen::half) {
+                   Eigen::half, kvevict::Q8<8>, (kvevict::KV<kvevict::E4M3, kvevict::Q4<4>>)) {
   using S = TestType;
   const bool prefill = GENERATE(false, true);
   const std::uint32_t bt = GENERATE(1u, 4u, 16u);
@@ -143,6 +156,33 @@ TEST_CASE("PagedCache: an exhausted pool is a kvevict::Error and nothing changes
   REQUIRE_THROWS_WITH(BlockPool<float>(4, 6, 4), Catch::Contains("block_tokens = 6"));
   REQUIRE_THROWS_WITH(PagedCache<pol::StreamingLLM>(Geometry{1, 2, 2, 8}, Budget::uniform(8), pool, 0),
                       Catch::Contains("pool head_dim = 4"));
+}
+
+TEST_CASE("PagedCache over a quantized pool: bad formats and values are a kvevict::Error, nothing changes",
+          "[paged]") {
+  using Q = kvevict::Q8<8>;
+  // The group size must divide head_dim, named in the message.
+  REQUIRE_THROWS_WITH(BlockPool<kvevict::Q8<32>>(4, 2, 8),
+                      Catch::Contains("group size 32") && Catch::Contains("head_dim 8"));
+  const Geometry g{1, 2, 1, 8};
+  BlockPool<Q> pool(8, 2, 8);
+  REQUIRE(pool.key_row_bytes() == 8 + 2);  // 8 codes and one fp16 scale per group of 8
+  PagedCache<pol::StreamingLLM, Q> c(g, Budget::uniform(6), pool, 0, pol::StreamingLLM{1});
+  kvtest::Rng rng(3);
+  for (int t = 0; t < 3; ++t) c.append(0, t, rng.normals(8), rng.normals(8));
+  const auto in_use = pool.allocator().in_use();
+  std::vector<std::uint8_t> before(pool.key_block(c.table(0, 0)[0]),
+                                   pool.key_block(c.table(0, 0)[0]) + 2 * pool.key_row_bytes());
+  auto k = rng.normals(8);
+  k[5] = std::numeric_limits<float>::infinity();
+  REQUIRE_THROWS_WITH(c.append(0, 3, k, rng.normals(8)), Catch::Contains("keys[5]"));
+  auto v = rng.normals(8);
+  v[2] = std::nanf("");
+  REQUIRE_THROWS_WITH(c.append(0, 3, rng.normals(8), v), Catch::Contains("values[2]"));
+  REQUIRE(pool.allocator().in_use() == in_use);
+  REQUIRE(c.size(0, 0) == 3);
+  REQUIRE(c.tokens_seen(0) == 3);
+  REQUIRE(std::equal(before.begin(), before.end(), pool.key_block(c.table(0, 0)[0])));
 }
 
 TEST_CASE("PagedCache: a prompt prefilled in chunks never needs more blocks than its budget", "[paged]") {

@@ -8,13 +8,18 @@
 namespace kvevict::examples {
 
 inline std::string cpu_model() {
+#ifdef KVEVICT_QUICK_BUILD  // CMake option KVEVICT_QUICK_BUILD (CI): not optimised as released
+  const std::string note = " [KVEVICT_QUICK_BUILD: compiled at -O0/-O1, timings are not meaningful]";
+#else
+  const std::string note;
+#endif
   std::ifstream f("/proc/cpuinfo");
   for (std::string line; std::getline(f, line);)
     if (line.rfind("model name", 0) == 0) {
       const auto c = line.find(':');
-      return c == std::string::npos || c + 2 > line.size() ? line : line.substr(c + 2);
+      return (c == std::string::npos || c + 2 > line.size() ? line : line.substr(c + 2)) + note;
     }
-  return "unknown";
+  return "unknown" + note;
 }
 
 }  // namespace kvevict::examples

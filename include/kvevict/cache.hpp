@@ -19,6 +19,7 @@
 #include "geometry.hpp"
 #include "policy.hpp"
 #include "quantized.hpp"
+#include "row_codec.hpp"
 
 namespace kvevict {
 
@@ -81,6 +82,7 @@ class KVCache
                                    typename detail::StorageOf<Scalar>::view,
                                    detail::DenseHead<typename detail::StorageOf<Scalar>::unit>> {
   using Storage = detail::StorageOf<Scalar>;
+  using Codec = detail::RowCodec<Scalar>;
   using Unit = typename Storage::unit;
   using View = typename Storage::view;
   using Core = detail::ContainerCore<KVCache, Policy, View, detail::DenseHead<Unit>>;
@@ -97,10 +99,7 @@ class KVCache
 
   KVCache(const Geometry& geometry, const Budget& budget, Policy policy = Policy{})
       : Core(geometry, budget, std::move(policy)) {
-    if constexpr (quantized) {
-      detail::check_codec_dim<typename Storage::key_codec>(this->udim(), "key");
-      detail::check_codec_dim<typename Storage::value_codec>(this->udim(), "value");
-    }
+    Codec::check_dim(this->udim());
   }
 
   // --- shape: geometry(), shape(), policy(), size(), capacity(), tokens_seen(), observe(),
@@ -201,25 +200,10 @@ class KVCache
   using typename Core::LayerState;
 
   Eigen::Index dim() const { return this->shape_.geometry.head_dim; }
-  std::size_t key_units() const {
-    if constexpr (quantized) return Storage::key_codec::row_bytes(this->udim());
-    else return this->udim();
-  }
-  std::size_t value_units() const {
-    if constexpr (quantized) return Storage::value_codec::row_bytes(this->udim());
-    else return this->udim();
-  }
+  std::size_t key_units() const { return Codec::key_units(this->udim()); }
+  std::size_t value_units() const { return Codec::value_units(this->udim()); }
   static void decode_rows(bool is_key, const Unit* in, std::size_t rows, std::size_t d, float* out) {
-    for (std::size_t r = 0; r < rows; ++r) {
-      if constexpr (quantized) {
-        if (is_key)
-          Storage::key_codec::decode(in + r * Storage::key_codec::row_bytes(d), d, out + r * d);
-        else
-          Storage::value_codec::decode(in + r * Storage::value_codec::row_bytes(d), d, out + r * d);
-      } else {
-        for (std::size_t j = 0; j < d; ++j) out[r * d + j] = static_cast<float>(in[r * d + j]);
-      }
-    }
+    Codec::decode(is_key, in, rows, d, out);
   }
   Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> decoded(int layer, int kv_head,
                                                                                 bool is_key) const {
@@ -230,12 +214,7 @@ class KVCache
     return m;
   }
   void check_stored(std::span<const float> x, const char* what, bool is_key) const {
-    if constexpr (quantized) {
-      if (is_key) detail::check_encodable<typename Storage::key_codec>(x.data(), x.size(), what);
-      else detail::check_encodable<typename Storage::value_codec>(x.data(), x.size(), what);
-    } else {
-      detail::check_storable<Scalar>(x, what);
-    }
+    Codec::check_stored(x, what, is_key);
   }
   /// Quantized caches: head i dequantised into view_k_/view_v_ (the rows policies read),
   /// kept in step with removals and appends of that head, rebuilt when another head is
@@ -324,14 +303,7 @@ class KVCache
   }
   /// Encodes one row into `k`/`v` (key_units() / value_units() elements).
   void encode_row(const float* key, const float* value, Unit* k, Unit* v) const {
-    const std::size_t d = this->udim();
-    if constexpr (quantized) {
-      Storage::key_codec::encode(key, d, k);
-      Storage::value_codec::encode(value, d, v);
-    } else {
-      for (std::size_t j = 0; j < d; ++j) k[j] = static_cast<Scalar>(key[j]);
-      for (std::size_t j = 0; j < d; ++j) v[j] = static_cast<Scalar>(value[j]);
-    }
+    Codec::encode(key, value, this->udim(), k, v);
   }
   void write_row(std::size_t i, const float* key, const float* value) {
     auto& h = this->heads_[i];

@@ -13,6 +13,11 @@
 // The policy reads rows through HeadView as one contiguous matrix, so this layout gathers a
 // head's rows into a scratch buffer when a policy reads them (O(rows x head_dim) per
 // head and step, like IndexCache).
+//
+// Scalar: float, Eigen::half, Eigen::bfloat16, or a quantized format of quantized.hpp
+// (Q8<G>, Q4<G>, E4M3, KV<KF, VF>), as for KVCache: rows are stored as the format's bytes
+// (row_codec.hpp, the same encoding KVCache stores, bit for bit), policies read dequantised
+// float rows.
 #include <algorithm>
 #include <bit>
 #include <limits>
@@ -24,48 +29,64 @@
 
 #include "container_core.hpp"
 #include "paged.hpp"
+#include "row_codec.hpp"
 
 namespace kvevict {
 
-/// Blocks of K/V rows of one KV head each ([block_tokens][head_dim] per block), shared by
-/// any number of PagedCache sequences. Not thread-safe: sequences sharing a pool run on
-/// one thread (or the engine serialises their appends).
+/// Blocks of K/V rows of one KV head each, shared by any number of PagedCache sequences:
+/// a key block is [block_tokens][key_row_units()] elements of `unit` (head_dim elements of
+/// Scalar for float, fp16 and bf16; the format's encoded row, scales included, for a
+/// quantized Scalar), a value block likewise. Not thread-safe: sequences sharing a pool run
+/// on one thread (or the engine serialises their appends).
 template <class Scalar = float>
 class BlockPool {
+  using Codec = detail::RowCodec<Scalar>;
+
  public:
+  using unit = typename Codec::unit;
+
   BlockPool(std::uint32_t blocks, std::uint32_t block_tokens, int head_dim) {
     PoolConfig cfg{Geometry{1, 1, 1, head_dim}, block_tokens, blocks, BlockLayout::per_kv_head};
     cfg.validate();
+    Codec::check_dim(static_cast<std::size_t>(head_dim));
     block_tokens_ = block_tokens;
     d_ = static_cast<std::size_t>(head_dim);
-    const std::size_t per_block = static_cast<std::size_t>(block_tokens) * d_;
-    detail::require(per_block <= std::numeric_limits<std::size_t>::max() / 2 / sizeof(Scalar) / blocks,
+    ku_ = Codec::key_units(d_);
+    vu_ = Codec::value_units(d_);
+    const std::size_t per_block = static_cast<std::size_t>(block_tokens) * std::max(ku_, vu_);
+    detail::require(per_block <= std::numeric_limits<std::size_t>::max() / 2 / sizeof(unit) / blocks,
                     "pool: ", blocks, " blocks of ", per_block, " values overflow size_t");
     alloc_.reset(blocks);
-    k_.assign(per_block * blocks, Scalar(0.0f));
-    v_.assign(per_block * blocks, Scalar(0.0f));
+    k_.assign(static_cast<std::size_t>(block_tokens) * ku_ * blocks, unit(0.0f));
+    v_.assign(static_cast<std::size_t>(block_tokens) * vu_ * blocks, unit(0.0f));
   }
   [[nodiscard]] const BlockAllocator& allocator() const { return alloc_; }
   [[nodiscard]] std::uint32_t block_tokens() const { return block_tokens_; }
   [[nodiscard]] int head_dim() const { return static_cast<int>(d_); }
-  [[nodiscard]] const Scalar* key_block(std::uint32_t b) const { return k_.data() + offset(b); }
-  [[nodiscard]] const Scalar* value_block(std::uint32_t b) const { return v_.data() + offset(b); }
+  /// Elements of `unit` per stored key / value row (head_dim unless quantized).
+  [[nodiscard]] std::size_t key_row_units() const { return ku_; }
+  [[nodiscard]] std::size_t value_row_units() const { return vu_; }
+  /// Bytes per stored row, as KVCache::key_row_bytes / value_row_bytes.
+  [[nodiscard]] std::size_t key_row_bytes() const { return ku_ * sizeof(unit); }
+  [[nodiscard]] std::size_t value_row_bytes() const { return vu_ * sizeof(unit); }
+  [[nodiscard]] const unit* key_block(std::uint32_t b) const { return k_.data() + offset(b, ku_); }
+  [[nodiscard]] const unit* value_block(std::uint32_t b) const { return v_.data() + offset(b, vu_); }
 
   // For layouts (PagedCache): accounting and unchecked row access.
   std::uint32_t allocate(std::uint32_t owner) { return alloc_.allocate(owner); }
   void release(std::uint32_t block) { alloc_.release(block); }
-  Scalar* key_row(std::uint32_t b, std::size_t slot) { return k_.data() + (static_cast<std::size_t>(b) * block_tokens_ + slot) * d_; }
-  Scalar* value_row(std::uint32_t b, std::size_t slot) { return v_.data() + (static_cast<std::size_t>(b) * block_tokens_ + slot) * d_; }
+  unit* key_row(std::uint32_t b, std::size_t slot) { return k_.data() + (static_cast<std::size_t>(b) * block_tokens_ + slot) * ku_; }
+  unit* value_row(std::uint32_t b, std::size_t slot) { return v_.data() + (static_cast<std::size_t>(b) * block_tokens_ + slot) * vu_; }
 
  private:
-  std::size_t offset(std::uint32_t b) const {
+  std::size_t offset(std::uint32_t b, std::size_t units) const {
     detail::require(b < alloc_.total(), "block = ", b, ", expected < ", alloc_.total());
-    return static_cast<std::size_t>(b) * block_tokens_ * d_;
+    return static_cast<std::size_t>(b) * block_tokens_ * units;
   }
   BlockAllocator alloc_;
   std::uint32_t block_tokens_ = 1;
-  std::size_t d_ = 1;
-  std::vector<Scalar> k_, v_;
+  std::size_t d_ = 1, ku_ = 1, vu_ = 1;
+  std::vector<unit> k_, v_;
 };
 
 namespace detail {
@@ -76,15 +97,20 @@ struct PagedHead : HeadRows {
 }  // namespace detail
 
 template <class Policy, class Scalar = float>
-  requires EvictionPolicy<Policy, Scalar>
+  requires EvictionPolicy<Policy, typename detail::RowCodec<Scalar>::view>
 class PagedCache
-    : public detail::ContainerCore<PagedCache<Policy, Scalar>, Policy, Scalar, detail::PagedHead> {
-  using Core = detail::ContainerCore<PagedCache, Policy, Scalar, detail::PagedHead>;
+    : public detail::ContainerCore<PagedCache<Policy, Scalar>, Policy,
+                                   typename detail::RowCodec<Scalar>::view, detail::PagedHead> {
+  using Codec = detail::RowCodec<Scalar>;
+  using View = typename Codec::view;  ///< rows as policies read them (float if quantized)
+  using Unit = typename Codec::unit;  ///< rows as the pool stores them
+  using Core = detail::ContainerCore<PagedCache, Policy, View, detail::PagedHead>;
   friend Core;
 
  public:
   using scalar_type = Scalar;
   using policy_type = Policy;
+  static constexpr bool quantized = Codec::quantized;
 
   /// A sequence over `pool` (which must outlive it), owner id `sequence` in the pool's
   /// accounting. Takes no blocks until tokens arrive; returns all of them when destroyed.
@@ -157,29 +183,55 @@ class PagedCache
   // --- layout hooks (container_core.hpp) ------------------------------------------------
   // A policy declaring reads_stored_rows = false gets views without keys/values, and decode
   // steps gather nothing from the pool (kGather), as in IndexCache.
-  detail::RowsData<Scalar> rows_data(int, int) const {
+  detail::RowsData<View> rows_data(int, int) const {
     if constexpr (!kGather) return {nullptr, nullptr};
     return {gather_k_.data(), gather_v_.data()};
   }
   void load_rows(int layer, int kh, const float* key, const float* value) {
     if constexpr (kGather) gather(layer, kh, key, value);
   }
-  // The head's rows (and the incoming one) as contiguous matrices.
+  // The head's rows (and the incoming one) as contiguous matrices, as policies read them:
+  // copies of the stored rows, or for a quantized pool the rows dequantised (the incoming
+  // one encoded and decoded, as it will be stored).
   void gather(int layer, int kh, const float* key, const float* value) {
     const auto& h = this->heads_[this->index(layer, kh)];
     const std::size_t d = this->udim(), n = h.size();
     gather_k_.resize((n + 1) * d);
     gather_v_.resize((n + 1) * d);
-    for (std::size_t r = 0; r < n; ++r) {
-      std::memcpy(gather_k_.data() + r * d, pool_->key_row(block_of(h, r), slot_of(r)), d * sizeof(Scalar));
-      std::memcpy(gather_v_.data() + r * d, pool_->value_row(block_of(h, r), slot_of(r)), d * sizeof(Scalar));
+    for (std::size_t r = 0; r < n; ++r) read_row(block_of(h, r), slot_of(r), gather_k_.data() + r * d,
+                                                 gather_v_.data() + r * d);
+    View* kn = gather_k_.data() + n * d;
+    View* vn = gather_v_.data() + n * d;
+    if constexpr (quantized) {
+      if (key && value) {
+        row_k_.resize(pool_->key_row_units());
+        row_v_.resize(pool_->value_row_units());
+        Codec::encode(key, value, d, row_k_.data(), row_v_.data());
+        Codec::decode(true, row_k_.data(), 1, d, kn);
+        Codec::decode(false, row_v_.data(), 1, d, vn);
+        return;
+      }
     }
     for (std::size_t j = 0; j < d; ++j) {
-      gather_k_[n * d + j] = key ? static_cast<Scalar>(key[j]) : Scalar(0.0f);
-      gather_v_[n * d + j] = value ? static_cast<Scalar>(value[j]) : Scalar(0.0f);
+      kn[j] = key ? static_cast<View>(key[j]) : View(0.0f);
+      vn[j] = value ? static_cast<View>(value[j]) : View(0.0f);
     }
   }
-  const Scalar* attention_rows(int layer, int kh) {
+  // One stored row as policies read it (d elements of View each).
+  void read_row(std::uint32_t block, std::size_t slot, View* k, View* v) const {
+    const std::size_t d = this->udim();
+    if constexpr (quantized) {
+      Codec::decode(true, pool_->key_row(block, slot), 1, d, k);
+      Codec::decode(false, pool_->value_row(block, slot), 1, d, v);
+    } else {
+      std::memcpy(k, pool_->key_row(block, slot), d * sizeof(View));
+      std::memcpy(v, pool_->value_row(block, slot), d * sizeof(View));
+    }
+  }
+  void check_stored(std::span<const float> x, const char* what, bool is_key) const {
+    Codec::check_stored(x, what, is_key);
+  }
+  const View* attention_rows(int layer, int kh) {
     gather(layer, kh, nullptr, nullptr);
     return gather_k_.data();
   }
@@ -224,12 +276,12 @@ class PagedCache
     const std::size_t d = this->udim();
     if (r != last) {
       std::memcpy(pool_->key_row(block_of(h, r), slot_of(r)), pool_->key_row(block_of(h, last), slot_of(last)),
-                  d * sizeof(Scalar));
+                  pool_->key_row_bytes());
       std::memcpy(pool_->value_row(block_of(h, r), slot_of(r)),
-                  pool_->value_row(block_of(h, last), slot_of(last)), d * sizeof(Scalar));
+                  pool_->value_row(block_of(h, last), slot_of(last)), pool_->value_row_bytes());
       if constexpr (kGather) {
-        std::memcpy(gather_k_.data() + r * d, gather_k_.data() + last * d, d * sizeof(Scalar));
-        std::memcpy(gather_v_.data() + r * d, gather_v_.data() + last * d, d * sizeof(Scalar));
+        std::memcpy(gather_k_.data() + r * d, gather_k_.data() + last * d, d * sizeof(View));
+        std::memcpy(gather_v_.data() + r * d, gather_v_.data() + last * d, d * sizeof(View));
       }
     }
     if (slot_of(last) == 0) {  // the last block held only the removed row: back to the pool
@@ -239,12 +291,8 @@ class PagedCache
   }
   void write_row(detail::PagedHead& h, std::size_t row, const float* key, const float* value) {
     if (slot_of(row) == 0) h.blocks.push_back(pool_->allocate(owner_));  // checked in phase 1
-    Scalar* kr = pool_->key_row(h.blocks.back(), slot_of(row));
-    Scalar* vr = pool_->value_row(h.blocks.back(), slot_of(row));
-    for (std::size_t j = 0; j < this->udim(); ++j) {
-      kr[j] = static_cast<Scalar>(key[j]);
-      vr[j] = static_cast<Scalar>(value[j]);
-    }
+    Codec::encode(key, value, this->udim(), pool_->key_row(h.blocks.back(), slot_of(row)),
+                  pool_->value_row(h.blocks.back(), slot_of(row)));
   }
   void push_row(int, int, std::size_t i, std::size_t row, std::int64_t, std::uint64_t,
                 const float* key, const float* value, std::uint32_t) {
@@ -252,8 +300,8 @@ class PagedCache
     if constexpr (!kGather) return;
     // The gathered matrices now hold the survivors in row order, then the incoming row.
     const std::size_t d = this->udim();
-    std::memmove(gather_k_.data() + row * d, gather_k_.data() + (gather_k_.size() - d), d * sizeof(Scalar));
-    std::memmove(gather_v_.data() + row * d, gather_v_.data() + (gather_v_.size() - d), d * sizeof(Scalar));
+    std::memmove(gather_k_.data() + row * d, gather_k_.data() + (gather_k_.size() - d), d * sizeof(View));
+    std::memmove(gather_v_.data() + row * d, gather_v_.data() + (gather_v_.size() - d), d * sizeof(View));
     gather_k_.resize((row + 1) * d);
     gather_v_.resize((row + 1) * d);
   }
@@ -266,12 +314,14 @@ class PagedCache
   }
   void keep_prompt_row(int, int, std::size_t i, std::size_t row, std::size_t, const float* key,
                        const float* value, std::int64_t, std::uint64_t) {
-    write_row(this->heads_[i], row, key, value);
+    auto& h = this->heads_[i];
+    write_row(h, row, key, value);
     if constexpr (!kGather) return;
-    for (std::size_t j = 0; j < this->udim(); ++j) {
-      gather_k_.push_back(static_cast<Scalar>(key[j]));
-      gather_v_.push_back(static_cast<Scalar>(value[j]));
-    }
+    const std::size_t d = this->udim();  // the row as stored
+    gather_k_.resize(gather_k_.size() + d);
+    gather_v_.resize(gather_v_.size() + d);
+    read_row(h.blocks.back(), slot_of(row), gather_k_.data() + gather_k_.size() - d,
+             gather_v_.data() + gather_v_.size() - d);
   }
   void drop_prompt_row(int, int, std::size_t, std::size_t, const float*, const float*, std::int64_t,
                        std::uint64_t) {}
@@ -281,7 +331,8 @@ class PagedCache
   unsigned shift_ = 0;
   std::size_t need_blocks_ = 0;
   bool released_ = false;
-  std::vector<Scalar> gather_k_, gather_v_;
+  std::vector<View> gather_k_, gather_v_;
+  std::vector<Unit> row_k_, row_v_;  ///< quantized pools: the incoming row encoded
   /// Whether decode steps gather stored rows from the pool for the policy's views.
   static constexpr bool kGather = detail::reads_stored_rows<Policy>();
 };
