@@ -454,7 +454,8 @@ TEST_CASE("e2e protocol: KL is 0 for the full cache and positive under eviction"
                     Catch::Matchers::Contains("seq_len"));
 }
 
-TEST_CASE("e2e protocol: a prompt prefilled in blocks scores like token by token",
+TEST_CASE("e2e protocol: a prompt prefilled in blocks scores like token by token; a selecting "
+          "prefill attends over held rows plus the block",
           "[llama2c]") {
   Tiny c;
   auto model = std::make_shared<const Model>(Model::parse(serialize(make_weights(c, 5))));
@@ -495,21 +496,15 @@ TEST_CASE("e2e protocol: a prompt prefilled in blocks scores like token by token
   all.prefill_block = 0;
   CHECK_THROWS_WITH(run_stream(model, s, Budget::uniform(budget), policies::StreamingLLM{2}, all),
                     Catch::Matchers::Contains("prefill_block = 0"));
-}
 
-TEST_CASE("e2e protocol: a selecting prefill (chunked SnapKV) attends over held rows plus the block",
-          "[llama2c]") {
-  Tiny c;
-  auto model = std::make_shared<const Model>(Model::parse(serialize(make_weights(c, 5))));
-  const Stream s = sample_stream(model, SampleOptions{c.seq_len, 1.0f, 4});
-  ProtocolOptions select;
-  select.prefill = 40;
-  select.prefill_block = 7;
+  // The selecting prefill (chunked prefill as an engine runs it): each block attends over
+  // the held rows plus the block, then goes to the cache in one prefill.
+  ProtocolOptions select = blocked;
   select.prefill_select = true;
   // Nothing evicted: the block's full attention over held rows + the block is what
   // token-by-token attention computes, up to float rounding.
-  const auto full = run_stream(model, s, Budget::unbounded(), policies::FullCache{}, select);
-  for (double kl : full.kl) CHECK(kl < 1e-6);
+  const auto full_select = run_stream(model, s, Budget::unbounded(), policies::FullCache{}, select);
+  for (double kl : full_select.kl) CHECK(kl < 1e-6);
   // SnapKV within a budget: selects after each block, never holds more than the budget,
   // and differs from its decode rule alone (first block only).
   const policies::SnapKV::Config sc{.window = 4, .kernel = 3};
