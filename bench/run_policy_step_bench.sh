@@ -60,7 +60,7 @@ out.append("## Per-step policy cost next to the attention step (issue #13)")
 out.append("")
 out.append(f"- CPU: **{ctx.get('cpu_model', '?')}**, {ctx.get('num_cpus')} logical CPUs; kvevict kernel ISA: `{ctx.get('kvevict_isa', '?')}`; built Release with no -march (runtime dispatch).")
 out.append(f"- Run: {ctx.get('date')}; `bench/run_policy_step_bench.sh` (bench/bench_policy_step.cpp), medians of {max(1, int(data['benchmarks'][0].get('repetitions', 1)))} repetitions, **CPU time** (the machine is shared; wall time includes other tenants). Raw JSON: bench/results/policy_step.json.")
-out.append(f"- One layer, head dim 128, G = 4 query heads per KV head, a full cache of n rows per KV head. Policy step = `append` (eviction decision + K/V copy) + `observe` of every KV head (policies reading attention; the container's one-pass group sum and finiteness check included). Attend step = `kvevict::attend(cache, 0, q, {{.observe = false}})` as on this branch (attention.hpp last changed by: {attend_rev}).")
+out.append(f"- One layer, head dim 128, G = 4 query heads per KV head, a full cache of n rows per KV head. Policy step = `append` (eviction decision + K/V copy) + `observe` of every KV head (policies reading attention; the container's one-pass group sum and probability range check included). Attend step = `kvevict::attend(cache, 0, q, {{.observe = false}})` as on this branch (attention.hpp last changed by: {attend_rev}).")
 out.append("- BUZZ runs in budget mode (S + W + T = n); its amortised step = steady step + rebuild step / steps between rebuilds.")
 out.append("")
 for h in (1, 8):

@@ -251,6 +251,32 @@ TEST_CASE("DecayedAttention state survives save/restore: the restored cache deci
 // Scores and spikes drawn from a handful of values, so equal scores (the oldest goes) and
 // equal spikes (the newest is kept) happen every step: the SIMD argmin + tie check and the
 // packed top-k of the reserve must follow the brute-force tie rules exactly.
+namespace {
+
+// One step of a one-layer, one-KV-head cache (head dim 4, G query heads) against the
+// brute-force rule: append, compare the kept rows, then observe the probabilities that
+// `draw()` returns for each (query head, row) on both.
+template <class Draw>
+void step_against_brute(KVCache<policies::DecayedAttention>& cache, BruteDecayed& brute,
+                        kvtest::Rng& rng, int t, int G, Draw&& draw) {
+  cache.append(0, t, rng.normals(4), rng.normals(4));
+  brute.step(t, static_cast<std::uint64_t>(t));
+  const auto pos = cache.positions(0, 0);
+  std::set<std::int64_t> kept(pos.begin(), pos.end()), want;
+  for (const auto& [p, row] : brute.rows) want.insert(p);
+  REQUIRE(kept == want);
+  std::vector<float> probs(static_cast<std::size_t>(G) * pos.size());
+  for (auto& x : probs) x = draw();
+  cache.observe(0, 0, probs);
+  for (std::size_t i = 0; i < pos.size(); ++i) {
+    float s = 0.0f;
+    for (int gq = 0; gq < G; ++gq) s += probs[static_cast<std::size_t>(gq) * pos.size() + i];
+    brute.observe(pos[i], static_cast<std::uint64_t>(t), s);
+  }
+}
+
+}  // namespace
+
 TEST_CASE("DecayedAttention breaks score and spike ties exactly as the brute-force rule") {
   struct Setup {
     float decay;
@@ -271,22 +297,35 @@ TEST_CASE("DecayedAttention breaks score and spike ties exactly as the brute-for
     kvtest::Rng rng(900 + c.cap);
     std::mt19937 pick(c.cap);
     const float levels[] = {0.0f, 0.125f, 0.25f, 0.5f};
-    for (int t = 0; t < 600; ++t) {
-      cache.append(0, t, rng.normals(4), rng.normals(4));
-      brute.step(t, static_cast<std::uint64_t>(t));
-      const auto pos = cache.positions(0, 0);
-      std::set<std::int64_t> kept(pos.begin(), pos.end()), want;
-      for (const auto& [p, row] : brute.rows) want.insert(p);
-      REQUIRE(kept == want);
-      std::vector<float> probs(static_cast<std::size_t>(G) * pos.size());
-      for (auto& x : probs) x = levels[pick() % 4];
-      cache.observe(0, 0, probs);
-      for (std::size_t i = 0; i < pos.size(); ++i) {
-        float s = 0.0f;
-        for (int gq = 0; gq < G; ++gq) s += probs[static_cast<std::size_t>(gq) * pos.size() + i];
-        brute.observe(pos[i], static_cast<std::uint64_t>(t), s);
-      }
-    }
+    for (int t = 0; t < 600; ++t)
+      step_against_brute(cache, brute, rng, t, G, [&] { return levels[pick() % 4]; });
+  }
+}
+
+// A reserve of 32 rows among ~150 open rows with continuous attention: the ranked candidates
+// outnumber k by a few rows on most steps (the threshold is then found in a small sorted
+// buffer) and, after the steps where every row draws strongly, by far more than 32 (the
+// library's top-k select). Both against the brute-force rule, on every step.
+TEST_CASE("DecayedAttention's reserve threshold agrees with brute force, few or many over k") {
+  const int G = 2;
+  const Geometry g{1, G, 1, 4};
+  const std::size_t cap = 256, recent = 96, sinks = 1;
+  const policies::DecayedAttention policy(
+      {.decay = 0.9f, .sinks = sinks, .recent = recent, .recall_fraction = 0.125f});
+  const std::size_t recall = policy.recall_for(cap);
+  REQUIRE(recall == 32);
+  KVCache<policies::DecayedAttention> cache(g, Budget::uniform(static_cast<long long>(cap)),
+                                            policy);
+  BruteDecayed brute{0.9f, sinks, recent, cap, recall, {}};
+  kvtest::Rng rng(31337);
+  std::mt19937 pick(5);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (int t = 0; t < 900; ++t) {
+    const bool strong = t % 97 == 96;  // every row draws strongly: many cross the threshold
+    step_against_brute(cache, brute, rng, t, G, [&] {
+      const float w = u(pick);
+      return strong ? 0.2f + 0.3f * w : 0.25f * w * w * w * w;
+    });
   }
 }
 

@@ -119,6 +119,16 @@ TEST_CASE("chunked prefill: one chunk of the whole prompt is whole-prompt select
     CHECK(whole.mass_recall == chunked.mass_recall);
     CHECK(whole.output_error == chunked.output_error);
   }
-  // SnapKV selects from its first chunk only; later chunks go through its decode rule.
+  // SnapKV selects again after every chunk (from its held rows plus the chunk), so its
+  // figures depend on the chunk size; the first-chunk rule passes later chunks through its
+  // decode rule, so every chunk size past the window gives the same figures.
   CHECK(with_chunk("snapkv", 0).output_error != with_chunk("snapkv", 16).output_error);
+  auto first_only = [&](std::size_t chunk) {
+    RunOptions o;
+    o.prefill_chunk = chunk;
+    o.chunked = kvevict::policies::ChunkedPrefill::first_chunk;
+    return find_policy("snapkv")->run(w, ref, PolicyArgs{48, 7, &w}, o, {});
+  };
+  CHECK(first_only(16).output_error != with_chunk("snapkv", 16).output_error);
+  CHECK(first_only(w.prompt).output_error == with_chunk("snapkv", 0).output_error);
 }

@@ -132,8 +132,9 @@ void check_same(const Cache& c, const Index& idx, Mem& mem, int l) {
 
 // Streams a prompt then decode tokens through KVCache and IndexCache + EngineMemory, with
 // attention computed for IndexCache from the engine's own cells.
+// chunk > 0: the prompt arrives in chunks of that many tokens (chunked prefill).
 template <class S, class Policy>
-void run_same(Policy policy, Budget budget, std::uint64_t seed, bool with_prefill) {
+void run_same(Policy policy, Budget budget, std::uint64_t seed, bool with_prefill, std::size_t chunk = 0) {
   const Geometry g{2, 4, 2, 8};
   const std::size_t kv = std::size_t(g.n_kv_heads * g.head_dim);
   const std::size_t qn = std::size_t(g.n_heads * g.head_dim);
@@ -148,13 +149,16 @@ void run_same(Policy policy, Budget budget, std::uint64_t seed, bool with_prefil
   kvtest::Rng rng(seed);
   std::int64_t pos = 0;
   if (with_prefill) {
-    const std::size_t T = 25;
-    for (int l = 0; l < g.n_layers; ++l) {
-      auto k = rng.normals(T * kv), v = rng.normals(T * kv), q = rng.normals(T * qn);
-      cache.prefill(l, 0, T, k, v, q);
-      auto ds = idx.prefill(l, 0, T, k, q, mem.keys(l));
-      mem.apply(ds, k, v, ev_idx);
-      check_same(cache, idx, mem, l);
+    const std::size_t T = 25, step = chunk == 0 ? T : chunk;
+    for (std::size_t first = 0; first < T; first += step) {
+      const std::size_t n = std::min(step, T - first);
+      for (int l = 0; l < g.n_layers; ++l) {
+        auto k = rng.normals(n * kv), v = rng.normals(n * kv), q = rng.normals(n * qn);
+        cache.prefill(l, std::int64_t(first), n, k, v, q);
+        auto ds = idx.prefill(l, std::int64_t(first), n, k, q, mem.keys(l));
+        mem.apply(ds, k, v, ev_idx);
+        check_same(cache, idx, mem, l);
+      }
     }
     pos = 25;
   }
@@ -208,6 +212,20 @@ TEMPLATE_TEST_CASE("IndexCache decisions reproduce KVCache exactly", "[index_cac
     run_same<S>(pol::DecayedAttention::recommended(),
                 Budget::uniform(16).pooled({.capacity = kvevict::PoolOptions::Capacity::share}), 7, prefill);
   }
+}
+
+TEMPLATE_TEST_CASE("IndexCache decisions reproduce KVCache under chunked prefill", "[index_cache]", float,
+                   Eigen::half) {
+  // SnapKV selects again after every chunk from its held rows (read from the engine's
+  // cells) plus the chunk: evictions of held rows, moves and placements, then decoding.
+  using S = TestType;
+  const std::size_t chunk = GENERATE(std::size_t{3}, std::size_t{7}, std::size_t{25});
+  CAPTURE(chunk);
+  run_same<S>(pol::SnapKV(pol::SnapKV::Config{.window = 4, .kernel = 3}), Budget::uniform(12), 9, true, chunk);
+  run_same<S>(pol::SnapKV(pol::SnapKV::Config{.window = 4, .kernel = 3, .pooling = pol::Pooling::max,
+                                              .decode_reserve = 2}),
+              Budget::per_head({{9, 14}, {11, 7}}), 10, true, chunk);
+  run_same<S>(pol::H2O(pol::H2O::Config{3, 1}), Budget::uniform(10), 11, true, chunk);
 }
 
 TEST_CASE("IndexCache allocates cells within the budget", "[index_cache]") {

@@ -309,3 +309,141 @@ TEST_CASE("policy step kernels match plain loops at every level", "[kernels][sel
     }
   }
 }
+
+// observe's fused kernels (group_sum_bounded, decay_spike) and the recall reserve's
+// candidate gather (gather_open): scalar and AVX2 bodies against plain loops, bit for bit.
+TEST_CASE("observe and reserve kernels match plain loops at every level", "[kernels][select]") {
+  std::mt19937_64 rng(91);
+  const bool avx2 = kk::isa_supported(Isa::avx2);
+  const float hi = 1.0f + 1.0f / 64;
+  const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() &&
+           (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  };
+  for (std::size_t n : {0u, 1u, 7u, 8u, 9u, 63u, 64u, 65u, 200u, 1000u, 4099u}) {
+    // group_sum_bounded: the sums of 0 + p0 + p1 + ...; true iff every value is +-0 or in (0, hi].
+    for (std::size_t g : {1u, 2u, 3u, 4u, 8u, 9u}) {
+      std::vector<float> p(g * n);
+      std::uniform_real_distribution<float> u(0.0f, 1.0f);
+      for (auto& x : p) x = u(rng) * u(rng);
+      if (n > 3) p[n / 2] = -0.0f, p[n / 3] = hi, p[1] = 1.0f;
+      std::vector<float> want(n);
+      for (std::size_t r = 0; r < n; ++r) {
+        float acc = 0.0f;
+        for (std::size_t k = 0; k < g; ++k) acc += p[k * n + r];
+        want[r] = acc;
+      }
+      std::vector<float> got(n, -1.0f), got2(n, -1.0f), got3(n, -1.0f);
+      CHECK(kk::detail::scalar::group_sum_bounded(p.data(), g, n, hi, got.data()));
+      CHECK(same(got, want));
+      CHECK(kk::group_sum_bounded(p.data(), g, n, hi, got2.data()));
+      CHECK(same(got2, want));
+#if KVEVICT_X86
+      if (avx2) {
+        CHECK(kk::detail::avx2::group_sum_bounded(p.data(), g, n, hi, got3.data()));
+        CHECK(same(got3, want));
+      }
+#endif
+      if (n == 0) continue;
+      const float bads[] = {std::numeric_limits<float>::quiet_NaN(),
+                            -std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::nextafter(hi, 2.0f),
+                            -std::numeric_limits<float>::denorm_min(),
+                            -0.5f,
+                            2.0f};
+      for (float bad : bads)
+        for (std::size_t at : {std::size_t{0}, n / 2, g * n - 1}) {
+          auto q = p;
+          q[at] = bad;
+          CHECK_FALSE(kk::detail::scalar::group_sum_bounded(q.data(), g, n, hi, got.data()));
+          CHECK_FALSE(kk::group_sum_bounded(q.data(), g, n, hi, got.data()));
+#if KVEVICT_X86
+          if (avx2) CHECK_FALSE(kk::detail::avx2::group_sum_bounded(q.data(), g, n, hi, got.data()));
+#endif
+        }
+    }
+    // decay_spike: score = decay * score + x (multiply, then add), spike = max(spike, x)
+    // where latest - seq >= band (unsigned; seqs above latest wrap and count as old).
+    std::vector<std::uint64_t> seqs(n);
+    std::iota(seqs.begin(), seqs.end(), std::uint64_t{100});
+    std::shuffle(seqs.begin(), seqs.end(), rng);
+    if (n > 5) seqs[3] = 100 + n + 7;  // newer than `latest`
+    std::vector<float> x(n), score0(n), spike0(n);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    for (std::size_t r = 0; r < n; ++r) {
+      x[r] = u(rng) * u(rng) * 4.0f;
+      score0[r] = u(rng);
+      spike0[r] = (rng() % 3 == 0) ? x[r] : u(rng) * 2.0f;  // some ties with x
+    }
+    if (n > 2) x[1] = 0.0f, spike0[1] = -0.0f;  // max(-0, +0) keeps the spike's -0
+    for (float decay : {0.0f, 0.75f, 0.99609375f, 1.0f})
+      for (std::uint64_t band : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{n / 3},
+                                 std::uint64_t{n + 200}, ~std::uint64_t{0}}) {
+        const std::uint64_t latest = 100 + n;
+        std::vector<float> ws = score0, wp = spike0;
+        for (std::size_t r = 0; r < n; ++r) {
+          volatile float prod = decay * ws[r];  // no contraction into an FMA
+          ws[r] = prod + x[r];
+          if (latest - seqs[r] >= band) wp[r] = std::max(wp[r], x[r]);
+        }
+        std::vector<float> s1 = score0, p1 = spike0;
+        kk::detail::scalar::decay_spike(s1.data(), p1.data(), x.data(), seqs.data(), n, decay,
+                                        latest, band);
+        CHECK(same(s1, ws));
+        CHECK(same(p1, wp));
+        std::vector<float> s2 = score0, p2 = spike0;
+        kk::decay_spike(s2.data(), p2.data(), x.data(), seqs.data(), n, decay, latest, band);
+        CHECK(same(s2, ws));
+        CHECK(same(p2, wp));
+#if KVEVICT_X86
+        if (avx2) {
+          std::vector<float> s3 = score0, p3 = spike0;
+          kk::detail::avx2::decay_spike(s3.data(), p3.data(), x.data(), seqs.data(), n, decay,
+                                        latest, band);
+          CHECK(same(s3, ws));
+          CHECK(same(p3, wp));
+        }
+#endif
+      }
+    // gather_open: unprotected rows with s > 0 and s >= lo, in index order.
+    std::vector<float> s(n);
+    for (auto& v : s) v = static_cast<float>(rng() % 9) * 0.25f - 0.5f;  // -0.5 .. 1.5, ties
+    if (n > 4) s[2] = std::numeric_limits<float>::quiet_NaN(), s[4] = -0.0f;
+    std::vector<std::uint64_t> prot((n + 63) / 64);
+    for (auto& w : prot) w = rng() & rng();
+    if (!prot.empty() && n % 64) prot.back() |= ~std::uint64_t{0} << (n % 64);  // past n: set
+    for (float lo : {0.0f, -1.0f, 0.25f, 0.5f, 2.0f}) {
+      std::vector<float> wv;
+      std::vector<std::uint32_t> wi;
+      for (std::size_t i = 0; i < n; ++i)
+        if (!((prot[i / 64] >> (i % 64)) & 1u) && s[i] > 0.0f && s[i] >= lo) {
+          wv.push_back(s[i]);
+          wi.push_back(static_cast<std::uint32_t>(i));
+        }
+      const auto check = [&](auto fn) {
+        std::vector<float> gv(n, -7.0f);
+        std::vector<std::uint32_t> gi(n, 99);
+        const std::size_t c = fn(gv.data(), gi.data());
+        REQUIRE(c == wv.size());
+        gv.resize(c);
+        gi.resize(c);
+        CHECK(same(gv, wv));
+        CHECK(gi == wi);
+      };
+      check([&](float* v, std::uint32_t* i) {
+        return kk::detail::scalar::gather_open(s.data(), n, prot.data(), lo, v, i);
+      });
+      check([&](float* v, std::uint32_t* i) {
+        return kk::gather_open(s.data(), n, prot.data(), lo, v, i);
+      });
+#if KVEVICT_X86
+      if (avx2)
+        check([&](float* v, std::uint32_t* i) {
+          return kk::detail::avx2::gather_open(s.data(), n, prot.data(), lo, v, i);
+        });
+#endif
+    }
+  }
+}

@@ -19,6 +19,7 @@
 #include "kvevict/policies/h2o.hpp"
 #include "kvevict/policies/oracle.hpp"
 #include "kvevict/policies/random.hpp"
+#include "kvevict/policies/snapkv.hpp"
 #include "kvevict/policies/streaming_llm.hpp"
 
 namespace {
@@ -453,7 +454,8 @@ TEST_CASE("e2e protocol: KL is 0 for the full cache and positive under eviction"
                     Catch::Matchers::Contains("seq_len"));
 }
 
-TEST_CASE("e2e protocol: a prompt prefilled in blocks scores like token by token",
+TEST_CASE("e2e protocol: a prompt prefilled in blocks scores like token by token; a selecting "
+          "prefill attends over held rows plus the block",
           "[llama2c]") {
   Tiny c;
   auto model = std::make_shared<const Model>(Model::parse(serialize(make_weights(c, 5))));
@@ -494,6 +496,36 @@ TEST_CASE("e2e protocol: a prompt prefilled in blocks scores like token by token
   all.prefill_block = 0;
   CHECK_THROWS_WITH(run_stream(model, s, Budget::uniform(budget), policies::StreamingLLM{2}, all),
                     Catch::Matchers::Contains("prefill_block = 0"));
+
+  // The selecting prefill (chunked prefill as an engine runs it): each block attends over
+  // the held rows plus the block, then goes to the cache in one prefill.
+  ProtocolOptions select = blocked;
+  select.prefill_select = true;
+  // Nothing evicted: the block's full attention over held rows + the block is what
+  // token-by-token attention computes, up to float rounding.
+  const auto full_select = run_stream(model, s, Budget::unbounded(), policies::FullCache{}, select);
+  for (double kl : full_select.kl) CHECK(kl < 1e-6);
+  // SnapKV within a budget: selects after each block, never holds more than the budget,
+  // and differs from its decode rule alone (first block only).
+  const policies::SnapKV::Config sc{.window = 4, .kernel = 3};
+  Transformer<policies::SnapKV> tf(model, Budget::uniform(12), policies::SnapKV(sc));
+  tf.set_prefill_select(true);
+  for (int at = 0; at < 40; at += 7) {
+    const int n = std::min(7, 40 - at);
+    tf.forward_block(std::span<const int>(s.tokens.data() + at, std::size_t(n)), at);
+    for (int l = 0; l < c.layers; ++l)
+      for (int h = 0; h < c.kv_heads; ++h) REQUIRE(tf.cache().size(l, h) <= 12);
+  }
+  REQUIRE(tf.cache().size(0, 0) == 12);
+  const auto re = run_stream(model, s, Budget::uniform(12), policies::SnapKV(sc), select);
+  policies::SnapKV::Config first = sc;
+  first.chunked = policies::ChunkedPrefill::first_chunk;
+  const auto fc = run_stream(model, s, Budget::uniform(12), policies::SnapKV(first), select);
+  REQUIRE(re.kl.size() == fc.kl.size());
+  CHECK(re.kl != fc.kl);
+  Transformer<policies::StreamingLLM> reindexed(model, Budget::uniform(12), policies::StreamingLLM{2},
+                                                Positions::reindex);
+  CHECK_THROWS_WITH(reindexed.set_prefill_select(true), Catch::Matchers::Contains("Positions::keep"));
 }
 
 TEST_CASE("e2e protocol: a compact stream (hidden states) gives the same logits and figures",

@@ -81,6 +81,9 @@ struct Knobs {
   /// Its base (theta_i = base^(-2i / d)): llama2.c's 10000; a Hugging Face model's
   /// rope_theta (its rope_scaling, if any, is not modelled: the unscaled frequencies).
   float rope_base = 10000.0f;
+  /// What SnapKV's selection (snapkv, xkv, pyramidkv, uniform-w8) does with prompt chunks
+  /// after a layer's first (chunked prefill): select again (the default) or the decode rule.
+  policies::ChunkedPrefill snapkv_chunked = policies::ChunkedPrefill::reselect;
 
   /// The stories260K reference table's protocol (llama2c_e2e, llama2c_headline and
   /// llama2c_diagnose): StreamingLLM 1 sink, H2O and Random recent = budget / 4.
@@ -176,7 +179,9 @@ inline Configured<policies::SnapKV> xkv_setup(const Args& a) {
   std::vector<long long> caps;
   for (long long n : allocation.tokens)
     caps.push_back(n + static_cast<long long>(window + a.budget - head));
-  return {policies::SnapKV(alloc.selection()), Budget::per_layer(caps)};
+  policies::SnapKV::Config c = alloc.selection();
+  c.chunked = a.knobs.snapkv_chunked;
+  return {policies::SnapKV(c), Budget::per_layer(caps)};
 }
 
 /// PyramidKV and uniform budgets under the same protocol as xkv_setup: the same total of
@@ -198,7 +203,9 @@ inline Configured<policies::SnapKV> fixed_allocation_setup(const Args& a, bool p
                              : policies::uniform_budgets(g.n_layers, total);
   std::vector<long long> caps;
   for (long long n : split) caps.push_back(n + static_cast<long long>(window + a.budget - head));
-  return {policies::SnapKV(alloc.selection()), Budget::per_layer(caps)};
+  policies::SnapKV::Config c = alloc.selection();
+  c.chunked = a.knobs.snapkv_chunked;
+  return {policies::SnapKV(c), Budget::per_layer(caps)};
 }
 
 }  // namespace detail
@@ -302,7 +309,7 @@ void for_each_policy(Fn&& fn) {
   add.template operator()<SnapKV>(
       {"snapkv", "SnapKV: prompt selection by window-32 attention, pool 5", Family::baseline,
        Regime::prompt},
-      [](const Args&) { return SnapKV{}; });
+      [](const Args& a) { return SnapKV(SnapKV::Config{.chunked = a.knobs.snapkv_chunked}); });
   add.template operator()<SnapKV>(
       {"xkv", "XKV: per-layer budgets from prompt statistics + SnapKV selection (w 8, pool 7)",
        Family::seed, Regime::prompt, Sizing::budget, true},

@@ -70,6 +70,7 @@ struct Options {
   std::uint64_t seed = 1;
   std::size_t topk = 10;
   std::size_t prefill_chunk = 0;
+  kvevict::policies::ChunkedPrefill chunked = kvevict::policies::ChunkedPrefill::reselect;
   std::size_t prefill_block = 64;
   std::size_t streams = 1;
   std::vector<std::string> kv_formats;  ///< --kv-format; empty: fp32, outputs without bytes
@@ -152,6 +153,15 @@ std::optional<Options> parse(int argc, char** argv) {
   p.number("--prefill-chunk", "N",
            "> 0: prefill the prompt in chunks of N tokens (0: the whole prompt at once)",
            o.prefill_chunk, Range<std::size_t>{0});
+  p.custom("--chunked-rule", "RULE",
+           "with --prefill-chunk: what SnapKV's selection (snapkv, xkv, pyramidkv, uniform-w8) "
+           "does with each chunk after a layer's first: reselect (default: select again from "
+           "the held rows plus the chunk) or first-chunk (the decode rule)",
+           [&o](const std::string& v) {
+             if (v == "reselect") o.chunked = kvevict::policies::ChunkedPrefill::reselect;
+             else if (v == "first-chunk") o.chunked = kvevict::policies::ChunkedPrefill::first_chunk;
+             else throw ArgError(fmt::format("--chunked-rule: '{}', expected reselect or first-chunk", v));
+           });
   p.number("--prefill-block", "N",
            "with --model: the prompt (--prompt tokens) is prefilled through forward_block in "
            "blocks of N tokens (default 64; 0: token by token)",
@@ -667,6 +677,7 @@ int run(int argc, char** argv) {
   RunOptions ro;
   ro.topk = o.topk;
   ro.prefill_chunk = o.prefill_chunk;
+  ro.chunked = o.chunked;
 
   std::vector<Row> rows;
   for (const auto& w : loaded) {

@@ -133,7 +133,9 @@ inline const std::vector<PolicyEntry>& policy_registry() {
       e.run = [re](const Workload& w, const Reference& ref, const PolicyArgs& a,
                    const RunOptions& o, const Tick& tick) {
         const registry::PromptStats stats = prompt_stats(w);
-        const registry::Args ra{a.budget, eval_knobs(a.seed), &stats};
+        registry::Knobs knobs = eval_knobs(a.seed);
+        knobs.snapkv_chunked = o.chunked;
+        const registry::Args ra{a.budget, knobs, &stats};
         return registry::invoke(re, ra, [&](Policy policy, const Budget& b) {
 #if KVEVICT_EVAL_HAS_LLAMA2C
           if constexpr (kAllKvFormats<Policy>) {

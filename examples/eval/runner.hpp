@@ -11,6 +11,7 @@
 #include <kvevict/cache.hpp>
 #include <kvevict/metrics.hpp>
 #include <kvevict/policies/full_cache.hpp>
+#include <kvevict/policies/snapkv.hpp>
 #include <limits>
 #include <map>
 #include <span>
@@ -26,6 +27,8 @@ struct RunOptions {
   /// > 0: the prompt is prefilled in chunks of this many tokens (the last may be shorter),
   /// layer by layer per chunk, as an engine with chunked prefill feeds it; 0: one block.
   std::size_t prefill_chunk = 0;
+  /// What SnapKV's selection does with the chunks after a layer's first (registry Knobs).
+  policies::ChunkedPrefill chunked = policies::ChunkedPrefill::reselect;
 };
 
 /// Means over every (decode step, layer, query head) of a run.

@@ -41,6 +41,9 @@ struct Args {
   bool brief = false;     ///< --brief: retrieval rows of the compared policies only
   std::size_t prompt = 0;          ///< --prompt: KL table streams' prefilled prompt (0: none)
   std::size_t prefill_block = 64;  ///< --prefill-block
+  bool prefill_select = false;     ///< --prefill-select
+  bool first_chunk = false;        ///< --chunked-first-chunk
+  std::size_t skip = 0;            ///< --skip
   bool reserve = false;   ///< --tune-reserve: the deduplicated-reserve grid
   bool trace = false;     ///< --trace-reserve: with --haystack, what the reserve ranks first
   bool adaptive = false;  ///< --adaptive: per-head budget splits at equal memory
@@ -69,6 +72,17 @@ std::optional<Args> parse(int argc, char** argv) {
            a.prompt, Range<std::size_t>{0});
   p.number("--prefill-block", "N", "with --prompt: tokens per forward_block (default 64)",
            a.prefill_block, Range<std::size_t>{1, std::size_t{1} << 20});
+  p.flag("--prefill-select",
+         "with --prompt: each block attends at full attention over the held rows plus the block, "
+         "then goes to the cache in one prefill (the policy's prompt selection: chunked prefill)",
+         a.prefill_select);
+  p.number("--skip", "N",
+           "KL table: leave the first N positions out of the means (e.g. the prompt's, to score "
+           "decoding only; default 0)",
+           a.skip, Range<std::size_t>{0});
+  p.flag("--chunked-first-chunk",
+         "with --prefill-select: SnapKV selects only a layer's first block (the decode rule after)",
+         a.first_chunk);
   p.flag("--tune", "the tuning grids instead of the reported rows", a.tune);
   p.flag("--retrieval", "far name retrieval instead of streaming KL", a.retrieval);
   p.flag("--tune-scorers", "the probability-free grid instead of the table", a.scorers);
@@ -659,9 +673,12 @@ int main(int argc, char** argv) {
     r.model = std::make_shared<const Model>(load_model_dir(a.model_dir, "stories260K.bin"));
     r.protocol.prefill = a.prompt;
     r.protocol.prefill_block = a.prefill_block;
+    r.protocol.prefill_select = a.prefill_select;
+    r.protocol.skip = a.skip;
     // The registry's knobs for --policies: the reference protocol's, with the model's RoPE.
     registry::Knobs knobs = registry::Knobs::reference_protocol();
     set_model_rope(knobs, r.model->config());
+    if (a.first_chunk) knobs.snapkv_chunked = policies::ChunkedPrefill::first_chunk;
     // The per-head rows need the calibration pass; --policies, --tune and --paged rows do not.
     const AttentionAgeProfile profile =
         (a.policies.empty() && !a.tune && !a.paged && !a.haystack && !a.reserve) || a.adaptive
@@ -806,8 +823,12 @@ int main(int argc, char** argv) {
                 a.streams, static_cast<unsigned long long>(a.seed),
                 static_cast<unsigned long long>(a.seed + static_cast<std::uint64_t>(a.streams) - 1),
                 a.tokens,
-                a.prompt > 0 ? fmt::format("; the first {} tokens prefilled in blocks of {}",
-                                           a.prompt, a.prefill_block)
+                a.prompt > 0 ? fmt::format("; the first {} tokens prefilled in blocks of {}{}{}",
+                                           a.prompt, a.prefill_block,
+                                           a.prefill_select ? (a.first_chunk ? " (selecting, first block only)"
+                                                                             : " (selecting after each block)")
+                                                            : "",
+                                           a.skip > 0 ? fmt::format("; positions {}.. scored", a.skip) : "")
                              : std::string());
     fmt::print("| budget | policy | mean KL | range over 4-stream groups | groups below {} | "
                "top-1 |\n",

@@ -227,6 +227,9 @@ struct ProtocolOptions {
   /// block: prefill_block x vocab floats). 0 = token by token throughout.
   std::size_t prefill = 0;
   std::size_t prefill_block = 64;
+  /// With prefill: each block attends at full attention (held rows + the block) and goes to
+  /// the cache in one prefill, the policy's prompt selection (Transformer::set_prefill_select).
+  bool prefill_select = false;
 };
 
 /// Per-position figures of one stream under one policy, and their means over the
@@ -268,6 +271,7 @@ StreamResult run_stream(const std::shared_ptr<const Model>& model, const Stream&
                            "run_stream: prefill = ", options.prefill,
                            " tokens with prefill_block = 0, expected a block of >= 1 token");
   Transformer<Policy, Scalar> tf(model, budget, std::move(policy));
+  if (options.prefill_select) tf.set_prefill_select(true);
   StreamResult r;
   r.skip = options.skip;
   auto score = [&](std::size_t t, std::span<const float> q) {

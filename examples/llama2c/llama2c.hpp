@@ -549,6 +549,22 @@ class Transformer {
     timing_limit_ = limit;
   }
 
+  /// forward_block as an engine with chunked prefill runs it (off by default): each layer's
+  /// block attends at full attention over the rows the cache holds plus the whole block
+  /// (causal), and only then goes to the cache in one KVCache::prefill, so a policy with a
+  /// prompt selection (SnapKV: after every block from its held rows plus the block) selects
+  /// with the block's keys and queries, and policies without one take the block token by
+  /// token through their decode rule. A float KVCache with Positions::keep only.
+  void set_prefill_select(bool on) {
+    if constexpr (!kStoresRows) {
+      kvevict::detail::require(!on, "set_prefill_select: needs a float KVCache");
+    } else {
+      kvevict::detail::require(!on || positions_ == Positions::keep,
+                               "set_prefill_select: needs Positions::keep");
+    }
+    prefill_select_ = on;
+  }
+
   /// Feeds `token` at position `pos` (positions must increase) and returns the logits
   /// of the next token; the span is valid until the next call.
   std::span<const float> forward(int token, int pos) {
@@ -621,9 +637,13 @@ class Transformer {
       w.wk.matmul(K_, XB_, scratch_);
       w.wv.matmul(V_, XB_, scratch_);
       A_.resize(n, c.q_dim());
-      for (Eigen::Index i = 0; i < n; ++i)
-        attention_step(w, l, pos0 + static_cast<int>(i), Q_.row(i).data(), K_.row(i).data(),
-                       V_.row(i).data(), A_.row(i).data());
+      if (prefill_select_) {
+        if constexpr (kStoresRows) select_block(w, l, pos0, n);
+      } else {
+        for (Eigen::Index i = 0; i < n; ++i)
+          attention_step(w, l, pos0 + static_cast<int>(i), Q_.row(i).data(), K_.row(i).data(),
+                         V_.row(i).data(), A_.row(i).data());
+      }
       w.wo.matmul(XB_, A_, scratch_);
       if (w.bo != nullptr) XB_.rowwise() += Model::Vector(w.bo, c.dim).transpose();
       X_ += XB_;
@@ -661,11 +681,9 @@ class Transformer {
         c.seq_len, "; only a bounded cache (a policy with a row budget) generates further");
   }
 
-  // One token's attention in layer l: the projections q (q_dim floats), k and v (kv_dim)
-  // get their biases, q/k norms and RoPE, k and v go into the cache, and the heads'
-  // outputs (q_dim floats) go to `out`. Shared by forward() and forward_block().
-  void attention_step(const Model::Layer& w, int l, int pos, float* q, float* k, float* v,
-                      float* out) {
+  // The projections q (q_dim floats), k and v (kv_dim) of one token get their biases,
+  // q/k norms and RoPE (unless `reindex`).
+  void project(const Model::Layer& w, int pos, float* q, float* k, float* v, bool reindex) {
     const Config& c = model_->config();
     const auto qn = static_cast<std::size_t>(c.q_dim());
     const auto kn = static_cast<std::size_t>(c.kv_dim());
@@ -679,11 +697,63 @@ class Transformer {
     add(v, w.bv, kn);
     if (w.q_norm != nullptr) head_rmsnorm(q, qn, w.q_norm, eps);
     if (w.k_norm != nullptr) head_rmsnorm(k, kn, w.k_norm, eps);
-    const bool reindex = positions_ == Positions::reindex;
     if (!reindex) {
       rope(q, qn, pos);
       rope(k, kn, pos);
     }
+  }
+
+  // set_prefill_select: layer l of a block of n tokens (projections in Q_, K_, V_). Token i
+  // attends causally over the cache's rows and block tokens 0..i; then the block goes to the
+  // cache in one prefill (the policy's selection).
+  void select_block(const Model::Layer& w, int l, int pos0, Eigen::Index n) {
+    const Config& c = model_->config();
+    const int G = c.n_heads / c.n_kv_heads, d = c.head_dim();
+    for (Eigen::Index i = 0; i < n; ++i)
+      project(w, pos0 + static_cast<int>(i), Q_.row(i).data(), K_.row(i).data(), V_.row(i).data(), false);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    std::vector<float> logit;
+    for (int kh = 0; kh < c.n_kv_heads; ++kh) {
+      const auto held_k = cache_.keys(l, kh);
+      const auto held_v = cache_.values(l, kh);
+      const Eigen::Index held = held_k.rows();
+      for (Eigen::Index i = 0; i < n; ++i)
+        for (int g = 0; g < G; ++g) {
+          const float* q = Q_.row(i).data() + static_cast<std::size_t>((kh * G + g) * d);
+          const Eigen::Map<const Eigen::VectorXf> qv(q, d);
+          logit.resize(static_cast<std::size_t>(held + i + 1));
+          for (Eigen::Index r = 0; r < held; ++r) logit[static_cast<std::size_t>(r)] = held_k.row(r).dot(qv) * scale;
+          for (Eigen::Index j = 0; j <= i; ++j)
+            logit[static_cast<std::size_t>(held + j)] =
+                Eigen::Map<const Eigen::VectorXf>(K_.row(j).data() + kh * d, d).dot(qv) * scale;
+          const float m = *std::max_element(logit.begin(), logit.end());
+          float z = 0.0f;
+          for (float& x : logit) z += (x = std::exp(x - m));
+          float* out = A_.row(i).data() + static_cast<std::size_t>((kh * G + g) * d);
+          Eigen::Map<Eigen::VectorXf> o(out, d);
+          o.setZero();
+          for (Eigen::Index r = 0; r < held; ++r) o += (logit[static_cast<std::size_t>(r)] / z) * held_v.row(r).transpose();
+          for (Eigen::Index j = 0; j <= i; ++j)
+            o += (logit[static_cast<std::size_t>(held + j)] / z) *
+                 Eigen::Map<const Eigen::VectorXf>(V_.row(j).data() + kh * d, d);
+        }
+    }
+    const auto un = static_cast<std::size_t>(n);
+    cache_.prefill(l, pos0, un, std::span<const float>(K_.data(), un * static_cast<std::size_t>(c.kv_dim())),
+                   std::span<const float>(V_.data(), un * static_cast<std::size_t>(c.kv_dim())),
+                   std::span<const float>(Q_.data(), un * static_cast<std::size_t>(c.q_dim())));
+  }
+
+  // One token's attention in layer l: the projections q (q_dim floats), k and v (kv_dim)
+  // get their biases, q/k norms and RoPE, k and v go into the cache, and the heads'
+  // outputs (q_dim floats) go to `out`. Shared by forward() and forward_block().
+  void attention_step(const Model::Layer& w, int l, int pos, float* q, float* k, float* v,
+                      float* out) {
+    const Config& c = model_->config();
+    const auto qn = static_cast<std::size_t>(c.q_dim());
+    const auto kn = static_cast<std::size_t>(c.kv_dim());
+    const bool reindex = positions_ == Positions::reindex;
+    project(w, pos, q, k, v, reindex);
     const std::span<const float> qs(q, qn);
     cache_.append(l, pos, std::span<const float>(k, kn), std::span<const float>(v, kn), qs);
     if constexpr (kDenseCache) {  // a KVCache (paged_adapter.hpp's store has its own attend)
@@ -813,6 +883,7 @@ class Transformer {
   Cache cache_;
   Positions positions_ = Positions::keep;
   bool bounded_ = false;
+  bool prefill_select_ = false;
   std::vector<float> rank_cos_, rank_sin_, rotated_, group_q_;
   std::vector<std::uint32_t> order_;
   Eigen::VectorXf x_, xb_, q_, k_, v_, h1_, h3_, logits_, att_;

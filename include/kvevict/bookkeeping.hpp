@@ -254,7 +254,7 @@ inline void check_probs(const Geometry& g, std::span<const float> probs, std::si
 
 /// observe() of both containers: checks one step's probabilities and returns the view the
 /// policy receives. For a policy that reads attention the G rows are summed per row in the
-/// same pass that checks finiteness (one read of the probabilities, into `sums`); nothing
+/// same pass that checks the range (one read of the probabilities, into `sums`); nothing
 /// but `sums` is written before the check has passed.
 template <class Policy>
 AttentionView observed_view(const Geometry& g, int layer, int kv_head,
@@ -263,11 +263,12 @@ AttentionView observed_view(const Geometry& g, int layer, int kv_head,
   AttentionView view{layer, kv_head, g.group(), size, probs.data()};
   if constexpr (has(Policy::signals, Signals::attention)) {
     check_probs_size(g, probs, size);
-    check_prob_range(probs);
     sums.resize(size);
-    if (!kernels::group_sum_checked(probs.data(), static_cast<std::size_t>(g.group()), size,
-                                    sums.data()))
-      check_finite(probs, "observe: probs");  // names the bad value and throws
+    if (!kernels::group_sum_bounded(probs.data(), static_cast<std::size_t>(g.group()), size,
+                                    1.0f + kProbabilitySlack, sums.data())) {
+      check_prob_range(probs);  // names the bad value and throws
+      check_finite(probs, "observe: probs");
+    }
     view.sums = sums.data();
   } else {
     check_probs(g, probs, size);

@@ -5,8 +5,9 @@
 // head) live-row bookkeeping (position and arrival index of each row, in the order the
 // policy sees them), the per-layer arrival clocks, and runs every flow that touches the
 // policy: validate -> choose victims -> reserve -> apply (swap-remove) -> on_append, the
-// prefill paths (prefill_keep selection, or token by token with causal attention for
-// policies that observe it), observe, and a budget shrink.
+// prefill paths (prefill_keep selection, on an empty layer or, for a policy that
+// reselects, from the held rows plus each chunk; or token by token with causal attention
+// for policies that observe it), observe, and a budget shrink.
 //
 // The layout is the derived class (CRTP). Hooks it may define (defaults below are no-ops):
 //   rows_data(layer, kv_head) const -> RowsData   keys/values a policy reads (size rows)
@@ -21,7 +22,12 @@
 //   push_row(layer, kv_head, i, row, position, seq, key, value, token)
 //                                the new token's row goes to `row` (before pos/seq push)
 //   keep_prompt_row / drop_prompt_row(layer, kv_head, i, row, t, key, value, position, seq)
-//   begin_prompt_head(layer, kv_head), prepare_prompt(layer, tokens, keep)
+//   begin_prompt_head(layer, kv_head)  before a head's kept prompt rows are written: gathered
+//                                views hold exactly the head's live rows (after the held
+//                                rows a chunked reselection dropped have left)
+//   prepare_prompt(layer, tokens, keep, victims)  room for each head's kept block tokens
+//                                after its held victims leave (victims: empty unless a
+//                                chunked reselection drops held rows)
 //   attention_rows(layer, kv_head) -> const Scalar*   rows for prefill attention
 //   shrink_rows(i, cap)          release storage beyond cap after a budget shrink
 //   check_stored(x, what, is_key)  reject keys/values the storage format cannot hold
@@ -35,6 +41,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <numeric>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -194,7 +201,8 @@ class ContainerCore {
   void prepare_head(int, int, std::size_t, const std::vector<std::uint32_t>&) {}
   void prepare_step(int, std::size_t, std::size_t) {}
   void begin_prompt_head(int, int) {}
-  void prepare_prompt(int, std::size_t, const std::vector<std::vector<std::uint32_t>>&) {}
+  void prepare_prompt(int, std::size_t, const std::vector<std::vector<std::uint32_t>>&,
+                      const std::vector<std::vector<std::uint32_t>>&) {}
   void shrink_rows(std::size_t, std::size_t) {}
   /// A pooled budget about to take effect (throws kvevict::Error if the layout cannot run it).
   void check_pool(const LayerPool&) const {}
@@ -513,8 +521,15 @@ class ContainerCore {
                      const float* values, const float* queries) {
     if constexpr (HasPrefillKeep<Policy>) {
       if (layers_[static_cast<std::size_t>(layer)].next_seq == 0) {
-        prefill_select(layer, first_position, tokens, keys, values, queries);
+        prefill_select(layer, first_position, tokens, keys, values, queries, false);
         return;
+      }
+      // Chunked prefill: a policy that reselects picks from its held rows plus the chunk.
+      if constexpr (HasPrefillReselect<Policy, Scalar>) {
+        if (policy_.reselects_prefill()) {
+          prefill_select(layer, first_position, tokens, keys, values, queries, true);
+          return;
+        }
       }
     }
     const std::size_t stride = static_cast<std::size_t>(shape_.geometry.n_kv_heads) * udim();
@@ -537,29 +552,88 @@ class ContainerCore {
     }
   }
 
-  /// prefill_keep on an empty layer: the policy selects from the whole block per head.
+  /// prefill_keep selection per head. On an empty layer (`reselect` false) the policy
+  /// selects from the block alone. With `reselect` (chunked prefill, HasPrefillReselect)
+  /// the view holds the head's rows first (arrival order, stored keys) and then the block;
+  /// held rows the selection drops are evicted (swap-remove, through the layout's
+  /// remove_row: callbacks, decisions, freed blocks) before any block row is written, so
+  /// a head never holds more than its capacity, not even while a chunk is selected.
+  /// Everything that may throw (the selection, allocation, the layout's checks) runs
+  /// before anything changes.
   void prefill_select(int layer, std::int64_t first_position, std::size_t tokens,
-                      const float* keys, const float* values, const float* queries) {
+                      const float* keys, const float* values, const float* queries,
+                      bool reselect) {
     const Geometry& g = shape_.geometry;
     auto& ls = layers_[static_cast<std::size_t>(layer)];
-    std::vector<std::vector<std::uint32_t>> keep(static_cast<std::size_t>(g.n_kv_heads));
-    for (int kh = 0; kh < g.n_kv_heads; ++kh) {
-      PrefillView pv{layer, kh, g.head_dim, group(), g.n_kv_heads, g.n_heads, tokens,
-                     shape_.at(layer, kh), first_position, ls.next_seq, keys, queries};
-      auto& kp = keep[static_cast<std::size_t>(kh)];
-      policy_.prefill_keep(pv, kp);
-      validate_prefill_keep<Policy>(kp, tokens, pv.capacity);
-      reserve_head(index(layer, kh), kp.size(), pv.capacity);
-    }
-    self().prepare_prompt(layer, tokens, keep);
+    const auto hkv = static_cast<std::size_t>(g.n_kv_heads);
     const std::size_t d = udim();
-    const std::size_t stride = static_cast<std::size_t>(g.n_kv_heads) * d;
+    std::vector<std::vector<std::uint32_t>> keep(hkv), victims(hkv);
+    std::vector<std::uint32_t> chosen, order;
+    std::vector<float> held_keys;
+    std::vector<std::uint64_t> held_seqs;
+    for (int kh = 0; kh < g.n_kv_heads; ++kh) {
+      const std::size_t i = index(layer, kh);
+      const auto& h = heads_[i];
+      const std::size_t held = reselect ? h.size() : 0;
+      require(tokens < (std::size_t{1} << 32) - held, "prefill: ", tokens, " tokens after ", held,
+              " held rows, expected fewer than 2^32 in one selection");
+      PrefillView pv{layer, kh, g.head_dim, group(), g.n_kv_heads, g.n_heads, held + tokens,
+                     shape_.at(layer, kh), first_position, ls.next_seq, keys, queries};
+      if constexpr (HasPrefillReselect<Policy, Scalar>) {
+        static_assert(reads_stored_rows<Policy>(),
+                      "a policy that reselects at chunked prefill reads the held rows' keys");
+        if (held > 0) {  // the held rows in arrival order, keys widened to float
+          self().load_rows(layer, kh, nullptr, nullptr);
+          const RowsData<Scalar> rows = self().rows_data(layer, kh);
+          order.resize(held);
+          std::iota(order.begin(), order.end(), 0u);
+          std::sort(order.begin(), order.end(),
+                    [&](std::uint32_t a, std::uint32_t b) { return h.seq[a] < h.seq[b]; });
+          held_keys.resize(held * d);
+          held_seqs.resize(held);
+          for (std::size_t j = 0; j < held; ++j) {
+            const Scalar* src = rows.keys + static_cast<std::size_t>(order[j]) * d;
+            for (std::size_t c = 0; c < d; ++c) held_keys[j * d + c] = static_cast<float>(src[c]);
+            held_seqs[j] = h.seq[order[j]];
+          }
+          pv.held = held;
+          pv.held_keys = held_keys.data();
+          pv.held_seqs = held_seqs.data();
+        }
+      }
+      chosen.clear();
+      policy_.prefill_keep(pv, chosen);
+      validate_prefill_keep<Policy>(chosen, pv.tokens, pv.capacity);
+      auto& kp = keep[static_cast<std::size_t>(kh)];
+      auto& vk = victims[static_cast<std::size_t>(kh)];
+      std::size_t next = 0;  // chosen is ascending: held indices first
+      for (std::size_t j = 0; j < held; ++j) {
+        if (next < chosen.size() && chosen[next] == j) ++next;
+        else vk.push_back(order[j]);
+      }
+      for (; next < chosen.size(); ++next) kp.push_back(chosen[next] - static_cast<std::uint32_t>(held));
+      std::sort(vk.begin(), vk.end(), std::greater<>());
+      const std::size_t after = held - vk.size() + kp.size();
+      reserve_head(i, std::max(held, after), pv.capacity);
+    }
+    self().prepare_prompt(layer, tokens, keep, victims);
+    const std::size_t stride = hkv * d;
     for (int kh = 0; kh < g.n_kv_heads; ++kh) {
       const std::size_t i = index(layer, kh);
       auto& h = heads_[i];
       const auto& kp = keep[static_cast<std::size_t>(kh)];
-      std::size_t next = 0;
+      if (reselect && h.size() > 0) {
+        self().load_rows(layer, kh, nullptr, nullptr);  // gathered views mirror the removals
+        evict_victims(layer, kh, victims[static_cast<std::size_t>(kh)]);
+      }
       self().begin_prompt_head(layer, kh);
+      if constexpr (HasPrefillReselect<Policy, Scalar>) {
+        HeadView<Scalar> view = make_view(layer, kh, h.size());
+        view.incoming_seq = ls.next_seq;
+        view.incoming_position = first_position;
+        policy_.on_prefill_selected(view);
+      }
+      std::size_t next = 0;
       for (std::size_t t = 0; t < tokens; ++t) {
         const float* kin = keys + t * stride + static_cast<std::size_t>(kh) * d;
         const float* vin = values ? values + t * stride + static_cast<std::size_t>(kh) * d : nullptr;

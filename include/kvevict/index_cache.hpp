@@ -169,6 +169,9 @@ class IndexCache
       detail::require(rows <= cell_limit_, "prefill: layer ", layer, " KV head ", kh,
                       " would hold ", rows, " rows, expected <= cells_per_head = ", cell_limit_);
     }
+    // Gathered stored rows are read by the decode rule, and by a chunked reselection.
+    detail::require(!kGather || stored_keys.data != nullptr || size_of_layer(layer) == 0,
+                    "prefill: stored_keys.data is null, expected the engine's key rows");
     decisions_.clear();
     // Rows of this block are read from `keys` until the engine applies the decisions.
     call_ = Call{stored_keys, {}, {}, keys.data(), this->layer_state(layer).next_seq};
@@ -314,8 +317,11 @@ class IndexCache
     }
     reserve_decisions(2 * total_victims + static_cast<std::size_t>(this->shape_.geometry.n_kv_heads));
   }
-  void prepare_prompt(int, std::size_t tokens, const std::vector<std::vector<std::uint32_t>>&) {
-    reserve_decisions(tokens * static_cast<std::size_t>(this->shape_.geometry.n_kv_heads));
+  void prepare_prompt(int, std::size_t tokens, const std::vector<std::vector<std::uint32_t>>&,
+                      const std::vector<std::vector<std::uint32_t>>& victims) {
+    std::size_t evictions = 0;  // a held row leaving: evict + move
+    for (const auto& v : victims) evictions += 2 * v.size();
+    reserve_decisions(tokens * static_cast<std::size_t>(this->shape_.geometry.n_kv_heads) + evictions);
   }
   // Geometric, so a prefill's decisions (one call, many tokens) grow in amortised O(1).
   void reserve_decisions(std::size_t more) {
@@ -354,7 +360,11 @@ class IndexCache
     decisions_.push_back(Decision{Decision::Kind::place, layer, kh, static_cast<std::uint32_t>(n),
                                   token, cell, position, seq});
   }
-  void begin_prompt_head(int, int) { gather_.clear(); }
+  // The gathered block keeps the head's live rows (those a chunked reselection kept; none
+  // on an empty layer); kept prompt rows are appended to it.
+  void begin_prompt_head(int layer, int kh) {
+    gather_.resize(this->heads_[this->index(layer, kh)].size() * this->udim());
+  }
   void keep_prompt_row(int layer, int kh, std::size_t i, std::size_t row, std::size_t t,
                        const float* key, const float*, std::int64_t position, std::uint64_t seq) {
     const std::uint32_t cell = take_cell(this->heads_[i], kAutoCell);

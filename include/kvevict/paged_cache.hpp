@@ -252,9 +252,16 @@ class PagedCache
     }
     check_pool(layer);
   }
-  // prefill_keep on an empty layer: every kept row needs room in new blocks.
-  void prepare_prompt(int layer, std::size_t, const std::vector<std::vector<std::uint32_t>>& keep) {
-    for (const auto& kp : keep) need_blocks_ += blocks_for(kp.size());
+  // A prefill_keep selection: each head's held victims leave (returning their blocks)
+  // before its kept block rows are written, so a head needs the blocks of its rows after
+  // the selection beyond those it has (on an empty layer: all of them).
+  void prepare_prompt(int layer, std::size_t, const std::vector<std::vector<std::uint32_t>>& keep,
+                      const std::vector<std::vector<std::uint32_t>>& victims) {
+    for (std::size_t kh = 0; kh < keep.size(); ++kh) {
+      const auto& h = this->heads_[this->index(layer, static_cast<int>(kh))];
+      const std::size_t after = blocks_for(h.size() - victims[kh].size() + keep[kh].size());
+      if (after > h.blocks.size()) need_blocks_ += after - h.blocks.size();
+    }
     check_pool(layer);
   }
   void check_pool(int layer) {
@@ -298,9 +305,12 @@ class PagedCache
     gather_k_.resize((row + 1) * d);
     gather_v_.resize((row + 1) * d);
   }
-  void begin_prompt_head(int, int) {
-    gather_k_.clear();
-    gather_v_.clear();
+  // The gathered matrices keep the head's live rows (those a chunked reselection kept;
+  // none on an empty layer); kept prompt rows are appended to them.
+  void begin_prompt_head(int layer, int kh) {
+    const std::size_t n = this->heads_[this->index(layer, kh)].size() * this->udim();
+    gather_k_.resize(std::min(n, gather_k_.size()));
+    gather_v_.resize(std::min(n, gather_v_.size()));
   }
   void keep_prompt_row(int, int, std::size_t i, std::size_t row, std::size_t, const float* key,
                        const float* value, std::int64_t, std::uint64_t) {

@@ -77,8 +77,14 @@ struct AttentionView {
   }
 };
 
-/// A whole prompt block for one (layer, KV head) at prefill, for policies that select
-/// from the full prompt at once (SnapKV, XKV, HashEvict's default). Token-major layout.
+/// A prompt block for one (layer, KV head) at prefill, for policies that select from the
+/// prompt at once (SnapKV, XKV, HashEvict's default). Token-major layout.
+///
+/// Chunked prefill (a policy with the reselection hooks, detail::HasPrefillReselect): when
+/// the layer already holds rows, the view's first `held` tokens are the rows the head holds
+/// (kept from earlier chunks or decoded), in arrival order, with their stored keys and
+/// arrival indices; tokens [held, tokens) are the chunk. Without held rows (held == 0) the
+/// view is the whole block, as before.
 struct PrefillView {
   int layer = 0;
   int kv_head = 0;
@@ -86,23 +92,34 @@ struct PrefillView {
   int group = 1;
   int n_kv_heads = 1;
   int n_heads = 1;
-  std::size_t tokens = 0;        ///< T
+  std::size_t tokens = 0;        ///< T: held rows + the chunk's tokens
   std::size_t capacity = 0;
-  std::int64_t first_position = 0;
-  std::uint64_t first_seq = 0;
-  const float* keys = nullptr;     ///< T x n_kv_heads x head_dim (this head: key(t))
-  const float* queries = nullptr;  ///< T x n_heads x head_dim, or nullptr
+  std::int64_t first_position = 0;  ///< position of the chunk's first token (token `held`)
+  std::uint64_t first_seq = 0;      ///< arrival index of the chunk's first token (token `held`)
+  const float* keys = nullptr;     ///< (T - held) x n_kv_heads x head_dim: the chunk
+  const float* queries = nullptr;  ///< (T - held) x n_heads x head_dim, or nullptr
+  std::size_t held = 0;                      ///< rows held before the chunk
+  const float* held_keys = nullptr;          ///< held x head_dim, arrival order
+  const std::uint64_t* held_seqs = nullptr;  ///< their arrival indices, ascending
 
   [[nodiscard]] const float* key(std::size_t t) const {
+    if (t < held) return held_keys + t * static_cast<std::size_t>(head_dim);
+    t -= held;
     return keys + (t * static_cast<std::size_t>(n_kv_heads) + static_cast<std::size_t>(kv_head)) *
                       static_cast<std::size_t>(head_dim);
   }
-  /// Query of the g-th head of this KV head's group at token t (nullptr without queries).
+  /// Query of the g-th head of this KV head's group at token t (nullptr without queries,
+  /// and for held rows: their queries are gone).
   [[nodiscard]] const float* query(std::size_t t, int g) const {
-    if (queries == nullptr) return nullptr;
+    if (queries == nullptr || t < held) return nullptr;
+    t -= held;
     return queries + (t * static_cast<std::size_t>(n_heads) +
                       static_cast<std::size_t>(kv_head * group + g)) *
                          static_cast<std::size_t>(head_dim);
+  }
+  /// Arrival index of token t.
+  [[nodiscard]] std::uint64_t seq(std::size_t t) const {
+    return t < held ? held_seqs[t] : first_seq + (t - held);
   }
 };
 
@@ -189,6 +206,17 @@ concept HasPooledVictims = requires(P& p, const HeadView<Scalar>& v, std::vector
 template <class P>
 concept HasPrefillKeep = requires(P& p, const PrefillView& v, std::vector<std::uint32_t>& keep) {
   p.prefill_keep(v, keep);
+};
+/// Chunked prefill by reselection (optional, with prefill_keep): when `reselects_prefill()`
+/// is true, a prefill block on a layer that already holds rows goes through prefill_keep
+/// too, with the held rows at the front of the view (PrefillView::held), and the selection
+/// may drop held rows; `on_prefill_selected(view)` runs after the dropped held rows left
+/// (view: the survivors) and before the block's kept tokens are appended (on_append), on
+/// every prefill_keep selection, so the policy can rescore the rows it keeps.
+template <class P, class Scalar = float>
+concept HasPrefillReselect = HasPrefillKeep<P> && requires(P& p, const P& cp, const HeadView<Scalar>& v) {
+  { cp.reselects_prefill() } -> std::convertible_to<bool>;
+  p.on_prefill_selected(v);
 };
 }  // namespace detail
 

@@ -77,6 +77,14 @@ KVEVICT_KERNEL_FN std::size_t find_equal_masked(const float* s, std::size_t n, s
                                                 const std::uint64_t* protected_bits, float v);
 KVEVICT_KERNEL_FN bool group_sum_checked(const float* p, std::size_t g, std::size_t n,
                                          float* out);
+KVEVICT_KERNEL_FN bool group_sum_bounded(const float* p, std::size_t g, std::size_t n, float hi,
+                                         float* out);
+KVEVICT_KERNEL_FN void decay_spike(float* score, float* spike, const float* x,
+                                   const std::uint64_t* seqs, std::size_t n, float decay,
+                                   std::uint64_t latest, std::uint64_t band);
+KVEVICT_KERNEL_FN std::size_t gather_open(const float* s, std::size_t n,
+                                          const std::uint64_t* protected_bits, float lo,
+                                          float* vals, std::uint32_t* idx);
 }  // namespace kvevict::kernels
 
 #if !KVEVICT_KERNELS_DECLARE_ONLY
@@ -547,6 +555,57 @@ KVEVICT_KERNEL_FN bool group_sum_checked(const float* p, std::size_t g, std::siz
   if (active_isa() != Isa::scalar) return detail::avx2::group_sum(p, g, n, out);
 #endif
   return detail::scalar::group_sum(p, g, n, out);
+}
+
+/// group_sum_checked's sums (bit-identical), with a range test in place of the finiteness
+/// test: returns whether every input is a probability, +-0 or in (0, hi] (so NaN,
+/// infinities and negative values fail). hi must be a positive finite float. One read of
+/// the probabilities where a range check and a group sum would take two.
+KVEVICT_KERNEL_FN bool group_sum_bounded(const float* p, std::size_t g, std::size_t n, float hi,
+                                         float* out) {
+#if KVEVICT_X86
+  if (active_isa() != Isa::scalar) return detail::avx2::group_sum_bounded(p, g, n, hi, out);
+#endif
+  return detail::scalar::group_sum_bounded(p, g, n, hi, out);
+}
+
+/// DecayedAttention's observe step over n rows: score[r] = decay * score[r] + x[r] (multiply,
+/// then add: never fused) and, for the rows with latest - seqs[r] >= band (unsigned
+/// difference: the rows old enough to count as long-range), spike[r] = max(spike[r], x[r])
+/// (spike[r] < x[r] ? x[r] : spike[r]). Bit-identical at every level.
+KVEVICT_KERNEL_FN void decay_spike(float* score, float* spike, const float* x,
+                                   const std::uint64_t* seqs, std::size_t n, float decay,
+                                   std::uint64_t latest, std::uint64_t band) {
+  detail::require_nonnull(score, n, "score");
+  detail::require_nonnull(spike, n, "spike");
+  detail::require_nonnull(x, n, "x");
+  detail::require_nonnull(seqs, n, "seqs");
+#if KVEVICT_X86
+  if (active_isa() != Isa::scalar)
+    return detail::avx2::decay_spike(score, spike, x, seqs, n, decay, latest, band);
+#endif
+  detail::scalar::decay_spike(score, spike, x, seqs, n, decay, latest, band);
+}
+
+/// The unprotected rows (bit clear in protected_bits, ceil(n/64) words) with s[i] > 0 and
+/// s[i] >= lo, in index order: their scores into vals and their indices into idx (each of
+/// at least n entries; entries past the returned count may be overwritten); returns how
+/// many. NaN scores are never gathered.
+KVEVICT_KERNEL_FN std::size_t gather_open(const float* s, std::size_t n,
+                                          const std::uint64_t* protected_bits, float lo,
+                                          float* vals, std::uint32_t* idx) {
+  detail::require_nonnull(s, n, "scores");
+  detail::require_nonnull(protected_bits, n, "protected_bits");
+  detail::require_nonnull(vals, n, "vals");
+  detail::require_nonnull(idx, n, "idx");
+  if (n > std::numeric_limits<std::uint32_t>::max())
+    throw std::invalid_argument("kvevict::kernels: n = " + std::to_string(n) +
+                                " (expected n < 2^32: indices are 32-bit)");
+#if KVEVICT_X86
+  if (active_isa() != Isa::scalar)
+    return detail::avx2::gather_open(s, n, protected_bits, lo, vals, idx);
+#endif
+  return detail::scalar::gather_open(s, n, protected_bits, lo, vals, idx);
 }
 
 }  // namespace kvevict::kernels

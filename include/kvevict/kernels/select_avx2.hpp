@@ -234,6 +234,130 @@ KVEVICT_TARGET_AVX2 inline bool group_sum(const float* p, std::size_t g, std::si
   return scalar::group_sum_body(p, g, n, out);
 }
 
+/// group_sum_bounded's full 8-column chunks, G rows (G = 0: g rows, known at run time). Each
+/// chunk's g values are added in a register in row order from 0.0f (the scalar body's
+/// additions) and stored once; the range test keeps the largest bit pattern seen, -0
+/// counted as +0. Returns the columns done and that largest pattern.
+template <std::size_t G>
+KVEVICT_TARGET_AVX2 inline std::size_t group_sum_bounded_chunks(const float* p, std::size_t g,
+                                                                std::size_t n, float* out,
+                                                                std::uint32_t* top_out) noexcept {
+  const std::size_t rows = G == 0 ? g : G;
+  const __m256i negz = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+  __m256i top = _mm256_setzero_si256();
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (std::size_t k = 0; k < rows; ++k) {
+      const __m256 x = _mm256_loadu_ps(p + k * n + i);
+      const __m256i u = _mm256_castps_si256(x);
+      top = _mm256_max_epu32(top, _mm256_andnot_si256(_mm256_cmpeq_epi32(u, negz), u));
+      acc = _mm256_add_ps(acc, x);
+    }
+    _mm256_storeu_ps(out + i, acc);
+  }
+  __m128i t = _mm_max_epu32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
+  t = _mm_max_epu32(t, _mm_srli_si128(t, 8));
+  t = _mm_max_epu32(t, _mm_srli_si128(t, 4));
+  *top_out = static_cast<std::uint32_t>(_mm_cvtsi128_si32(t));
+  return i;
+}
+
+/// group_sum_bounded 8 columns at a time (the common group sizes unrolled), then the last
+/// n % 8 columns as the scalar body adds them.
+KVEVICT_TARGET_AVX2 inline bool group_sum_bounded(const float* p, std::size_t g, std::size_t n,
+                                                  float hi, float* out) noexcept {
+  const std::uint32_t hb = std::bit_cast<std::uint32_t>(hi);
+  std::uint32_t top = 0;
+  std::size_t i = 0;
+  switch (g) {
+    case 1: i = group_sum_bounded_chunks<1>(p, g, n, out, &top); break;
+    case 2: i = group_sum_bounded_chunks<2>(p, g, n, out, &top); break;
+    case 4: i = group_sum_bounded_chunks<4>(p, g, n, out, &top); break;
+    case 8: i = group_sum_bounded_chunks<8>(p, g, n, out, &top); break;
+    default: i = group_sum_bounded_chunks<0>(p, g, n, out, &top); break;
+  }
+  bool ok = top <= hb;
+  for (; i < n; ++i) {
+    float acc = 0.0f;
+    for (std::size_t k = 0; k < g; ++k) {
+      const float x = p[k * n + i];
+      const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+      ok = ok && (u <= hb || u == 0x80000000u);
+      acc += x;
+    }
+    out[i] = acc;
+  }
+  return ok;
+}
+
+/// decay_spike 8 rows at a time: the decayed score with a separate multiply and add (this
+/// target has no FMA, so nothing is contracted), the age test as two 4-wide unsigned 64-bit
+/// compares (sign flip) narrowed to one 8-lane mask, the spike as max(x, spike), which is
+/// spike < x ? x : spike like the scalar body.
+KVEVICT_TARGET_AVX2 inline void decay_spike(float* score, float* spike, const float* x,
+                                            const std::uint64_t* seqs, std::size_t n,
+                                            float decay, std::uint64_t latest,
+                                            std::uint64_t band) noexcept {
+  const __m256 g = _mm256_set1_ps(decay);
+  const __m256i flip = _mm256_set1_epi64x(static_cast<long long>(0x8000000000000000ull));
+  const __m256i vlatest = _mm256_set1_epi64x(static_cast<long long>(latest));
+  // latest - seq >= band (unsigned)  <=>  not ((band ^ flip) > ((latest - seq) ^ flip)) (signed)
+  const __m256i vband = _mm256_xor_si256(_mm256_set1_epi64x(static_cast<long long>(band)), flip);
+  std::size_t r = 0;
+  for (; r + 8 <= n; r += 8) {
+    const __m256 xs = _mm256_loadu_ps(x + r);
+    _mm256_storeu_ps(score + r, _mm256_add_ps(_mm256_mul_ps(g, _mm256_loadu_ps(score + r)), xs));
+    const __m256i d0 = _mm256_xor_si256(
+        _mm256_sub_epi64(vlatest, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(seqs + r))),
+        flip);
+    const __m256i d1 = _mm256_xor_si256(
+        _mm256_sub_epi64(vlatest,
+                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(seqs + r + 4))),
+        flip);
+    // young = band > age, per 64-bit lane (both 32-bit halves equal)
+    const __m256 y0 = _mm256_castsi256_ps(_mm256_cmpgt_epi64(vband, d0));
+    const __m256 y1 = _mm256_castsi256_ps(_mm256_cmpgt_epi64(vband, d1));
+    // lanes (r0 r1 r4 r5 | r2 r3 r6 r7), then reordered to r0..r7
+    const __m256 y = _mm256_castpd_ps(_mm256_permute4x64_pd(
+        _mm256_castps_pd(_mm256_shuffle_ps(y0, y1, _MM_SHUFFLE(2, 0, 2, 0))), 0xD8));
+    const __m256 sp = _mm256_loadu_ps(spike + r);
+    _mm256_storeu_ps(spike + r, _mm256_blendv_ps(_mm256_max_ps(xs, sp), sp, y));
+  }
+  scalar::decay_spike_body(score, spike, x, seqs, n, decay, latest, band, r);
+}
+
+/// gather_open 8 rows at a time: two compares, the protection byte, and a left-packing
+/// permutation of values and indices. Each vector store writes 8 lanes at the running count,
+/// which is at most the block's first row, so vals and idx need only n entries.
+KVEVICT_TARGET_AVX2 inline std::size_t gather_open(const float* s, std::size_t n,
+                                                   const std::uint64_t* prot, float lo,
+                                                   float* vals, std::uint32_t* idx) noexcept {
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 vlo = _mm256_set1_ps(lo);
+  const __m256i step = _mm256_set1_epi32(8);
+  __m256i id = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  std::size_t count = 0, i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const auto open = static_cast<unsigned>(~(prot[i >> 6] >> (i & 63)) & 0xFFu);
+    if (open != 0) {
+      const __m256 v = _mm256_loadu_ps(s + i);
+      const __m256 ok = _mm256_and_ps(_mm256_cmp_ps(v, zero, _CMP_GT_OQ),
+                                      _mm256_cmp_ps(v, vlo, _CMP_GE_OQ));
+      const unsigned m = static_cast<unsigned>(_mm256_movemask_ps(ok)) & open;
+      if (m != 0) {
+        const __m256i perm = compress_perm(m);
+        _mm256_storeu_ps(vals + count, _mm256_permutevar8x32_ps(v, perm));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + count),
+                            _mm256_permutevar8x32_epi32(id, perm));
+        count += static_cast<std::size_t>(std::popcount(m));
+      }
+    }
+    id = _mm256_add_epi32(id, step);
+  }
+  return scalar::gather_open_body(s, n, prot, lo, vals, idx, i, count);
+}
+
 }  // namespace kvevict::kernels::detail::avx2
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif

@@ -224,10 +224,10 @@ inline std::size_t find_eq(const float* s, std::size_t n, std::size_t from,
 }
 
 /// out[r] = 0 + p[0][r] + p[1][r] + ... + p[g-1][r] (rows of length n, that order of
-/// additions); returns whether every input value is finite (exponent test, OR-reduced).
-KVEVICT_ALWAYS_INLINE bool group_sum_body(const float* p, std::size_t g, std::size_t n,
-                                          float* out) noexcept {
-  std::uint32_t carry = 0;
+/// additions), calling test(bits of x) on every input x (the caller's check, OR-reduced).
+template <class Test>
+KVEVICT_ALWAYS_INLINE void group_sum_tested(const float* p, std::size_t g, std::size_t n, float* out,
+                                            Test&& test) noexcept {
   constexpr std::size_t kBlock = 512;  // the block of out stays in L1 across the g rows
   for (std::size_t base = 0; base < n; base += kBlock) {
     const std::size_t m = n - base < kBlock ? n - base : kBlock;
@@ -235,22 +235,88 @@ KVEVICT_ALWAYS_INLINE bool group_sum_body(const float* p, std::size_t g, std::si
     const float* r0 = p + base;
     for (std::size_t i = 0; i < m; ++i) {
       const float x = r0[i];
-      carry |= (std::bit_cast<std::uint32_t>(x) & 0x7fffffffu) + 0x00800000u;
+      test(std::bit_cast<std::uint32_t>(x));
       o[i] = 0.0f + x;
     }
     for (std::size_t k = 1; k < g; ++k) {
       const float* r = p + k * n + base;
       for (std::size_t i = 0; i < m; ++i) {
         const float x = r[i];
-        carry |= (std::bit_cast<std::uint32_t>(x) & 0x7fffffffu) + 0x00800000u;
+        test(std::bit_cast<std::uint32_t>(x));
         o[i] += x;
       }
     }
   }
+}
+
+/// The group sum; returns whether every input value is finite (exponent test, OR-reduced).
+KVEVICT_ALWAYS_INLINE bool group_sum_body(const float* p, std::size_t g, std::size_t n,
+                                          float* out) noexcept {
+  std::uint32_t carry = 0;
+  group_sum_tested(p, g, n, out, [&](std::uint32_t u) { carry |= (u & 0x7fffffffu) + 0x00800000u; });
   return (carry & 0x80000000u) == 0;
 }
 inline bool group_sum(const float* p, std::size_t g, std::size_t n, float* out) noexcept {
   return group_sum_body(p, g, n, out);
+}
+
+/// The group sum with a range test instead of the finiteness test: returns whether every
+/// input is a probability, +-0 or in (0, hi] (bit pattern u <= bits(hi) or u == -0; NaN,
+/// infinities and negatives fail). hi must be a positive finite float.
+KVEVICT_ALWAYS_INLINE bool group_sum_bounded_body(const float* p, std::size_t g, std::size_t n,
+                                                  float hi, float* out) noexcept {
+  const std::uint32_t hb = std::bit_cast<std::uint32_t>(hi);
+  std::uint32_t bad = 0;
+  group_sum_tested(p, g, n, out, [&](std::uint32_t u) {
+    bad |= static_cast<std::uint32_t>((u & 0x7fffffffu) > hb) |
+           static_cast<std::uint32_t>(u > 0x80000000u);
+  });
+  return bad == 0;
+}
+inline bool group_sum_bounded(const float* p, std::size_t g, std::size_t n, float hi,
+                              float* out) noexcept {
+  return group_sum_bounded_body(p, g, n, hi, out);
+}
+
+/// score[r] = decay * score[r] + x[r] (a multiply then an add, never fused) for every row,
+/// and spike[r] = max(spike[r], x[r]) for the rows with latest - seqs[r] >= band (unsigned
+/// difference): DecayedAttention's observe with a recall reserve.
+KVEVICT_ALWAYS_INLINE void decay_spike_body(float* score, float* spike, const float* x,
+                                            const std::uint64_t* seqs, std::size_t n,
+                                            float decay, std::uint64_t latest,
+                                            std::uint64_t band, std::size_t from = 0) noexcept {
+  for (std::size_t r = from; r < n; ++r) {
+    const float prod = decay * score[r];
+    score[r] = prod + x[r];
+    if (latest - seqs[r] >= band && spike[r] < x[r]) spike[r] = x[r];
+  }
+}
+inline void decay_spike(float* score, float* spike, const float* x, const std::uint64_t* seqs,
+                        std::size_t n, float decay, std::uint64_t latest,
+                        std::uint64_t band) noexcept {
+  decay_spike_body(score, spike, x, seqs, n, decay, latest, band);
+}
+
+/// The unprotected rows (bit clear in prot) with s[i] > 0 and s[i] >= lo, in index order:
+/// their values into vals and indices into idx; returns how many.
+KVEVICT_ALWAYS_INLINE std::size_t gather_open_body(const float* s, std::size_t n,
+                                                   const std::uint64_t* prot, float lo,
+                                                   float* vals, std::uint32_t* idx,
+                                                   std::size_t from = 0,
+                                                   std::size_t count = 0) noexcept {
+  for (std::size_t i = from; i < n; ++i) {
+    const float v = s[i];
+    if (((prot[i >> 6] >> (i & 63)) & 1u) == 0 && v > 0.0f && v >= lo) {
+      vals[count] = v;
+      idx[count] = static_cast<std::uint32_t>(i);
+      ++count;
+    }
+  }
+  return count;
+}
+inline std::size_t gather_open(const float* s, std::size_t n, const std::uint64_t* prot, float lo,
+                               float* vals, std::uint32_t* idx) noexcept {
+  return gather_open_body(s, n, prot, lo, vals, idx);
 }
 
 }  // namespace scalar

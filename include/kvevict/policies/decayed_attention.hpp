@@ -275,12 +275,10 @@ class DecayedAttention {
     // A row older than the recent band at the next eviction counts as long-range.
     auto& sp = spikes_.of(a.layer, a.kv_head);
     const auto& sq = seqs_.of(a.layer, a.kv_head);
-    const std::uint64_t band = recent_for(capacity_[h]);
-    const std::uint64_t latest = latest_[h];
-    for (std::size_t r = 0; r < a.size; ++r) {
-      sc[r] = g * sc[r] + x[r];
-      if (latest - sq[r] >= band) sp[r] = std::max(sp[r], x[r]);
-    }
+    // One dispatched pass (kernels::decay_spike): the decayed score of every row, the spike
+    // of the rows with latest - seq >= band.
+    kernels::decay_spike(sc.data(), sp.data(), x, sq.data(), a.size, g, latest_[h],
+                         recent_for(capacity_[h]));
   }
   /// Saved state for serialize.hpp: the configuration (checked on load), the per-head
   /// decays (they follow set_budget) and the scores.
@@ -476,21 +474,33 @@ class DecayedAttention {
     const std::size_t words = bits_.size();
     for (std::size_t w = 0; w < words; ++w)
       evictable += static_cast<std::size_t>(std::popcount(~bits_[w]));  // bits past size are set
-    const auto collect = [&](float lo) {  // candidates with rank > 0 and rank >= lo
-      cand_spike_.clear();
-      cand_row_.clear();
+    // The candidates with rank > 0 and rank >= lo, in row order, into cand_spike_ /
+    // cand_row_ [0, cand_n_) (the buffers only grow: no clearing per step).
+    const auto collect = [&](float lo) {
+      if (cand_spike_.size() < v.size) {
+        cand_spike_.resize(v.size);
+        cand_row_.resize(v.size);
+      }
+      if (!excess()) {  // the spike is the rank: one dispatched pass over the open rows
+        cand_n_ = kernels::gather_open(sp.data(), v.size, bits_.data(), lo, cand_spike_.data(),
+                                       cand_row_.data());
+        return;
+      }
+      std::size_t c = 0;
       for (std::size_t w = 0; w < words; ++w) {
         std::uint64_t open = ~bits_[w];
         while (open) {
           const std::size_t r = w * 64 + static_cast<std::size_t>(std::countr_zero(open));
           open &= open - 1;
-          const float rank = excess() ? excess_of(v.layer, v.kv_head, r) : sp[r];
+          const float rank = excess_of(v.layer, v.kv_head, r);
           if (rank > 0.0f && rank >= lo) {
-            cand_spike_.push_back(rank);
-            cand_row_.push_back(static_cast<std::uint32_t>(r));
+            cand_spike_[c] = rank;
+            cand_row_[c] = static_cast<std::uint32_t>(r);
+            ++c;
           }
         }
       }
+      cand_n_ = c;
     };
     const auto keep = [&](std::uint32_t r) { bits_[r >> 6] |= std::uint64_t{1} << (r & 63); };
     const std::size_t limit = std::min(recall_for(v.capacity), evictable > v.need ? evictable - v.need : 0);
@@ -504,8 +514,8 @@ class DecayedAttention {
     if (limit == 0) return;
     const float hint = excess() ? 0.0f : floor_[h];
     collect(hint);
-    if (hint > 0.0f && cand_spike_.size() < limit) collect(0.0f);
-    const std::size_t m = cand_spike_.size();
+    if (hint > 0.0f && cand_n_ < limit) collect(0.0f);
+    const std::size_t m = cand_n_;
     const std::size_t k = std::min(limit, m);
     last_reserve_ = k;  // m counts every candidate whenever it is below limit
     if (k == 0) return;
@@ -518,10 +528,7 @@ class DecayedAttention {
       floor_[h] = t;
       return;
     }
-    top_.resize(k);
-    kernels::topk_indices(cand_spike_.data(), m, k, top_.data());
-    float t = cand_spike_[top_[0]];
-    for (std::uint32_t i : top_) t = std::min(t, cand_spike_[i]);
+    const float t = kth_largest(cand_spike_.data(), m, k);
     floor_[h] = t;
     // Every candidate above the threshold is kept; of those equal to it, the newest.
     std::size_t above = 0;
@@ -539,6 +546,37 @@ class DecayedAttention {
       std::nth_element(ties_.begin(), ties_.begin() + static_cast<std::ptrdiff_t>(take),
                        ties_.end(), [](const Tie& a, const Tie& b) { return a.seq > b.seq; });
     for (std::size_t i = 0; i < take; ++i) keep(ties_[i].row);
+  }
+  /// The k-th largest of s[0, m) counting repeats (0 < k < m): the (m - k + 1)-th smallest.
+  /// When the reserve is ranked from its last threshold, m exceeds k by a few rows, so those
+  /// few smallest are kept in a small sorted buffer in one pass; otherwise the library's
+  /// top-k select. Either way the same value.
+  float kth_largest(const float* s, std::size_t m, std::size_t k) {
+    constexpr std::size_t kSmall = 32;
+    const std::size_t j = m - k + 1;
+    if (j <= kSmall) {
+      float low[kSmall];  // the c smallest so far, ascending
+      std::size_t c = 0;
+      for (std::size_t i = 0; i < m; ++i) {
+        const float x = s[i];
+        std::size_t p;
+        if (c < j) {
+          p = c++;
+        } else if (x < low[j - 1]) {
+          p = j - 1;
+        } else {
+          continue;
+        }
+        for (; p > 0 && low[p - 1] > x; --p) low[p] = low[p - 1];
+        low[p] = x;
+      }
+      return low[j - 1];
+    }
+    top_.resize(k);
+    kernels::topk_indices(s, m, k, top_.data());
+    float t = s[top_[0]];
+    for (std::uint32_t i : top_) t = std::min(t, s[i]);
+    return t;
   }
   struct Tie {
     std::uint64_t seq;
@@ -565,7 +603,7 @@ class DecayedAttention {
   /// signature is found in one hashed pass and the k best of those are kept (the same rows).
   template <class S, class Keep>
   void keep_distinct(const HeadView<S>& v, std::size_t k, Keep keep) {
-    const std::size_t m = cand_row_.size();
+    const std::size_t m = cand_n_;
     const bool prot = config_.recall_dedup == RecallDedup::protected_rows;
     if (prot) update_band(v);
     if (k == 0 || m == 0) return;
@@ -695,6 +733,7 @@ class DecayedAttention {
   std::vector<Memo> memo_;
   std::vector<float> cand_spike_, sum_;
   std::vector<std::uint32_t> cand_row_, top_;
+  std::size_t cand_n_ = 0;  ///< candidates in cand_spike_ / cand_row_ (keep_recalled)
   std::vector<Tie> ties_;
   std::unordered_set<std::uint64_t> seen_;  ///< RecallDedup: signatures already represented
   std::vector<std::uint32_t> order_;  ///< RecallDedup: candidates in reserve order

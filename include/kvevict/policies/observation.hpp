@@ -35,6 +35,19 @@ struct ObservationConfig {
   }
 };
 
+/// One pooled value over in[lo, hi) (lo < hi): the sum times `inv`, or the maximum.
+inline float pool_range(std::span<const float> in, std::size_t lo, std::size_t hi, Pooling pooling,
+                        float inv) {
+  if (pooling == Pooling::avg) {
+    float s = 0.0f;
+    for (std::size_t j = lo; j < hi; ++j) s += in[j];
+    return s * inv;
+  }
+  float m = in[lo];
+  for (std::size_t j = lo + 1; j < hi; ++j) m = std::max(m, in[j]);
+  return m;
+}
+
 /// 1-D pooling, stride 1, padding kernel/2. Average pooling counts the zero padding in
 /// the divisor (PyTorch's avg_pool1d default, which both reference codes use), so edge
 /// tokens are damped; max pooling ignores padding.
@@ -47,19 +60,25 @@ inline void pool1d(std::span<const float> in, std::size_t kernel, Pooling poolin
   for (std::size_t i = 0; i < n; ++i) {
     const std::size_t lo = i >= half ? i - half : 0;
     const std::size_t hi = std::min(n, i + half + 1);
-    if (pooling == Pooling::avg) {
-      float s = 0.0f;
-      for (std::size_t j = lo; j < hi; ++j) s += in[j];
-      out[i] = s * inv;
-    } else {
-      float m = in[lo];
-      for (std::size_t j = lo + 1; j < hi; ++j) m = std::max(m, in[j]);
-      out[i] = m;
-    }
+    out[i] = pool_range(in, lo, hi, pooling, inv);
   }
 }
 
 namespace detail {
+
+/// One window token's rows of logits (group x visible keys): scaled, softmaxed, and the
+/// probabilities of the first `prefix` keys added to out.
+template <class M>
+inline void add_window_probabilities(M& logits, float scale, std::size_t prefix, std::vector<float>& out) {
+  for (Eigen::Index g = 0; g < logits.rows(); ++g) {
+    auto row = logits.row(g);
+    row *= scale;
+    const float m = row.maxCoeff();
+    row = (row.array() - m).exp().matrix();
+    const float inv = 1.0f / row.sum();
+    for (std::size_t j = 0; j < prefix; ++j) out[j] += row[static_cast<Eigen::Index>(j)] * inv;
+  }
+}
 
 /// Raw window importance of one KV head: out[j] for j < T - W is the softmax probability
 /// (float, scale 1/sqrt(d)) that window query t (T-W <= t < T, keys 0..t) of each of the
@@ -88,14 +107,7 @@ KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN void window_importance(const PrefillView& v, 
     Strided q(v.query(t, 0), v.group, d, Eigen::OuterStride<>(d));
     const auto visible = static_cast<Eigen::Index>(t + 1);  // causal inside the window
     logits.noalias() = q * keys.topRows(visible).transpose();
-    for (Eigen::Index g = 0; g < v.group; ++g) {
-      auto row = logits.row(g);
-      row *= scale;
-      const float m = row.maxCoeff();
-      row = (row.array() - m).exp().matrix();
-      const float inv = 1.0f / row.sum();
-      for (std::size_t j = 0; j < prefix; ++j) out[j] += row[static_cast<Eigen::Index>(j)] * inv;
-    }
+    add_window_probabilities(logits, scale, prefix, out);
   }
 }
 
@@ -117,6 +129,58 @@ KVEVICT_LAZY inline void observation_scores(const PrefillView& v, const Observat
   detail::window_importance(v, c.window, raw);
   pool1d(raw, c.kernel, c.pooling, out);
 }
+
+namespace detail {
+
+/// Chunked prefill (v.held > 0, the held rows first): raw window importance of the prefix
+/// [0, T - W) over the held rows and the chunk, as window_importance computes it over a
+/// whole prompt. The queries are the last `wn` arrivals' (wn <= W; `wq`: wn x group x
+/// head_dim, arrival order, ending with token T - 1): a window token whose query is not
+/// known (earlier than the chunk and not stashed) adds nothing. Each window query attends
+/// causally over what the view holds; tokens dropped before are not in the softmax.
+KVEVICT_LAZY inline void held_window_importance(const PrefillView& v, std::size_t window,
+                                                const float* wq, std::size_t wn,
+                                                std::vector<float>& out) {
+  using RowMajorF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const std::size_t T = v.tokens, prefix = T - window;
+  const auto d = static_cast<Eigen::Index>(v.head_dim);
+  const std::size_t ud = static_cast<std::size_t>(v.head_dim);
+  RowMajorF keys(static_cast<Eigen::Index>(T), d);
+  for (std::size_t t = 0; t < T; ++t)
+    std::copy(v.key(t), v.key(t) + ud, keys.data() + t * ud);
+  out.assign(prefix, 0.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(v.head_dim));
+  RowMajorF logits;
+  const std::size_t gd = static_cast<std::size_t>(v.group) * ud;
+  for (std::size_t t = prefix; t < T; ++t) {
+    if (t + wn < T) continue;  // no query known for this window token
+    Eigen::Map<const RowMajorF> q(wq + (t + wn - T) * gd, v.group, d);
+    const auto visible = static_cast<Eigen::Index>(t + 1);
+    logits.noalias() = q * keys.topRows(visible).transpose();
+    add_window_probabilities(logits, scale, prefix, out);
+  }
+}
+
+/// pool1d over arrival indices with gaps: the neighbours of token i are the tokens whose
+/// arrival index is within kernel/2 of its own; a dropped token counts as the padding does
+/// (zero in the average's divisor, ignored by max). On consecutive indices this is pool1d.
+inline void pool1d_by_seq(std::span<const float> in, const PrefillView& v, std::size_t kernel,
+                          Pooling pooling, std::vector<float>& out) {
+  const std::size_t n = in.size();
+  const std::uint64_t half = kernel / 2;
+  out.resize(n);
+  const float inv = 1.0f / static_cast<float>(kernel);
+  std::size_t lo = 0, hi = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t s = v.seq(i);
+    while (v.seq(lo) + half < s) ++lo;
+    if (hi < i + 1) hi = i + 1;
+    while (hi < n && v.seq(hi) <= s + half) ++hi;
+    out[i] = pool_range(in, lo, hi, pooling, inv);
+  }
+}
+
+}  // namespace detail
 
 /// Indices of the n largest scores, larger first, ties to the lower index, returned in
 /// ascending index order. The tie rule is part of the contract (tests rely on it).

@@ -10,6 +10,18 @@
 // without a prefill score (the window and decoded tokens) rank above every scored row
 // and go oldest first. The last W arrivals are never evicted. Set decode_reserve to the
 // number of tokens you will generate and nothing decoded is ever evicted.
+//
+// Chunked prefill (Config::chunked): by default each prompt chunk after the first selects
+// again, from the rows the head holds plus the chunk, with the same rule restricted to
+// them: the last W arrivals are the window (their queries: the chunk's, and for a chunk
+// shorter than W the previous chunks' last ones, which the policy keeps), the window's
+// queries attend causally over the held rows and the chunk, the sums are pooled along
+// arrival indices (dropped tokens count as the padding does), and the top
+// (capacity - decode_reserve - W) prefix rows stay. A head never holds more than its
+// capacity; one chunk of the whole prompt is exactly whole-prompt SnapKV.
+// ChunkedPrefill::first_chunk keeps the earlier behaviour: only a layer's first block is
+// selected, later ones pass through the decode rule.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -18,6 +30,12 @@
 
 namespace kvevict::policies {
 
+/// What a prefill block on a layer that already holds rows does (chunked prefill).
+enum class ChunkedPrefill {
+  reselect,     ///< select again from the held rows plus the block (the default)
+  first_chunk,  ///< only a layer's first block is selected; later ones take the decode rule
+};
+
 class SnapKV {
  public:
   struct Config {
@@ -25,6 +43,7 @@ class SnapKV {
     std::size_t kernel = 5;   ///< SnapKV paper default (XKV uses 7)
     Pooling pooling = Pooling::avg;
     std::size_t decode_reserve = 0;  ///< capacity left free at prefill for decoded tokens
+    ChunkedPrefill chunked = ChunkedPrefill::reselect;
   };
 
   SnapKV() = default;
@@ -45,15 +64,23 @@ class SnapKV {
   void bind(const CacheShape& shape) {
     scores_.bind(shape);
     pending_.assign(shape.capacity.size(), {});
+    live_window_.assign(shape.capacity.size(), {});
+    staged_window_.assign(shape.capacity.size(), {});
     n_kv_heads_ = shape.geometry.n_kv_heads;
   }
 
+  /// Chunked prefill: whether a block on a layer that holds rows is selected again
+  /// (ContainerCore, detail::HasPrefillReselect).
+  [[nodiscard]] bool reselects_prefill() const { return config_.chunked == ChunkedPrefill::reselect; }
+
   /// Keeps all of a prompt that fits in capacity - decode_reserve; otherwise the window
-  /// plus the top (capacity - decode_reserve - W) prefix tokens of this KV head.
+  /// plus the top (capacity - decode_reserve - W) prefix tokens of this KV head. With held
+  /// rows (chunked prefill) the view is the held rows plus the chunk, scored as above.
   KVEVICT_LAZY void prefill_keep(const PrefillView& v, std::vector<std::uint32_t>& keep) {
-    auto& p = pending_[index(v.layer, v.kv_head)];
+    const std::size_t idx = index(v.layer, v.kv_head);
+    auto& p = pending_[idx];
     p = Pending{};
-    p.first_seq = v.first_seq;
+    stage_window(v, idx);
     const std::size_t budget = v.capacity - config_.decode_reserve;
     keep.clear();
     if (v.tokens <= budget) {
@@ -63,7 +90,17 @@ class SnapKV {
       p.scores.assign(v.tokens, kUnscored);
     } else {
       std::vector<float> pooled;
-      observation_scores(v, observation(), pooled);
+      if (v.held == 0) {
+        observation_scores(v, observation(), pooled);
+      } else {
+        kvevict::detail::require(v.queries != nullptr,
+                                 "SnapKV: a prefill chunk has no queries, expected T x n_heads x "
+                                 "head_dim (the observation window needs them)");
+        const auto& w = staged_window_[idx];
+        std::vector<float> raw;
+        detail::held_window_importance(v, config_.window, w.q.data(), w.rows, raw);
+        detail::pool1d_by_seq(raw, v, config_.kernel, config_.pooling, pooled);
+      }
       keep = top_n_indices(pooled, budget - config_.window);
       for (std::uint32_t t : keep) p.scores.push_back(pooled[t]);
       for (std::size_t t = v.tokens - config_.window; t < v.tokens; ++t) {
@@ -71,7 +108,30 @@ class SnapKV {
         p.scores.push_back(kUnscored);
       }
     }
-    p.rows = keep;
+    p.seqs.reserve(keep.size());
+    for (std::uint32_t t : keep) p.seqs.push_back(v.seq(t));
+    p.held = static_cast<std::size_t>(
+        std::lower_bound(keep.begin(), keep.end(), static_cast<std::uint32_t>(v.held)) - keep.begin());
+  }
+
+  /// After a selection's dropped held rows left: the held rows kept get this selection's
+  /// scores (the block's kept rows get theirs in on_append), and the window's queries of
+  /// this block become the ones a next, shorter chunk continues from.
+  template <class S>
+  void on_prefill_selected(const HeadView<S>& v) {
+    const std::size_t idx = index(v.layer, v.kv_head);
+    std::swap(live_window_[idx], staged_window_[idx]);
+    auto& p = pending_[idx];
+    auto& col = scores_.of(v.layer, v.kv_head);
+    col.resize(v.size);
+    const auto first = p.seqs.begin(), last = first + static_cast<std::ptrdiff_t>(p.held);
+    for (std::size_t r = 0; r < v.size; ++r) {
+      const auto it = std::lower_bound(first, last, v.seqs[r]);
+      col[r] = it != last && *it == v.seqs[r] ? p.scores[static_cast<std::size_t>(it - first)] : kUnscored;
+    }
+    p.next = p.held;
+    p.armed = true;  // a selection that threw before this point scores nothing
+    if (p.next == p.seqs.size()) p = Pending{};
   }
 
   template <class S>
@@ -88,9 +148,9 @@ class SnapKV {
     auto& p = pending_[index(v.layer, v.kv_head)];
     float s = kUnscored;
     // Prefill rows arrive in ascending order right after prefill_keep: follow a cursor.
-    if (p.next < p.rows.size() && p.first_seq + p.rows[p.next] == v.incoming_seq) {
+    if (p.armed && p.next < p.seqs.size() && p.seqs[p.next] == v.incoming_seq) {
       s = p.scores[p.next++];
-      if (p.next == p.rows.size()) p = Pending{};
+      if (p.next == p.seqs.size()) p = Pending{};
     }
     scores_.set(v.layer, v.kv_head, row, s);
   }
@@ -136,11 +196,48 @@ class SnapKV {
 
  private:
   struct Pending {
-    std::uint64_t first_seq = 0;
-    std::vector<std::uint32_t> rows;  ///< kept prompt indices, ascending
+    std::vector<std::uint64_t> seqs;  ///< arrival indices of the kept rows, ascending
     std::vector<float> scores;        ///< their pooled scores
+    std::size_t held = 0;             ///< how many of them are held rows (chunked prefill)
     std::size_t next = 0;
+    bool armed = false;  ///< on_prefill_selected ran: the selection is being applied
   };
+  /// The last queries of a head's latest prefill block (rows x group x head_dim, arrival
+  /// order, ending at arrival index end_seq - 1): a chunk shorter than the window
+  /// continues them.
+  struct WindowQueries {
+    std::vector<float> q;
+    std::size_t rows = 0;
+    std::uint64_t end_seq = 0;
+  };
+  /// staged_window_[idx] = the last min(W, ...) queries of what has arrived at this
+  /// block's end: the live stash's tail when it ends right before the block and its tokens
+  /// are the last held rows, then the block's own. Becomes live in on_prefill_selected.
+  void stage_window(const PrefillView& v, std::size_t idx) {
+    auto& st = staged_window_[idx];
+    const std::size_t chunk = v.tokens - v.held;
+    st.q.clear();
+    st.rows = 0;
+    st.end_seq = v.first_seq + chunk;
+    if (v.queries == nullptr) return;
+    const std::size_t d = static_cast<std::size_t>(v.head_dim), gd = static_cast<std::size_t>(v.group) * d;
+    const std::size_t own = std::min(config_.window, chunk);
+    const auto& lv = live_window_[idx];
+    std::size_t prev = 0;
+    if (own < config_.window && v.held > 0 && lv.rows > 0 && lv.end_seq == v.first_seq) {
+      prev = std::min({config_.window - own, lv.rows, v.held});
+      for (std::size_t k = 0; k < prev; ++k)  // they must be the last held rows
+        if (v.held_seqs[v.held - prev + k] != v.first_seq - prev + k) prev = 0;
+    }
+    st.q.resize((prev + own) * gd);
+    std::copy(lv.q.end() - static_cast<std::ptrdiff_t>(prev * gd), lv.q.end(), st.q.begin());
+    for (std::size_t k = 0; k < own; ++k)
+      for (int g = 0; g < v.group; ++g) {
+        const float* q = v.query(v.tokens - own + k, g);
+        std::copy(q, q + d, st.q.begin() + static_cast<std::ptrdiff_t>((prev + k) * gd + static_cast<std::size_t>(g) * d));
+      }
+    st.rows = prev + own;
+  }
   std::size_t index(int layer, int kv_head) const {
     return static_cast<std::size_t>(layer) * static_cast<std::size_t>(n_kv_heads_) +
            static_cast<std::size_t>(kv_head);
@@ -149,6 +246,7 @@ class SnapKV {
   Config config_{};
   detail::RowColumn<float> scores_;
   std::vector<Pending> pending_;
+  std::vector<WindowQueries> live_window_, staged_window_;
   int n_kv_heads_ = 1;
 };
 
