@@ -7,6 +7,7 @@
 // with the cache unchanged. IndexCache under chunked prefill: tests/test_index_cache.cpp.
 #include <kvevict/index_cache.hpp>
 #include <kvevict/paged_cache.hpp>
+#include <kvevict/serialize.hpp>
 
 #include "support/test_support.hpp"
 
@@ -304,4 +305,39 @@ TEST_CASE("a bad chunk is a kvevict::Error and leaves the cache unchanged", "[ch
   REQUIRE(paged.tokens_seen(0) == 4);
   const auto pos1 = paged.positions(0, 0);
   REQUIRE(std::vector<std::int64_t>(pos1.begin(), pos1.end()) == held);
+}
+
+TEST_CASE("SnapKV: save, restore, then the next chunk selects as the original does", "[chunked]") {
+  // A chunk shorter than the window continues the previous chunk's last queries, which
+  // SnapKV keeps; a save must carry them, or the restored cache selects differently.
+  const Geometry g{2, 4, 2, 8};
+  const Stream s = make_stream(g, 60, 21);
+  const pol::SnapKV::Config c{.window = 6, .kernel = 3};
+  for (const std::size_t next : {std::size_t{2}, std::size_t{5}, std::size_t{9}}) {
+    CAPTURE(next);
+    KVCache<pol::SnapKV> a(g, Budget::per_layer({10, 13}), pol::SnapKV(c));
+    for (int l = 0; l < 2; ++l) {
+      prefill_chunk(a, g, s, l, 0, 17);
+      prefill_chunk(a, g, s, l, 17, 3);  // the kept window now spans two chunks
+    }
+    const auto bytes = kvevict::save_bytes(a);
+    KVCache<pol::SnapKV> b(g, Budget::per_layer({10, 13}), pol::SnapKV(c));
+    kvevict::load_bytes(b, bytes);
+    REQUIRE(kvevict::save_bytes(b) == bytes);
+    for (int l = 0; l < 2; ++l) {
+      prefill_chunk(a, g, s, l, 20, next);
+      prefill_chunk(b, g, s, l, 20, next);
+      prefill_chunk(a, g, s, l, 20 + next, 2);
+      prefill_chunk(b, g, s, l, 20 + next, 2);
+    }
+    REQUIRE(kvtest::snapshot(b) == kvtest::snapshot(a));
+    REQUIRE(kvevict::save_bytes(b) == kvevict::save_bytes(a));
+  }
+  // A save whose window part is corrupt (more rows than the window) is refused.
+  KVCache<pol::SnapKV> a(g, Budget::uniform(10), pol::SnapKV(c));
+  prefill_chunk(a, g, s, 0, 0, 12);
+  auto state = kvevict::save_bytes(a);
+  KVCache<pol::SnapKV> other(g, Budget::uniform(10), pol::SnapKV(pol::SnapKV::Config{
+                                                         .window = 6, .kernel = 3, .chunked = pol::ChunkedPrefill::first_chunk}));
+  REQUIRE_THROWS_WITH(kvevict::load_bytes(other, state), Catch::Contains("chunked rule"));
 }

@@ -67,6 +67,7 @@ class SnapKV {
     live_window_.assign(shape.capacity.size(), {});
     staged_window_.assign(shape.capacity.size(), {});
     n_kv_heads_ = shape.geometry.n_kv_heads;
+    window_floats_ = static_cast<std::size_t>(shape.geometry.group()) * static_cast<std::size_t>(shape.geometry.head_dim);
   }
 
   /// Chunked prefill: whether a block on a layer that holds rows is selected again
@@ -165,8 +166,12 @@ class SnapKV {
 
   static constexpr float kUnscored = std::numeric_limits<float>::infinity();
 
-  /// Saved state for serialize.hpp: the configuration (checked on load) and each row's
-  /// prefill score, which decides decode-time evictions and cannot be recomputed from rows.
+  /// Saved state for serialize.hpp: the configuration (checked on load), each row's
+  /// prefill score, which decides decode-time evictions and cannot be recomputed from rows,
+  /// then the chunked-prefill rule and each head's kept window queries (the last queries of
+  /// its latest prefill chunk, which a next chunk shorter than the window continues: a
+  /// restored cache selects the next chunk as the original would). A save without that
+  /// last part (written before it existed) loads with no window queries kept.
   void save_state(std::vector<std::uint8_t>& out) const {
     kvevict::detail::ByteWriter w(out);
     w.put<std::uint64_t>(config_.window);
@@ -174,6 +179,14 @@ class SnapKV {
     w.put<std::uint64_t>(static_cast<std::uint64_t>(config_.pooling));
     w.put<std::uint64_t>(config_.decode_reserve);
     scores_.save(w);
+    w.put<std::uint64_t>(static_cast<std::uint64_t>(config_.chunked));
+    w.put<std::uint64_t>(live_window_.size());
+    for (const auto& lw : live_window_) {
+      w.put<std::uint64_t>(lw.rows);
+      w.put<std::uint64_t>(lw.end_seq);
+      w.put<std::uint64_t>(lw.q.size());
+      w.put_array(lw.q.data(), lw.q.size());
+    }
   }
   void load_state(std::span<const std::uint8_t> in) {
     kvevict::detail::ByteReader r(in);
@@ -190,8 +203,34 @@ class SnapKV {
         config_.kernel, ", pooling ", static_cast<std::uint64_t>(config_.pooling),
         ", decode_reserve ", config_.decode_reserve);
     scores_.load(r, name(), [](float x) { return !std::isnan(x); });
+    std::vector<WindowQueries> windows(live_window_.size());
+    if (r.remaining() != 0) {  // the chunked-prefill part (absent from older saves)
+      const auto chunked = r.get<std::uint64_t>("SnapKV chunked rule");
+      kvevict::detail::require(chunked == static_cast<std::uint64_t>(config_.chunked),
+                               "SnapKV state: saved with chunked rule ", chunked, ", expected ",
+                               static_cast<std::uint64_t>(config_.chunked));
+      const auto heads = r.get<std::uint64_t>("SnapKV window heads");
+      kvevict::detail::require(heads == windows.size(), "SnapKV state: ", heads,
+                               " window heads, expected ", windows.size());
+      for (auto& lw : windows) {
+        const auto rows = r.get<std::uint64_t>("SnapKV window rows");
+        lw.end_seq = r.get<std::uint64_t>("SnapKV window end");
+        const auto n = r.get<std::uint64_t>("SnapKV window floats");
+        kvevict::detail::require(rows <= config_.window && n == rows * window_floats_,
+                                 "SnapKV state: a window of ", rows, " rows and ", n,
+                                 " floats, expected at most ", config_.window, " rows of ",
+                                 window_floats_, " floats");
+        lw.rows = static_cast<std::size_t>(rows);
+        lw.q.resize(static_cast<std::size_t>(n));
+        r.get_array(lw.q.data(), lw.q.size(), "SnapKV window queries");
+        for (float x : lw.q)
+          kvevict::detail::require(std::isfinite(x), "SnapKV state: a window query is ", x,
+                                   ", expected finite");
+      }
+    }
     kvevict::detail::require(r.remaining() == 0, "SnapKV state: ", r.remaining(),
                              " trailing bytes");
+    live_window_.swap(windows);
   }
 
  private:
@@ -248,6 +287,7 @@ class SnapKV {
   std::vector<Pending> pending_;
   std::vector<WindowQueries> live_window_, staged_window_;
   int n_kv_heads_ = 1;
+  std::size_t window_floats_ = 1;  ///< group x head_dim: one window row's queries
 };
 
 }  // namespace kvevict::policies
