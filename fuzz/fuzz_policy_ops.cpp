@@ -9,6 +9,15 @@
 // in batches so a run covers many operations per second. While no budget change has happened, an IndexCache runs the same stream
 // and must keep exactly the same rows (differential check). Any other exception, or a
 // policy returning bad victims (std::logic_error), is a bug and aborts.
+// After every operation each kept row's stored bytes must equal the encoding of what was
+// appended for its arrival index (bit-exact rows, every storage type). Chunked prefill: a
+// prompt of 1-24 tokens in chunks of random sizes (SnapKV reselects after each chunk, or
+// keeps the first-chunk rule; XKV/PyramidKV-style per-layer budgets come from the budget
+// draw), no head above its capacity after any chunk, malformed chunks between the chunks
+// (missing queries, a NaN key, a short query block) refused with nothing changed, and, on
+// a cache that held nothing, the same rows as the whole prompt in one prefill wherever the
+// docs promise it (one chunk; policies without a prompt selection; SnapKV when the prompt
+// fits in capacity - decode_reserve).
 #include <kvevict/index_cache.hpp>
 #include <kvevict/kvevict.hpp>
 #include <kvevict/policies/buzz.hpp>
@@ -20,6 +29,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <type_traits>
 #include <limits>
 #include <optional>
 
@@ -100,6 +111,36 @@ float overflow_edge(bool key) {
   }
 }
 
+/// Every kept row's stored key/value bytes equal the encoding of the float row appended
+/// for its arrival index (hk/hv: per layer, n_kv_heads x d floats per arrival).
+template <class Cache>
+void check_rows(const Cache& c, const std::vector<std::vector<float>>& hk,
+                const std::vector<std::vector<float>>& hv) {
+  using Codec = kvevict::detail::RowCodec<typename Cache::scalar_type>;
+  using Unit = typename Codec::unit;
+  const auto& g = c.geometry();
+  const std::size_t d = std::size_t(g.head_dim), kv = std::size_t(g.n_kv_heads) * d;
+  const std::size_t ku = Codec::key_units(d), vu = Codec::value_units(d);
+  static std::vector<Unit> ek, ev;
+  ek.resize(ku), ev.resize(vu);
+  for (int l = 0; l < g.n_layers; ++l)
+    for (int h = 0; h < g.n_kv_heads; ++h) {
+      const auto seqs = c.seqs(l, h);
+      const auto sk = c.stored_keys(l, h), sv = c.stored_values(l, h);
+      KVFUZZ_ASSERT(sk.size() >= seqs.size() * ku && sv.size() >= seqs.size() * vu);
+      for (std::size_t r = 0; r < seqs.size(); ++r) {
+        const std::size_t at = std::size_t(seqs[r]) * kv + std::size_t(h) * d;
+        KVFUZZ_ASSERT(at + d <= hk[std::size_t(l)].size());
+        Codec::encode(hk[std::size_t(l)].data() + at, hv[std::size_t(l)].data() + at, d, ek.data(), ev.data());
+        KVFUZZ_ASSERT(std::memcmp(ek.data(), sk.data() + r * ku, ku * sizeof(Unit)) == 0);
+        KVFUZZ_ASSERT(std::memcmp(ev.data(), sv.data() + r * vu, vu * sizeof(Unit)) == 0);
+      }
+    }
+}
+
+template <class Policy>
+constexpr bool kIsSnapKV = std::is_same_v<Policy, pol::SnapKV>;
+
 template <class Policy, class Scalar>
 void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Policy& policy) {
   // IndexCache (engine-owned cells) has no quantized form: quantized runs skip the
@@ -137,9 +178,16 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
   std::vector<float> k, v, q;  // one token's rows, reused by every decode step
   kvevict::AttendWorkspace ws;
   std::vector<float> out(qn);
+  Budget now = budget;  // the budget in force (set_budget)
+  // What each layer was fed, by arrival index (check_rows).
+  std::vector<std::vector<float>> hk(std::size_t(g.n_layers)), hv(hk);
+  auto record = [&](int l, const std::vector<float>& kk, const std::vector<float>& vv, std::size_t n) {
+    hk[std::size_t(l)].insert(hk[std::size_t(l)].end(), kk.begin(), kk.begin() + std::ptrdiff_t(n));
+    hv[std::size_t(l)].insert(hv[std::size_t(l)].end(), vv.begin(), vv.begin() + std::ptrdiff_t(n));
+  };
   for (std::size_t op = 0; op < kMaxOps && !in.done(); ++op) {
     const int l = in.range(0, g.n_layers - 1);
-    switch (in.range(0, 7)) {
+    switch (in.range(0, 8)) {
       case 0:
       case 1: {  // a batch of 1-4 decode steps, each followed by attention or not
         const int steps = in.range(1, 4);
@@ -148,6 +196,7 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
           const std::int64_t p = next_pos[std::size_t(l)];
           next_pos[std::size_t(l)] += in.range(1, 3);
           c.append(l, p, k, v, q);
+          record(l, k, v, kv);
           last_pos[std::size_t(l)] = p;
           if (idx) must([&] { apply(idx->append(l, p, k, rows_of(l), q), k); });
           const std::uint8_t how = in.byte();
@@ -174,13 +223,83 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
         const std::int64_t p = next_pos[std::size_t(l)];
         next_pos[std::size_t(l)] += std::int64_t(T);
         c.prefill(l, p, T, k, v, q);
+        record(l, k, v, T * kv);
         last_pos[std::size_t(l)] = p + std::int64_t(T) - 1;
         if (idx) must([&] { apply(idx->prefill(l, p, T, k, q, rows_of(l)), k); });
         break;
       }
+      case 8: {  // a prompt of T tokens in chunks of random sizes (chunked prefill)
+        const std::size_t T = std::size_t(in.range(1, 24));
+        std::vector<float> pk, pv, pq;
+        in.fill(pk, T * kv), in.fill(pv, T * kv), in.fill(pq, T * qn);
+        bool empty = true;  // the whole cache held nothing: compare with the whole prompt
+        for (int ll = 0; ll < g.n_layers; ++ll) empty = empty && c.tokens_seen(ll) == 0;
+        const std::int64_t p0 = next_pos[std::size_t(l)];
+        std::size_t chunks = 0;
+        for (std::size_t at = 0; at < T;) {
+          const std::size_t n = std::min(T - at, std::size_t(in.range(1, 12)));
+          const std::int64_t p = p0 + std::int64_t(at);
+          const std::span<const float> ck(pk.data() + at * kv, n * kv), cv(pv.data() + at * kv, n * kv),
+              cq(pq.data() + at * qn, n * qn);
+          const std::uint8_t bad = in.byte();
+          if (bad >= 224) {  // a malformed chunk first: refused, nothing changed
+            const auto before = kvevict::save_bytes(c);
+            bool threw = false;
+            try {
+              if (bad % 4 == 0) {  // NaN in one key element
+                std::vector<float> kb(ck.begin(), ck.end());
+                kb[std::size_t(in.range(0, int(kb.size()) - 1))] = NAN;
+                c.prefill(l, p, n, kb, cv, cq);
+              } else if (bad % 4 == 1) {  // one query row short
+                c.prefill(l, p, n, ck, cv, cq.first(cq.size() - qn));
+              } else if (bad % 4 == 2) {  // overlaps the last position fed
+                if (c.tokens_seen(l) == 0) throw kvevict::Error("nothing to overlap");
+                c.prefill(l, last_pos[std::size_t(l)], n, ck, cv, cq);
+              } else {  // no queries (SnapKV needs them; others accept: then not malformed)
+                if constexpr (kIsSnapKV<Policy>) {
+                  if (!policy.reselects_prefill() && c.tokens_seen(l) != 0)
+                    throw kvevict::Error("the decode rule takes no queries");
+                } else {
+                  throw kvevict::Error("not malformed for this policy");
+                }
+                c.prefill(l, p, n, ck, cv, {});
+              }
+            } catch (const kvevict::Error&) {
+              threw = true;
+            }
+            KVFUZZ_ASSERT(threw);
+            KVFUZZ_ASSERT(kvevict::save_bytes(c) == before);
+          }
+          c.prefill(l, p, n, ck, cv, cq);
+          if (idx) must([&] { apply(idx->prefill(l, p, n, ck, cq, rows_of(l)), std::vector<float>(ck.begin(), ck.end())); });
+          hk[std::size_t(l)].insert(hk[std::size_t(l)].end(), ck.begin(), ck.end());
+          hv[std::size_t(l)].insert(hv[std::size_t(l)].end(), cv.begin(), cv.end());
+          last_pos[std::size_t(l)] = p + std::int64_t(n) - 1;
+          for (int h = 0; h < g.n_kv_heads; ++h) KVFUZZ_ASSERT(c.size(l, h) <= c.capacity(l, h));
+          check_rows(c, hk, hv);
+          at += n, ++chunks;
+        }
+        next_pos[std::size_t(l)] = p0 + std::int64_t(T);
+        // The whole prompt in one prefill, where the docs promise the same rows.
+        bool fits = true;
+        if constexpr (kIsSnapKV<Policy>)
+          for (int h = 0; h < g.n_kv_heads; ++h)
+            fits = fits && T <= c.capacity(l, h) - policy.config().decode_reserve;
+        if (empty && (chunks == 1 || !kvevict::detail::HasPrefillKeep<Policy> || (kIsSnapKV<Policy> && fits))) {
+          kvevict::KVCache<Policy, Scalar> w(g, now, policy);
+          w.prefill(l, p0, T, pk, pv, pq);
+          for (int h = 0; h < g.n_kv_heads; ++h) {
+            const auto a = c.seqs(l, h), b = w.seqs(l, h);
+            KVFUZZ_ASSERT(std::equal(a.begin(), a.end(), b.begin(), b.end()));
+          }
+        }
+        break;
+      }
       case 3: {  // budget change (IndexCache has none: stop the differential check)
         try {
-          c.set_budget(Budget::uniform(in.range(1, 24)));
+          const Budget b = Budget::uniform(in.range(1, 24));
+          c.set_budget(b);
+          now = b;
         } catch (const kvevict::Error&) {
         }
         idx.reset();
@@ -277,6 +396,7 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
       }
     }
     check_invariants(c);
+    check_rows(c, hk, hv);
     if (idx) check_same(c, *idx);
   }
 }
@@ -311,7 +431,11 @@ void dispatch(kvfuzz::Input& in) {
   const int kind = in.range(0, 2);
   const int cap = in.range(1, 24);
   const Budget bounded = kind == 0   ? Budget::uniform(cap)
-                         : kind == 1 ? Budget::per_layer(std::vector<long long>(std::size_t(g.n_layers), cap + in.range(0, 3)))
+                         : kind == 1 ? Budget::per_layer([&] {  // a different budget per layer (XKV, PyramidKV)
+                             std::vector<long long> b(std::size_t(g.n_layers));
+                             for (auto& x : b) x = cap + in.range(0, 8);
+                             return b;
+                           }())
                                      : Budget::per_head(std::vector<std::vector<long long>>(
                                            std::size_t(g.n_layers),
                                            std::vector<long long>(std::size_t(g.n_kv_heads), cap + in.range(0, 2))));
@@ -365,6 +489,9 @@ void dispatch(kvfuzz::Input& in) {
       sc.window = std::size_t(in.range(1, 4));
       sc.kernel = std::size_t(2 * in.range(0, 3) + 1);
       sc.decode_reserve = std::size_t(in.range(0, 3));
+      const std::uint8_t flags = in.byte();  // bit 0: first-chunk rule, bit 1: max pooling
+      if (flags & 1) sc.chunked = pol::ChunkedPrefill::first_chunk;
+      if (flags & 2) sc.pooling = pol::Pooling::max;
       return run<pol::SnapKV, Scalar>(in, g, bounded, pol::SnapKV(sc));
     }
     default: {

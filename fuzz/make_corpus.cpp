@@ -141,5 +141,30 @@ int main() {
     const auto s = p.to_text();
     put("xkv_profile", "three_layers", std::vector<std::uint8_t>(s.begin(), s.end()));
   }
+  // Chunked prefill and quantized paged pools (their own generator, so the seeds above stay
+  // as they were).
+  std::mt19937 gen2(2);
+  // policy_ops: SnapKV (selector byte 11 after a uniform budget: byte 8 = 0, no edge at
+  // byte 7) on float / half, the reselect or first-chunk rule (byte 15), then a chunked
+  // prompt as the first operation (byte 17 = 8) and random bytes.
+  for (int i = 0; i < 8; ++i) {
+    std::vector<std::uint8_t> b(600);
+    for (auto& x : b) x = std::uint8_t(gen2());
+    b[0] = std::uint8_t(i % 2);
+    b[7] = 0, b[8] = 0, b[11] = 10;
+    b[15] = std::uint8_t(i / 2);
+    b[17] = 8;
+    put("policy_ops", "chunked_" + std::to_string(i), b);
+  }
+  // paged_pool: first byte >= 0xC0 drives PagedCache; byte 1 the format (float, Q8<2>,
+  // Q4<2>, E4M3, KV<Q8<2>, Q4<2>>), byte 2 the policy (StreamingLLM, H2O, SnapKV).
+  for (int i = 0; i < 15; ++i) {
+    std::vector<std::uint8_t> b(700);
+    for (auto& x : b) x = std::uint8_t(gen2());
+    b[0] = 0xC0;
+    b[1] = std::uint8_t(i % 5);
+    b[2] = std::uint8_t(i / 5);
+    put("paged_pool", "paged_cache_" + std::to_string(i), b);
+  }
   return 0;
 }

@@ -158,6 +158,31 @@ TEST_CASE("PagedCache: an exhausted pool is a kvevict::Error and nothing changes
                       Catch::Contains("pool head_dim = 4"));
 }
 
+TEST_CASE("PagedCache: a prefill block that would exhaust the pool half way changes nothing", "[paged]") {
+  // Found by fuzz_paged_pool: a block going token by token (a policy without a prompt
+  // selection) used to apply its first tokens and then throw "pool exhausted" at the token
+  // needing a block. The whole block is now checked before its first step.
+  const Geometry g{1, 2, 2, 4};
+  BlockPool<float> pool(4, 2, 4);  // 4 blocks of 2 rows, 2 KV heads
+  PagedCache<pol::H2O> a(g, Budget::uniform(8), pool, 0, pol::H2O(pol::H2O::Config{2, 0}));
+  kvtest::Rng rng(11);
+  a.prefill(0, 0, 1, rng.normals(8), rng.normals(8), rng.normals(8));
+  REQUIRE(pool.allocator().in_use() == 2);
+  const auto pos = std::vector<std::int64_t>(a.positions(0, 1).begin(), a.positions(0, 1).end());
+  // 4 more tokens: 5 rows per head = 3 blocks each, 4 new blocks, 2 free (the third token
+  // of the block is where it used to fail, with two tokens already in).
+  REQUIRE_THROWS_WITH(a.prefill(0, 1, 4, rng.normals(32), rng.normals(32), rng.normals(32)),
+                      Catch::Contains("pool exhausted") && Catch::Contains("needs 4 new blocks, 2 of 4 free"));
+  REQUIRE(pool.allocator().in_use() == 2);
+  REQUIRE(a.tokens_seen(0) == 1);
+  for (int h = 0; h < 2; ++h) REQUIRE(a.size(0, h) == 1);
+  REQUIRE(std::vector<std::int64_t>(a.positions(0, 1).begin(), a.positions(0, 1).end()) == pos);
+  // 3 tokens fit exactly (4 rows per head, 2 blocks each).
+  a.prefill(0, 1, 3, rng.normals(24), rng.normals(24), rng.normals(24));
+  REQUIRE(pool.allocator().in_use() == 4);
+  REQUIRE(a.size(0, 0) == 4);
+}
+
 TEST_CASE("PagedCache over a quantized pool: bad formats and values are a kvevict::Error, nothing changes",
           "[paged]") {
   using Q = kvevict::Q8<8>;

@@ -334,13 +334,27 @@ class KVCache
                        const float* value, std::int64_t, std::uint64_t) {
     write_row(i, key, value);
   }
+  // Before a prefill selection is applied (the core's phase 1): the quantized view of any
+  // head while the selection is applied, and the row a dropped prompt token is encoded into
+  // for the callback, so applying it allocates nothing.
+  void prepare_prompt(int layer, std::size_t, const std::vector<std::vector<std::uint32_t>>& keep,
+                      const std::vector<std::vector<std::uint32_t>>& victims) {
+    if constexpr (quantized) {
+      const std::size_t n = this->prompt_rows_max(layer, keep, victims) * this->udim();
+      view_k_.reserve(n);
+      view_v_.reserve(n);
+    }
+    if (on_evict_) {
+      drop_k_.resize(key_units());
+      drop_v_.resize(value_units());
+    }
+  }
   // Dropped prompt rows reach the callback too: nothing leaves unseen.
   void drop_prompt_row(int layer, int kv_head, std::size_t, std::size_t, const float* key,
                        const float* value, std::int64_t position, std::uint64_t seq) {
     if (!on_evict_) return;
-    std::vector<Unit> kr(key_units()), vr(value_units());
-    encode_row(key, value, kr.data(), vr.data());
-    on_evict_(evicted(layer, kv_head, position, seq, kr.data(), vr.data()));
+    encode_row(key, value, drop_k_.data(), drop_v_.data());
+    on_evict_(evicted(layer, kv_head, position, seq, drop_k_.data(), drop_v_.data()));
   }
 
   EvictionCallback on_evict_;
@@ -348,6 +362,7 @@ class KVCache
   // a cache of what heads_ holds (view_head_'s first view_rows_ rows), never state of its own.
   mutable std::vector<float> view_k_, view_v_;
   mutable std::size_t view_head_ = kNoHead, view_rows_ = 0;
+  std::vector<Unit> drop_k_, drop_v_;  ///< a dropped prompt row encoded for the callback
 };
 
 }  // namespace kvevict

@@ -204,6 +204,21 @@ class ContainerCore {
   void prepare_prompt(int, std::size_t, const std::vector<std::vector<std::uint32_t>>&,
                       const std::vector<std::vector<std::uint32_t>>&) {}
   void shrink_rows(std::size_t, std::size_t) {}
+  /// Before a prefill block goes token by token (no prompt selection): throw now if a step
+  /// of it could be refused.
+  void prepare_token_prefill(int, std::size_t) {}
+  /// For prepare_prompt: the most rows a head of `layer` holds while a prefill selection is
+  /// applied (its held rows before the victims leave, or its rows after the kept block
+  /// rows arrive). Layouts size their scratch by it before the first change.
+  std::size_t prompt_rows_max(int layer, const std::vector<std::vector<std::uint32_t>>& keep,
+                              const std::vector<std::vector<std::uint32_t>>& victims) const {
+    std::size_t most = 0;
+    for (std::size_t kh = 0; kh < keep.size(); ++kh) {
+      const std::size_t held = heads_[index(layer, static_cast<int>(kh))].size();
+      most = std::max({most, held, held - victims[kh].size() + keep[kh].size()});
+    }
+    return most;
+  }
   /// A pooled budget about to take effect (throws kvevict::Error if the layout cannot run it).
   void check_pool(const LayerPool&) const {}
   /// Keys (is_key) or values about to be stored: storable in the layout's format.
@@ -534,6 +549,9 @@ class ContainerCore {
     }
     const std::size_t stride = static_cast<std::size_t>(shape_.geometry.n_kv_heads) * udim();
     const std::size_t hq = static_cast<std::size_t>(shape_.geometry.n_heads) * udim();
+    // Token by token, each a step: a layout that may refuse a step (an exhausted block pool)
+    // checks the whole block first, so a refusal never leaves part of the block applied.
+    self().prepare_token_prefill(layer, tokens);
     std::vector<float> probs;
     for (std::size_t t = 0; t < tokens; ++t) {
       const float* qt = queries ? queries + t * hq : nullptr;

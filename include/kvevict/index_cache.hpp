@@ -317,11 +317,21 @@ class IndexCache
     }
     reserve_decisions(2 * total_victims + static_cast<std::size_t>(this->shape_.geometry.n_kv_heads));
   }
-  void prepare_prompt(int, std::size_t tokens, const std::vector<std::vector<std::uint32_t>>&,
+  // Phase 1 of a prefill selection: room for its decisions, each head's freed cells, the
+  // used-cell marks of cells never used before, and the gathered keys, so applying the
+  // selection allocates nothing.
+  void prepare_prompt(int layer, std::size_t tokens, const std::vector<std::vector<std::uint32_t>>& keep,
                       const std::vector<std::vector<std::uint32_t>>& victims) {
     std::size_t evictions = 0;  // a held row leaving: evict + move
     for (const auto& v : victims) evictions += 2 * v.size();
     reserve_decisions(tokens * static_cast<std::size_t>(this->shape_.geometry.n_kv_heads) + evictions);
+    for (std::size_t kh = 0; kh < keep.size(); ++kh) {
+      auto& h = this->heads_[this->index(layer, static_cast<int>(kh))];
+      h.free_cells.reserve(h.free_cells.size() + victims[kh].size());
+      const std::size_t top = h.next_cell + keep[kh].size() + std::size_t{1};
+      if (h.used.size() < top) h.used.reserve(top);
+    }
+    gather_.reserve(this->prompt_rows_max(layer, keep, victims) * this->udim());
   }
   // Geometric, so a prefill's decisions (one call, many tokens) grow in amortised O(1).
   void reserve_decisions(std::size_t more) {

@@ -263,6 +263,28 @@ class PagedCache
       if (after > h.blocks.size()) need_blocks_ += after - h.blocks.size();
     }
     check_pool(layer);
+    if constexpr (kGather) {  // the gathered rows while the selection is applied
+      const std::size_t n = this->prompt_rows_max(layer, keep, victims) * this->udim();
+      gather_k_.reserve(n);
+      gather_v_.reserve(n);
+    }
+  }
+  // A block that goes token by token: each step keeps at most capacity rows, so the head
+  // ends with at most min(rows + tokens, capacity) rows, and needs the blocks of that beyond
+  // those it has. Checked for the whole block before its first step (a refusal half way
+  // would leave the block's first tokens in). Conservative for a policy that evicts more
+  // than one row per step; a pooled budget's head may exceed its own capacity (not bounded
+  // here: its steps are still each checked).
+  void prepare_token_prefill(int layer, std::size_t tokens) {
+    need_blocks_ = 0;
+    for (int kh = 0; kh < this->shape_.geometry.n_kv_heads; ++kh) {
+      const auto& h = this->heads_[this->index(layer, kh)];
+      const std::size_t cap = this->shape_.at(layer, kh);
+      const std::size_t rows = h.size() >= cap || tokens >= cap - h.size() ? std::max(cap, h.size()) : h.size() + tokens;
+      const std::size_t after = blocks_for(rows);
+      if (after > h.blocks.size()) need_blocks_ += after - h.blocks.size();
+    }
+    check_pool(layer);
   }
   void check_pool(int layer) {
     const std::size_t free = pool_->allocator().free_blocks();
