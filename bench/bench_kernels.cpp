@@ -385,6 +385,15 @@ void register_argmax_float() {
 
 // ---- SimHash -----------------------------------------------------------------------------
 
+// 64 N(0,1) 128-d vectors, the ones simhash_one hashes in turn.
+std::vector<float> simhash_inputs() {
+  std::mt19937_64 rng(8);
+  std::normal_distribution<float> g;
+  std::vector<float> x(64 * 128);
+  for (auto& v : x) v = g(rng);
+  return x;
+}
+
 void register_simhash() {
   auto* r = benchmark::RegisterBenchmark("simhash/d128_b64/kvevict", [](benchmark::State& st) {
     const auto n = static_cast<std::size_t>(st.range(0));
@@ -423,10 +432,7 @@ void register_simhash() {
             }
             thr[static_cast<std::size_t>(j)] = static_cast<float>(2.0 * gamma * std::sqrt(n2) * 1.01);
           }
-          std::mt19937_64 rng(8);
-          std::normal_distribution<float> g;
-          std::vector<float> x(64 * 128);
-          for (auto& v : x) v = g(rng);
+          const std::vector<float> x = simhash_inputs();
           std::vector<std::uint8_t> code(static_cast<std::size_t>(bits) / 8);
           std::size_t i = 0;
           for (auto _ : st) {
@@ -443,10 +449,7 @@ void register_simhash() {
                                (fast ? "/kvevict" : "/eigen_reference");
       benchmark::RegisterBenchmark(name.c_str(), [bits, fast](benchmark::State& st) {
         const kk::SimHashProjection p(128, bits, 1);
-        std::mt19937_64 rng(8);
-        std::normal_distribution<float> g;
-        std::vector<float> x(64 * 128);
-        for (auto& v : x) v = g(rng);
+        const std::vector<float> x = simhash_inputs();
         std::vector<std::uint8_t> code(static_cast<std::size_t>(bits) / 8);
         std::size_t i = 0;
         for (auto _ : st) {
