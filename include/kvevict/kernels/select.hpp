@@ -503,9 +503,11 @@ KVEVICT_KERNEL_FN void counting_bottomk(const std::uint16_t* keys, std::size_t n
 /// Indices of the k largest scores, in unspecified order (but a deterministic set): larger
 /// score first, ties toward the lower index, -0.0 == +0.0, NaN ranks below every number (NaN
 /// rows are chosen only when fewer than k scores are numbers, lowest index first).
-/// Method for n < 8192: MSD radix select on the scores' order-preserving bit patterns (a
-/// 256-bin histogram per byte; rows better than the k-th key's byte are emitted, equal ones
-/// go on to the next byte). From 8192 on: a stratified sample of 1024 scores brackets the k-th largest; one SIMD pass splits
+/// Method for n < 8192: at AVX2 (and AVX-512) a sampled-bracket select (avx2::topk_bracket:
+/// a sorted 64-key sample brackets the k-th key, left-packing passes narrow a band to at most
+/// 128 rows, which are sorted); at the scalar level an MSD radix select on the scores'
+/// order-preserving bit patterns (a 256-bin histogram per byte; rows better than the k-th
+/// key's byte are emitted, equal ones go on to the next byte). From 8192 on: a stratified sample of 1024 scores brackets the k-th largest; one SIMD pass splits
 /// rows into "surely in" and a small band, and only the band is ordered (nth_element on
 /// (score, index) keys). Falls back to the exact method when the sample misses. Scratch
 /// memory is thread_local and reused (no allocation once warm). Throws if k > n.
