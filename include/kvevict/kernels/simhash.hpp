@@ -271,6 +271,7 @@ __attribute__((target("avx2,fma"))) inline bool simhash_fma_cols(const float* x,
   }
   return true;
 }
+#undef KVEVICT_TARGET_AVX2_FMA_LAMBDA
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif
 
