@@ -26,6 +26,10 @@
 #                   the same TUs with -DKVEVICT_SEPARATE_KERNELS=1 (fmt linked, not
 #                   header-only: no FMT_HEADER_ONLY)
 #   kernels_lib     src/kernels.cpp, the library's one translation unit (paid once)
+# Header-only kvevict with fmt linked (libfmt, fmt::fmt) instead of header-only fmt:
+#   kvevict.hpp_fmtlib, readme_fmtlib
+#                   the header-only TUs without FMT_HEADER_ONLY (a build that links -lfmt;
+#                   fmt's format engine, format-inl.h, is then compiled in libfmt, not here)
 # Flags are what the kvevict CMake targets give a consumer: -std=c++20, Eigen's include
 # dir, and FMT_HEADER_ONLY=1 (kvevict::kvevict, fmt::fmt-header-only) or
 # KVEVICT_SEPARATE_KERNELS=1 (kvevict::kernels); no -march.
@@ -34,7 +38,8 @@ set -euo pipefail
 runs=3
 cxx=${CXX:-g++}
 cases=(kvevict.hpp readme readme_narrow h2o_trio hash_evict eigen_core fmt_format
-       kvevict.hpp_sep readme_sep readme_narrow_sep h2o_trio_sep hash_evict_sep kernels_lib)
+       kvevict.hpp_sep readme_sep readme_narrow_sep h2o_trio_sep hash_evict_sep kernels_lib
+       kvevict.hpp_fmtlib readme_fmtlib)
 while getopts "n:x:c:" opt; do
   case $opt in
     n) runs=$OPTARG ;;
@@ -71,6 +76,7 @@ write_cases() {  # $1 = tree root, $2 = output dir
   sed 's|#include <kvevict/kvevict.hpp>|#include <kvevict/cache.hpp>\n#include <kvevict/attention.hpp>\n#include <kvevict/policies/h2o.hpp>|' \
     "$out/readme.cpp" > "$out/readme_narrow.cpp"
   for c in kvevict.hpp readme readme_narrow h2o_trio hash_evict; do cp "$out/$c.cpp" "$out/${c}_sep.cpp"; done
+  for c in kvevict.hpp readme; do cp "$out/$c.cpp" "$out/${c}_fmtlib.cpp"; done
   [ ! -f "$root/src/kernels.cpp" ] || cp "$root/src/kernels.cpp" "$out/kernels_lib.cpp"
 }
 
@@ -83,6 +89,7 @@ case_flags() {  # $1 = case, $2 = tree root
       else
         echo skip
       fi ;;
+    *_fmtlib) echo "" ;;
     *) echo "-DFMT_HEADER_ONLY=1" ;;
   esac
 }
@@ -91,7 +98,7 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
 echo "CPU: $cpu ($(nproc) logical CPUs); load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "compiler: $($cxx --version | head -1)"
 echo "command per case: $cxx -std=c++20 -O2 -I<tree>/include -I/usr/include/eigen3 <mode> -c case.cpp -o /dev/null"
-echo "  <mode>: -DFMT_HEADER_ONLY=1 (header-only cases), -DKVEVICT_SEPARATE_KERNELS=1 (*_sep, kernels_lib)"
+echo "  <mode>: -DFMT_HEADER_ONLY=1 (header-only cases), -DKVEVICT_SEPARATE_KERNELS=1 (*_sep, kernels_lib), none (*_fmtlib)"
 echo "median of $runs runs, CPU time (user+sys) in seconds, runs interleaved"
 
 labels=()

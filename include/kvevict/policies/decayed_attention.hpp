@@ -150,7 +150,10 @@ class DecayedAttention {
                                  "head_dim, got ", shape.geometry.head_dim);
         head_dim_ = static_cast<std::size_t>(shape.geometry.head_dim);
         sigs_.bind(shape);
-        bands_.assign(shape.capacity.size(), Band{});
+        // clear + resize (n fresh bands), not assign(n, Band{}): that instantiates the
+        // deque's copy assignment in every includer of this header.
+        bands_.clear();
+        bands_.resize(shape.capacity.size());
       }
     }
   }
@@ -751,3 +754,7 @@ class DecayedAttention {
 };
 
 }  // namespace kvevict::policies
+
+// Compiled-kernels mode: extern template declarations of the common caches (extern_templates.hpp).
+#define KVEVICT_HAVE_DECAYED_ATTENTION_HPP 1
+#include "../extern_templates.hpp"
