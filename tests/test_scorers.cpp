@@ -94,8 +94,9 @@ struct BruteExpected {
   std::map<std::int64_t, double> acc;                     // decayed scores (horizon > 0)
   // rescore_every > 1: decisions so far; each row's score as of the last rescoring or its
   // arrival; the last rescoring's moved means, covariances and log-normalisers per g.
+  // Kept and decayed scores are floats (as the policy keeps them between rescorings).
   std::size_t decisions = 0;
-  std::map<std::int64_t, double> stale;
+  std::map<std::int64_t, float> stale, accf;
   std::vector<std::vector<double>> frozen_mean;
   std::vector<Mat> frozen_cov;
   std::vector<double> frozen_norm;
@@ -126,17 +127,21 @@ struct BruteExpected {
     const bool amortised = c.rescore_every > 1;
     if (rows.size() >= capacity && amortised && decisions++ % c.rescore_every != 0) {
       // Between rescorings: the kept scores, decayed.
-      std::map<std::int64_t, double> score;
+      std::map<std::int64_t, float> score;
+      const auto decay = static_cast<float>(1.0 - c.horizon / static_cast<double>(capacity));
       for (const auto& [p, r] : rows) {
-        double s = stale.at(p);
-        if (c.horizon > 0.0f) s = acc[p] = (1.0 - c.horizon / static_cast<double>(capacity)) * acc[p] + s;
+        float s = stale.at(p);
+        if (c.horizon > 0.0f) {
+          const float decayed = decay * accf[p];  // multiply, then add (never fused)
+          s = accf[p] = decayed + s;
+        }
         score[p] = s;
       }
       const std::size_t recent = std::max(c.recent, static_cast<std::size_t>(c.recent_fraction * static_cast<float>(capacity)));
       const auto victim = brute_victim(rows, c.sinks, recent, seq,
                                        [&](std::int64_t p, const Row&) { return score[p]; });
       rows.erase(victim);
-      acc.erase(victim);
+      accf.erase(victim);
       stale.erase(victim);
     } else if (rows.size() >= capacity) {
       if (amortised) {
@@ -181,13 +186,22 @@ struct BruteExpected {
       for (const auto& [p, r] : rows) {
         double& s = score[p];
         s = with_value_norm(s, r.value);
-        stale[p] = s;
+        stale[p] = static_cast<float>(s);
+        if (amortised) {  // ranked by the float kept score, decayed in float
+          s = stale[p];
+          if (c.horizon > 0.0f) {
+            const float decayed = static_cast<float>(1.0 - c.horizon / static_cast<double>(capacity)) * accf[p];
+            s = accf[p] = decayed + stale[p];
+          }
+          continue;
+        }
         if (c.horizon > 0.0f) s = acc[p] = (1.0 - c.horizon / static_cast<double>(capacity)) * acc[p] + s;
       }
       const auto victim = brute_victim(rows, c.sinks, recent, seq,
                                        [&](std::int64_t p, const Row&) { return score[p]; });
       rows.erase(victim);
       acc.erase(victim);
+      accf.erase(victim);
       stale.erase(victim);
     }
     rows[pos] = {seq, key, value};
@@ -200,7 +214,7 @@ struct BruteExpected {
                         frozen_norm[static_cast<std::size_t>(g)]);
         s /= G;
       }
-      stale[pos] = with_value_norm(s, value);
+      stale[pos] = static_cast<float>(with_value_norm(s, value));
     }
   }
 };
@@ -214,7 +228,7 @@ struct BruteKeyDiff {
   // rescore_every > 1: decisions so far, each row's score as of the last rescoring or its
   // arrival, and the last rescoring's unit anchor (empty before the first).
   std::size_t decisions = 0;
-  std::map<std::int64_t, double> stale;
+  std::map<std::int64_t, float> stale;  // floats, as the policy keeps them
   std::vector<double> frozen;
   static std::vector<double> unit(const std::vector<float>& k) {
     double n = 0.0;
@@ -257,12 +271,12 @@ struct BruteKeyDiff {
       rows.erase(victim);
       if (amortised) {
         stale.erase(victim);
-        for (const auto& [p, r] : rows) stale[p] = neg_cosine(r.key, anchor);
+        for (const auto& [p, r] : rows) stale[p] = static_cast<float>(neg_cosine(r.key, anchor));
         frozen = anchor;
       }
     }
     rows[pos] = {seq, key, value};
-    if (amortised) stale[pos] = frozen.empty() ? 0.0 : neg_cosine(key, frozen);
+    if (amortised) stale[pos] = frozen.empty() ? 0.0f : static_cast<float>(neg_cosine(key, frozen));
   }
 };
 

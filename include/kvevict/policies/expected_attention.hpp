@@ -129,6 +129,7 @@ class ExpectedAttention {
     const std::size_t heads = static_cast<std::size_t>(g.n_layers) * hkv_;
     if (config_.rescore_every > 1) {
       stale_.bind(shape);
+      if (config_.horizon > 0.0f) accf_.bind(shape);
       decisions_.assign(heads, 0);
       frozen_.assign(heads, 0);
       frozen_mean_.assign(heads * group_ * d_, 0.0);
@@ -159,21 +160,11 @@ class ExpectedAttention {
   template <class S>
   void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
     add_queries(v);
-    if (config_.rescore_every == 1) {
-      score_rows(v, false);
-    } else {
-      // Amortised: every R-th decision of this head rescores all rows (and freezes the
-      // statistics for arrivals); the others rank by the scores kept per row.
-      auto& count = decisions_[head_index(v.layer, v.kv_head)];
-      auto& kept = stale_.of(v.layer, v.kv_head);
-      if (count % config_.rescore_every == 0) {
-        score_rows(v, true);
-        std::copy(score_.begin(), score_.end(), kept.begin());
-      } else {
-        score_.assign(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(v.size));
-      }
-      ++count;
+    if (config_.rescore_every > 1) {
+      amortised_victims(v, out);
+      return;
     }
+    score_rows(v, false);
     if (config_.horizon > 0.0f) {
       auto& acc = acc_.of(v.layer, v.kv_head);
       const double decay =
@@ -196,17 +187,23 @@ class ExpectedAttention {
     const float vn = static_cast<float>(std::sqrt(s));
     vnorms_.set(v.layer, v.kv_head, row, vn);
     if (config_.horizon > 0.0f) acc_.set(v.layer, v.kv_head, row, 0.0);
-    if (config_.rescore_every > 1)
-      stale_.set(v.layer, v.kv_head, row, arrival_score(v, row, vn));
+    if (config_.rescore_every > 1) {
+      stale_.set(v.layer, v.kv_head, row, static_cast<float>(arrival_score(v, row, vn)));
+      if (config_.horizon > 0.0f) accf_.set(v.layer, v.kv_head, row, 0.0f);
+    }
   }
   void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     vnorms_.move(layer, kv_head, from, to);
     if (config_.horizon > 0.0f) acc_.move(layer, kv_head, from, to);
-    if (config_.rescore_every > 1) stale_.move(layer, kv_head, from, to);
+    if (config_.rescore_every > 1) {
+      stale_.move(layer, kv_head, from, to);
+      if (config_.horizon > 0.0f) accf_.move(layer, kv_head, from, to);
+    }
   }
 
   /// The scores the last choose_victims call ranked by (decayed when horizon > 0), one per
-  /// live row (for tests and tools).
+  /// live row (for tests and tools). With rescore_every > 1: the last rescoring's scores
+  /// (not decayed), one per row live then.
   [[nodiscard]] const std::vector<double>& last_scores() const { return score_; }
   /// Un-rotated query statistics of query head `head` (0..n_heads) of `layer`: how many
   /// queries, their sum and the sum of their outer products (row-major d x d).
@@ -297,7 +294,7 @@ class ExpectedAttention {
   void future_moments(const QueryStats& st, std::int64_t position) {
     const std::size_t d = d_;
     mean_.assign(d, 0.0);
-    cov_.assign(d * d, 0.0);
+    if (config_.covariance == Covariance::full) cov_.assign(d * d, 0.0);  // only it reads cov_
     if (st.count == 0) return;
     const double n = static_cast<double>(st.count);
     for (std::size_t i = 0; i < d; ++i) mean_[i] = st.sum[i] / n;
@@ -365,6 +362,38 @@ class ExpectedAttention {
   std::size_t head_index(int layer, int kv_head) const {
     return static_cast<std::size_t>(layer) * hkv_ + static_cast<std::size_t>(kv_head);
   }
+  // rescore_every > 1: every R-th decision of a head rescores all rows (and freezes the
+  // statistics for arrivals); each decision decays the kept float scores and takes the
+  // lowest open row, both with the dispatched kernels (decay_spike with no spike band,
+  // masked argmin): O(n) between rescorings.
+  template <class S>
+  void amortised_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
+    const std::size_t n = v.size;
+    auto& count = decisions_[head_index(v.layer, v.kv_head)];
+    auto& kept = stale_.of(v.layer, v.kv_head);
+    if (count++ % config_.rescore_every == 0) {
+      score_rows(v, true);
+      for (std::size_t r = 0; r < n; ++r) kept[r] = static_cast<float>(score_[r]);
+    }
+    const float* rank = kept.data();
+    if (config_.horizon > 0.0f) {
+      auto& acc = accf_.of(v.layer, v.kv_head);
+      const float decay =
+          v.capacity == Budget::kUnbounded
+              ? 1.0f
+              : static_cast<float>(std::clamp(1.0 - static_cast<double>(config_.horizon) /
+                                                         static_cast<double>(v.capacity),
+                                              0.0, 1.0));
+      spike_.resize(n);  // decay_spike's spike output; the band below selects no row
+      kernels::decay_spike(acc.data(), spike_.data(), kept.data(), v.seqs, n, decay,
+                           v.incoming_seq, ~std::uint64_t{0});
+      rank = acc.data();
+    }
+    detail::evict_lowest_masked(
+        v, rank, detail::protection_bits(v, config_.sinks, recent_for(v.capacity), bits_), out,
+        name());
+  }
+
   // Keeps query head g's moved statistics (mean_, cov_) and log-normaliser for arrivals.
   void freeze(std::size_t h, std::size_t g, const double* mean, double log_norm) {
     const std::size_t d = d_, i = h * group_ + g;
@@ -486,8 +515,9 @@ class ExpectedAttention {
       if (v.incoming_key != nullptr)
         total += static_cast<double>(p[j]) * std::exp(dot(q, v.incoming_key) - zj);
       if (!(total > 1e-20 && total < HUGE_VAL)) return false;
+      const double inv = 1.0 / total;
       for (std::size_t r = 0; r < n; ++r)
-        if (v.seqs[r] >= config_.sinks) score_[r] += static_cast<double>(p[r]) / total;
+        if (v.seqs[r] >= config_.sinks) score_[r] += static_cast<double>(p[r]) * inv;
       norms_[g] = zj - std::log(static_cast<double>(p[j])) + std::log(total);
     }
     if (keep)
@@ -506,12 +536,12 @@ class ExpectedAttention {
   // rescore_every > 1: per row, its score as of the last rescoring or its arrival; per
   // (layer, KV head), decisions so far and whether statistics are frozen; per (layer, KV
   // head, query head), the frozen moved mean (covariance) and log-normaliser.
-  detail::RowColumn<double> stale_;
-  std::vector<std::uint64_t> decisions_;
+  detail::RowColumn<float> stale_, accf_;  ///< kept scores; their decayed sums (horizon > 0)
+  std::vector<std::uint64_t> decisions_, bits_;
   std::vector<unsigned char> frozen_;
   std::vector<double> frozen_mean_, frozen_cov_, frozen_norm_;
   // Scratch (no allocation per step once warm).
-  std::vector<float> buf_, qf_, probs_;
+  std::vector<float> buf_, qf_, probs_, spike_;
   std::vector<double> mean_, cov_, rc_, rs_, z_, score_, means_, norms_;
 };
 

@@ -65,22 +65,24 @@ class KeyDiff {
 
   template <class S>
   void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
-    if (config_.rescore_every == 1) {
-      score_rows(v);
-    } else {
+    if (config_.rescore_every > 1) {
+      // Amortised: rescore on every R-th decision of the head (freezing the anchor for
+      // arrivals), then the lowest kept float score among the open rows (masked argmin).
       const std::size_t h = head_index(v.layer, v.kv_head);
       auto& kept = stale_.of(v.layer, v.kv_head);
-      if (decisions_[h] % config_.rescore_every == 0) {
+      if (decisions_[h]++ % config_.rescore_every == 0) {
         score_rows(v);
-        std::copy(score_.begin(), score_.end(), kept.begin());
+        for (std::size_t r = 0; r < v.size; ++r) kept[r] = static_cast<float>(score_[r]);
         std::copy(anchor_.begin(), anchor_.end(),
                   frozen_anchor_.begin() + static_cast<std::ptrdiff_t>(h * d_));
         frozen_[h] = 1;
-      } else {
-        score_.assign(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(v.size));
       }
-      ++decisions_[h];
+      detail::evict_lowest_masked(
+          v, kept.data(),
+          detail::protection_bits(v, config_.sinks, recent_for(v.capacity), bits_), out, name());
+      return;
     }
+    score_rows(v);
     const detail::Protection prot{config_.sinks, recent_for(v.capacity)};
     detail::evict_lowest(
         v, [&](std::size_t r) { return score_[r]; },
@@ -102,14 +104,15 @@ class KeyDiff {
       for (std::size_t j = 0; j < d_; ++j) dot += static_cast<double>(k[j]) * a[j];
       s = -dot * in;
     }
-    stale_.set(v.layer, v.kv_head, row, s);
+    stale_.set(v.layer, v.kv_head, row, static_cast<float>(s));
   }
   void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     inv_norms_.move(layer, kv_head, from, to);
     if (config_.rescore_every > 1) stale_.move(layer, kv_head, from, to);
   }
 
-  /// Negated anchor similarities of the last choose_victims call, one per live row.
+  /// Negated anchor similarities of the last choose_victims call, one per live row (with
+  /// rescore_every > 1: of the last rescoring).
   [[nodiscard]] const std::vector<double>& last_scores() const { return score_; }
 
  private:
@@ -153,8 +156,8 @@ class KeyDiff {
   detail::RowColumn<double> inv_norms_;
   // rescore_every > 1: per row, its score as of the last rescoring or its arrival; per
   // (layer, KV head), decisions so far, whether an anchor is frozen, and the anchor.
-  detail::RowColumn<double> stale_;
-  std::vector<std::uint64_t> decisions_;
+  detail::RowColumn<float> stale_;
+  std::vector<std::uint64_t> decisions_, bits_;
   std::vector<unsigned char> frozen_;
   std::vector<double> frozen_anchor_;
   std::vector<double> anchor_, score_;
