@@ -124,8 +124,9 @@ struct BruteExpected {
         queries[static_cast<std::size_t>(g)].push_back(
             mul(transpose(rope_matrix(d, static_cast<double>(pos), c.rope, c.rope_base)), x));
       }
-    const bool amortised = c.rescore_every > 1;
-    if (rows.size() >= capacity && amortised && decisions++ % c.rescore_every != 0) {
+    const bool amortised = c.rescore_every > 1 || c.rescore_fraction > 0.0f;
+    const std::size_t every = std::max(c.rescore_every, static_cast<std::size_t>(static_cast<double>(c.rescore_fraction) * static_cast<double>(capacity)));
+    if (rows.size() >= capacity && amortised && decisions++ % every != 0) {
       // Between rescorings: the kept scores, decayed.
       std::map<std::int64_t, float> score;
       const auto decay = static_cast<float>(1.0 - c.horizon / static_cast<double>(capacity));
@@ -511,6 +512,11 @@ TEST_CASE("ExpectedAttention rescore_every > 1 agrees with a brute-force amortis
                         .rescore_every = R, .float_logits = true},
                        G, 24, 800 + G + R);
     }
+    // R from the capacity: floor(0.25 x 16) = 4 (rescore_every 1 below it), float logits.
+    compare_expected({.sinks = 1, .recent_fraction = 0.375f, .query_window = 1,
+                      .future_positions = 16, .covariance = C::none, .horizon = 3.0f,
+                      .float_logits = true, .rescore_fraction = 0.25f},
+                     G, 16, 850 + G);
   }
 }
 
@@ -597,5 +603,7 @@ TEST_CASE("rescore_every and float_logits: bad values are errors", "[scorers]") 
   CHECK_THROWS_AS(ExpectedAttention({.covariance = ExpectedAttention::Covariance::full,
                                      .float_logits = true}),
                   Error);
+  CHECK_THROWS_AS(ExpectedAttention({.rescore_fraction = 1.0f}), Error);
+  CHECK_THROWS_AS(ExpectedAttention({.rescore_fraction = -0.5f}), Error);
   CHECK_THROWS_AS(KeyDiff({.rescore_every = 0}), Error);
 }

@@ -287,6 +287,28 @@ void for_each_policy(Fn&& fn) {
                                   .rope_base = a.knobs.rope_base,
                                   .horizon = 3.0f});
       });
+  // The same policy at a fraction of the per-step cost (docs/policies/expected_attention.md
+  // "Cost"): float logits through the attention kernel, every row rescored on every
+  // floor(C / 16)-th decision of a head of C rows (1 at 16 rows, 64 at 1K; chosen with
+  // llama2c_headline --rescore on the tuning streams, docs/quality.md).
+  add.template operator()<ExpectedAttention>(
+      {"probfree-fast",
+       "probfree with float logits, all rows rescored every floor(C/16)-th decision "
+       "(arrivals scored on arrival)",
+       Family::kvevict},
+      [](const Args& a) {
+        return ExpectedAttention({.sinks = 1,
+                                  .recent_fraction = 0.375f,
+                                  .query_window = 1,
+                                  .future_positions = 16,
+                                  .covariance = ExpectedAttention::Covariance::none,
+                                  .value_norm = true,
+                                  .rope = a.knobs.rope,
+                                  .rope_base = a.knobs.rope_base,
+                                  .horizon = 3.0f,
+                                  .float_logits = true,
+                                  .rescore_fraction = 1.0f / 16});
+      });
   add.template operator()<ExpectedAttention>(
       {"expected",
        "ExpectedAttention: paper settings (4 sinks, covariance, value norm, W 128)",

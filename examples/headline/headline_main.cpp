@@ -878,7 +878,6 @@ int main(int argc, char** argv) {
         continue;
       }
       if (a.rescore) {
-        r.row(B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
         r.row(B, "**DecayedAttention::recommended()**", policies::DecayedAttention::recommended());
         r.row(B, "probability-free (registry `probfree`: double logits, every step)",
               with_model_rope(kProbabilityFree, r.model->config()));
@@ -888,6 +887,14 @@ int main(int argc, char** argv) {
           c.rescore_every = every;
           const std::string name =
               fmt::format("probability-free, float logits, rescore_every {}", every);
+          r.row(B, name.c_str(), with_model_rope(ExpectedAttention(c), r.model->config()));
+        }
+        for (float f : {1.0f / 32, 1.0f / 16, 1.0f / 8}) {
+          auto c = kProbabilityFree.config();
+          c.float_logits = true;
+          c.rescore_fraction = f;
+          const std::string name = fmt::format(
+              "probability-free, float logits, rescore_fraction 1/{:.0f}", 1.0f / f);
           r.row(B, name.c_str(), with_model_rope(ExpectedAttention(c), r.model->config()));
         }
         continue;

@@ -80,6 +80,10 @@ class ExpectedAttention {
     /// attention kernel. Covariance::none only; storage other than float / fp16 / bf16, or
     /// a step whose float scores overflow or underflow, falls back to the double loop.
     bool float_logits = false;
+    /// kvevict extension (0 = off): rescore every R = max(rescore_every, floor(fraction x
+    /// capacity)) decisions, so that the scores' staleness is a fixed share of the cache's
+    /// turnover (unbounded heads: rescore_every). In [0, 1).
+    float rescore_fraction = 0.0f;
   };
 
   ExpectedAttention() : ExpectedAttention(Config{}) {}
@@ -96,6 +100,7 @@ class ExpectedAttention {
                              ": horizon = ", c.horizon, ", expected finite and >= 0");
     kvevict::detail::require(c.rescore_every >= 1 && c.rescore_every <= (1u << 20), name(),
                              ": rescore_every = ", c.rescore_every, ", expected 1..", 1u << 20);
+    detail::require_fraction(name(), "rescore_fraction", c.rescore_fraction);
     kvevict::detail::require(!c.float_logits || c.covariance == Covariance::none, name(),
                              ": float_logits with Covariance::full, expected Covariance::none");
     kvevict::detail::require(
@@ -108,6 +113,17 @@ class ExpectedAttention {
   [[nodiscard]] const Config& config() const { return config_; }
   [[nodiscard]] std::size_t min_capacity() const {
     return detail::protected_plus_one(name(), {{"sinks", config_.sinks}, {"recent", config_.recent}});
+  }
+  /// Whether rows are rescored less often than every decision (rescore_every, fraction).
+  [[nodiscard]] bool amortised() const {
+    return config_.rescore_every > 1 || config_.rescore_fraction > 0.0f;
+  }
+  /// R at a head of `capacity` rows: max(rescore_every, floor(rescore_fraction x capacity)).
+  [[nodiscard]] std::size_t every(std::size_t capacity) const {
+    if (capacity == Budget::kUnbounded) return config_.rescore_every;
+    const auto f = static_cast<std::size_t>(static_cast<double>(config_.rescore_fraction) *
+                                            static_cast<double>(capacity));
+    return std::max(config_.rescore_every, f);
   }
   [[nodiscard]] std::size_t recent_for(std::size_t capacity) const {
     return detail::recent_rows(config_.recent, config_.recent_fraction, config_.sinks, capacity);
@@ -127,7 +143,7 @@ class ExpectedAttention {
     const bool full = config_.covariance == Covariance::full;
     for (auto& s : stats_) s.reset(d_, config_.query_window, full);
     const std::size_t heads = static_cast<std::size_t>(g.n_layers) * hkv_;
-    if (config_.rescore_every > 1) {
+    if (amortised()) {
       stale_.bind(shape);
       if (config_.horizon > 0.0f) accf_.bind(shape);
       decisions_.assign(heads, 0);
@@ -160,7 +176,7 @@ class ExpectedAttention {
   template <class S>
   void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
     add_queries(v);
-    if (config_.rescore_every > 1) {
+    if (amortised()) {
       amortised_victims(v, out);
       return;
     }
@@ -187,7 +203,7 @@ class ExpectedAttention {
     const float vn = static_cast<float>(std::sqrt(s));
     vnorms_.set(v.layer, v.kv_head, row, vn);
     if (config_.horizon > 0.0f) acc_.set(v.layer, v.kv_head, row, 0.0);
-    if (config_.rescore_every > 1) {
+    if (amortised()) {
       stale_.set(v.layer, v.kv_head, row, static_cast<float>(arrival_score(v, row, vn)));
       if (config_.horizon > 0.0f) accf_.set(v.layer, v.kv_head, row, 0.0f);
     }
@@ -195,7 +211,7 @@ class ExpectedAttention {
   void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     vnorms_.move(layer, kv_head, from, to);
     if (config_.horizon > 0.0f) acc_.move(layer, kv_head, from, to);
-    if (config_.rescore_every > 1) {
+    if (amortised()) {
       stale_.move(layer, kv_head, from, to);
       if (config_.horizon > 0.0f) accf_.move(layer, kv_head, from, to);
     }
@@ -371,7 +387,7 @@ class ExpectedAttention {
     const std::size_t n = v.size;
     auto& count = decisions_[head_index(v.layer, v.kv_head)];
     auto& kept = stale_.of(v.layer, v.kv_head);
-    if (count++ % config_.rescore_every == 0) {
+    if (count++ % every(v.capacity) == 0) {
       score_rows(v, true);
       for (std::size_t r = 0; r < n; ++r) kept[r] = static_cast<float>(score_[r]);
     }
