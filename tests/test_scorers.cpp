@@ -281,6 +281,13 @@ struct BruteKeyDiff {
   }
 };
 
+BruteKeyDiff brute_keydiff(const KeyDiff::Config& c, std::size_t capacity) {
+  BruteKeyDiff b{};
+  b.c = c;
+  b.capacity = capacity;
+  return b;
+}
+
 // Feeds the same random stream (positions with gaps, queries rotated at their position) to
 // the cache and to one brute-force model per (layer, KV head); compares kept positions.
 template <class Policy, class MakeBrute>
@@ -332,7 +339,11 @@ void compare_expected(const ExpectedAttention::Config& c, int G, std::size_t cap
   const Geometry g{2, 2 * G, 2, d};
   compare(g, cap, ExpectedAttention(c),
           [&] {
-            BruteExpected b{c, d, G, cap, {}, {}, {}};
+            BruteExpected b{};
+            b.c = c;
+            b.d = d;
+            b.G = G;
+            b.capacity = cap;
             b.queries.resize(static_cast<std::size_t>(G));
             return b;
           },
@@ -368,7 +379,7 @@ TEST_CASE("KeyDiff agrees with a brute-force rule", "[scorers]") {
   for (const KeyDiff::Config c : {KeyDiff::Config{}, KeyDiff::Config{.sinks = 2, .recent = 3},
                                   KeyDiff::Config{.sinks = 1, .recent_fraction = 0.375f}}) {
     const Geometry g{2, 4, 2, 16};
-    compare(g, 20, KeyDiff(c), [&] { return BruteKeyDiff{c, 20, {}}; }, RopeLayout::none,
+    compare(g, 20, KeyDiff(c), [&] { return brute_keydiff(c, 20); }, RopeLayout::none,
             10000.0f, 7 + c.sinks);
   }
 }
@@ -592,7 +603,7 @@ TEST_CASE("KeyDiff rescore_every > 1 agrees with a brute-force amortised rule", 
          {KeyDiff::Config{.rescore_every = R},
           KeyDiff::Config{.sinks = 1, .recent_fraction = 0.375f, .rescore_every = R}}) {
       const Geometry g{2, 4, 2, 16};
-      compare(g, 20, KeyDiff(c), [&] { return BruteKeyDiff{c, 20, {}}; }, RopeLayout::none,
+      compare(g, 20, KeyDiff(c), [&] { return brute_keydiff(c, 20); }, RopeLayout::none,
               10000.0f, 70 + R + c.sinks);
     }
 }

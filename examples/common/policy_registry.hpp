@@ -289,11 +289,11 @@ void for_each_policy(Fn&& fn) {
       });
   // The same policy at a fraction of the per-step cost (docs/policies/expected_attention.md
   // "Cost"): float logits through the attention kernel, every row rescored on every
-  // floor(C / 16)-th decision of a head of C rows (1 at 16 rows, 64 at 1K; chosen with
+  // floor(C / 8)-th decision of a head of C rows (2 at 16 rows, 128 at 1K; chosen with
   // llama2c_headline --rescore on the tuning streams, docs/quality.md).
   add.template operator()<ExpectedAttention>(
       {"probfree-fast",
-       "probfree with float logits, all rows rescored every floor(C/16)-th decision "
+       "probfree with float logits, all rows rescored every floor(C/8)-th decision "
        "(arrivals scored on arrival)",
        Family::kvevict},
       [](const Args& a) {
@@ -307,7 +307,7 @@ void for_each_policy(Fn&& fn) {
                                   .rope_base = a.knobs.rope_base,
                                   .horizon = 3.0f,
                                   .float_logits = true,
-                                  .rescore_fraction = 1.0f / 16});
+                                  .rescore_fraction = 1.0f / 8});
       });
   add.template operator()<ExpectedAttention>(
       {"expected",
