@@ -5,14 +5,28 @@
 //   tables_observe   PagedTables::observe (the score update, per KV head)
 //   paged_attention  attention over the table: per KV head, G queries x 256 keys read
 //                    from the pool's blocks, softmax, weighted sum of values (float)
+//   dense_attend     kvevict::attend (the library's dispatched SIMD decode kernel, workspace
+//                    overload) over a dense KVCache<FullCache> of the same 256 rows per KV
+//                    head: what a vectorised engine kernel costs, the fairer denominator
 //   pool_alloc_free  one BlockAllocator allocate + release, at two pool sizes (O(1))
+//   compaction_step  the token-level alternative at the same 256 tokens per (sequence, KV
+//                    head): PagedCache<DecayedAttention::recommended()> append (decision,
+//                    row copy into the pool, the compaction move) + observe for the 8 KV
+//                    heads; compare with tables_append + tables_observe (whole blocks)
+//   dense_step       the same step on a dense KVCache (the layout's own cost is the
+//                    difference)
 // Thread CPU time (Google Benchmark's CPU column); compare ratios within one run.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <kvevict/attention.hpp>
+#include <kvevict/cache.hpp>
 #include <kvevict/paged.hpp>
+#include <kvevict/policies/full_cache.hpp>
+#include <kvevict/paged_cache.hpp>
+#include <kvevict/policies/decayed_attention.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -103,6 +117,80 @@ void BM_pool_alloc_free(benchmark::State& st) {
   for (auto _ : st) pool.release(pool.allocate(1));
 }
 BENCHMARK(BM_pool_alloc_free)->Arg(1 << 10)->Arg(1 << 20);
+
+void BM_dense_attend(benchmark::State& st) {
+  kvevict::KVCache<kvevict::policies::FullCache> cache(kGeo, kvevict::Budget::unbounded());
+  std::vector<float> k(kHkv * kD), q(kHkv * kG * kD), out(kHkv * kG * kD);
+  std::mt19937 gen(1);
+  std::normal_distribution<float> nd;
+  for (auto& x : q) x = nd(gen);
+  for (std::uint32_t t = 0; t < kBudgetTokens; ++t) {
+    for (auto& x : k) x = nd(gen);
+    cache.append(0, t, k, k);
+  }
+  kvevict::AttendWorkspace ws;
+  for (auto _ : st) {
+    kvevict::attend(cache, 0, q, out, ws, kvevict::AttendOptions{false});
+    benchmark::DoNotOptimize(out.data());
+  }
+}
+BENCHMARK(BM_dense_attend);
+
+// Token-level eviction inside blocks with compaction (PagedCache): one eviction per step
+// (the cache is at its budget), the evicted row's hole filled by the head's last row, a
+// block returned whenever the last one empties. Same geometry, block size and budget.
+// The same step on a dense KVCache (dense_step) separates the paged layout's own cost
+// (block lookups, the compaction move within the pool) from the policy's.
+template <class Cache>
+void token_level_step(benchmark::State& st, Cache& cache) {
+  std::vector<float> k(kHkv * kD), q(kHkv * kG * kD), probs;
+  std::mt19937 gen(1);
+  std::normal_distribution<float> nd;
+  for (auto& x : k) x = nd(gen);
+  for (auto& x : q) x = nd(gen);
+  std::int64_t pos = 0;
+  // Fixed probabilities at the steady-state size (random weights normalised per query
+  // head, so decisions are not ties); during warm-up a uniform vector of the live size.
+  std::exponential_distribution<float> ex;
+  std::vector<float> steady(kG * kBudgetTokens);
+  for (int g = 0; g < kG; ++g) {
+    float z = 0.0f;
+    for (std::uint32_t i = 0; i < kBudgetTokens; ++i) z += steady[g * kBudgetTokens + i] = ex(gen);
+    for (std::uint32_t i = 0; i < kBudgetTokens; ++i) steady[g * kBudgetTokens + i] /= z;
+  }
+  auto step = [&] {
+    cache.append(0, pos++, k, k, q);
+    for (int h = 0; h < kHkv; ++h) {
+      const std::size_t n = cache.size(0, h);
+      if (n == kBudgetTokens) {
+        cache.observe(0, h, steady);
+      } else {
+        probs.assign(kG * n, 1.0f / float(n));
+        cache.observe(0, h, probs);
+      }
+    }
+  };
+  for (std::uint32_t t = 0; t < kBudgetTokens + 8; ++t) step();
+  for (auto _ : st) step();
+}
+
+using Decayed = kvevict::policies::DecayedAttention;
+
+void BM_compaction_step(benchmark::State& st) {
+  kvevict::BlockPool<float> pool(4096, kBlock, kD);
+  kvevict::PagedCache<Decayed> cache(kGeo, kvevict::Budget::uniform(kBudgetTokens), pool, 0,
+                                     Decayed::recommended());
+  token_level_step(st, cache);
+  st.counters["blocks"] = double(cache.blocks_in_use());
+}
+BENCHMARK(BM_compaction_step);
+
+void BM_dense_step(benchmark::State& st) {
+  kvevict::KVCache<Decayed> cache(kGeo, kvevict::Budget::uniform(kBudgetTokens),
+                                  Decayed::recommended());
+  token_level_step(st, cache);
+}
+BENCHMARK(BM_dense_step);
 
 }  // namespace
 

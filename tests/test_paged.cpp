@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <kvevict/paged.hpp>
 
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -217,6 +218,50 @@ TEST_CASE("a block that drew attention survives; the least attended one is evict
     const auto pos = p.positions(id, 0, 0);
     REQUIRE(std::vector<std::int64_t>(pos.begin(), pos.begin() + 7) ==
             std::vector<std::int64_t>{0, 1, 4, 5, 6, 7, 8});
+  }
+}
+
+TEST_CASE("observe: a non-finite probability is an error naming it; scores stay unchanged") {
+  // Two identical tables; one is also handed a bad step (NaN, then +inf, in the second of
+  // three query heads). Both then see the same good steps and appends: every eviction must
+  // match, so the rejected step changed no score. Group sizes 3 (not unrolled) and 1.
+  for (BlockLayout layout : {BlockLayout::shared_cells, BlockLayout::per_kv_head}) {
+    CAPTURE(static_cast<int>(layout));
+    const PoolConfig cfg{Geometry{1, 3, layout == BlockLayout::shared_cells ? 1 : 3, 4}, 2, 64, layout};
+    PagedTables a(cfg), b(cfg);
+    SequenceBudget budget;
+    budget.blocks = 5;
+    budget.score = BlockScore::sum;
+    budget.decay = 0.9f;
+    const auto ia = a.add_sequence(budget), ib = b.add_sequence(budget);
+    std::mt19937 gen(11);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    const std::size_t heads = static_cast<std::size_t>(a.query_heads_per_table());
+    for (int t = 0; t < 60; ++t) {
+      const auto ea = a.append(ia, 0, t);
+      const auto eb = b.append(ib, 0, t);
+      REQUIRE(ea.size() == eb.size());
+      for (std::size_t i = 0; i < ea.size(); ++i) REQUIRE(ea[i].block == eb[i].block);
+      for (int g = 0; g < cfg.groups(); ++g) {
+        const std::size_t n = a.tokens(ia, 0, g);
+        std::vector<float> probs(heads * n);
+        for (auto& x : probs) x = u(gen);
+        if (t % 7 == 3) {
+          auto bad = probs;
+          const std::size_t at = std::min(heads - 1, std::size_t{1}) * n + n / 2;
+          bad[at] = t % 2 ? std::numeric_limits<float>::infinity() : std::nanf("");
+          REQUIRE_THROWS_WITH(a.observe(ia, 0, g, bad),
+                              Catch::Contains("observe: probs[" + std::to_string(at) + "]"));
+        }
+        a.observe(ia, 0, g, probs);
+        b.observe(ib, 0, g, probs);
+      }
+      for (int g = 0; g < cfg.groups(); ++g) {
+        const auto pa = a.positions(ia, 0, g), pb = b.positions(ib, 0, g);
+        REQUIRE(std::vector<std::int64_t>(pa.begin(), pa.end()) ==
+                std::vector<std::int64_t>(pb.begin(), pb.end()));
+      }
+    }
   }
 }
 

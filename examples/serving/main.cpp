@@ -4,6 +4,9 @@
 // pool size it reports tokens per second, peak blocks in use, sequences served
 // concurrently and the per-request KL against the full cache on the same tokens
 // (requests are streams sampled from the full model and teacher-forced, e2e.hpp).
+// --kv-format runs the pool in fp16 or a quantized format too (quantized.hpp), and
+// --pool-kib sizes every pool in bytes, so eviction, quantization and both are compared
+// at equal memory.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -15,6 +18,12 @@
 #include <vector>
 
 #include "cpu_model.hpp"
+#include "kvevict/policies/decayed_attention.hpp"
+#include "kvevict/policies/expected_attention.hpp"
+#include "kvevict/policies/full_cache.hpp"
+#include "kvevict/policies/h2o.hpp"
+#include "kvevict/policies/streaming_llm.hpp"
+#include "kvevict/quantized.hpp"
 #include "cli.hpp"
 #include "e2e.hpp"
 #include "options.hpp"
@@ -36,6 +45,8 @@ struct Args {
   std::uint64_t seed = 1000;
   std::size_t budget = 128;
   std::uint32_t pool_blocks = 2560;
+  double pool_kib = 0.0;  // > 0: every pool gets the blocks that fit this many KiB
+  std::vector<std::string> formats{"fp32"};
   std::uint32_t block_tokens = 16;
   int repeat = 1;
   bool per_request = false;
@@ -50,8 +61,34 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// The pool formats --kv-format offers (a small list: each is one more instantiation of the
+// serving engine per policy type below). Q8<8> / Q4<8> need head_dim % 8 == 0.
+using K8V4 = KV<Q8<8>, Q4<8>>;
+constexpr const char* kFormats = "fp32, fp16, q8g8, k8v4";
+
+template <class Fn>
+void with_format(const std::string& name, Fn&& fn) {
+  if (name == "fp32") return fn.template operator()<float>();
+  if (name == "fp16") return fn.template operator()<Eigen::half>();
+  if (name == "q8g8") return fn.template operator()<Q8<8>>();
+  if (name == "k8v4") return fn.template operator()<K8V4>();
+  throw kvevict::cli::UsageError(fmt::format("--kv-format: unknown format '{}', expected one of: {}",
+                                             name, kFormats));
+}
+
+// The policy types that run in every format (the registry entries of these types: full,
+// decayed and its variants, probfree, expected, streaming, h2o); the others run in fp32.
+template <class P>
+inline constexpr bool kAnyFormat =
+    std::is_same_v<P, policies::DecayedAttention> || std::is_same_v<P, policies::ExpectedAttention> ||
+    std::is_same_v<P, policies::StreamingLLM> || std::is_same_v<P, policies::H2O> ||
+    std::is_same_v<P, policies::FullCache>;
+
 struct Row {
   std::string name;
+  std::string format;
+  std::uint32_t pool_blocks = 0;
+  double pool_kib = 0.0;
   serving::ServeResult r;
   double cpu_median = 0.0;
 };
@@ -92,6 +129,19 @@ int main(int argc, char** argv) {
              Range<std::size_t>{1});
     p.number("--pool-blocks", "N", "blocks in the one pool every policy serves from", a.pool_blocks,
              Range<std::uint32_t>{1});
+    p.number("--pool-kib", "KIB",
+             "> 0: size every pool in bytes instead (the blocks of its format that fit in KIB "
+             "KiB of K+V), for comparisons at equal memory",
+             a.pool_kib, Range<double>{0.0});
+    p.custom("--kv-format", "LIST",
+             std::string("pool storage formats, comma-separated (default fp32): ") + kFormats +
+                 "; every policy runs in each (policy types other than full, decayed*, probfree, "
+                 "expected, streaming, h2o: fp32 only)",
+             [&](const std::string& v) {
+               a.formats = kvevict::cli::split_list(v);
+               if (a.formats.empty()) throw kvevict::cli::UsageError("--kv-format: empty list");
+               for (const auto& f : a.formats) with_format(f, []<class>() {});
+             });
     p.number("--block-tokens", "B", "tokens per block (a power of two, 1..256)", a.block_tokens,
              Range<std::uint32_t>{1, 256});
     p.number("--repeat", "N", "serving runs per policy; tokens/s is the median", a.repeat,
@@ -104,6 +154,19 @@ int main(int argc, char** argv) {
     if (a.min_tokens > a.tokens)
       throw kvevict::cli::UsageError(fmt::format("--min-tokens = {}, expected <= --tokens = {}",
                                                  a.min_tokens, a.tokens));
+
+    // Refuse a policy/format pair before any work (the registry builds the policy, cheaply).
+    for (const auto& name : a.policies)
+      kvevict::registry::with_policy(
+          name, kvevict::registry::Args{a.budget, a.knobs, nullptr},
+          [&]<class Policy>(const Policy&, const Budget&) {
+            for (const auto& format : a.formats)
+              if (format != "fp32" && !kAnyFormat<Policy>)
+                throw kvevict::cli::UsageError(fmt::format(
+                    "--kv-format {}: policy '{}' runs in fp32 only here (formats are built for "
+                    "full, decayed*, probfree, expected, streaming, h2o)",
+                    format, name));
+          });
 
     const std::string dir = model_dir(a.model.dir);
     std::string checkpoint = a.model.checkpoint;
@@ -144,51 +207,71 @@ int main(int argc, char** argv) {
     for (const auto& name : a.policies) {
       kvevict::registry::with_policy(
           name, kvevict::registry::Args{a.budget, a.knobs, nullptr},
-          [&](auto policy, const Budget& budget) {
-            serving::ServeOptions so;
-            so.pool_blocks = a.pool_blocks;
-            so.block_tokens = a.block_tokens;
-            so.label = name;
-            so.progress = !a.quiet;
-            Row row;
-            row.name = name;
-            std::vector<double> cpu;
-            for (int rep = 0; rep < a.repeat; ++rep) {
-              auto r = serving::serve(model, requests, budget, policy, so);
-              cpu.push_back(r.cpu_seconds);
-              if (rep == 0) {
-                row.r = std::move(r);
-              } else {
-                kvevict::detail::require(r.kl == row.r.kl, "serve: policy ", name,
-                                         ": repeat ", rep, " gave different KL (expected "
-                                         "deterministic runs)");
-              }
+          [&]<class Policy>(Policy policy, const Budget& budget) {
+            for (const auto& format : a.formats) {
+              with_format(format, [&]<class Scalar>() {
+                if constexpr (std::is_same_v<Scalar, float> || kAnyFormat<Policy>) {
+                  serving::ServeOptions so;
+                  so.block_tokens = a.block_tokens;
+                  const BlockPool<Scalar> probe(1, a.block_tokens, c.head_dim());
+                  const double block_bytes = static_cast<double>(a.block_tokens) *
+                                             static_cast<double>(probe.key_row_bytes() +
+                                                                 probe.value_row_bytes());
+                  so.pool_blocks =
+                      a.pool_kib > 0.0
+                          ? static_cast<std::uint32_t>(std::min(
+                                a.pool_kib * 1024.0 / block_bytes, 4.0e9))
+                          : a.pool_blocks;
+                  kvevict::detail::require(so.pool_blocks >= 1, "--pool-kib = ", a.pool_kib,
+                                           ": no ", format, " block fits (expected >= ",
+                                           block_bytes / 1024.0, " KiB)");
+                  so.label = a.formats.size() > 1 ? name + "/" + format : name;
+                  so.progress = !a.quiet;
+                  Row row;
+                  row.name = so.label;
+                  row.format = format;
+                  row.pool_blocks = so.pool_blocks;
+                  row.pool_kib = so.pool_blocks * block_bytes / 1024.0;
+                  std::vector<double> cpu;
+                  for (int rep = 0; rep < a.repeat; ++rep) {
+                    auto r = serving::serve<Policy, Scalar>(model, requests, budget, policy, so);
+                    cpu.push_back(r.cpu_seconds);
+                    if (rep == 0) {
+                      row.r = std::move(r);
+                    } else {
+                      kvevict::detail::require(r.kl == row.r.kl, "serve: policy ", name,
+                                               ": repeat ", rep, " gave different KL (expected "
+                                               "deterministic runs)");
+                    }
+                  }
+                  row.cpu_median = median(cpu);
+                  rows.push_back(std::move(row));
+                }
+              });
             }
-            row.cpu_median = median(cpu);
-            rows.push_back(std::move(row));
           });
     }
 
     // Printed once every run succeeded: a pool too small for one request is one error line.
-    const double block_kib = 2.0 * a.block_tokens * c.head_dim() * sizeof(float) / 1024.0;
     fmt::print("llama2c_serving: {} (dim {}, layers {}, KV heads {}, head_dim {}), CPU: {}\n",
                checkpoint, c.dim, c.n_layers, c.n_kv_heads, c.head_dim(), cpu_model());
     fmt::print("requests {} ({} tokens{}, seeds {}..{}, temperature 1, all queued at start); "
-               "pool {} blocks x {} tokens ({:.2f} MiB of K+V); budget {} tokens per (layer, KV "
-               "head); tok/s = tokens / process CPU seconds of the serving loop (KL excluded), "
-               "median of {}\n\n",
+               "pool: {} x {} tokens; budget {} tokens per (layer, KV head); tok/s = tokens / "
+               "process CPU seconds of the serving loop (KL excluded), median of {}\n\n",
                a.requests, total_tokens,
                a.min_tokens > 0 ? fmt::format(", {}..{} per request", a.min_tokens, a.tokens)
                                 : fmt::format(", {} per request", a.tokens),
-               a.seed, a.seed + static_cast<std::uint64_t>(a.requests) - 1, a.pool_blocks,
-               a.block_tokens, a.pool_blocks * block_kib / 1024.0, a.budget, a.repeat);
+               a.seed, a.seed + static_cast<std::uint64_t>(a.requests) - 1,
+               a.pool_kib > 0.0 ? fmt::format("the blocks that fit in {} KiB of K+V", a.pool_kib)
+                                : fmt::format("{} blocks", a.pool_blocks),
+               a.block_tokens, a.budget, a.repeat);
 
     const Row* full = nullptr;
     for (const auto& r : rows)
-      if (r.name == "full") full = &r;
-    fmt::print("| policy | blocks / request (worst case) | max concurrent | mean concurrent | "
-               "peak blocks in use | steps | tok/s (CPU) | mean KL | KL per request min / "
-               "median / max |\n|---|---|---|---|---|---|---|---|---|\n");
+      if (r.name == "full" || r.name == "full/fp32") full = &r;
+    fmt::print("| policy | format | pool blocks (KiB) | blocks / request (worst case) | max "
+               "concurrent | mean concurrent | peak blocks in use | steps | tok/s (CPU) | mean KL | "
+               "KL per request min / median / max |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const auto& row : rows) {
       const auto& r = row.r;
       // Pooled over positions, as the headline protocol: weight each request by its tokens.
@@ -204,8 +287,8 @@ int main(int argc, char** argv) {
       std::string tps = fmt::format("{:.0f}", static_cast<double>(r.tokens) / row.cpu_median);
       if (full != nullptr && full != &row)
         tps += fmt::format(" ({:.2f}x full)", full->cpu_median / row.cpu_median);
-      fmt::print("| {} | {} | {} | {:.2f} | {} | {} | {} | {:.4f} | {:.4f} / {:.4f} / {:.4f} |\n",
-                 row.name, r.footprint_max, conc, r.mean_concurrent, r.peak_blocks, r.steps, tps,
+      fmt::print("| {} | {} | {} ({:.1f}) | {} | {} | {:.2f} | {} | {} | {} | {:.4f} | {:.4f} / {:.4f} / {:.4f} |\n",
+                 row.name, row.format, row.pool_blocks, row.pool_kib, r.footprint_max, conc, r.mean_concurrent, r.peak_blocks, r.steps, tps,
                  pooled, *lo, median(r.kl), *hi);
     }
     if (a.per_request) {

@@ -6,7 +6,9 @@
 //
 // Attention: for each KV head the head's blocks are copied, one memcpy per block, into a
 // contiguous scratch and kvevict::decode_attention (the fused, runtime-dispatched kernel)
-// runs on it. A production paged kernel reads the blocks in place; the copy is O(rows x d)
+// runs on it; for a quantized pool (Scalar = Q8<G>, KV<Q8<G>, Q4<G>>, ...: quantized.hpp)
+// the scratch holds the stored bytes and the quantized decode kernel
+// (kernels/attention_quant.hpp, the one attend() runs for a quantized KVCache) reads them. A production paged kernel reads the blocks in place; the copy is O(rows x d)
 // per head, the order of the attention step itself, and is part of the measured time.
 #include <algorithm>
 #include <cstdint>
@@ -16,32 +18,36 @@
 #include <vector>
 
 #include "kvevict/attention.hpp"
+#include "kvevict/kernels/attention_quant.hpp"
 #include "kvevict/paged_cache.hpp"
+#include "kvevict/quantized.hpp"
 #include "llama2c.hpp"
 
 namespace kvevict::serving {
 
-/// The "policy" argument of Transformer<Pooled<Policy>>: the real policy, the shared pool
-/// (which must outlive the sequence) and the sequence's owner id in the pool.
-template <class Policy>
+/// The "policy" argument of Transformer<Pooled<Policy, Scalar>>: the real policy, the
+/// shared pool (which must outlive the sequence) and the sequence's owner id in the pool.
+template <class Policy, class Scalar = float>
 struct Pooled {
   Policy policy;
-  BlockPool<float>* pool = nullptr;
+  BlockPool<Scalar>* pool = nullptr;
   std::uint32_t sequence = 0;
 };
 
-/// The K/V store of Transformer<Pooled<Policy>>: one PagedCache sequence.
-template <class Policy>
+/// The K/V store of Transformer<Pooled<Policy, Scalar>>: one PagedCache sequence.
+template <class Policy, class Scalar = float>
 class PooledStore {
+  using Unit = typename BlockPool<Scalar>::unit;
+
  public:
-  PooledStore(const Geometry& g, const Budget& budget, Pooled<Policy> spec)
+  PooledStore(const Geometry& g, const Budget& budget, Pooled<Policy, Scalar> spec)
       : cache_(g, budget,
                (kvevict::detail::require(spec.pool != nullptr, "PooledStore: pool is null"),
                 *spec.pool),
                spec.sequence, std::move(spec.policy)) {}
 
-  [[nodiscard]] PagedCache<Policy, float>& paged() { return cache_; }
-  [[nodiscard]] const PagedCache<Policy, float>& paged() const { return cache_; }
+  [[nodiscard]] PagedCache<Policy, Scalar>& paged() { return cache_; }
+  [[nodiscard]] const PagedCache<Policy, Scalar>& paged() const { return cache_; }
 
   void append(int layer, int pos, std::span<const float> k, std::span<const float> v,
               std::span<const float> q) {
@@ -58,21 +64,33 @@ class PooledStore {
     AttentionResult r;
     r.out.resize(g.n_heads, g.head_dim);
     r.probs.resize(static_cast<std::size_t>(g.n_kv_heads));
+    const auto& pool = cache_.pool();
+    const std::size_t kb = pool.key_row_bytes(), vb = pool.value_row_bytes();
     for (int kh = 0; kh < g.n_kv_heads; ++kh) {
       const std::size_t n = cache_.size(layer, kh);
       const auto table = cache_.table(layer, kh);
-      k_.resize(n * d);
-      v_.resize(n * d);
+      k_.resize(n * kb / sizeof(Unit));
+      v_.resize(n * vb / sizeof(Unit));
       for (std::size_t i = 0; i < table.size(); ++i) {
         const std::size_t rows = std::min(B, n - i * B);
-        std::memcpy(k_.data() + i * B * d, cache_.pool().key_block(table[i]), rows * d * sizeof(float));
-        std::memcpy(v_.data() + i * B * d, cache_.pool().value_block(table[i]), rows * d * sizeof(float));
+        std::memcpy(k_.data() + i * B * kb / sizeof(Unit), pool.key_block(table[i]), rows * kb);
+        std::memcpy(v_.data() + i * B * vb / sizeof(Unit), pool.value_block(table[i]), rows * vb);
       }
       auto& p = r.probs[static_cast<std::size_t>(kh)];
       p.resize(static_cast<Eigen::Index>(G), static_cast<Eigen::Index>(n));
-      decode_attention(q.data() + static_cast<std::size_t>(kh) * G * d, G, k_.data(), d, v_.data(),
-                       d, n, d, 0.0f, r.out.data() + static_cast<std::size_t>(kh) * G * d,
-                       p.data());
+      const float* qh = q.data() + static_cast<std::size_t>(kh) * G * d;
+      float* oh = r.out.data() + static_cast<std::size_t>(kh) * G * d;
+      if constexpr (PagedCache<Policy, Scalar>::quantized) {
+        using KD = typename kvevict::detail::StorageOf<Scalar>::key_codec::desc;
+        using VD = typename kvevict::detail::StorageOf<Scalar>::value_codec::desc;
+        const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+        kvevict::detail::require(
+            n == 0 || kernels::quant_attention_probs<KD>(qh, d, G, k_.data(), kb, n, d, scale, p.data()),
+            "serving: layer ", layer, " KV head ", kh, ": a score q.k is not finite");
+        kernels::quant_attention_output<VD>(p.data(), G, v_.data(), vb, n, d, oh, d);
+      } else {
+        decode_attention(qh, G, k_.data(), d, v_.data(), d, n, d, 0.0f, oh, p.data());
+      }
     }
     if constexpr (has(Policy::signals, Signals::attention))
       for (int kh = 0; kh < g.n_kv_heads; ++kh) {
@@ -88,15 +106,15 @@ class PooledStore {
   }
 
  private:
-  PagedCache<Policy, float> cache_;
-  std::vector<float> k_, v_;
+  PagedCache<Policy, Scalar> cache_;
+  std::vector<Unit> k_, v_;
 };
 
 }  // namespace kvevict::serving
 
 namespace kvevict::llama2c {
-template <class Policy>
-struct CacheFor<serving::Pooled<Policy>> {
-  using type = serving::PooledStore<Policy>;
+template <class Policy, class Scalar>
+struct CacheFor<serving::Pooled<Policy, Scalar>> {
+  using type = serving::PooledStore<Policy, Scalar>;
 };
 }  // namespace kvevict::llama2c

@@ -67,16 +67,17 @@ inline double wall_now() {
 }
 
 /// Serves `requests` with `policy` under `budget` (per sequence) from one pool of
-/// options.pool_blocks blocks. Throws kvevict::Error when one request alone needs more
+/// options.pool_blocks blocks whose rows are stored as Scalar (float, Eigen::half or a
+/// quantized format of quantized.hpp). Throws kvevict::Error when one request alone needs more
 /// blocks than the pool has, or when the pool's accounting breaks (a block leaked or
 /// held past the reservation).
-template <class Policy>
+template <class Policy, class Scalar = float>
 ServeResult serve(const std::shared_ptr<const llama2c::Model>& model,
                   std::span<const Request> requests, const Budget& budget, const Policy& policy,
                   const ServeOptions& options) {
-  using Tf = llama2c::Transformer<Pooled<Policy>>;
+  using Tf = llama2c::Transformer<Pooled<Policy, Scalar>>;
   const Geometry g = model->config().geometry();
-  BlockPool<float> pool(options.pool_blocks, options.block_tokens, g.head_dim);
+  BlockPool<Scalar> pool(options.pool_blocks, options.block_tokens, g.head_dim);
   const std::size_t B = options.block_tokens;
 
   struct Running {
@@ -87,7 +88,7 @@ ServeResult serve(const std::shared_ptr<const llama2c::Model>& model,
     double kl_sum = 0.0;
   };
   // The worst case of a sequence over `tokens` tokens: every head at min(capacity, tokens).
-  auto footprint = [&](const PagedCache<Policy, float>& c, std::size_t tokens) {
+  auto footprint = [&](const PagedCache<Policy, Scalar>& c, std::size_t tokens) {
     std::size_t blocks = 0;
     for (int l = 0; l < g.n_layers; ++l)
       for (int h = 0; h < g.n_kv_heads; ++h)
@@ -112,7 +113,7 @@ ServeResult serve(const std::shared_ptr<const llama2c::Model>& model,
       const std::size_t r = queue.front();
       if (!next) {
         next = std::make_unique<Tf>(
-            model, budget, Pooled<Policy>{policy, &pool, static_cast<std::uint32_t>(r)});
+            model, budget, Pooled<Policy, Scalar>{policy, &pool, static_cast<std::uint32_t>(r)});
         next_blocks = footprint(next->cache().paged(), requests[r].tokens);
         res.footprint_max = std::max(res.footprint_max, next_blocks);
         kvevict::detail::require(next_blocks <= pool.allocator().total(), "serve: request ", r,

@@ -320,15 +320,16 @@ class PagedTables {
     detail::require(probs.size() == heads * n, "observe: probs has ", probs.size(),
                     " floats, expected ", heads * n, " (", heads, " query heads x ", n,
                     " tokens of the table)");
-    detail::check_finite(probs, "observe: probs");
     auto& s = sequence(seq);
     Table& t = s.tables[table_index(layer, group)];
+    // One row-wise pass sums the query heads per token and checks finiteness (the
+    // dispatched kernel the containers' observe uses; same sums as a scalar loop adding
+    // the heads in order from 0). Nothing is written to the table before the check.
+    sums_.resize(n);
+    if (!kernels::group_sum_checked(probs.data(), heads, n, sums_.data()))
+      detail::check_finite(probs, "observe: probs");  // names the bad value and throws
     const float decay = s.budget.decay;
-    for (std::size_t i = 0; i < n; ++i) {
-      float a = 0.0f;
-      for (std::size_t h = 0; h < heads; ++h) a += probs[h * n + i];
-      t.score[i] = decay * t.score[i] + a;
-    }
+    for (std::size_t i = 0; i < n; ++i) t.score[i] = decay * t.score[i] + sums_[i];
   }
 
  protected:
@@ -423,6 +424,7 @@ class PagedTables {
   BlockAllocator pool_;
   std::vector<Sequence> seqs_;
   std::vector<std::uint32_t> free_ids_;
+  std::vector<float> sums_;  ///< observe scratch (per-token sums over the query heads)
   std::size_t live_ = 0;
   std::vector<std::size_t> victims_;
   std::vector<BlockEvent> events_;
