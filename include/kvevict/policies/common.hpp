@@ -259,6 +259,19 @@ inline std::size_t lowest_masked(const float* sc, const std::uint64_t* seqs, std
   return best;
 }
 
+/// evict_lowest over `score` (indexable by row) with Protection's rule: the first `sinks`
+/// rows and the `recent` newest never go.
+template <class Scalar, class Scores>
+void evict_lowest_protected(const HeadView<Scalar>& view, const Scores& score, std::size_t sinks,
+                            std::size_t recent, std::vector<std::uint32_t>& out,
+                            const char* policy) {
+  const Protection prot{sinks, recent};
+  evict_lowest(
+      view, [&](std::size_t r) { return score[r]; },
+      [&](std::size_t r) { return !prot.is_protected(view.seqs[r], view.incoming_seq); }, out,
+      policy);
+}
+
 /// Sets `bits` (protect_outside's layout, set = never evicted) for the rows of `view`
 /// outside [sinks, incoming - recent): the sinks and the recent band (Protection's rule).
 template <class Scalar>

@@ -189,11 +189,7 @@ class ExpectedAttention {
               : std::clamp(1.0 - static_cast<double>(config_.horizon) / static_cast<double>(v.capacity), 0.0, 1.0);
       for (std::size_t r = 0; r < v.size; ++r) score_[r] = acc[r] = decay * acc[r] + score_[r];
     }
-    const detail::Protection prot{config_.sinks, recent_for(v.capacity)};
-    detail::evict_lowest(
-        v, [&](std::size_t r) { return score_[r]; },
-        [&](std::size_t r) { return !prot.is_protected(v.seqs[r], v.incoming_seq); }, out,
-        name());
+    detail::evict_lowest_protected(v, score_, config_.sinks, recent_for(v.capacity), out, name());
   }
   template <class S>
   void on_append(const HeadView<S>& v, std::size_t row) {

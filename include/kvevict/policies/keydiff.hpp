@@ -83,11 +83,7 @@ class KeyDiff {
       return;
     }
     score_rows(v);
-    const detail::Protection prot{config_.sinks, recent_for(v.capacity)};
-    detail::evict_lowest(
-        v, [&](std::size_t r) { return score_[r]; },
-        [&](std::size_t r) { return !prot.is_protected(v.seqs[r], v.incoming_seq); }, out,
-        name());
+    detail::evict_lowest_protected(v, score_, config_.sinks, recent_for(v.capacity), out, name());
   }
   template <class S>
   void on_append(const HeadView<S>& v, std::size_t row) {
