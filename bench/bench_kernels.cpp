@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -312,6 +313,31 @@ void register_float_topk(const char* label, int k_div) {
   reg("kvevict_scalar", [](const auto& s, std::size_t k, auto& out, auto&, auto&, auto&) {
     kk::topk_indices<Isa::scalar>(s.data(), s.size(), k, out.data());
   });
+  // The previous AVX2 path below 8192 rows (MSD radix select, still the scalar level's path),
+  // for a before/after ratio in one run; larger n run the sampled path in both, so skipped.
+  auto* prev = benchmark::RegisterBenchmark(
+      (std::string("float_topk/") + label + "/kvevict_radix_before").c_str(),
+      [k_div](benchmark::State& st) {
+        const auto n = static_cast<std::size_t>(st.range(0));
+        const std::size_t k = k_div > 0 ? n / static_cast<std::size_t>(k_div) : 64;
+        std::mt19937_64 rng(6);
+        std::normal_distribution<float> g;
+        std::vector<float> s(n);
+        for (auto& v : s) v = g(rng);
+        std::vector<std::uint32_t> out(n);
+        const Isa level = kk::active_isa() == Isa::scalar ? Isa::scalar : Isa::avx2;
+        for (auto _ : st) {
+          if (level == Isa::avx2)
+            kk::detail::topk_radix<Isa::avx2>(s.data(), n, k, out.data());
+          else
+            kk::detail::topk_radix<Isa::scalar>(s.data(), n, k, out.data());
+          benchmark::DoNotOptimize(out.data());
+          benchmark::ClobberMemory();
+        }
+        set_counters(st, n, 4);
+      });
+  for (auto n : kSelectSweep)
+    if (n < 8192) prev->Arg(n);
   reg("std_nth_element_values", [](const auto& s, std::size_t k, auto&, auto& work, auto&, auto&) {
     // Values only (no indices): the cheapest std::nth_element use, a lower bound for std.
     std::copy(s.begin(), s.end(), work.begin());
@@ -359,6 +385,15 @@ void register_argmax_float() {
 
 // ---- SimHash -----------------------------------------------------------------------------
 
+// 64 N(0,1) 128-d vectors, the ones simhash_one hashes in turn.
+std::vector<float> simhash_inputs() {
+  std::mt19937_64 rng(8);
+  std::normal_distribution<float> g;
+  std::vector<float> x(64 * 128);
+  for (auto& v : x) v = g(rng);
+  return x;
+}
+
 void register_simhash() {
   auto* r = benchmark::RegisterBenchmark("simhash/d128_b64/kvevict", [](benchmark::State& st) {
     const auto n = static_cast<std::size_t>(st.range(0));
@@ -377,16 +412,44 @@ void register_simhash() {
   r->Arg(1 << 10)->Arg(1 << 15);
   // One vector at a time (what a decode step hashes): the dispatched FMA path against the
   // reference Eigen product it replaced (reference_one), 128-d to 16 and 64 bits.
+#if KVEVICT_X86
+  // The row-major FMA kernel hash_one ran before the column-major one (still the kernel for
+  // dim % 8 != 0), on the same matrix and bounds (SimHashProjection's formula), for a
+  // before/after ratio in one run.
+  for (int bits : {16, 64})
+    benchmark::RegisterBenchmark(
+        ("simhash_one/d128_b" + std::to_string(bits) + "/kvevict_rowmajor_before").c_str(),
+        [bits](benchmark::State& st) {
+          const kk::SimHashProjection p(128, bits, 1);
+          const auto& m = p.matrix();
+          std::vector<float> wt(static_cast<std::size_t>(128 * bits)), thr(static_cast<std::size_t>(bits));
+          const double u = 0x1.0p-24, nd = 128 + 4.0, gamma = nd * u / (1.0 - nd * u);
+          for (int j = 0; j < bits; ++j) {
+            double n2 = 0;
+            for (int i = 0; i < 128; ++i) {
+              wt[static_cast<std::size_t>(i * bits + j)] = m(i, j);
+              n2 += static_cast<double>(m(i, j)) * m(i, j);
+            }
+            thr[static_cast<std::size_t>(j)] = static_cast<float>(2.0 * gamma * std::sqrt(n2) * 1.01);
+          }
+          const std::vector<float> x = simhash_inputs();
+          std::vector<std::uint8_t> code(static_cast<std::size_t>(bits) / 8);
+          std::size_t i = 0;
+          for (auto _ : st) {
+            const float* row = x.data() + (i++ % 64) * 128;
+            if (!kk::detail::simhash_fma(row, 128, bits, wt.data(), thr.data(), code.data()))
+              p.reference_one(row, code.data());
+            benchmark::DoNotOptimize(code.data());
+          }
+        });
+#endif
   for (int bits : {16, 64})
     for (bool fast : {true, false}) {
       const std::string name = "simhash_one/d128_b" + std::to_string(bits) +
                                (fast ? "/kvevict" : "/eigen_reference");
       benchmark::RegisterBenchmark(name.c_str(), [bits, fast](benchmark::State& st) {
         const kk::SimHashProjection p(128, bits, 1);
-        std::mt19937_64 rng(8);
-        std::normal_distribution<float> g;
-        std::vector<float> x(64 * 128);
-        for (auto& v : x) v = g(rng);
+        const std::vector<float> x = simhash_inputs();
         std::vector<std::uint8_t> code(static_cast<std::size_t>(bits) / 8);
         std::size_t i = 0;
         for (auto _ : st) {

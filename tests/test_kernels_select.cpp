@@ -63,7 +63,8 @@ std::size_t ref_argbest(const std::vector<float>& s, const std::uint64_t* prot, 
   return best;
 }
 
-const std::size_t kSizes[] = {0, 1, 2, 15, 16, 17, 63, 64, 65, 255, 1000, 4095, 4096, 4097, 8191, 8192, 33000};
+const std::size_t kSizes[] = {0,    1,    2,    15,   16,   17,   63,   64,   65,   127, 128,  129,
+                               255,  256,  257,  1000, 2048, 4095, 4096, 4097, 8191, 8192, 33000};
 
 }  // namespace
 
@@ -137,7 +138,7 @@ TEST_CASE("topk_indices selects the k largest (ties to lower index, NaN last)",
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (Isa isa : levels())
     for (std::size_t n : kSizes)
-      for (int dist = 0; dist < 8; ++dist) {
+      for (int dist = 0; dist < 10; ++dist) {
         std::vector<float> s(n);
         std::normal_distribution<float> g;
         for (std::size_t i = 0; i < n; ++i) {
@@ -156,9 +157,14 @@ TEST_CASE("topk_indices selects the k largest (ties to lower index, NaN last)",
             case 7:  // keys equal in their high bytes, differing in the low ones (radix levels)
               s[i] = std::bit_cast<float>(0x3F800000u + static_cast<std::uint32_t>(rng() % 700));
               break;
+            default: s[i] = g(rng); break;
           }
         }
-        for (std::size_t k : {std::size_t{0}, std::size_t{1}, std::size_t{10}, n / 2, n - n / 10, n}) {
+        if (dist >= 8)  // the rows the AVX2 path samples first are the best (8) or the worst
+          for (std::size_t j = 0; j < 64 && n > 128; ++j)  // (9) ones: its bracket misses
+            s[((2 * j + 1) * n) >> 7] = (dist == 8 ? 1000.0f : -1000.0f) + static_cast<float>(j);
+        for (std::size_t k : {std::size_t{0}, std::size_t{1}, std::size_t{10}, std::size_t{64},
+                              n / 2, n - n / 10, n - 1, n}) {
           if (k > n) continue;
           INFO("isa " << kk::isa_name(isa) << " n " << n << " k " << k << " dist " << dist);
           std::vector<std::uint32_t> out(k + 1, 0xDEADBEEF);

@@ -127,6 +127,22 @@ inline void hist256_at(const K* keys, std::size_t n, int shift, unsigned prefix,
   scalar::hist256<Filter, K>(keys, n, shift, prefix, hist);
 }
 
+template <Isa I, class K>
+inline void key_range_at(const K* keys, std::size_t n, unsigned* mn, unsigned* mx) noexcept {
+#if KVEVICT_X86
+  if constexpr (I != Isa::scalar) return avx2::key_range<K>(keys, n, mn, mx);
+#endif
+  scalar::key_range_body<K>(keys, n, mn, mx);
+}
+template <Isa I, class K>
+inline void hist_range_at(const K* keys, std::size_t n, unsigned base, std::size_t bins,
+                          std::uint32_t* hist) noexcept {
+#if KVEVICT_X86
+  if constexpr (I != Isa::scalar) return avx2::hist_range<K>(keys, n, base, bins, hist);
+#endif
+  scalar::hist_range_body<K>(keys, n, base, bins, hist);
+}
+
 /// Given a histogram, finds the threshold bin t and how many rows equal to t to take so that
 /// (rows beyond t) + take_eq == k. Top scans from the highest bin, bottom from the lowest.
 template <bool Top>
@@ -151,30 +167,23 @@ inline void counting_select(const K* keys, std::size_t n, std::size_t k, std::ui
   if (k == 0) return;
   std::uint32_t hist[256];
   std::size_t t = 0, take_eq = 0;
-  if constexpr (sizeof(K) == 1) {
-    hist256_at<I, false, K>(keys, n, 0, 0, hist);
-    threshold_from_histogram<Top>(hist, 256, k, &t, &take_eq);
+  // One min/max reduction first (vectorised; k > 0, so n > 0). When the keys span fewer than
+  // 256 values (every uint8 set; Hamming distances: at most bits + 1), one histogram of
+  // key - min with only that many bins decides (no 256-bin table to clear and scan).
+  // Otherwise a two-level radix histogram: high byte over all keys, then low byte within the
+  // threshold bucket.
+  unsigned mn = 0, mx = 0;
+  key_range_at<I, K>(keys, n, &mn, &mx);
+  if (mx - mn < 256) {
+    const std::size_t bins = mx - mn + 1;
+    hist_range_at<I, K>(keys, n, mn, bins, hist);
+    threshold_from_histogram<Top>(hist, bins, k, &t, &take_eq);
+    t += mn;
   } else {
-    // Two-level radix histogram: high byte over all keys, then low byte within the threshold
-    // bucket; three linear passes in all, no 65536-bin table to clear.
-    // One OR/AND reduction first (vectorised): when every key has the same high byte (e.g.
-    // Hamming distances of codes up to 255 bits) the first level is known without a
-    // histogram, and the second needs no filter.
-    unsigned any = 0, all = 0xFFFFu;
-    for (std::size_t i = 0; i < n; ++i) {
-      any |= keys[i];
-      all &= keys[i];
-    }
     std::size_t hi = 0, take_hi = 0;
-    if (((any ^ all) >> 8) == 0) {
-      hi = any >> 8;
-      take_hi = k;
-      hist256_at<I, false, K>(keys, n, 0, 0, hist);
-    } else {
-      hist256_at<I, false, K>(keys, n, 8, 0, hist);
-      threshold_from_histogram<Top>(hist, 256, k, &hi, &take_hi);
-      hist256_at<I, true, K>(keys, n, 0, static_cast<unsigned>(hi), hist);
-    }
+    hist256_at<I, false, K>(keys, n, 8, 0, hist);
+    threshold_from_histogram<Top>(hist, 256, k, &hi, &take_hi);
+    hist256_at<I, true, K>(keys, n, 0, static_cast<unsigned>(hi), hist);
     std::size_t lo = 0;
     threshold_from_histogram<Top>(hist, 256, take_hi, &lo, &take_eq);
     t = (hi << 8) | lo;
@@ -208,6 +217,8 @@ struct TopkScratch {
   std::vector<std::uint32_t> above, mid, prim;
   std::vector<std::uint64_t> keys;
   std::vector<float> sample;
+  std::vector<std::uint32_t> below, band_ids[2];  // topk_bracket's buffers (grow only)
+  std::vector<std::int32_t> band_keys[2];
 };
 inline TopkScratch& topk_scratch() {
   thread_local TopkScratch s;
@@ -290,7 +301,22 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
     return;
   }
   constexpr std::size_t kSample = 1024, kMinN = 8192;
-  if (n < kMinN) return topk_radix<I>(s, n, k, out);
+  if (n < kMinN) {
+#if KVEVICT_X86
+    if constexpr (I != Isa::scalar) {  // AVX-512 CPUs run the AVX2 form
+      TopkScratch& sc = topk_scratch();
+      auto grow = [](auto& v, std::size_t size) {
+        if (v.size() < size) v.resize(size);
+        return v.data();
+      };
+      avx2::BracketBuffers b{grow(sc.below, 2 * n + 16),
+                             {grow(sc.band_keys[0], n + 8), grow(sc.band_keys[1], n + 8)},
+                             {grow(sc.band_ids[0], n + 8), grow(sc.band_ids[1], n + 8)}};
+      return avx2::topk_bracket(s, n, k, out, b);
+    }
+#endif
+    return topk_radix<I>(s, n, k, out);
+  }
   // Stratified pseudo-random sample (fixed seed: deterministic), NaNs dropped.
   TopkScratch& sc = topk_scratch();
   sc.sample.clear();
@@ -477,9 +503,11 @@ KVEVICT_KERNEL_FN void counting_bottomk(const std::uint16_t* keys, std::size_t n
 /// Indices of the k largest scores, in unspecified order (but a deterministic set): larger
 /// score first, ties toward the lower index, -0.0 == +0.0, NaN ranks below every number (NaN
 /// rows are chosen only when fewer than k scores are numbers, lowest index first).
-/// Method for n < 8192: MSD radix select on the scores' order-preserving bit patterns (a
-/// 256-bin histogram per byte; rows better than the k-th key's byte are emitted, equal ones
-/// go on to the next byte). From 8192 on: a stratified sample of 1024 scores brackets the k-th largest; one SIMD pass splits
+/// Method for n < 8192: at AVX2 (and AVX-512) a sampled-bracket select (avx2::topk_bracket:
+/// a sorted 64-key sample brackets the k-th key, left-packing passes narrow a band to at most
+/// 128 rows, which are sorted); at the scalar level an MSD radix select on the scores'
+/// order-preserving bit patterns (a 256-bin histogram per byte; rows better than the k-th
+/// key's byte are emitted, equal ones go on to the next byte). From 8192 on: a stratified sample of 1024 scores brackets the k-th largest; one SIMD pass splits
 /// rows into "surely in" and a small band, and only the band is ordered (nth_element on
 /// (score, index) keys). Falls back to the exact method when the sample misses. Scratch
 /// memory is thread_local and reused (no allocation once warm). Throws if k > n.

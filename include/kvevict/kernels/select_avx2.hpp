@@ -4,6 +4,7 @@
 // bodies compiled for AVX2.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <bit>
 #include <cstdint>
@@ -83,6 +84,17 @@ template <bool Filter, class K>
 KVEVICT_TARGET_AVX2 inline void hist256(const K* keys, std::size_t n, int shift, unsigned prefix,
                                         std::uint32_t* hist) noexcept {
   scalar::hist256_body<Filter, K>(keys, n, shift, prefix, hist);
+}
+
+template <class K>
+KVEVICT_TARGET_AVX2 inline void key_range(const K* keys, std::size_t n, unsigned* mn,
+                                          unsigned* mx) noexcept {
+  scalar::key_range_body<K>(keys, n, mn, mx);
+}
+template <class K>
+KVEVICT_TARGET_AVX2 inline void hist_range(const K* keys, std::size_t n, unsigned base,
+                                           std::size_t bins, std::uint32_t* hist) noexcept {
+  scalar::hist_range_body<K>(keys, n, base, bins, hist);
 }
 
 KVEVICT_TARGET_AVX2 inline std::size_t topk_pass(const float* s, std::size_t n, float thi,
@@ -226,6 +238,285 @@ KVEVICT_TARGET_AVX2 inline std::size_t radix_split(std::uint32_t* v, const std::
     if (!ids) id = _mm256_add_epi32(id, step);
   }
   return scalar::radix_split_body(v, ids, n, shift, b, out, ids_out, n_eq, i, nl, ne);
+}
+
+// ---- Small-n float top-k by bracketing samples (n < 8192) ---------------------------------
+// Keys are the primary keys of topk_key with the sign bit flipped (signed order: ascending =
+// better, -0 == +0, NaN = INT32_MAX), so AVX2's signed compares and min/max apply. A sorted
+// sample of 64 keys gives two keys lo <= hi around the wanted rank; one pass left-packs the
+// ids of keys < lo (all selected) and the (key, id) pairs in [lo, hi] (the band, in index
+// order); the band is narrowed the same way until it has at most 64 keys, which are sorted in
+// registers to find the k-th key T; the band's keys < T and its first rows equal to T (lowest
+// ids) complete the set. A bracket that misses the rank is redone on the side that holds it.
+
+/// The signed order keys of 8 floats (see above).
+KVEVICT_TARGET_AVX2 inline __m256i topk_skey8(__m256 f) noexcept {
+  const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+  const __m256i low = _mm256_set1_epi32(0x7FFFFFFF);
+  __m256i u = _mm256_castps_si256(f);
+  u = _mm256_andnot_si256(_mm256_cmpeq_epi32(u, sign), u);  // -0 -> +0
+  const __m256i neg = _mm256_srai_epi32(u, 31);
+  __m256i key = _mm256_xor_si256(u, _mm256_andnot_si256(neg, low));
+  key = _mm256_or_si256(key, _mm256_cmpgt_epi32(_mm256_and_si256(u, low),
+                                                _mm256_set1_epi32(0x7F800000)));  // NaN
+  return _mm256_xor_si256(key, sign);
+}
+/// The same key for one float.
+KVEVICT_ALWAYS_INLINE std::int32_t topk_skey(float v) noexcept {
+  return static_cast<std::int32_t>((static_cast<std::uint32_t>(topk_key(v, 0) >> 32)) ^
+                                   0x80000000u);
+}
+
+KVEVICT_TARGET_AVX2 inline void cx(__m256i& a, __m256i& b) noexcept {
+  const __m256i t = _mm256_min_epi32(a, b);
+  b = _mm256_max_epi32(a, b);
+  a = t;
+}
+/// Sorts a bitonic 8-lane vector ascending.
+KVEVICT_TARGET_AVX2 inline __m256i bitonic_clean8(__m256i x) noexcept {
+  __m256i y = _mm256_permute2x128_si256(x, x, 1);
+  x = _mm256_blend_epi32(_mm256_min_epi32(x, y), _mm256_max_epi32(x, y), 0xF0);
+  y = _mm256_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2));
+  x = _mm256_blend_epi32(_mm256_min_epi32(x, y), _mm256_max_epi32(x, y), 0xCC);
+  y = _mm256_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1));
+  return _mm256_blend_epi32(_mm256_min_epi32(x, y), _mm256_max_epi32(x, y), 0xAA);
+}
+KVEVICT_TARGET_AVX2 inline __m256i reverse8(__m256i x) noexcept {
+  return _mm256_permutevar8x32_epi32(x, _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0));
+}
+/// Merges the sorted runs v[0, w) and v[w, 2w) (w vectors each) into one sorted run.
+template <int W>
+KVEVICT_TARGET_AVX2 inline void bitonic_merge(__m256i* v) noexcept {
+  for (int j = 0; j < W; ++j) {
+    __m256i b = reverse8(v[2 * W - 1 - j]);
+    cx(v[j], b);
+    v[2 * W - 1 - j] = reverse8(b);  // the upper half, kept bitonic in reversed order
+  }
+  // Both halves are bitonic; clean across vectors, then inside each vector.
+  for (int h = 0; h < 2; ++h) {
+    __m256i* x = v + h * W;
+    for (int d = W / 2; d >= 1; d /= 2)
+      for (int j = 0; j < W; ++j)
+        if ((j & d) == 0) cx(x[j], x[j + d]);
+    for (int j = 0; j < W; ++j) x[j] = bitonic_clean8(x[j]);
+  }
+}
+/// Sorts 64 signed 32-bit keys ascending in registers.
+KVEVICT_TARGET_AVX2 inline void sort64(std::int32_t* p) noexcept {
+  __m256i v[8];
+  for (int j = 0; j < 8; ++j) v[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 8 * j));
+  // Columns: Batcher's 19-comparator network for 8.
+  cx(v[0], v[1]), cx(v[2], v[3]), cx(v[4], v[5]), cx(v[6], v[7]);
+  cx(v[0], v[2]), cx(v[1], v[3]), cx(v[4], v[6]), cx(v[5], v[7]);
+  cx(v[1], v[2]), cx(v[5], v[6]);
+  cx(v[0], v[4]), cx(v[1], v[5]), cx(v[2], v[6]), cx(v[3], v[7]);
+  cx(v[2], v[4]), cx(v[3], v[5]);
+  cx(v[1], v[2]), cx(v[3], v[4]), cx(v[5], v[6]);
+  // Transpose: each vector becomes a sorted run of 8.
+  __m256i t[8];
+  for (int j = 0; j < 8; j += 2) {
+    t[j] = _mm256_unpacklo_epi32(v[j], v[j + 1]);
+    t[j + 1] = _mm256_unpackhi_epi32(v[j], v[j + 1]);
+  }
+  __m256i u[8];
+  for (int j = 0; j < 8; j += 4) {
+    u[j] = _mm256_unpacklo_epi64(t[j], t[j + 2]);
+    u[j + 1] = _mm256_unpackhi_epi64(t[j], t[j + 2]);
+    u[j + 2] = _mm256_unpacklo_epi64(t[j + 1], t[j + 3]);
+    u[j + 3] = _mm256_unpackhi_epi64(t[j + 1], t[j + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    v[j] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x20);
+    v[j + 4] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x31);
+  }
+  for (int j = 0; j < 8; j += 2) bitonic_merge<1>(v + j);
+  bitonic_merge<2>(v);
+  bitonic_merge<2>(v + 4);
+  bitonic_merge<4>(v);
+  for (int j = 0; j < 8; ++j) _mm256_store_si256(reinterpret_cast<__m256i*>(p + 8 * j), v[j]);
+}
+
+/// One bracket pass over m rows: ids of keys < lo to below (returns how many), (key, id) of
+/// keys in [lo, hi] to bkeys/bids (count in *n_band), index order kept. Rows come from floats
+/// (fs, ids = index) or from a previous band (ks, is). Each output needs 8 spare entries.
+template <bool FromFloats>
+KVEVICT_TARGET_AVX2 inline std::size_t bracket_pass(const float* fs, const std::int32_t* ks,
+                                                    const std::uint32_t* is, std::size_t m,
+                                                    std::int32_t lo, std::int32_t hi,
+                                                    std::uint32_t* below, std::int32_t* bkeys,
+                                                    std::uint32_t* bids,
+                                                    std::size_t* n_band) noexcept {
+  const __m256i vlo = _mm256_set1_epi32(lo), vhi = _mm256_set1_epi32(hi);
+  __m256i id = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i step = _mm256_set1_epi32(8);
+  std::size_t nb = 0, nm = 0, i = 0;
+  for (; i + 8 <= m; i += 8) {
+    __m256i x;
+    if constexpr (FromFloats) {
+      x = topk_skey8(_mm256_loadu_ps(fs + i));
+    } else {
+      x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ks + i));
+      id = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(is + i));
+    }
+    const auto mb = static_cast<unsigned>(
+        _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(vlo, x))));
+    const auto ma = static_cast<unsigned>(
+        _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(x, vhi))));
+    const unsigned mm = ~(mb | ma) & 0xFFu;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(below + nb),
+                        _mm256_permutevar8x32_epi32(id, compress_perm(mb)));
+    const __m256i pm = compress_perm(mm);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bkeys + nm), _mm256_permutevar8x32_epi32(x, pm));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bids + nm), _mm256_permutevar8x32_epi32(id, pm));
+    nb += static_cast<std::size_t>(std::popcount(mb));
+    nm += static_cast<std::size_t>(std::popcount(mm));
+    if constexpr (FromFloats) id = _mm256_add_epi32(id, step);
+  }
+  for (; i < m; ++i) {
+    const std::int32_t x = FromFloats ? topk_skey(fs[i]) : ks[i];
+    const std::uint32_t d = FromFloats ? static_cast<std::uint32_t>(i) : is[i];
+    below[nb] = d;
+    bkeys[nm] = x;
+    bids[nm] = d;
+    nb += x < lo;
+    nm += (x >= lo) & (x <= hi);
+  }
+  *n_band = nm;
+  return nb;
+}
+
+/// The scratch topk_bracket works in: below 2n + 16 entries, the two band buffers n + 8 each.
+struct BracketBuffers {
+  std::uint32_t* below;
+  std::int32_t* keys[2];
+  std::uint32_t* ids[2];
+};
+
+/// Exact top-k (the set topk_exact selects) for 0 < k < n < 2^31 (see above).
+KVEVICT_TARGET_AVX2 inline void topk_bracket(const float* s, std::size_t n, std::size_t k,
+                                             std::uint32_t* out, const BracketBuffers& b) noexcept {
+  constexpr std::int32_t kMin = std::numeric_limits<std::int32_t>::min();
+  constexpr std::int32_t kMax = std::numeric_limits<std::int32_t>::max();
+  constexpr std::ptrdiff_t kDelta = 8;  // sample ranks either side of the expected one
+  std::size_t emitted = 0, need = k, m = n;
+  const float* fs = s;  // rows from the floats until the first band exists
+  const std::int32_t* ks = nullptr;
+  const std::uint32_t* is = nullptr;
+  int dst = 0;
+  std::ptrdiff_t delta = kDelta;
+  alignas(32) std::int32_t smp[64];
+  auto key_at = [&](std::size_t i) { return fs ? topk_skey(fs[i]) : ks[i]; };
+  auto pass = [&](std::int32_t lo, std::int32_t hi, std::size_t* nm) {
+    return fs ? bracket_pass<true>(fs, nullptr, nullptr, m, lo, hi, b.below + emitted,
+                                   b.keys[dst], b.ids[dst], nm)
+              : bracket_pass<false>(nullptr, ks, is, m, lo, hi, b.below + emitted, b.keys[dst],
+                                    b.ids[dst], nm);
+  };
+  while (m > 128) {
+    if (fs) {  // 64 scores spread evenly over the rows, their keys computed 8 at a time
+      alignas(32) float f[64];
+      for (std::size_t j = 0; j < 64; ++j) f[j] = fs[((2 * j + 1) * m) >> 7];
+      for (std::size_t j = 0; j < 64; j += 8)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(smp + j), topk_skey8(_mm256_load_ps(f + j)));
+    } else {
+      for (std::size_t j = 0; j < 64; ++j) smp[j] = ks[((2 * j + 1) * m) >> 7];
+    }
+    sort64(smp);
+    const auto r = static_cast<std::ptrdiff_t>((need - 1) * 64 / m);
+    const std::int32_t lo = r - delta >= 0 ? smp[r - delta] : kMin;
+    const std::int32_t hi = r + delta <= 63 ? smp[r + delta] : kMax;
+    std::size_t nm = 0;
+    const std::size_t nb = pass(lo, hi, &nm);
+    if (nb >= need) {
+      pass(kMin, lo - 1, &nm);  // the k-th key is below lo (lo > kMin here): keys < lo
+    } else if (nb + nm < need) {
+      // The k-th key is above hi (hi < kMax here): below and band are all selected.
+      std::copy_n(b.ids[dst], nm, b.below + emitted + nb);
+      emitted += nb + nm;
+      need -= nb + nm;
+      pass(hi + 1, kMax, &nm);  // what it writes below is ignored (already emitted)
+    } else {
+      emitted += nb;
+      need -= nb;
+      if (lo == hi) {  // the k-th key is lo, and the band holds exactly the rows equal to it
+        std::copy_n(b.ids[dst], need, b.below + emitted);
+        emitted += need;
+        std::copy_n(b.below, emitted, out);
+        return;
+      }
+      if (nm == m) {  // no progress (few distinct keys): retry with lo = hi
+        delta = 0;
+        continue;
+      }
+    }
+    delta = kDelta;
+    m = nm;
+    fs = nullptr;
+    ks = b.keys[dst];
+    is = b.ids[dst];
+    dst ^= 1;
+  }
+  // At most 128 rows hold the rest: sort their keys in two blocks of 64 to find the k-th, T,
+  // and how many keys are below it.
+  alignas(32) std::int32_t s2[64];
+  for (std::size_t j = 0; j < 64; ++j) smp[j] = j < m ? key_at(j) : kMax;
+  if (m > 64)
+    for (std::size_t j = 0; j < 64; ++j) s2[j] = j + 64 < m ? key_at(j + 64) : kMax;
+  sort64(smp);
+  std::int32_t t;
+  std::size_t below_t;
+  if (m <= 64) {
+    t = smp[need - 1];
+    below_t = static_cast<std::size_t>(std::lower_bound(smp, smp + 64, t) - smp);
+  } else {
+    sort64(s2);
+    // i keys from smp and need - i from s2 form the need smallest.
+    std::size_t lo = need > 64 ? need - 64 : 0, hi = need < 64 ? need : 64;
+    while (lo < hi) {
+      const std::size_t i = (lo + hi) / 2;  // i < hi <= 64, need - i - 1 < 64
+      if (smp[i] < s2[need - i - 1]) lo = i + 1; else hi = i;
+    }
+    const std::size_t i = lo, j = need - lo;
+    t = i == 0 ? s2[j - 1] : j == 0 ? smp[i - 1] : std::max(smp[i - 1], s2[j - 1]);
+    below_t = static_cast<std::size_t>((std::lower_bound(smp, smp + 64, t) - smp) +
+                                       (std::lower_bound(s2, s2 + 64, t) - s2));
+  }
+  std::size_t take_eq = need - below_t;  // rows equal to T taken (the lowest ids)
+  std::uint32_t* o = b.below + emitted;
+  std::size_t e = 0, j = 0;
+  if (!fs) {  // the band: 8 rows at a time (its buffers have 8 spare entries; lanes >= m masked)
+    const __m256i vt = _mm256_set1_epi32(t);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (; j < m; j += 8) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ks + j));
+      const auto valid = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(
+          _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(m - j)), lane))));
+      unsigned sel = static_cast<unsigned>(
+                         _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(vt, x)))) &
+                     valid;
+      if (take_eq != 0) {
+        auto me = static_cast<unsigned>(
+                      _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(x, vt)))) &
+                  valid;
+        while (static_cast<std::size_t>(std::popcount(me)) > take_eq)
+          me &= ~(1u << (31 - std::countl_zero(me)));  // keep the lowest take_eq
+        take_eq -= static_cast<std::size_t>(std::popcount(me));
+        sel |= me;
+      }
+      const __m256i id = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(is + j));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + e),
+                          _mm256_permutevar8x32_epi32(id, compress_perm(sel)));
+      e += static_cast<std::size_t>(std::popcount(sel));
+    }
+  }
+  for (; j < m; ++j) {
+    const std::int32_t x = key_at(j);
+    const bool tie = (x == t) & (take_eq != 0);
+    take_eq -= tie;
+    o[e] = fs ? static_cast<std::uint32_t>(j) : is[j];
+    e += (x < t) | tie;
+  }
+  std::copy_n(b.below, emitted + e, out);
 }
 
 /// group_sum compiled for AVX2 (the portable body vectorises 8-wide).

@@ -93,6 +93,38 @@ KVEVICT_ALWAYS_INLINE void hist256_body(const K* keys, std::size_t n, int shift,
   for (int b = 0; b < 256; ++b) hist[b] = h[0][b] + h[1][b] + h[2][b] + h[3][b];
 }
 
+/// Smallest and largest key (n > 0). Branch-free, so it vectorises.
+template <class K>
+KVEVICT_ALWAYS_INLINE void key_range_body(const K* keys, std::size_t n, unsigned* mn,
+                                          unsigned* mx) noexcept {
+  K lo = keys[0], hi = keys[0];
+  for (std::size_t i = 0; i < n; ++i) {
+    lo = keys[i] < lo ? keys[i] : lo;
+    hi = keys[i] > hi ? keys[i] : hi;
+  }
+  *mn = lo;
+  *mx = hi;
+}
+
+/// hist[b] = how many keys equal base + b, b < bins <= 256 (every key in [base, base + bins)).
+/// Four sub-histograms hide store-to-load latency on equal keys.
+template <class K>
+KVEVICT_ALWAYS_INLINE void hist_range_body(const K* keys, std::size_t n, unsigned base,
+                                           std::size_t bins, std::uint32_t* hist) noexcept {
+  std::uint32_t h[4][256];
+  for (auto& row : h)
+    for (std::size_t b = 0; b < bins; ++b) row[b] = 0;
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    ++h[0][keys[i] - base];
+    ++h[1][keys[i + 1] - base];
+    ++h[2][keys[i + 2] - base];
+    ++h[3][keys[i + 3] - base];
+  }
+  for (; i < n; ++i) ++h[0][keys[i] - base];
+  for (std::size_t b = 0; b < bins; ++b) hist[b] = h[0][b] + h[1][b] + h[2][b] + h[3][b];
+}
+
 template <bool Filter, class K>
 inline void hist256(const K* keys, std::size_t n, int shift, unsigned prefix,
                     std::uint32_t* hist) noexcept {
