@@ -16,16 +16,23 @@
 #                   tests/consumers.cmake extracts it)
 #   h2o_trio        cache.hpp + attention.hpp + policies/h2o.hpp
 #   hash_evict      policies/hash_evict.hpp alone
-#   readme_narrow   the README example with kvevict.hpp replaced by the three headers it
-#                   uses (cache.hpp, attention.hpp, policies/h2o.hpp)
+#   readme_narrow   the README example with its kvevict includes replaced by the three
+#                   headers it uses (cache.hpp, attention.hpp, policies/h2o.hpp): what
+#                   README shows since 2026-12-01 evening (readme = readme_narrow there)
+#   readme_umbrella the README example with <kvevict/kvevict.hpp> as its one kvevict include
 #   eigen_core      <Eigen/Core> alone (anchor: what any Eigen user already pays)
 #   fmt_format      <fmt/format.h> alone, header-only mode (anchor for the fmt dependency)
 # Compiled-kernels mode (kvevict::kernels, include/kvevict/config.hpp); "n/a" for a tree
 # without include/kvevict/config.hpp:
-#   kvevict.hpp_sep, readme_sep, readme_narrow_sep, h2o_trio_sep, hash_evict_sep
+#   kvevict.hpp_sep, readme_sep, readme_narrow_sep, readme_umbrella_sep, h2o_trio_sep,
+#   hash_evict_sep
 #                   the same TUs with -DKVEVICT_SEPARATE_KERNELS=1 (fmt linked, not
 #                   header-only: no FMT_HEADER_ONLY)
 #   kernels_lib     src/kernels.cpp, the library's one translation unit (paid once)
+# Header-only kvevict with fmt linked (libfmt, fmt::fmt) instead of header-only fmt:
+#   kvevict.hpp_fmtlib, readme_fmtlib
+#                   the header-only TUs without FMT_HEADER_ONLY (a build that links -lfmt;
+#                   fmt's format engine, format-inl.h, is then compiled in libfmt, not here)
 # Flags are what the kvevict CMake targets give a consumer: -std=c++20, Eigen's include
 # dir, and FMT_HEADER_ONLY=1 (kvevict::kvevict, fmt::fmt-header-only) or
 # KVEVICT_SEPARATE_KERNELS=1 (kvevict::kernels); no -march.
@@ -33,8 +40,9 @@ set -euo pipefail
 
 runs=3
 cxx=${CXX:-g++}
-cases=(kvevict.hpp readme readme_narrow h2o_trio hash_evict eigen_core fmt_format
-       kvevict.hpp_sep readme_sep readme_narrow_sep h2o_trio_sep hash_evict_sep kernels_lib)
+cases=(kvevict.hpp readme readme_narrow readme_umbrella h2o_trio hash_evict eigen_core fmt_format
+       kvevict.hpp_sep readme_sep readme_narrow_sep readme_umbrella_sep h2o_trio_sep hash_evict_sep kernels_lib
+       kvevict.hpp_fmtlib readme_fmtlib)
 while getopts "n:x:c:" opt; do
   case $opt in
     n) runs=$OPTARG ;;
@@ -68,9 +76,14 @@ write_cases() {  # $1 = tree root, $2 = output dir
        inside && code && /^```/{code=0; next}
        inside && code {print}' "$root/README.md" > "$out/readme.cpp"
   [ -s "$out/readme.cpp" ] || { echo "no usage example in $root/README.md" >&2; exit 2; }
-  sed 's|#include <kvevict/kvevict.hpp>|#include <kvevict/cache.hpp>\n#include <kvevict/attention.hpp>\n#include <kvevict/policies/h2o.hpp>|' \
-    "$out/readme.cpp" > "$out/readme_narrow.cpp"
-  for c in kvevict.hpp readme readme_narrow h2o_trio hash_evict; do cp "$out/$c.cpp" "$out/${c}_sep.cpp"; done
+  # The example's own kvevict includes replaced: by the three headers it uses (narrow), or
+  # by the umbrella header (whichever form README shows today).
+  grep -v '^#include <kvevict/' "$out/readme.cpp" > "$out/readme_body.cpp"
+  { printf '#include <kvevict/cache.hpp>\n#include <kvevict/attention.hpp>\n#include <kvevict/policies/h2o.hpp>\n'
+    cat "$out/readme_body.cpp"; } > "$out/readme_narrow.cpp"
+  { printf '#include <kvevict/kvevict.hpp>\n'; cat "$out/readme_body.cpp"; } > "$out/readme_umbrella.cpp"
+  for c in kvevict.hpp readme readme_narrow readme_umbrella h2o_trio hash_evict; do cp "$out/$c.cpp" "$out/${c}_sep.cpp"; done
+  for c in kvevict.hpp readme; do cp "$out/$c.cpp" "$out/${c}_fmtlib.cpp"; done
   [ ! -f "$root/src/kernels.cpp" ] || cp "$root/src/kernels.cpp" "$out/kernels_lib.cpp"
 }
 
@@ -83,6 +96,7 @@ case_flags() {  # $1 = case, $2 = tree root
       else
         echo skip
       fi ;;
+    *_fmtlib) echo "" ;;
     *) echo "-DFMT_HEADER_ONLY=1" ;;
   esac
 }
@@ -91,7 +105,7 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
 echo "CPU: $cpu ($(nproc) logical CPUs); load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "compiler: $($cxx --version | head -1)"
 echo "command per case: $cxx -std=c++20 -O2 -I<tree>/include -I/usr/include/eigen3 <mode> -c case.cpp -o /dev/null"
-echo "  <mode>: -DFMT_HEADER_ONLY=1 (header-only cases), -DKVEVICT_SEPARATE_KERNELS=1 (*_sep, kernels_lib)"
+echo "  <mode>: -DFMT_HEADER_ONLY=1 (header-only cases), -DKVEVICT_SEPARATE_KERNELS=1 (*_sep, kernels_lib), none (*_fmtlib)"
 echo "median of $runs runs, CPU time (user+sys) in seconds, runs interleaved"
 
 labels=()

@@ -71,3 +71,8 @@ template void counting_bottomk<std::uint16_t>(const std::uint16_t*, std::size_t,
                                               std::uint32_t*);
 
 }  // namespace kvevict::kernels
+
+// The common cache types and attend() on them (extern_templates.hpp): instantiated here,
+// declared `extern template` in every separate-kernels translation unit.
+#define KVEVICT_INSTANTIATE_COMMON 1
+#include <kvevict/extern_templates.hpp>

@@ -16,7 +16,10 @@ if(TARGET kvevict_kernels)
 
   # (test_kernels_select is left out: it calls the per-ISA internals, kernels::detail::scalar
   # and ::avx2, which a separate-kernels TU does not see.)
-  foreach(name errors hash_evict snapkv kernels_hamming kernels_simhash kernels_attention)
+  # decayed_attention and snapkv (and README, odr: H2O, StreamingLLM, FullCache) run on the
+  # KVCache<P> / attend() instantiations compiled into the library (extern_templates.hpp).
+  foreach(name errors hash_evict snapkv decayed_attention kernels_hamming kernels_simhash
+          kernels_attention)
     add_executable(kvevict_test_${name}_separate ${CMAKE_CURRENT_SOURCE_DIR}/test_${name}.cpp)
     target_link_libraries(kvevict_test_${name}_separate
                           PRIVATE kvevict::kernels kvevict_catch_main kvevict_warnings)

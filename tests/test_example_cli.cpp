@@ -92,7 +92,7 @@ TEST_CASE("the registry holds every policy of include/kvevict/policies, recommen
                                        "KeyDiff"};
   CHECK(types == expected);
   for (const char* n : {"xkv", "pyramidkv", "uniform-w8", "tova", "expected", "keydiff", "probfree",
-                        "decayed-excess", "decayed-distinct"})
+                        "probfree-fast", "decayed-excess", "decayed-distinct"})
     CHECK(names.count(n) == 1);
   // Every entry configures and hands over its policy (prompt statistics where needed).
   const kvevict::Geometry g{.n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8};

@@ -272,20 +272,36 @@ void for_each_policy(Fn&& fn) {
   // kvevict's probability-free variant of recommended() (chosen with llama2c_headline
   // --tune-scorers, docs/policies/expected_attention.md): 1 sink, the 3/8 recent band, the
   // middle ranked by decayed expected attention.
+  static constexpr auto probfree_config = [](const Args& a) {
+    return ExpectedAttention::Config{.sinks = 1,
+                                     .recent_fraction = 0.375f,
+                                     .query_window = 1,
+                                     .future_positions = 16,
+                                     .covariance = ExpectedAttention::Covariance::none,
+                                     .value_norm = true,
+                                     .rope = a.knobs.rope,
+                                     .rope_base = a.knobs.rope_base,
+                                     .horizon = 3.0f};
+  };
   add.template operator()<ExpectedAttention>(
       {"probfree",
        "probability-free recommended: 1 sink, 3/8 recent, decayed expected attention (W 1)",
        Family::kvevict},
+      [](const Args& a) { return ExpectedAttention(probfree_config(a)); });
+  // The same policy at a fraction of the per-step cost (docs/policies/expected_attention.md
+  // "Cost"): float logits through the attention kernel, every row rescored on every
+  // floor(C / 8)-th decision of a head of C rows (2 at 16 rows, 128 at 1K; chosen with
+  // llama2c_headline --rescore on the tuning streams, docs/quality.md).
+  add.template operator()<ExpectedAttention>(
+      {"probfree-fast",
+       "probfree with float logits, all rows rescored every floor(C/8)-th decision "
+       "(arrivals scored on arrival)",
+       Family::kvevict},
       [](const Args& a) {
-        return ExpectedAttention({.sinks = 1,
-                                  .recent_fraction = 0.375f,
-                                  .query_window = 1,
-                                  .future_positions = 16,
-                                  .covariance = ExpectedAttention::Covariance::none,
-                                  .value_norm = true,
-                                  .rope = a.knobs.rope,
-                                  .rope_base = a.knobs.rope_base,
-                                  .horizon = 3.0f});
+        auto c = probfree_config(a);
+        c.float_logits = true;
+        c.rescore_fraction = 1.0f / 8;
+        return ExpectedAttention(c);
       });
   add.template operator()<ExpectedAttention>(
       {"expected",

@@ -37,6 +37,7 @@ struct Args {
   std::vector<std::size_t> budgets{16, 32, 64, 128};
   bool paged = false;     ///< --paged: block-granular eviction through PagedKV
   bool scorers = false;  ///< --tune-scorers: the probability-free grid instead of the table
+  bool rescore = false;  ///< --rescore: the probability-free variant at rescore_every 1..64
   bool haystack = false;  ///< --haystack: the repeated-filler retrieval measure
   bool brief = false;     ///< --brief: retrieval rows of the compared policies only
   std::size_t prompt = 0;          ///< --prompt: KL table streams' prefilled prompt (0: none)
@@ -86,6 +87,10 @@ std::optional<Args> parse(int argc, char** argv) {
   p.flag("--tune", "the tuning grids instead of the reported rows", a.tune);
   p.flag("--retrieval", "far name retrieval instead of streaming KL", a.retrieval);
   p.flag("--tune-scorers", "the probability-free grid instead of the table", a.scorers);
+  p.flag("--rescore",
+         "the probability-free variant with float logits at rescore_every 1, 2, 4, ..., 64 "
+         "instead of the table (--seed 0 --streams 8 for the tuning streams)",
+         a.rescore);
   p.flag("--haystack", "the repeated-filler retrieval measure (needle in a haystack)",
          a.haystack);
   p.flag("--tune-reserve",
@@ -869,6 +874,28 @@ int main(int argc, char** argv) {
           half.floor_fraction = 0.5;
           row("recommended() + run-time per-head budgets, whole cache, floor B/2",
               policies::DecayedAttention::recommended(), Budget::uniform(static_cast<long long>(B)).pooled(half));
+        }
+        continue;
+      }
+      if (a.rescore) {
+        r.row(B, "**DecayedAttention::recommended()**", policies::DecayedAttention::recommended());
+        r.row(B, "probability-free (registry `probfree`: double logits, every step)",
+              with_model_rope(kProbabilityFree, r.model->config()));
+        for (std::size_t every : {1u, 2u, 4u, 8u, 16u, 32u, 64u}) {
+          auto c = kProbabilityFree.config();
+          c.float_logits = true;
+          c.rescore_every = every;
+          const std::string name =
+              fmt::format("probability-free, float logits, rescore_every {}", every);
+          r.row(B, name.c_str(), with_model_rope(ExpectedAttention(c), r.model->config()));
+        }
+        for (float f : {1.0f / 32, 1.0f / 16, 1.0f / 8}) {
+          auto c = kProbabilityFree.config();
+          c.float_logits = true;
+          c.rescore_fraction = f;
+          const std::string name = fmt::format(
+              "probability-free, float logits, rescore_fraction 1/{:.0f}", 1.0f / f);
+          r.row(B, name.c_str(), with_model_rope(ExpectedAttention(c), r.model->config()));
         }
         continue;
       }

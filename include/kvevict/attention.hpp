@@ -80,7 +80,10 @@ using RowMajorF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::Ro
 
 // Keeps, per KV head, the `limit` rows of largest group-summed mass and renormalises
 // each query head over them (the Oracle's per-step ceiling). Ties: lowest row first.
-inline void restrict_to_top(Eigen::Ref<RowMajorF> p, std::size_t limit) {
+// A template (unused parameter) in both build modes: only the Oracle calls it, and an
+// inline non-template function would instantiate its Eigen reduction in every includer.
+template <class KvevictLazy = void>
+void restrict_to_top(Eigen::Ref<RowMajorF> p, std::size_t limit) {
   const auto n = static_cast<std::size_t>(p.cols());
   if (limit >= n) return;
   Eigen::RowVectorXf mass = p.colwise().sum();
@@ -361,3 +364,7 @@ void decode_attention(const float* queries, std::size_t group, const Scalar* key
 }
 
 }  // namespace kvevict
+
+// Compiled-kernels mode: extern template declarations of the common caches (extern_templates.hpp).
+#define KVEVICT_HAVE_ATTENTION_HPP 1
+#include "extern_templates.hpp"

@@ -97,10 +97,12 @@ class KVCache
   /// Must not throw: it runs while rows are being moved (a throw terminates).
   using EvictionCallback = std::function<void(const EvictedRow<Scalar>&)>;
 
-  KVCache(const Geometry& geometry, const Budget& budget, Policy policy = Policy{})
-      : Core(geometry, budget, std::move(policy)) {
-    Codec::check_dim(this->udim());
-  }
+  // The entry points that run the container's code (constructor, append, prefill,
+  // set_budget) are defined below the class, not inline: in compiled-kernels mode
+  // (config.hpp) the common KVCache types are instantiated once in kvevict_kernels and
+  // user translation units see `extern template` declarations (extern_templates.hpp), which
+  // suppress the instantiation of non-inline members only.
+  KVCache(const Geometry& geometry, const Budget& budget, Policy policy = Policy{});
 
   // --- shape: geometry(), shape(), policy(), size(), capacity(), tokens_seen(), observe(),
   // positions(), seqs() come from the core --------------------------------------------
@@ -163,12 +165,7 @@ class KVCache
   /// Evicts first when a head is full, so the cache never exceeds its budget. Strong
   /// guarantee: on any exception the cache is unchanged.
   void append(int layer, std::int64_t position, std::span<const float> keys,
-              std::span<const float> values, std::span<const float> queries = {}) {
-    const auto in_use = this->exclusive("append");
-    this->check_token(layer, position, keys, values, queries, false);
-    this->step(layer, position, keys.data(), values.data(),
-               queries.empty() ? nullptr : queries.data());
-  }
+              std::span<const float> values, std::span<const float> queries = {});
 
   // --- prefill ------------------------------------------------------------------------
   /// Appends a block of T tokens at positions first_position.. (+T-1). keys and values are
@@ -179,20 +176,12 @@ class KVCache
   /// probabilities computed here for policies that observe attention.
   void prefill(int layer, std::int64_t first_position, std::size_t tokens,
                std::span<const float> keys, std::span<const float> values,
-               std::span<const float> queries = {}) {
-    const auto in_use = this->exclusive("prefill");
-    this->check_block(layer, first_position, tokens, keys, values, queries, true);
-    this->prefill_block(layer, first_position, tokens, keys.data(), values.data(),
-                        queries.empty() ? nullptr : queries.data());
-  }
+               std::span<const float> queries = {});
 
   // --- budget -------------------------------------------------------------------------
   /// Changes the budget. Heads above their new capacity evict through the policy (every
   /// row reaches the callback); storage beyond the new capacity is released.
-  void set_budget(const Budget& budget) {
-    const auto in_use = this->exclusive("set_budget");
-    this->change_budget(budget);
-  }
+  void set_budget(const Budget& budget);
 
  private:
   friend struct detail::CacheAccess<KVCache>;
@@ -365,4 +354,44 @@ class KVCache
   std::vector<Unit> drop_k_, drop_v_;  ///< a dropped prompt row encoded for the callback
 };
 
+template <class Policy, class Scalar>
+  requires EvictionPolicy<Policy, typename detail::StorageOf<Scalar>::view>
+KVCache<Policy, Scalar>::KVCache(const Geometry& geometry, const Budget& budget, Policy policy)
+    : Core(geometry, budget, std::move(policy)) {
+  Codec::check_dim(this->udim());
+}
+
+template <class Policy, class Scalar>
+  requires EvictionPolicy<Policy, typename detail::StorageOf<Scalar>::view>
+void KVCache<Policy, Scalar>::append(int layer, std::int64_t position,
+                                     std::span<const float> keys, std::span<const float> values,
+                                     std::span<const float> queries) {
+  const auto in_use = this->exclusive("append");
+  this->check_token(layer, position, keys, values, queries, false);
+  this->step(layer, position, keys.data(), values.data(),
+             queries.empty() ? nullptr : queries.data());
+}
+
+template <class Policy, class Scalar>
+  requires EvictionPolicy<Policy, typename detail::StorageOf<Scalar>::view>
+void KVCache<Policy, Scalar>::prefill(int layer, std::int64_t first_position, std::size_t tokens,
+                                      std::span<const float> keys, std::span<const float> values,
+                                      std::span<const float> queries) {
+  const auto in_use = this->exclusive("prefill");
+  this->check_block(layer, first_position, tokens, keys, values, queries, true);
+  this->prefill_block(layer, first_position, tokens, keys.data(), values.data(),
+                      queries.empty() ? nullptr : queries.data());
+}
+
+template <class Policy, class Scalar>
+  requires EvictionPolicy<Policy, typename detail::StorageOf<Scalar>::view>
+void KVCache<Policy, Scalar>::set_budget(const Budget& budget) {
+  const auto in_use = this->exclusive("set_budget");
+  this->change_budget(budget);
+}
+
 }  // namespace kvevict
+
+// Compiled-kernels mode: extern template declarations of the common caches (extern_templates.hpp).
+#define KVEVICT_HAVE_CACHE_HPP 1
+#include "extern_templates.hpp"

@@ -11,6 +11,10 @@
 // then includes neither <immintrin.h> nor <fmt/format.h> (only <fmt/core.h>) and instantiates
 // no SIMD kernel. The code is the same either way (the library compiles these very headers),
 // so results are identical. Link kvevict::kernels or kvevict::kvevict, not both.
+// The library also instantiates the common caches (KVCache<P> with FullCache,
+// StreamingLLM, H2O, DecayedAttention or SnapKV, float storage) and attend() on them; a
+// consumer sees `extern template` declarations (extern_templates.hpp) and compiles none of
+// their container and policy code.
 //
 // KVEVICT_KERNEL_FN marks those functions: `inline` header-only, nothing in separate mode.
 // KVEVICT_KERNELS_DECLARE_ONLY is 1 in a separate-mode consumer (definitions hidden) and 0

@@ -15,6 +15,7 @@
 
 #include "../bytes.hpp"
 #include "../checked.hpp"
+#include "../kernels/select.hpp"
 #include "../errors.hpp"
 #include "../policy.hpp"
 
@@ -241,6 +242,60 @@ void evict_lowest(const HeadView<Scalar>& view, Rank&& rank, Eligible&& eligible
   std::nth_element(cand.begin(), cand.begin() + static_cast<std::ptrdiff_t>(view.need - 1),
                    cand.end());
   for (std::size_t i = 0; i < view.need; ++i) out.push_back(cand[i].second);
+}
+
+/// The unprotected row (bit clear in `bits`) with the lowest score, the oldest (lowest
+/// seq) among equal scores: the library's SIMD masked argmin finds the lowest score, then a
+/// masked equality scan checks the rows after it for a tie with an older seq.
+inline std::size_t lowest_masked(const float* sc, const std::uint64_t* seqs, std::size_t n,
+                                 const std::uint64_t* bits, const char* policy) {
+  std::size_t best = kernels::argmin_masked(sc, n, bits);
+  if (best == kernels::npos)
+    throw std::logic_error(std::string("kvevict: ") + policy + ": no evictable row");
+  const float m = sc[best];
+  for (std::size_t j = best;
+       (j = kernels::find_equal_masked(sc, n, j + 1, bits, m)) != kernels::npos;)
+    if (seqs[j] < seqs[best]) best = j;
+  return best;
+}
+
+/// evict_lowest over `score` (indexable by row) with Protection's rule: the first `sinks`
+/// rows and the `recent` newest never go.
+template <class Scalar, class Scores>
+void evict_lowest_protected(const HeadView<Scalar>& view, const Scores& score, std::size_t sinks,
+                            std::size_t recent, std::vector<std::uint32_t>& out,
+                            const char* policy) {
+  const Protection prot{sinks, recent};
+  evict_lowest(
+      view, [&](std::size_t r) { return score[r]; },
+      [&](std::size_t r) { return !prot.is_protected(view.seqs[r], view.incoming_seq); }, out,
+      policy);
+}
+
+/// Sets `bits` (protect_outside's layout, set = never evicted) for the rows of `view`
+/// outside [sinks, incoming - recent): the sinks and the recent band (Protection's rule).
+template <class Scalar>
+const std::uint64_t* protection_bits(const HeadView<Scalar>& view, std::size_t sinks,
+                                     std::size_t recent, std::vector<std::uint64_t>& bits) {
+  const std::uint64_t hi = view.incoming_seq >= recent ? view.incoming_seq - recent : 0;
+  bits.resize((view.size + 63) / 64);
+  kernels::protect_outside(view.seqs, view.size, sinks, hi, bits.data());
+  return bits.data();
+}
+
+/// evict_lowest over float scores with the protected rows given as bits (protect_outside's
+/// layout): the `view.need` lowest (score, seq) among the open rows; one victim through the
+/// dispatched masked argmin (lowest_masked).
+template <class Scalar>
+void evict_lowest_masked(const HeadView<Scalar>& view, const float* sc, const std::uint64_t* bits,
+                         std::vector<std::uint32_t>& out, const char* policy) {
+  if (view.need == 1) {
+    out.push_back(static_cast<std::uint32_t>(lowest_masked(sc, view.seqs, view.size, bits, policy)));
+    return;
+  }
+  evict_lowest(
+      view, [&](std::size_t r) { return sc[r]; },
+      [&](std::size_t r) { return ((bits[r >> 6] >> (r & 63)) & 1u) == 0; }, out, policy);
 }
 
 }  // namespace kvevict::policies::detail

@@ -150,7 +150,10 @@ class DecayedAttention {
                                  "head_dim, got ", shape.geometry.head_dim);
         head_dim_ = static_cast<std::size_t>(shape.geometry.head_dim);
         sigs_.bind(shape);
-        bands_.assign(shape.capacity.size(), Band{});
+        // clear + resize (n fresh bands), not assign(n, Band{}): that instantiates the
+        // deque's copy assignment in every includer of this header.
+        bands_.clear();
+        bands_.resize(shape.capacity.size());
       }
     }
   }
@@ -433,26 +436,8 @@ class DecayedAttention {
     const std::size_t h = head_index(v.layer, v.kv_head);
     decay_[h] = decay_for(v.capacity);
     capacity_[h] = v.capacity;
-    const std::size_t recent = recent_for(v.capacity);
-    const std::uint64_t hi = v.incoming_seq >= recent ? v.incoming_seq - recent : 0;
-    bits_.resize((v.size + 63) / 64);
-    kernels::protect_outside(v.seqs, v.size, config_.sinks, hi, bits_.data());
+    detail::protection_bits(v, config_.sinks, recent_for(v.capacity), bits_);
     if (recalls()) keep_recalled(v);
-  }
-
-  /// The unprotected row (bit clear in `bits`) with the lowest score, the oldest (lowest
-  /// seq) among equal scores: the library's SIMD masked argmin finds the lowest score, then
-  /// a masked equality scan checks the rows after it for a tie with an older seq.
-  std::size_t lowest(const float* sc, const std::uint64_t* seqs, std::size_t n,
-                     const std::uint64_t* bits) const {
-    std::size_t best = kernels::argmin_masked(sc, n, bits);
-    if (best == kernels::npos)
-      throw std::logic_error(std::string("kvevict: ") + label_ + ": no evictable row");
-    const float m = sc[best];
-    for (std::size_t j = best; (j = kernels::find_equal_masked(sc, n, j + 1, bits, m)) !=
-                               kernels::npos;)
-      if (seqs[j] < seqs[best]) best = j;
-    return best;
   }
 
   /// Sets in bits_ the unprotected rows with the largest non-zero long-range spike (ties:
@@ -586,14 +571,7 @@ class DecayedAttention {
   /// among equal scores.
   template <class S>
   void pick(const HeadView<S>& v, const std::uint64_t* bits, std::vector<std::uint32_t>& out) const {
-    const auto& sc = scores_.of(v.layer, v.kv_head);
-    if (v.need == 1) {
-      out.push_back(lowest(sc.data(), v.seqs, v.size, bits));
-      return;
-    }
-    detail::evict_lowest(
-        v, [&](std::size_t r) { return sc[r]; },
-        [&](std::size_t r) { return ((bits[r >> 6] >> (r & 63)) & 1u) == 0; }, out, label_);
+    detail::evict_lowest_masked(v, scores_.of(v.layer, v.kv_head).data(), bits, out, label_);
   }
   /// RecallDedup: walks the candidates (cand_spike_ / cand_row_) from the largest rank down
   /// (ties: the newer row first) and keeps up to `k` of them, skipping a row whose key
@@ -751,3 +729,7 @@ class DecayedAttention {
 };
 
 }  // namespace kvevict::policies
+
+// Compiled-kernels mode: extern template declarations of the common caches (extern_templates.hpp).
+#define KVEVICT_HAVE_DECAYED_ATTENTION_HPP 1
+#include "../extern_templates.hpp"

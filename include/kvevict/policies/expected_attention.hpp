@@ -31,12 +31,21 @@
 // themselves (the reference projects hidden states with W_q: the same thing for a linear
 // projection); queries of the first `sinks` tokens are left out of the statistics, as the
 // reference leaves out the first n_sink hidden states.
+//
+// Cost (kvevict extensions, both off by default): `float_logits` computes the mean term's
+// logits in float through the dispatched attention kernel (kernels::attention_probs_as, one
+// read of the keys for the G heads) instead of a scalar double loop; `rescore_every` = R
+// rescores every row only on every R-th decision of a head (kvpress's decoding press
+// likewise compresses every N steps). Between rescorings a row gets its score once, when it
+// is appended, from the last rescoring's query statistics and softmax normaliser, and a
+// decision is the decay and the victim search over the kept scores, O(n).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "../attention_core.hpp"
 #include "../errors.hpp"
 #include "common.hpp"
 
@@ -63,6 +72,18 @@ class ExpectedAttention {
     /// kvevict extension (0 = off, the paper): rank by the scores decayed over steps,
     /// acc <- (1 - horizon / capacity) x acc + score, as DecayedAttention does with attention.
     float horizon = 0.0f;
+    /// kvevict extension (1 = every decision, the rule above): rescore all rows on every
+    /// R-th decision of a head only; rows appended in between are scored on arrival against
+    /// the last rescoring's statistics and normaliser (1..2^20).
+    std::size_t rescore_every = 1;
+    /// kvevict extension (off = scalar double logits): float logits through the dispatched
+    /// attention kernel. Covariance::none only; storage other than float / fp16 / bf16, or
+    /// a step whose float scores overflow or underflow, falls back to the double loop.
+    bool float_logits = false;
+    /// kvevict extension (0 = off): rescore every R = max(rescore_every, floor(fraction x
+    /// capacity)) decisions, so that the scores' staleness is a fixed share of the cache's
+    /// turnover (unbounded heads: rescore_every). In [0, 1).
+    float rescore_fraction = 0.0f;
   };
 
   ExpectedAttention() : ExpectedAttention(Config{}) {}
@@ -77,6 +98,11 @@ class ExpectedAttention {
                              ": epsilon = ", c.epsilon, ", expected finite and >= 0");
     kvevict::detail::require(std::isfinite(c.horizon) && c.horizon >= 0.0f, name(),
                              ": horizon = ", c.horizon, ", expected finite and >= 0");
+    kvevict::detail::require(c.rescore_every >= 1 && c.rescore_every <= (1u << 20), name(),
+                             ": rescore_every = ", c.rescore_every, ", expected 1..", 1u << 20);
+    detail::require_fraction(name(), "rescore_fraction", c.rescore_fraction);
+    kvevict::detail::require(!c.float_logits || c.covariance == Covariance::none, name(),
+                             ": float_logits with Covariance::full, expected Covariance::none");
     kvevict::detail::require(
         c.rope == RopeLayout::none || (std::isfinite(c.rope_base) && c.rope_base > 1.0f), name(),
         ": rope_base = ", c.rope_base, ", expected finite and > 1");
@@ -87,6 +113,17 @@ class ExpectedAttention {
   [[nodiscard]] const Config& config() const { return config_; }
   [[nodiscard]] std::size_t min_capacity() const {
     return detail::protected_plus_one(name(), {{"sinks", config_.sinks}, {"recent", config_.recent}});
+  }
+  /// Whether rows are rescored less often than every decision (rescore_every, fraction).
+  [[nodiscard]] bool amortised() const {
+    return config_.rescore_every > 1 || config_.rescore_fraction > 0.0f;
+  }
+  /// R at a head of `capacity` rows: max(rescore_every, floor(rescore_fraction x capacity)).
+  [[nodiscard]] std::size_t every(std::size_t capacity) const {
+    if (capacity == Budget::kUnbounded) return config_.rescore_every;
+    const auto f = static_cast<std::size_t>(static_cast<double>(config_.rescore_fraction) *
+                                            static_cast<double>(capacity));
+    return std::max(config_.rescore_every, f);
   }
   [[nodiscard]] std::size_t recent_for(std::size_t capacity) const {
     return detail::recent_rows(config_.recent, config_.recent_fraction, config_.sinks, capacity);
@@ -103,7 +140,18 @@ class ExpectedAttention {
     if (config_.horizon > 0.0f) acc_.bind(shape);
     stats_.assign(static_cast<std::size_t>(g.n_layers) * static_cast<std::size_t>(g.n_heads),
                   QueryStats{});
-    for (auto& s : stats_) s.reset(d_, config_.query_window);
+    const bool full = config_.covariance == Covariance::full;
+    for (auto& s : stats_) s.reset(d_, config_.query_window, full);
+    const std::size_t heads = static_cast<std::size_t>(g.n_layers) * hkv_;
+    if (amortised()) {
+      stale_.bind(shape);
+      if (config_.horizon > 0.0f) accf_.bind(shape);
+      decisions_.assign(heads, 0);
+      frozen_.assign(heads, 0);
+      frozen_mean_.assign(heads * group_ * d_, 0.0);
+      frozen_cov_.assign(full ? heads * group_ * d_ * d_ : 0, 0.0);
+      frozen_norm_.assign(heads * group_, 0.0);
+    }
     // Per rotated pair: theta and the sum over t = 0..n-1 of exp(i t theta).
     theta_.clear();
     future_re_.clear();
@@ -128,7 +176,11 @@ class ExpectedAttention {
   template <class S>
   void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
     add_queries(v);
-    score_rows(v);
+    if (amortised()) {
+      amortised_victims(v, out);
+      return;
+    }
+    score_rows(v, false);
     if (config_.horizon > 0.0f) {
       auto& acc = acc_.of(v.layer, v.kv_head);
       const double decay =
@@ -137,27 +189,33 @@ class ExpectedAttention {
               : std::clamp(1.0 - static_cast<double>(config_.horizon) / static_cast<double>(v.capacity), 0.0, 1.0);
       for (std::size_t r = 0; r < v.size; ++r) score_[r] = acc[r] = decay * acc[r] + score_[r];
     }
-    const detail::Protection prot{config_.sinks, recent_for(v.capacity)};
-    detail::evict_lowest(
-        v, [&](std::size_t r) { return score_[r]; },
-        [&](std::size_t r) { return !prot.is_protected(v.seqs[r], v.incoming_seq); }, out,
-        name());
+    detail::evict_lowest_protected(v, score_, config_.sinks, recent_for(v.capacity), out, name());
   }
   template <class S>
   void on_append(const HeadView<S>& v, std::size_t row) {
     add_queries(v);
     double s = 0.0;
     for (const S& x : v.value(row)) s += static_cast<double>(x) * static_cast<double>(x);
-    vnorms_.set(v.layer, v.kv_head, row, static_cast<float>(std::sqrt(s)));
+    const float vn = static_cast<float>(std::sqrt(s));
+    vnorms_.set(v.layer, v.kv_head, row, vn);
     if (config_.horizon > 0.0f) acc_.set(v.layer, v.kv_head, row, 0.0);
+    if (amortised()) {
+      stale_.set(v.layer, v.kv_head, row, static_cast<float>(arrival_score(v, row, vn)));
+      if (config_.horizon > 0.0f) accf_.set(v.layer, v.kv_head, row, 0.0f);
+    }
   }
   void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     vnorms_.move(layer, kv_head, from, to);
     if (config_.horizon > 0.0f) acc_.move(layer, kv_head, from, to);
+    if (amortised()) {
+      stale_.move(layer, kv_head, from, to);
+      if (config_.horizon > 0.0f) accf_.move(layer, kv_head, from, to);
+    }
   }
 
   /// The scores the last choose_victims call ranked by (decayed when horizon > 0), one per
-  /// live row (for tests and tools).
+  /// live row (for tests and tools). With rescore_every > 1: the last rescoring's scores
+  /// (not decayed), one per row live then.
   [[nodiscard]] const std::vector<double>& last_scores() const { return score_; }
   /// Un-rotated query statistics of query head `head` (0..n_heads) of `layer`: how many
   /// queries, their sum and the sum of their outer products (row-major d x d).
@@ -181,11 +239,11 @@ class ExpectedAttention {
     std::vector<double> sum;      // d
     std::vector<double> outer;    // d x d
     std::size_t count = 0, next = 0, window = 1;
-    void reset(std::size_t d, std::size_t w) {
+    void reset(std::size_t d, std::size_t w, bool with_outer) {
       window = w;
       ring.assign(w * d, 0.0f);
       sum.assign(d, 0.0);
-      outer.assign(d * d, 0.0);
+      outer.assign(with_outer ? d * d : 0, 0.0);  // only Covariance::full reads it
       count = next = 0;
     }
     void add(const float* q, std::size_t d) {
@@ -200,6 +258,7 @@ class ExpectedAttention {
       for (std::size_t i = 0; i < d; ++i) {
         const double qi = sign * static_cast<double>(q[i]);
         sum[i] += qi;
+        if (outer.empty()) continue;
         for (std::size_t j = 0; j < d; ++j) outer[i * d + j] += qi * static_cast<double>(q[j]);
       }
     }
@@ -247,7 +306,7 @@ class ExpectedAttention {
   void future_moments(const QueryStats& st, std::int64_t position) {
     const std::size_t d = d_;
     mean_.assign(d, 0.0);
-    cov_.assign(d * d, 0.0);
+    if (config_.covariance == Covariance::full) cov_.assign(d * d, 0.0);  // only it reads cov_
     if (st.count == 0) return;
     const double n = static_cast<double>(st.count);
     for (std::size_t i = 0; i < d; ++i) mean_[i] = st.sum[i] / n;
@@ -290,49 +349,130 @@ class ExpectedAttention {
     }
   }
 
-  double logit(const double* key) const {
+  // The expected logit of `key` (any storage type, read in double) under mean `mean` and,
+  // when `cov` is not null, covariance `cov` (d x d).
+  template <class K>
+  double logit(const double* mean, const double* cov, const K* key) const {
     const std::size_t d = d_;
     double lin = 0.0;
-    for (std::size_t i = 0; i < d; ++i) lin += mean_[i] * key[i];
+    for (std::size_t i = 0; i < d; ++i) lin += mean[i] * static_cast<double>(key[i]);
     double z = lin / std::sqrt(static_cast<double>(d));
-    if (config_.covariance == Covariance::full) {
+    if (cov != nullptr) {
       double quad = 0.0;
       for (std::size_t i = 0; i < d; ++i) {
         double row = 0.0;
-        for (std::size_t j = 0; j < d; ++j) row += cov_[i * d + j] * key[j];
-        quad += key[i] * row;
+        for (std::size_t j = 0; j < d; ++j) row += cov[i * d + j] * static_cast<double>(key[j]);
+        quad += static_cast<double>(key[i]) * row;
       }
       z += quad / (2.0 * static_cast<double>(d));
     }
     return z;
   }
+  [[nodiscard]] const double* cov_or_null() const {
+    return config_.covariance == Covariance::full ? cov_.data() : nullptr;
+  }
+  std::size_t head_index(int layer, int kv_head) const {
+    return static_cast<std::size_t>(layer) * hkv_ + static_cast<std::size_t>(kv_head);
+  }
+  // rescore_every > 1: every R-th decision of a head rescores all rows (and freezes the
+  // statistics for arrivals); each decision decays the kept float scores and takes the
+  // lowest open row, both with the dispatched kernels (decay_spike with no spike band,
+  // masked argmin): O(n) between rescorings.
+  template <class S>
+  void amortised_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
+    const std::size_t n = v.size;
+    auto& count = decisions_[head_index(v.layer, v.kv_head)];
+    auto& kept = stale_.of(v.layer, v.kv_head);
+    if (count++ % every(v.capacity) == 0) {
+      score_rows(v, true);
+      for (std::size_t r = 0; r < n; ++r) kept[r] = static_cast<float>(score_[r]);
+    }
+    const float* rank = kept.data();
+    if (config_.horizon > 0.0f) {
+      auto& acc = accf_.of(v.layer, v.kv_head);
+      const float decay =
+          v.capacity == Budget::kUnbounded
+              ? 1.0f
+              : static_cast<float>(std::clamp(1.0 - static_cast<double>(config_.horizon) /
+                                                         static_cast<double>(v.capacity),
+                                              0.0, 1.0));
+      spike_.resize(n);  // decay_spike's spike output; the band below selects no row
+      kernels::decay_spike(acc.data(), spike_.data(), kept.data(), v.seqs, n, decay,
+                           v.incoming_seq, ~std::uint64_t{0});
+      rank = acc.data();
+    }
+    detail::evict_lowest_masked(
+        v, rank, detail::protection_bits(v, config_.sinks, recent_for(v.capacity), bits_), out,
+        name());
+  }
+
+  // Keeps query head g's moved statistics (mean_, cov_) and log-normaliser for arrivals.
+  void freeze(std::size_t h, std::size_t g, const double* mean, double log_norm) {
+    const std::size_t d = d_, i = h * group_ + g;
+    std::copy(mean, mean + d, frozen_mean_.begin() + static_cast<std::ptrdiff_t>(i * d));
+    if (config_.covariance == Covariance::full)
+      std::copy(cov_.begin(), cov_.end(), frozen_cov_.begin() + static_cast<std::ptrdiff_t>(i * d * d));
+    frozen_norm_[i] = log_norm;
+    frozen_[h] = 1;
+  }
+  // A row appended between rescorings: exp(z - log-normaliser) under the last rescoring's
+  // statistics, averaged over the group, times ||v||. 0 before the first rescoring (which
+  // rescores it anyway) and for the sinks, as score_rows leaves them.
+  template <class S>
+  double arrival_score(const HeadView<S>& v, std::size_t row, float vn) const {
+    const std::size_t h = head_index(v.layer, v.kv_head), d = d_;
+    double s = 0.0;
+    if (frozen_[h] != 0 && v.seqs[row] >= config_.sinks) {
+      const S* key = v.key(row).data();
+      for (std::size_t g = 0; g < group_; ++g) {
+        const std::size_t i = h * group_ + g;
+        const double* cov = config_.covariance == Covariance::full ? frozen_cov_.data() + i * d * d : nullptr;
+        s += std::exp(logit(frozen_mean_.data() + i * d, cov, key) - frozen_norm_[i]);
+      }
+      s /= static_cast<double>(group_);
+    }
+    if (config_.value_norm)
+      s = (s + static_cast<double>(config_.epsilon)) * static_cast<double>(vn);
+    return s;
+  }
 
   // score_[r] for every live row: the group's mean softmax of z over the scored rows (all
-  // but the sinks, plus the incoming key), times ||v|| when value_norm is on.
+  // but the sinks, plus the incoming key), times ||v|| when value_norm is on. With `keep`
+  // the moved statistics and normalisers are frozen for arrivals (rescore_every > 1).
   template <class S>
-  void score_rows(const HeadView<S>& v) {
-    const std::size_t n = v.size, d = d_;
-    score_.assign(n, 0.0);
-    keyd_.resize((n + 1) * d);
-    for (std::size_t r = 0; r < n; ++r) {
-      const auto k = v.key(r);
-      for (std::size_t j = 0; j < d; ++j) keyd_[r * d + j] = static_cast<double>(k[j]);
-    }
-    const bool incoming = v.incoming_key != nullptr;
-    if (incoming)
-      for (std::size_t j = 0; j < d; ++j) keyd_[n * d + j] = static_cast<double>(v.incoming_key[j]);
-    const std::size_t m = n + (incoming ? 1 : 0);
-    z_.resize(m);
+  void score_rows(const HeadView<S>& v, bool keep) {
+    const std::size_t n = v.size;
     // Shrinking a budget there is no incoming token: the next position stands in for it.
     std::int64_t position = v.incoming_position;
-    if (!incoming)
+    if (v.incoming_key == nullptr)
       for (std::size_t r = 0; r < n; ++r) position = std::max(position, v.positions[r] + 1);
+    bool done = false;
+    if constexpr (kvevict::detail::kernel_scalar<S>)
+      if (config_.float_logits) done = score_rows_float(v, position, keep);
+    if (!done) score_rows_double(v, position, keep);
+    const auto& vn = vnorms_.of(v.layer, v.kv_head);
+    for (std::size_t r = 0; r < n; ++r) {
+      score_[r] /= static_cast<double>(group_);
+      if (config_.value_norm)
+        score_[r] = (score_[r] + static_cast<double>(config_.epsilon)) * static_cast<double>(vn[r]);
+    }
+  }
+
+  template <class S>
+  void score_rows_double(const HeadView<S>& v, std::int64_t position, bool keep) {
+    const std::size_t n = v.size;
+    score_.assign(n, 0.0);
+    const bool incoming = v.incoming_key != nullptr;
+    const std::size_t m = n + (incoming ? 1 : 0);
+    z_.resize(m);
+    const std::size_t h = head_index(v.layer, v.kv_head);
     for (std::size_t g = 0; g < group_; ++g) {
       future_moments(stats(v.layer, v.kv_head, g), position);
       double zmax = -HUGE_VAL;
       for (std::size_t r = 0; r < m; ++r) {
         if (r < n && v.seqs[r] < config_.sinks) continue;
-        z_[r] = logit(keyd_.data() + r * d);
+        z_[r] = r < n ? logit(mean_.data(), cov_or_null(), v.key(r).data())
+                      : logit(mean_.data(), cov_or_null(), v.incoming_key);
         zmax = std::max(zmax, z_[r]);
       }
       double total = 0.0;
@@ -343,13 +483,59 @@ class ExpectedAttention {
       }
       for (std::size_t r = 0; r < n; ++r)
         if (v.seqs[r] >= config_.sinks) score_[r] += z_[r] / total;
+      if (keep) freeze(h, g, mean_.data(), zmax + std::log(total));
     }
-    const auto& vn = vnorms_.of(v.layer, v.kv_head);
-    for (std::size_t r = 0; r < n; ++r) {
-      score_[r] /= static_cast<double>(group_);
-      if (config_.value_norm)
-        score_[r] = (score_[r] + static_cast<double>(config_.epsilon)) * static_cast<double>(vn[r]);
+  }
+
+  // The float path (Covariance::none): the kernel's softmax over the stored rows, p_r, for
+  // the G moved means at once; then renormalised over the scored rows and the incoming key:
+  // score_r = p_r / T with T = sum of p over the non-sink rows + p_j exp(z_in - z_j), j the
+  // most probable row (z_j, z_in recomputed in double from the float mean). Returns false
+  // (nothing kept) when the kernel reports a non-finite logit or T is not a normal number.
+  template <class S>
+  bool score_rows_float(const HeadView<S>& v, std::int64_t position, bool keep) {
+    const std::size_t n = v.size, d = d_, G = group_;
+    score_.assign(n, 0.0);
+    qf_.resize(G * d);
+    means_.resize(G * d);
+    probs_.resize(G * n);
+    norms_.resize(G);
+    for (std::size_t g = 0; g < G; ++g) {
+      future_moments(stats(v.layer, v.kv_head, g), position);
+      std::copy(mean_.begin(), mean_.end(), means_.begin() + static_cast<std::ptrdiff_t>(g * d));
+      for (std::size_t i = 0; i < d; ++i) qf_[g * d + i] = static_cast<float>(mean_[i]);
     }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    if (!kernels::attention_probs_as<kvevict::detail::kv_format_of<S>()>(
+            qf_.data(), d, G, v.keys, d, n, d, scale, probs_.data()))
+      return false;
+    auto dot = [&](const float* q, const auto* k) {
+      double s = 0.0;
+      for (std::size_t i = 0; i < d; ++i) s += static_cast<double>(q[i]) * static_cast<double>(k[i]);
+      return s * static_cast<double>(scale);
+    };
+    for (std::size_t g = 0; g < G; ++g) {
+      const float* p = probs_.data() + g * n;
+      const float* q = qf_.data() + g * d;
+      std::size_t j = 0;
+      double total = 0.0;
+      for (std::size_t r = 0; r < n; ++r) {
+        if (p[r] > p[j]) j = r;
+        if (v.seqs[r] >= config_.sinks) total += static_cast<double>(p[r]);
+      }
+      const double zj = dot(q, v.key(j).data());
+      if (v.incoming_key != nullptr)
+        total += static_cast<double>(p[j]) * std::exp(dot(q, v.incoming_key) - zj);
+      if (!(total > 1e-20 && total < HUGE_VAL)) return false;
+      const double inv = 1.0 / total;
+      for (std::size_t r = 0; r < n; ++r)
+        if (v.seqs[r] >= config_.sinks) score_[r] += static_cast<double>(p[r]) * inv;
+      norms_[g] = zj - std::log(static_cast<double>(p[j])) + std::log(total);
+    }
+    if (keep)
+      for (std::size_t g = 0; g < G; ++g)
+        freeze(head_index(v.layer, v.kv_head), g, means_.data() + g * d, norms_[g]);
+    return true;
   }
 
   Config config_;
@@ -359,9 +545,16 @@ class ExpectedAttention {
   std::vector<QueryStats> stats_;            ///< per (layer, query head)
   std::vector<std::uint64_t> last_added_;    ///< per (layer, KV head): seq whose queries are in
   std::vector<double> theta_, future_re_, future_im_;  ///< per rotated pair
+  // rescore_every > 1: per row, its score as of the last rescoring or its arrival; per
+  // (layer, KV head), decisions so far and whether statistics are frozen; per (layer, KV
+  // head, query head), the frozen moved mean (covariance) and log-normaliser.
+  detail::RowColumn<float> stale_, accf_;  ///< kept scores; their decayed sums (horizon > 0)
+  std::vector<std::uint64_t> decisions_, bits_;
+  std::vector<unsigned char> frozen_;
+  std::vector<double> frozen_mean_, frozen_cov_, frozen_norm_;
   // Scratch (no allocation per step once warm).
-  std::vector<float> buf_;
-  std::vector<double> mean_, cov_, rc_, rs_, keyd_, z_, score_;
+  std::vector<float> buf_, qf_, probs_, spike_;
+  std::vector<double> mean_, cov_, rc_, rs_, z_, score_, means_, norms_;
 };
 
 }  // namespace kvevict::policies

@@ -23,3 +23,7 @@ struct FullCache {
 };
 
 }  // namespace kvevict::policies
+
+// Compiled-kernels mode: extern template declarations of the common caches (extern_templates.hpp).
+#define KVEVICT_HAVE_FULL_CACHE_HPP 1
+#include "../extern_templates.hpp"

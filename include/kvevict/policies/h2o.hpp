@@ -86,3 +86,7 @@ class H2O {
 };
 
 }  // namespace kvevict::policies
+
+// Compiled-kernels mode: extern template declarations of the common caches (extern_templates.hpp).
+#define KVEVICT_HAVE_H2O_HPP 1
+#include "../extern_templates.hpp"

@@ -10,6 +10,12 @@
 // container decides before it is written). A zero key has no direction: it is normalised
 // to zero (cosine 0). Optional sinks and a recent band are never evicted (the paper has
 // neither; both default to 0).
+//
+// kvevict extension `rescore_every` = R (1 = the rule above, every decision): the anchor
+// and every row's score are recomputed on every R-th decision of a head only; a row
+// appended in between is scored on arrival against the last anchor, and a decision is the
+// victim search over the kept scores, O(n).
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -26,10 +32,13 @@ class KeyDiff {
     std::size_t sinks = 0;         ///< first rows never evicted
     std::size_t recent = 0;        ///< rows that arrived last, never evicted
     float recent_fraction = 0.0f;  ///< protect max(recent, floor(fraction x capacity)) rows
+    std::size_t rescore_every = 1;  ///< rescore all rows every R-th decision (1..2^20)
   };
   KeyDiff() = default;
   explicit KeyDiff(Config c) : config_(c) {
     detail::require_fraction(name(), "recent_fraction", c.recent_fraction);
+    kvevict::detail::require(c.rescore_every >= 1 && c.rescore_every <= (1u << 20), name(),
+                             ": rescore_every = ", c.rescore_every, ", expected 1..", 1u << 20);
   }
 
   static constexpr Signals signals = Signals::none;
@@ -44,10 +53,71 @@ class KeyDiff {
   void bind(const CacheShape& shape) {
     inv_norms_.bind(shape);
     d_ = static_cast<std::size_t>(shape.geometry.head_dim);
+    hkv_ = static_cast<std::size_t>(shape.geometry.n_kv_heads);
+    if (config_.rescore_every > 1) {
+      const std::size_t heads = static_cast<std::size_t>(shape.geometry.n_layers) * hkv_;
+      stale_.bind(shape);
+      decisions_.assign(heads, 0);
+      frozen_.assign(heads, 0);
+      frozen_anchor_.assign(heads * d_, 0.0);
+    }
   }
 
   template <class S>
   void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
+    if (config_.rescore_every > 1) {
+      // Amortised: rescore on every R-th decision of the head (freezing the anchor for
+      // arrivals), then the lowest kept float score among the open rows (masked argmin).
+      const std::size_t h = head_index(v.layer, v.kv_head);
+      auto& kept = stale_.of(v.layer, v.kv_head);
+      if (decisions_[h]++ % config_.rescore_every == 0) {
+        score_rows(v);
+        for (std::size_t r = 0; r < v.size; ++r) kept[r] = static_cast<float>(score_[r]);
+        std::copy(anchor_.begin(), anchor_.end(),
+                  frozen_anchor_.begin() + static_cast<std::ptrdiff_t>(h * d_));
+        frozen_[h] = 1;
+      }
+      detail::evict_lowest_masked(
+          v, kept.data(),
+          detail::protection_bits(v, config_.sinks, recent_for(v.capacity), bits_), out, name());
+      return;
+    }
+    score_rows(v);
+    detail::evict_lowest_protected(v, score_, config_.sinks, recent_for(v.capacity), out, name());
+  }
+  template <class S>
+  void on_append(const HeadView<S>& v, std::size_t row) {
+    const double in = inverse_norm(v.key(row));
+    inv_norms_.set(v.layer, v.kv_head, row, in);
+    if (config_.rescore_every == 1) return;
+    // Arrival between rescorings: the negated similarity to the last anchor.
+    const std::size_t h = head_index(v.layer, v.kv_head);
+    double s = 0.0;
+    if (frozen_[h] != 0) {
+      const auto k = v.key(row);
+      const double* a = frozen_anchor_.data() + h * d_;
+      double dot = 0.0;
+      for (std::size_t j = 0; j < d_; ++j) dot += static_cast<double>(k[j]) * a[j];
+      s = -dot * in;
+    }
+    stale_.set(v.layer, v.kv_head, row, static_cast<float>(s));
+  }
+  void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
+    inv_norms_.move(layer, kv_head, from, to);
+    if (config_.rescore_every > 1) stale_.move(layer, kv_head, from, to);
+  }
+
+  /// Negated anchor similarities of the last choose_victims call, one per live row (with
+  /// rescore_every > 1: of the last rescoring).
+  [[nodiscard]] const std::vector<double>& last_scores() const { return score_; }
+
+ private:
+  std::size_t head_index(int layer, int kv_head) const {
+    return static_cast<std::size_t>(layer) * hkv_ + static_cast<std::size_t>(kv_head);
+  }
+  // anchor_ and score_ for every live row (the rule in the header).
+  template <class S>
+  void score_rows(const HeadView<S>& v) {
     const auto& inv = inv_norms_.of(v.layer, v.kv_head);
     const std::size_t d = d_;
     // Anchor direction: the sum of the unit keys (its length does not change the ranking).
@@ -68,24 +138,8 @@ class KeyDiff {
       for (std::size_t j = 0; j < d; ++j) dot += static_cast<double>(k[j]) * anchor_[j];
       score_[r] = -dot * inv[r];
     }
-    const detail::Protection prot{config_.sinks, recent_for(v.capacity)};
-    detail::evict_lowest(
-        v, [&](std::size_t r) { return score_[r]; },
-        [&](std::size_t r) { return !prot.is_protected(v.seqs[r], v.incoming_seq); }, out,
-        name());
-  }
-  template <class S>
-  void on_append(const HeadView<S>& v, std::size_t row) {
-    inv_norms_.set(v.layer, v.kv_head, row, inverse_norm(v.key(row)));
-  }
-  void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
-    inv_norms_.move(layer, kv_head, from, to);
   }
 
-  /// Negated anchor similarities of the last choose_victims call, one per live row.
-  [[nodiscard]] const std::vector<double>& last_scores() const { return score_; }
-
- private:
   template <class S>
   static double inverse_norm(std::span<const S> key) {
     double s = 0.0;
@@ -94,8 +148,14 @@ class KeyDiff {
   }
 
   Config config_{};
-  std::size_t d_ = 0;
+  std::size_t d_ = 0, hkv_ = 1;
   detail::RowColumn<double> inv_norms_;
+  // rescore_every > 1: per row, its score as of the last rescoring or its arrival; per
+  // (layer, KV head), decisions so far, whether an anchor is frozen, and the anchor.
+  detail::RowColumn<float> stale_;
+  std::vector<std::uint64_t> decisions_, bits_;
+  std::vector<unsigned char> frozen_;
+  std::vector<double> frozen_anchor_;
   std::vector<double> anchor_, score_;
 };
 

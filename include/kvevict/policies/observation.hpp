@@ -138,9 +138,17 @@ namespace detail {
 /// head_dim, arrival order, ending with token T - 1): a window token whose query is not
 /// known (earlier than the chunk and not stashed) adds nothing. Each window query attends
 /// causally over what the view holds; tokens dropped before are not in the softmax.
-KVEVICT_LAZY inline void held_window_importance(const PrefillView& v, std::size_t window,
-                                                const float* wq, std::size_t wn,
-                                                std::vector<float>& out) {
+KVEVICT_LAZY KVEVICT_KERNEL_FN void held_window_importance(const PrefillView& v,
+                                                            std::size_t window, const float* wq,
+                                                            std::size_t wn,
+                                                            std::vector<float>& out);
+// Another observation-window GEMM: compiled once into kvevict_kernels in separate-kernels
+// mode, as window_importance.
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN void held_window_importance(const PrefillView& v,
+                                                                std::size_t window,
+                                                                const float* wq, std::size_t wn,
+                                                                std::vector<float>& out) {
   using RowMajorF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const std::size_t T = v.tokens, prefix = T - window;
   const auto d = static_cast<Eigen::Index>(v.head_dim);
@@ -160,6 +168,7 @@ KVEVICT_LAZY inline void held_window_importance(const PrefillView& v, std::size_
     add_window_probabilities(logits, scale, prefix, out);
   }
 }
+#endif  // !KVEVICT_KERNELS_DECLARE_ONLY
 
 /// pool1d over arrival indices with gaps: the neighbours of token i are the tokens whose
 /// arrival index is within kernel/2 of its own; a dropped token counts as the padding does

@@ -291,3 +291,7 @@ class SnapKV {
 };
 
 }  // namespace kvevict::policies
+
+// Compiled-kernels mode: extern template declarations of the common caches (extern_templates.hpp).
+#define KVEVICT_HAVE_SNAPKV_HPP 1
+#include "../extern_templates.hpp"

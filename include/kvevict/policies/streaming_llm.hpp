@@ -150,3 +150,7 @@ struct StreamingLLM {
 };
 
 }  // namespace kvevict::policies
+
+// Compiled-kernels mode: extern template declarations of the common caches (extern_templates.hpp).
+#define KVEVICT_HAVE_STREAMING_LLM_HPP 1
+#include "../extern_templates.hpp"
