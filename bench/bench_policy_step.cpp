@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_model.hpp"
+#include "bench_main.hpp"
 #include "policy_step_pool.hpp"
 
 using namespace kvevict;
@@ -172,15 +172,4 @@ BENCHMARK_CAPTURE(BM_policy, hashevict_key_b64, hash_key(64))->Apply(sizes);
 BENCHMARK_CAPTURE(BM_policy, hashevict_query_b16, hash_query(16))->Apply(sizes);
 BENCHMARK_CAPTURE(BM_policy, hashevict_query_b64, hash_query(64))->Apply(sizes);
 
-int main(int argc, char** argv) {
-  const std::string cpu = kvevict::examples::cpu_model();
-  std::printf("CPU: %s; kvevict kernels ISA: %s\n", cpu.c_str(),
-              kernels::isa_name(kernels::active_isa()));
-  benchmark::AddCustomContext("cpu_model", cpu);
-  benchmark::AddCustomContext("kvevict_isa", kernels::isa_name(kernels::active_isa()));
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return kvbench::run_benchmarks(argc, argv); }

@@ -10,7 +10,7 @@
 // BM_step) / the attention step's mean time.
 #include <benchmark/benchmark.h>
 
-#include "cpu_model.hpp"
+#include "bench_main.hpp"
 #include "step_tokens.hpp"
 
 #include <cstdio>
@@ -144,15 +144,4 @@ BENCHMARK_CAPTURE(BM_step, keydiff_r1, keydiff(1))->Apply(sizes);
 BENCHMARK_CAPTURE(BM_step, keydiff_r32, keydiff(32))->Apply(sizes);
 BENCHMARK_CAPTURE(BM_step, keydiff_r64, keydiff(64))->Apply(sizes);
 
-int main(int argc, char** argv) {
-  const std::string cpu = kvevict::examples::cpu_model();
-  std::printf("CPU: %s; kvevict kernels ISA: %s\n", cpu.c_str(),
-              kernels::isa_name(kernels::active_isa()));
-  benchmark::AddCustomContext("cpu_model", cpu);
-  benchmark::AddCustomContext("kvevict_isa", kernels::isa_name(kernels::active_isa()));
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return kvbench::run_benchmarks(argc, argv); }

@@ -256,20 +256,18 @@ void run_cache(kvfuzz::Input& in, const Policy& policy) {
       const std::int64_t pos = t.next[ul];
       snapshot(t, pool, before);
       saved = kvevict::save_bytes(*t.dense);
-      bool dense_ok = true;
-      try {
-        if (n == 1 && what < 4) t.dense->append(l, pos, k, v, q);
-        else t.dense->prefill(l, pos, n, k, v, q);
-      } catch (const kvevict::Error&) {
-        dense_ok = false;
-      }
-      bool paged_ok = true;
-      try {
-        if (n == 1 && what < 4) t.paged->append(l, pos, k, v, q);
-        else t.paged->prefill(l, pos, n, k, v, q);
-      } catch (const kvevict::Error&) {
-        paged_ok = false;
-      }
+      // The same call on the dense twin and the paged sequence: whether each accepted it.
+      const auto accepts = [&](auto& cache) {
+        try {
+          if (n == 1 && what < 4) cache.append(l, pos, k, v, q);
+          else cache.prefill(l, pos, n, k, v, q);
+        } catch (const kvevict::Error&) {
+          return false;
+        }
+        return true;
+      };
+      const bool dense_ok = accepts(*t.dense);
+      const bool paged_ok = accepts(*t.paged);
       if (!paged_ok) {  // unchanged; an exhausted pool only when the rows need more blocks than are free
         snapshot(t, pool, after);
         KVFUZZ_ASSERT(after == before);
