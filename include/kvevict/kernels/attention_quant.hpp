@@ -431,98 +431,6 @@ KVEVICT_ATTN_TARGET_AVX2 inline void q_attention_output(const float* probs, std:
   }
 }
 
-// Q8/Q4 p.V with the block scale folded into the probability: per tile of rows,
-// ps[g][t][b] = p[g][i0 + t] x (row i0 + t's scale of block b), one multiply per row, head and
-// block instead of one per 8 elements and column block; the codes are widened and multiplied
-// by ps. Differs from scaling the codes first by one rounding of p x s per term.
-template <class D, int GC>
-KVEVICT_ATTN_TARGET_AVX2 inline void q_output_block_ps(const float* ps, std::size_t g_stride,
-                                                       std::size_t nb, const std::uint8_t* rows,
-                                                       std::size_t row_bytes, std::size_t i0,
-                                                       std::size_t i1, std::size_t c0, bool two,
-                                                       float* out, std::size_t out_stride) noexcept {
-  V acc[GC][2];
-  for (int g = 0; g < GC; ++g) {
-    const float* o = out + static_cast<std::size_t>(g) * out_stride + c0;
-    acc[g][0] = vload(o);
-    acc[g][1] = two ? vload(o + 8) : vzero();
-  }
-  const std::size_t b0 = c0 / D::group, b1 = two ? (c0 + 8) / D::group : b0;
-  for (std::size_t i = i0; i < i1; ++i) {
-    const std::uint8_t* row = rows + i * row_bytes;
-    const V x0 = q_chunk<D>(row, c0);
-    const V x1 = two ? q_chunk<D>(row, c0 + 8) : vzero();
-    const float* pr = ps + (i - i0) * nb;
-    for (int g = 0; g < GC; ++g) {
-      const float* pg = pr + static_cast<std::size_t>(g) * g_stride;
-      const V p0 = vset1(pg[b0]);
-      acc[g][0] = vfma(p0, x0, acc[g][0]);
-      if constexpr (D::group % 16 == 0) acc[g][1] = vfma(p0, x1, acc[g][1]);
-      else acc[g][1] = vfma(vset1(pg[b1]), x1, acc[g][1]);
-    }
-  }
-  for (int g = 0; g < GC; ++g) {
-    float* o = out + static_cast<std::size_t>(g) * out_stride + c0;
-    vstore(o, acc[g][0]);
-    if (two) vstore(o + 8, acc[g][1]);
-  }
-}
-
-template <class D>
-KVEVICT_ATTN_TARGET_AVX2 inline void q_attention_output_ps(const float* probs, std::size_t group,
-                                                           const std::uint8_t* rows,
-                                                           std::size_t row_bytes, std::size_t n,
-                                                           std::size_t d, float* out,
-                                                           std::size_t out_stride) noexcept {
-  const std::size_t nb = d / D::group;
-  constexpr std::size_t kPs = 4096;  // floats of ps on the stack (16 KiB)
-  std::size_t tile = 16384 / (row_bytes + 1);
-  if (tile < 8) tile = 8;
-  if (tile > kPs / (group * nb)) tile = kPs / (group * nb);
-  if (tile < 8) {  // very wide groups: the unfolded kernel
-    q_attention_output<D>(probs, group, rows, row_bytes, n, d, out, out_stride);
-    return;
-  }
-  for (std::size_t g = 0; g < group; ++g)
-    for (std::size_t j = 0; j < d; ++j) out[g * out_stride + j] = 0.0f;
-  float ps_buf[kPs];  // group x tile x nb
-  float* const psd = ps_buf;
-  for (std::size_t i0 = 0; i0 < n; i0 += tile) {
-    const std::size_t i1 = n - i0 < tile ? n : i0 + tile, m = i1 - i0;
-    float sc[64];
-    for (std::size_t t = 0; t < m; ++t) {
-      const std::uint8_t* row = rows + (i0 + t) * row_bytes;
-      for (std::size_t b0 = 0; b0 < nb; b0 += 64) {
-        const std::size_t bc = nb - b0 < 64 ? nb - b0 : 64;
-        for (std::size_t b = 0; b < bc; ++b) {
-          std::uint16_t h;
-          std::memcpy(&h, row + (b0 + b) * D::block_bytes, 2);
-          sc[b] = _cvtsh_ss(h);
-        }
-        for (std::size_t g = 0; g < group; ++g) {
-          const float pi = probs[g * n + i0 + t];
-          float* dst = psd + (g * m + t) * nb + b0;
-          for (std::size_t b = 0; b < bc; ++b) dst[b] = pi * sc[b];
-        }
-      }
-    }
-    for (std::size_t g0 = 0; g0 < group; g0 += kHeads) {
-      const std::size_t gc = group - g0 < static_cast<std::size_t>(kHeads) ? group - g0 : kHeads;
-      const float* pg = psd + g0 * m * nb;
-      float* og = out + g0 * out_stride;
-      for (std::size_t c0 = 0; c0 < d; c0 += 16) {
-        const bool two = c0 + 16 <= d;
-        switch (gc) {
-          case 1: q_output_block_ps<D, 1>(pg, m * nb, nb, rows, row_bytes, i0, i1, c0, two, og, out_stride); break;
-          case 2: q_output_block_ps<D, 2>(pg, m * nb, nb, rows, row_bytes, i0, i1, c0, two, og, out_stride); break;
-          case 3: q_output_block_ps<D, 3>(pg, m * nb, nb, rows, row_bytes, i0, i1, c0, two, og, out_stride); break;
-          default: q_output_block_ps<D, kHeads>(pg, m * nb, nb, rows, row_bytes, i0, i1, c0, two, og, out_stride); break;
-        }
-      }
-    }
-  }
-}
-
 // --- the integer q.K path (quant_attention_probs_qint) -----------------------------------
 
 /// Span [e, e + 32) of a row (e a multiple of 32, inside one block): Q8's int8 codes, or
@@ -654,10 +562,7 @@ inline void quant_attention_output_at(const float* probs, std::size_t group,
 #if KVEVICT_X86
   if constexpr (I != Isa::scalar)
     if (detail::attn_avx2::q_simd_shape<D>(d)) {
-      if constexpr (D::kind == QKind::e4m3)
-        detail::attn_avx2::q_attention_output<D>(probs, group, rows, row_bytes, n, d, out, out_stride);
-      else
-        detail::attn_avx2::q_attention_output_ps<D>(probs, group, rows, row_bytes, n, d, out, out_stride);
+      detail::attn_avx2::q_attention_output<D>(probs, group, rows, row_bytes, n, d, out, out_stride);
       return;
     }
 #endif
