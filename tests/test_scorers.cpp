@@ -543,13 +543,13 @@ TEST_CASE("ExpectedAttention rescore_all_up_to: R 1 for small heads, the fractio
   // uses floor(0.25 x C). Each against the brute-force rule with the same threshold.
   using C = ExpectedAttention::Covariance;
   for (int G : {1, 4}) {
-    for (std::size_t up_to : {16u, 15u, 0u})
-      for (std::size_t cap : {16u, 20u})
-        compare_expected({.sinks = 1, .recent_fraction = 0.375f, .query_window = 1,
-                          .future_positions = 16, .covariance = C::none, .horizon = 3.0f,
-                          .float_logits = true, .rescore_fraction = 0.25f,
-                          .rescore_all_up_to = up_to},
-                         G, cap, 1000 + G + up_to + cap);
+    // (threshold, capacity): a head at it (R 1), one row over it (R 4), a larger head (R 5).
+    for (auto [up_to, cap] : {std::pair<std::size_t, std::size_t>{16, 16}, {15, 16}, {16, 20}})
+      compare_expected({.sinks = 1, .recent_fraction = 0.375f, .query_window = 1,
+                        .future_positions = 16, .covariance = C::none, .horizon = 3.0f,
+                        .float_logits = true, .rescore_fraction = 0.25f,
+                        .rescore_all_up_to = up_to},
+                       G, cap, 1000 + G + up_to + cap);
   }
   const ExpectedAttention p({.rescore_fraction = 1.0f / 8, .rescore_all_up_to = 128});
   CHECK(p.every(16) == 1);
