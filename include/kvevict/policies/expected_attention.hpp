@@ -603,7 +603,7 @@ class ExpectedAttention {
   std::vector<unsigned char> frozen_;
   std::vector<double> frozen_mean_, frozen_cov_, frozen_norm_;
   // Scratch (no allocation per step once warm).
-  std::vector<float> buf_, qf_, probs_, spike_;
+  std::vector<float> buf_, qf_, probs_;
   std::vector<double> mean_, cov_, rc_, rs_, z_, score_, means_, norms_;
 };
 
