@@ -14,9 +14,10 @@
 //          the others 1 (StreamingLLM: the oldest block; KeyDiff, ExpectedAttention,
 //          HashEvict, KNorm: the block holding most of the rows the policy would drop next)
 //   automatic (default): costs when the policy has eviction_costs, else votes.
-// A block containing a row the policy protects (cost +inf or FLT_MAX) goes only after
-// every block without one (then by its finite aggregate). The first `sink_blocks` blocks
-// and the `recent_blocks` newest held blocks are never chosen. Whole blocks leave even when
+// A block containing a row the policy will not evict now (cost +inf: its sinks, its recent
+// band) is never chosen; a row it evicts last (FLT_MAX: DecayedAttention's recall reserve)
+// counts as just above the head's highest open cost. The first `sink_blocks` blocks and the
+// `recent_blocks` newest held blocks are never chosen. Whole blocks leave even when
 // fewer rows are needed, so a head holds between capacity - block_tokens + 1 and capacity
 // rows, as a block table of capacity / block_tokens blocks. When no unprotected block can
 // supply the rows needed (a budget shrink below the protected blocks, rows of a prompt
@@ -75,9 +76,9 @@ class BlockGranular {
 
   static constexpr Signals signals = static_cast<Signals>(
       static_cast<unsigned>(Policy::signals) & ~static_cast<unsigned>(Signals::prefill_window));
-  static constexpr bool reads_stored_rows = detail::reads_stored_rows<Policy>();
+  static constexpr bool reads_stored_rows = kvevict::detail::reads_stored_rows<Policy>();
   static constexpr const char* name() { return "BlockGranular"; }
-  static constexpr bool kHasCosts = detail::HasEvictionCosts<Policy, float>;
+  static constexpr bool kHasCosts = kvevict::detail::HasEvictionCosts<Policy, float>;
 
   [[nodiscard]] const Config& config() const { return config_; }
   [[nodiscard]] Policy& inner() { return inner_; }
@@ -89,9 +90,9 @@ class BlockGranular {
   }
   void bind(const CacheShape& shape) {
     const std::uint32_t b = config_.block_tokens;
-    detail::require(b >= 1 && b <= 256 && (b & (b - 1)) == 0, "BlockGranular: block_tokens = ", b,
+    kvevict::detail::require(b >= 1 && b <= 256 && (b & (b - 1)) == 0, "BlockGranular: block_tokens = ", b,
                     ", expected a power of two in [1, 256]");
-    detail::require(config_.source != BlockSource::costs || kHasCosts,
+    kvevict::detail::require(config_.source != BlockSource::costs || kHasCosts,
                     "BlockGranular: source = costs, expected a policy with eviction_costs "
                     "(H2O, DecayedAttention); use votes");
     inner_.bind(shape);
@@ -99,7 +100,7 @@ class BlockGranular {
   [[nodiscard]] bool shared_decisions() const { return config_.shared; }
 
   template <class A>
-    requires detail::HasObserve<Policy>
+    requires kvevict::detail::HasObserve<Policy>
   void observe(const A& view) {
     inner_.observe(view);
   }
@@ -160,31 +161,36 @@ class BlockGranular {
     }
     const std::size_t span = static_cast<std::size_t>(hi - lo + 1);
     acc_.assign(span, Acc{});
+    // Rows the policy keeps last (FLT_MAX: DecayedAttention's recall reserve) count as just
+    // above the head's highest open cost; a row it will not evict now (+inf: sinks, recent band)
+    // protects its block.
+    float top = 0.0f;
+    for (std::size_t r = 0; r < v.size; ++r)
+      if (costs[r] < std::numeric_limits<float>::max()) top = std::max(top, costs[r]);
     for (std::size_t r = 0; r < v.size; ++r) {
       Acc& a = acc_[static_cast<std::size_t>(v.seqs[r] / B - lo)];
-      const float c = costs[r];
+      float c = costs[r];
       ++a.present;
-      if (!(c < std::numeric_limits<float>::max())) {
+      if (std::isinf(c) || std::isnan(c)) {
         ++a.guarded;
         continue;
       }
+      if (c >= std::numeric_limits<float>::max()) c = std::nextafter(top, std::numeric_limits<float>::max());
       if (config_.score == BlockScore::max) a.agg = a.present == 1 + a.guarded ? c : std::max(a.agg, c);
       else a.agg += c;
     }
     order_.clear();
     for (std::size_t i = 0; i < span; ++i) {
       const std::uint64_t b = lo + i;
-      if (acc_[i].present == 0 || b < config_.sink_blocks || b + config_.recent_blocks > hi) continue;
+      if (acc_[i].present == 0 || acc_[i].guarded > 0 || b < config_.sink_blocks ||
+          b + config_.recent_blocks > hi)
+        continue;
       const std::uint32_t finite = acc_[i].present - acc_[i].guarded;
       if (config_.score == BlockScore::mean && finite > 0) acc_[i].agg /= static_cast<float>(finite);
       order_.push_back(static_cast<std::uint32_t>(i));
     }
-    std::stable_sort(order_.begin(), order_.end(), [&](std::uint32_t a, std::uint32_t b) {
-      const Acc& x = acc_[a];
-      const Acc& y = acc_[b];
-      if ((x.guarded > 0) != (y.guarded > 0)) return x.guarded == 0;
-      return x.agg < y.agg;
-    });
+    std::stable_sort(order_.begin(), order_.end(),
+                     [&](std::uint32_t a, std::uint32_t b) { return acc_[a].agg < acc_[b].agg; });
     std::size_t take = 0, rows = 0;
     while (take < order_.size() && rows < std::max<std::size_t>(v.need, 1)) rows += acc_[order_[take++]].present;
     if (rows < v.need) {  // the protected blocks hold too much: the policy's own choice
