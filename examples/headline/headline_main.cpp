@@ -630,7 +630,8 @@ void block_policy_rows(Runner& r, const std::vector<std::size_t>& budgets, const
       r.row(B, fmt::format("block DecayedAttention h 3 (16, 1 sink block, 1 recent block; costs, {})", to_string(sc)).c_str(),
             BlockGranular(plain, blocks(16, sc)));
     r.row(B, "block DecayedAttention h 3 (8, 1 sink block, 1 recent block; sum)", BlockGranular(plain, blocks(8, BlockScore::sum)));
-    r.row(B, "block DecayedAttention h 3 (32, 1 sink block, 1 recent block; sum)", BlockGranular(plain, blocks(32, BlockScore::sum)));
+    if (B >= 3 * 32)  // a sink block, a recent block and one evictable
+      r.row(B, "block DecayedAttention h 3 (32, 1 sink block, 1 recent block; sum)", BlockGranular(plain, blocks(32, BlockScore::sum)));
     r.row(B, "token-level DecayedAttention h 3 (1 sink, 1 recent)", plain);
     for (HeadCombine h : {HeadCombine::sum, HeadCombine::max})
       r.row(B, fmt::format("shared cells, block DecayedAttention h 3 (16; heads {})", to_string(h)).c_str(),
