@@ -357,6 +357,7 @@ TEST_CASE("BlockGranular: the block with the lowest summed accumulated attention
     }
   }
   REQUIRE(evictions > 10);
+  REQUIRE(c.policy().fallbacks() == 0);
 }
 
 TEST_CASE("BlockGranular at block size 1, per head, keeps the wrapped policy's rows", "[paged]") {

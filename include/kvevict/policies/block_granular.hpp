@@ -21,7 +21,8 @@
 // fewer rows are needed, so a head holds between capacity - block_tokens + 1 and capacity
 // rows, as a block table of capacity / block_tokens blocks. When no unprotected block can
 // supply the rows needed (a budget shrink below the protected blocks, rows of a prompt
-// selection), the wrapped policy's own per-token choice is used.
+// selection, every evictable block holding a row the policy will not evict now), the
+// wrapped policy's own per-token choice is used and counted in fallbacks().
 //
 // Shared decisions (`shared = true`): one keep/evict decision per token for all KV heads of
 // a layer, as llama.cpp's cells need. ContainerCore asks every head of the layer for its
@@ -98,6 +99,9 @@ class BlockGranular {
     inner_.bind(shape);
   }
   [[nodiscard]] bool shared_decisions() const { return config_.shared; }
+  /// Decisions that fell back to the wrapped policy's per-token choice (no whole block
+  /// could go): those steps were not block-granular.
+  [[nodiscard]] std::uint64_t fallbacks() const { return fallbacks_; }
 
   template <class A>
     requires kvevict::detail::HasObserve<Policy>
@@ -138,14 +142,27 @@ class BlockGranular {
   }
   /// Combines the KV heads' token costs (rows aligned: shared decisions keep every head's
   /// rows in the same order) into one cost per row.
+  /// A row one head will not evict now (+inf) stays +inf; else a row some head keeps last
+  /// (FLT_MAX) stays FLT_MAX; else the open costs combine (sum, max or mean).
   void combine_costs(std::span<const std::vector<float>> heads, std::vector<float>& out) const {
+    constexpr float kLast = std::numeric_limits<float>::max();
     const std::size_t n = heads.empty() ? 0 : heads[0].size();
     out.assign(n, 0.0f);
-    for (const auto& h : heads)
-      for (std::size_t r = 0; r < n; ++r)
-        out[r] = config_.combine == HeadCombine::max ? std::max(out[r], h[r]) : out[r] + h[r];
-    if (config_.combine == HeadCombine::mean && !heads.empty())
-      for (float& x : out) x /= static_cast<float>(heads.size());
+    for (std::size_t r = 0; r < n; ++r) {
+      float acc = 0.0f;
+      bool inf = false, last = false;
+      for (const auto& h : heads) {
+        const float c = h[r];
+        if (!(c < kLast)) {
+          inf |= !(c == kLast);
+          last = true;
+          continue;
+        }
+        acc = config_.combine == HeadCombine::max ? std::max(acc, c) : acc + c;
+      }
+      if (config_.combine == HeadCombine::mean) acc /= static_cast<float>(heads.size());
+      out[r] = inf ? std::numeric_limits<float>::infinity() : last ? kLast : std::min(acc, std::nextafter(kLast, 0.0f));
+    }
   }
   /// The rows of the chosen block(s): at least v.need of them (see the header).
   template <class S>
@@ -194,6 +211,7 @@ class BlockGranular {
     std::size_t take = 0, rows = 0;
     while (take < order_.size() && rows < std::max<std::size_t>(v.need, 1)) rows += acc_[order_[take++]].present;
     if (rows < v.need) {  // the protected blocks hold too much: the policy's own choice
+      ++fallbacks_;
       inner_.choose_victims(v, out);
       return;
     }
@@ -215,6 +233,7 @@ class BlockGranular {
   std::vector<std::uint32_t> votes_, order_;
   std::vector<Acc> acc_;
   std::vector<std::uint8_t> chosen_;
+  std::uint64_t fallbacks_ = 0;
 };
 
 }  // namespace kvevict::policies
