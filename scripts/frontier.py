@@ -40,7 +40,7 @@ UNQUANTIZED = {"fp32", "fp16", "bf16"}
 # R) with the recommended policies and the full cache. A configuration's format reads
 # "f16+k8v4 R32".
 MIXED = ["f16+q8g8", "f16+k8v4"]
-HOT_ROWS = [16, 32, 64]
+HOT_ROWS = {"stories260K": [16], "synthetic": [16, 64]}  # band sizes run per study
 MIXED_POLICIES = ["decayed", "probfree"]
 
 STUDIES = {
@@ -116,10 +116,10 @@ def csv_path(args, name, fmt, R=None):
     return os.path.join(args.out, f"{args.study}-{name}-{fmt}" + (f"-R{R}" if R is not None else "") + ".csv")
 
 
-def formats_and_runs():
-    """(format, R or None, policies, budgets-or-None) of every kvevict-eval run."""
+def formats_and_runs(study):
+    """(format, hot rows R or None) of every kvevict-eval run."""
     runs = [(fmt, None) for fmt in FULL_ONLY + SWEPT]
-    runs += [(fmt, R) for fmt in MIXED for R in HOT_ROWS]
+    runs += [(fmt, R) for fmt in MIXED for R in HOT_ROWS[study]]
     return runs
 
 
@@ -127,7 +127,7 @@ def run(args):
     os.makedirs(args.out, exist_ok=True)
     st = STUDIES[args.study]
     for name, (seed, streams) in st["sets"].items():
-        for fmt, R in formats_and_runs():
+        for fmt, R in formats_and_runs(args.study):
             out = csv_path(args, name, fmt, R)
             if args.resume and os.path.exists(out):  # kvevict-eval writes it when done
                 continue
@@ -153,7 +153,7 @@ def run(args):
 def load(args, name):
     st = STUDIES[args.study]
     rows = {}
-    for fmt, R in formats_and_runs():
+    for fmt, R in formats_and_runs(args.study):
         with open(csv_path(args, name, fmt, R)) as f:
             for r in csv.DictReader(f):
                 full = f"{r['format']} R{R}" if R is not None else r["format"]
@@ -240,7 +240,7 @@ def analyze(args):
         w("")
         w("| format | " + " | ".join(f"{m}" for m in levels) + " |")
         w("|---|" + "---:|" * len(levels))
-        layouts = [f"{f} R{R}" for f in MIXED for R in HOT_ROWS] if policy in MIXED_POLICIES else []
+        layouts = [f"{f} R{R}" for f in MIXED for R in HOT_ROWS[args.study]] if policy in MIXED_POLICIES else []
         for fmt in SWEPT + layouts:
             cells = []
             for m in levels:
@@ -274,7 +274,7 @@ def analyze(args):
     panels = []
     for policy in POLICIES:
         series = []
-        layouts = [f"{f} R32" for f in MIXED] if policy in MIXED_POLICIES else []
+        layouts = [f"{f} R16" for f in MIXED] if policy in MIXED_POLICIES else []
         for fmt in SWEPT + layouts:
             pts = sorted((report[c]["bytes"], max(err(c), ymin)) for c in report
                          if c[1] == fmt and c[0] in (policy, "full"))
