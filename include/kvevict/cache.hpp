@@ -40,11 +40,9 @@ struct EvictedRow {
   std::span<const Scalar> value;
 };
 
-/// A row of a quantized cache (quantized.hpp) leaving it: the stored bytes, bit for bit,
-/// and a dequantising view (dequantize_key / dequantize_value write head_dim floats).
-template <class Scalar>
-  requires detail::QuantizedStorage<Scalar>
-struct EvictedRow<Scalar> {
+namespace detail {
+/// What a row of a byte-storing cache (quantized or mixed) hands the eviction callback.
+struct EvictedBytes {
   int layer = 0;
   int kv_head = 0;
   std::int64_t position = 0;
@@ -52,6 +50,14 @@ struct EvictedRow<Scalar> {
   std::span<const std::uint8_t> key;    ///< the stored key bytes
   std::span<const std::uint8_t> value;  ///< the stored value bytes
   std::size_t head_dim = 0;
+};
+}  // namespace detail
+
+/// A row of a quantized cache (quantized.hpp) leaving it: the stored bytes, bit for bit,
+/// and a dequantising view (dequantize_key / dequantize_value write head_dim floats).
+template <class Scalar>
+  requires detail::QuantizedStorage<Scalar>
+struct EvictedRow<Scalar> : detail::EvictedBytes {
   void dequantize_key(std::span<float> out) const {
     detail::require(out.size() == head_dim, "EvictedRow::dequantize_key: out has ", out.size(),
                     " floats, expected head_dim ", head_dim);
@@ -64,18 +70,12 @@ struct EvictedRow<Scalar> {
   }
 };
 
-/// A row of a mixed cache (mixed.hpp) leaving it: the stored bytes in the band it was in.
+/// A row of a mixed cache (mixed.hpp) leaving it: the stored bytes in the format of the
+/// band it was in (hot: the hot band's).
 template <class Scalar>
   requires detail::MixedStorage<Scalar>
-struct EvictedRow<Scalar> {
-  int layer = 0;
-  int kv_head = 0;
-  std::int64_t position = 0;
-  std::uint64_t seq = 0;
-  bool hot = false;                     ///< stored in the hot (recent) band's format
-  std::span<const std::uint8_t> key;    ///< the stored key bytes (hot or cold format)
-  std::span<const std::uint8_t> value;  ///< the stored value bytes
-  std::size_t head_dim = 0;
+struct EvictedRow<Scalar> : detail::EvictedBytes {
+  bool hot = false;  ///< stored in the hot (recent) band's format
   void dequantize_key(std::span<float> out) const { decode(true, out); }
   void dequantize_value(std::span<float> out) const { decode(false, out); }
 
@@ -296,9 +296,20 @@ class KVCache
   using Codec = detail::RowCodec<Scalar>;  // dense rows (not called for mixed caches)
 
   Eigen::Index dim() const { return this->shape_.geometry.head_dim; }
-  std::size_t key_units() const { return Codec::key_units(this->udim()); }
-  std::size_t value_units() const { return Codec::value_units(this->udim()); }
-  static void decode_rows(bool is_key, const Unit* in, std::size_t rows, std::size_t d, float* out) {
+  // Dense rows only (a mixed cache has a row size per band: MixedHead).
+  std::size_t key_units() const
+    requires(!mixed)
+  {
+    return Codec::key_units(this->udim());
+  }
+  std::size_t value_units() const
+    requires(!mixed)
+  {
+    return Codec::value_units(this->udim());
+  }
+  static void decode_rows(bool is_key, const Unit* in, std::size_t rows, std::size_t d, float* out)
+    requires(!mixed)
+  {
     Codec::decode(is_key, in, rows, d, out);
   }
   Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> decoded(int layer, int kv_head,
@@ -417,23 +428,26 @@ class KVCache
     const std::size_t d = this->udim();
     const detail::MixedRowRef x = h.row(r, d);
     using HS = HeadStore;
-    return {layer, kv_head, h.pos[r], h.seq[r], x.hot,
-            std::span<const Unit>(x.key, x.hot ? HS::HK::row_bytes(d) : HS::CK::row_bytes(d)),
-            std::span<const Unit>(x.value, x.hot ? HS::HV::row_bytes(d) : HS::CV::row_bytes(d)), d};
+    return {{layer, kv_head, h.pos[r], h.seq[r],
+             std::span<const Unit>(x.key, x.hot ? HS::HK::row_bytes(d) : HS::CK::row_bytes(d)),
+             std::span<const Unit>(x.value, x.hot ? HS::HV::row_bytes(d) : HS::CV::row_bytes(d)), d},
+            x.hot};
   }
   EvictedRow<Scalar> evicted(int layer, int kv_head, std::int64_t position, std::uint64_t seq,
                              const Unit* k, const Unit* v) const
     requires(!mixed)
   {
     if constexpr (quantized)
-      return {layer, kv_head, position, seq, std::span<const Unit>(k, key_units()),
-              std::span<const Unit>(v, value_units()), this->udim()};
+      return {{layer, kv_head, position, seq, std::span<const Unit>(k, key_units()),
+               std::span<const Unit>(v, value_units()), this->udim()}};
     else
       return {layer, kv_head, position, seq, std::span<const Unit>(k, key_units()),
               std::span<const Unit>(v, value_units())};
   }
   /// Encodes one row into `k`/`v` (key_units() / value_units() elements).
-  void encode_row(const float* key, const float* value, Unit* k, Unit* v) const {
+  void encode_row(const float* key, const float* value, Unit* k, Unit* v) const
+    requires(!mixed)
+  {
     Codec::encode(key, value, this->udim(), k, v);
   }
   void write_row(std::size_t i, const float* key, const float* value, std::uint64_t seq) {
@@ -458,7 +472,9 @@ class KVCache
       write_dense_row(i, key, value);
     }
   }
-  void write_dense_row(std::size_t i, const float* key, const float* value) {
+  void write_dense_row(std::size_t i, const float* key, const float* value)
+    requires(!mixed)
+  {
     auto& h = this->heads_[i];
     const std::size_t kb = key_units(), vb = value_units();
     const std::size_t rows = h.k.size() / kb;
@@ -525,8 +541,9 @@ class KVCache
         HS::CK::encode(key, d, drop_k_.data());
         HS::CV::encode(value, d, drop_v_.data());
       }
-      on_evict_({layer, kv_head, position, seq, hot, std::span<const Unit>(drop_k_.data(), kb),
-                 std::span<const Unit>(drop_v_.data(), vb), d});
+      on_evict_({{layer, kv_head, position, seq, std::span<const Unit>(drop_k_.data(), kb),
+                  std::span<const Unit>(drop_v_.data(), vb), d},
+                 hot});
     } else {
       encode_row(key, value, drop_k_.data(), drop_v_.data());
       on_evict_(evicted(layer, kv_head, position, seq, drop_k_.data(), drop_v_.data()));
