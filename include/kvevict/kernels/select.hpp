@@ -18,6 +18,9 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+#ifndef KVEVICT_SMALLN
+#define KVEVICT_SMALLN 1024
+#endif
 
 #include "dispatch.hpp"
 
@@ -300,7 +303,7 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
     for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::uint32_t>(i);
     return;
   }
-  constexpr std::size_t kSample = 1024, kMinN = 8192;
+  constexpr std::size_t kSample = 1024, kMinN = 8192, kSmallN = KVEVICT_SMALLN;
   if (n < kMinN) {
 #if KVEVICT_X86
     if constexpr (I != Isa::scalar) {  // AVX-512 CPUs run the AVX2 form
@@ -312,7 +315,7 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
       avx2::BracketBuffers b{grow(sc.below, 2 * n + 16),
                              {grow(sc.band_keys[0], n + 8), grow(sc.band_keys[1], n + 8)},
                              {grow(sc.band_ids[0], n + 8), grow(sc.band_ids[1], n + 8)}};
-      return avx2::topk_bracket(s, n, k, out, b);
+      return n <= kSmallN ? avx2::topk_small(s, n, k, out, b) : avx2::topk_bracket(s, n, k, out, b);
     }
 #endif
     return topk_radix<I>(s, n, k, out);
