@@ -47,7 +47,8 @@ class SimHashProjection {
   /// faster.
   static constexpr int kColsMaxBits = 32;
 #if KVEVICT_X86
-  /// The FMA projection of one vector (AVX2 + FMA; the caller checks the level): the
+  /// The FMA projection of one vector (AVX2 + FMA; the caller checks the level): at AVX-512
+  /// with bits 16, 32 or 64 the row-major zmm kernel (simhash_fma512), else the
   /// column-major kernel when dim % 8 == 0 and bits <= kColsMaxBits, else the row-major one. False: the caller runs
   /// the reference (some projection too near zero for its sign to be certain).
   bool fma_one(const float* x, std::uint8_t* code) const noexcept;
@@ -272,6 +273,57 @@ __attribute__((target("avx2,fma"))) inline bool simhash_fma_cols(const float* x,
   return true;
 }
 #undef KVEVICT_TARGET_AVX2_FMA_LAMBDA
+
+/// simhash_fma for bits = 16 B (B = 1, 2, 4) at AVX-512, from the row-major matrix wt: row i
+/// of wt is B zmm vectors of weights (bit j in lane j % 16 of vector j / 16), so each dim is
+/// one broadcast of x[i] and B FMAs into 16-lane accumulators that hold the projections in
+/// bit order: no horizontal reduction of the projections, and one compare per 16 bits gives
+/// two code bytes as a mask. 8 / B partial sums per vector (dims i mod 8/B) keep the FMA
+/// chains short. Same contract and bound as simhash_fma (any order of the products and
+/// sums is within it), so the codes it returns are the ones simhash_fma returns.
+template <int B>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) inline bool simhash_fma512(
+    const float* x, std::size_t d, const float* wt, const float* thr,
+    std::uint8_t* code) noexcept {
+  constexpr int P = 8 / B;
+  constexpr std::size_t bits = 16 * B;
+  __m512 acc[P][B];
+  for (int p = 0; p < P; ++p)
+    for (int b = 0; b < B; ++b) acc[p][b] = _mm512_setzero_ps();
+  std::size_t i = 0;
+  for (; i + P <= d; i += P)
+    for (int p = 0; p < P; ++p) {
+      const __m512 xb = _mm512_set1_ps(x[i + static_cast<std::size_t>(p)]);
+      const float* w = wt + (i + static_cast<std::size_t>(p)) * bits;
+      for (int b = 0; b < B; ++b) acc[p][b] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(w + 16 * b), acc[p][b]);
+    }
+  for (; i < d; ++i) {
+    const __m512 xb = _mm512_set1_ps(x[i]);
+    for (int b = 0; b < B; ++b)
+      acc[0][b] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(wt + i * bits + 16 * b), acc[0][b]);
+  }
+  __m512 q = _mm512_setzero_ps();
+  for (std::size_t j = 0; j < d; j += 16) {
+    const __mmask16 m = d - j >= 16 ? __mmask16{0xFFFF}
+                                    : static_cast<__mmask16>((1u << (d - j)) - 1u);
+    const __m512 xv = _mm512_maskz_loadu_ps(m, x + j);
+    q = _mm512_fmadd_ps(xv, xv, q);
+  }
+  const float norm2 = _mm512_reduce_add_ps(q);
+  // Tiny (or non-finite) vectors: underflow breaks the relative bound; use the reference.
+  if (!(norm2 >= 0x1p-100f) || !(norm2 <= 0x1p+100f)) return false;
+  const __m512 xn = _mm512_set1_ps(std::sqrt(norm2));
+  for (int b = 0; b < B; ++b) {
+    __m512 s = acc[0][b];
+    for (int p = 1; p < P; ++p) s = _mm512_add_ps(s, acc[p][b]);
+    const __m512 bound = _mm512_mul_ps(_mm512_loadu_ps(thr + 16 * b), xn);
+    if (_mm512_cmp_ps_mask(_mm512_abs_ps(s), bound, _CMP_GT_OQ) != 0xFFFF) return false;
+    const auto m = static_cast<unsigned>(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GE_OQ));
+    code[2 * b] = static_cast<std::uint8_t>(m);
+    code[2 * b + 1] = static_cast<std::uint8_t>(m >> 8);
+  }
+  return true;
+}
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif
 
@@ -309,6 +361,14 @@ KVEVICT_KERNEL_FN SimHashProjection::SimHashProjection(int dim, int bits, std::u
 
 #if KVEVICT_X86
 KVEVICT_KERNEL_FN bool SimHashProjection::fma_one(const float* x, std::uint8_t* code) const noexcept {
+  if (bits_ % 16 == 0 && bits_ <= 64 && active_isa() == Isa::avx512) {
+    const auto d = static_cast<std::size_t>(dim_);
+    switch (bits_ / 16) {
+      case 1: return detail::simhash_fma512<1>(x, d, wt_.data(), thr_.data(), code);
+      case 2: return detail::simhash_fma512<2>(x, d, wt_.data(), thr_.data(), code);
+      default: return detail::simhash_fma512<4>(x, d, wt_.data(), thr_.data(), code);  // 64
+    }
+  }
   return dim_ % 8 == 0 && bits_ <= kColsMaxBits
              ? detail::simhash_fma_cols(x, dim_, bits_, matrix_.data(), thr_.data(), code)
              : detail::simhash_fma(x, dim_, bits_, wt_.data(), thr_.data(), code);
