@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -15,6 +16,24 @@
 #include "hamming.hpp"
 
 namespace kvevict::kernels {
+
+namespace detail {
+/// Allocator of 64-byte aligned storage: the AVX-512 SimHash kernel loads a 64-byte row of
+/// weights per dim, and a row split over two cache lines costs two loads.
+template <class T>
+struct Align64Allocator {
+  using value_type = T;
+  Align64Allocator() noexcept = default;
+  template <class U>
+  Align64Allocator(const Align64Allocator<U>&) noexcept {}
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, std::align_val_t{64}); }
+  template <class U>
+  bool operator==(const Align64Allocator<U>&) const noexcept { return true; }
+};
+}  // namespace detail
 
 /// A dim x bits Gaussian projection. hash() maps each dim-float row to a bits-bit code: bit j
 /// is set when (x . column j) >= 0 (zero counts as 1; NaN projections give 0), stored in byte
@@ -64,7 +83,7 @@ class SimHashProjection {
   int dim_;
   int bits_;
   Eigen::MatrixXf matrix_;
-  std::vector<float> wt_;   ///< matrix_ row-major (dim x bits), for the FMA path
+  std::vector<float, detail::Align64Allocator<float>> wt_;  ///< matrix_ row-major (dim x bits), 64-byte aligned, for the FMA paths
   std::vector<float> thr_;  ///< per column: 2 gamma |w_j|, the sign-certainty bound / |x|
 };
 
@@ -287,6 +306,18 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) inline bool simhas
     std::uint8_t* code) noexcept {
   constexpr int P = 8 / B;
   constexpr std::size_t bits = 16 * B;
+  // The norm first: its reduction and square root overlap the projection's FMA stream.
+  __m512 q = _mm512_setzero_ps();
+  for (std::size_t j = 0; j < d; j += 16) {
+    const __mmask16 m = d - j >= 16 ? __mmask16{0xFFFF}
+                                    : static_cast<__mmask16>((1u << (d - j)) - 1u);
+    const __m512 xv = _mm512_maskz_loadu_ps(m, x + j);
+    q = _mm512_fmadd_ps(xv, xv, q);
+  }
+  const float norm2 = _mm512_reduce_add_ps(q);
+  // Tiny (or non-finite) vectors: underflow breaks the relative bound; use the reference.
+  if (!(norm2 >= 0x1p-100f) || !(norm2 <= 0x1p+100f)) return false;
+  const __m512 xn = _mm512_set1_ps(std::sqrt(norm2));
   __m512 acc[P][B];
   for (int p = 0; p < P; ++p)
     for (int b = 0; b < B; ++b) acc[p][b] = _mm512_setzero_ps();
@@ -302,17 +333,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) inline bool simhas
     for (int b = 0; b < B; ++b)
       acc[0][b] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(wt + i * bits + 16 * b), acc[0][b]);
   }
-  __m512 q = _mm512_setzero_ps();
-  for (std::size_t j = 0; j < d; j += 16) {
-    const __mmask16 m = d - j >= 16 ? __mmask16{0xFFFF}
-                                    : static_cast<__mmask16>((1u << (d - j)) - 1u);
-    const __m512 xv = _mm512_maskz_loadu_ps(m, x + j);
-    q = _mm512_fmadd_ps(xv, xv, q);
-  }
-  const float norm2 = _mm512_reduce_add_ps(q);
-  // Tiny (or non-finite) vectors: underflow breaks the relative bound; use the reference.
-  if (!(norm2 >= 0x1p-100f) || !(norm2 <= 0x1p+100f)) return false;
-  const __m512 xn = _mm512_set1_ps(std::sqrt(norm2));
   for (int b = 0; b < B; ++b) {
     __m512 s = acc[0][b];
     for (int p = 1; p < P; ++p) s = _mm512_add_ps(s, acc[p][b]);
