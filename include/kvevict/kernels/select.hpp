@@ -18,9 +18,6 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
-#ifndef KVEVICT_SMALLN
-#define KVEVICT_SMALLN 1024
-#endif
 
 #include "dispatch.hpp"
 
@@ -303,7 +300,10 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
     for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::uint32_t>(i);
     return;
   }
-  constexpr std::size_t kSample = 1024, kMinN = 8192, kSmallN = KVEVICT_SMALLN;
+  constexpr std::size_t kSample = 1024, kMinN = 8192;
+  // topk_small up to 2048 rows: faster than topk_bracket at 256 and 1K, slower at 4K
+  // (bench_kernels float_topk, old/new binaries interleaved, 2026-12-01).
+  constexpr std::size_t kSmallN = 2048;
   if (n < kMinN) {
 #if KVEVICT_X86
     if constexpr (I != Isa::scalar) {  // AVX-512 CPUs run the AVX2 form
@@ -508,7 +508,8 @@ KVEVICT_KERNEL_FN void counting_bottomk(const std::uint16_t* keys, std::size_t n
 /// rows are chosen only when fewer than k scores are numbers, lowest index first).
 /// Method for n < 8192: at AVX2 (and AVX-512) a sampled-bracket select (avx2::topk_bracket:
 /// a sorted 64-key sample brackets the k-th key, left-packing passes narrow a band to at most
-/// 128 rows, which are sorted); at the scalar level an MSD radix select on the scores'
+/// 128 rows, which are sorted; up to 2048 rows its first pass compares the floats directly,
+/// avx2::topk_small); at the scalar level an MSD radix select on the scores'
 /// order-preserving bit patterns (a 256-bin histogram per byte; rows better than the k-th
 /// key's byte are emitted, equal ones go on to the next byte). From 8192 on: a stratified sample of 1024 scores brackets the k-th largest; one SIMD pass splits
 /// rows into "surely in" and a small band, and only the band is ordered (nth_element on

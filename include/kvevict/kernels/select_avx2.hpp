@@ -542,12 +542,13 @@ KVEVICT_ALWAYS_INLINE float topk_skey_float(std::int32_t x) noexcept {
   return std::bit_cast<float>((fok & 0x80000000u) ? (fok & 0x7FFFFFFFu) : ~fok);
 }
 
-/// Small-n top-k (n <= 1024): topk_bracket's first round with float compares instead of
-/// order keys. A sorted 64-key sample gives floats lo <= hi around the k-th; one pass
-/// left-packs the ids of x > hi (all selected) and the floats and ids of x in [lo, hi] (the
-/// band, index order); NaN rows fall in neither (they rank below every number). Float
-/// compares make -0 == +0. The band's order keys are then computed and topk_bracket goes on
-/// from them. A bracket that misses the k-th runs topk_bracket from the start.
+/// Small-n top-k (select.hpp uses it up to 2048 rows): topk_bracket's first round with
+/// float compares instead of order keys. A sorted 64-key sample gives floats lo <= hi around
+/// the k-th; one pass left-packs the ids of x > hi (all selected) and the floats and ids of x
+/// in [lo, hi] (the band, index order); NaN rows fall in neither (they rank below every
+/// number). Float compares make -0 == +0. The band's order keys are then computed and
+/// topk_bracket goes on from them. A bracket that misses the k-th goes on from the side
+/// holding it (the rows above hi, or the rows not >= lo, NaN included).
 KVEVICT_TARGET_AVX2 inline void topk_small(const float* s, std::size_t n, std::size_t k,
                                            std::uint32_t* out, const BracketBuffers& b) noexcept {
   constexpr std::int32_t kMax = std::numeric_limits<std::int32_t>::max();
