@@ -99,7 +99,8 @@ void BM_step(benchmark::State& state, Policy policy) {
 }
 
 // The registry's `probfree` (no RoPE here), with the two cost knobs.
-ExpectedAttention probfree(std::size_t every, bool float_logits, float fraction = 0.0f) {
+ExpectedAttention probfree(std::size_t every, bool float_logits, float fraction = 0.0f,
+                           std::size_t all_up_to = 0) {
   return ExpectedAttention({.sinks = 1,
                             .recent_fraction = 0.375f,
                             .query_window = 1,
@@ -109,7 +110,8 @@ ExpectedAttention probfree(std::size_t every, bool float_logits, float fraction 
                             .horizon = 3.0f,
                             .rescore_every = every,
                             .float_logits = float_logits,
-                            .rescore_fraction = fraction});
+                            .rescore_fraction = fraction,
+                            .rescore_all_up_to = all_up_to});
 }
 // The registry's `expected` (paper settings: covariance, W 128), no RoPE.
 ExpectedAttention paper(std::size_t every) {
@@ -139,6 +141,8 @@ BENCHMARK_CAPTURE(BM_step, probfree_r64_float, probfree(64, true))->Apply(sizes)
 // R = floor(C / 16) (64 at 1K rows, 4096 at 64K) and floor(C / 8).
 BENCHMARK_CAPTURE(BM_step, probfree_frac16_float, probfree(1, true, 1.0f / 16))->Apply(sizes);
 BENCHMARK_CAPTURE(BM_step, probfree_frac8_float, probfree(1, true, 1.0f / 8))->Apply(sizes);
+// The registry's `probfree`: R 1 up to 128 rows, floor(C / 8) beyond (= frac8 from 1K rows).
+BENCHMARK_CAPTURE(BM_step, probfree_registry, probfree(1, true, 1.0f / 8, 128))->Apply(sizes);
 BENCHMARK_CAPTURE(BM_step, expected_paper_r32, paper(32))->Apply(paper_sizes);
 BENCHMARK_CAPTURE(BM_step, keydiff_r1, keydiff(1))->Apply(sizes);
 BENCHMARK_CAPTURE(BM_step, keydiff_r32, keydiff(32))->Apply(sizes);

@@ -29,10 +29,40 @@ print("|---:|---:|" + "---:|" * (len(fmts) + 3))
 for hkv in sorted({k[2] for k in med}):
     for n in sorted({k[1] for k in med if k[2] == hkv}):
         row = [med.get((f, n, hkv)) for f in fmts]
-        if None in row:
-            continue
         t = dict(zip(fmts, row))
+        if t["f16"] is None:
+            continue
         nn = f"{n // 1024}K"
-        cells = " | ".join(f"{x:.1f}" for x in row)
-        print(f"| {hkv} | {nn} | {cells} | {t['f16'] / t['q8']:.2f} | {t['f16'] / t['q4']:.2f} | "
-              f"{t['f16'] / t['e4m3']:.2f} |")
+        cells = " | ".join("-" if x is None else f"{x:.1f}" for x in row)
+        ratio = lambda f: "-" if t[f] is None else f"{t['f16'] / t[f]:.2f}"
+        print(f"| {hkv} | {nn} | {cells} | {ratio('q8')} | {ratio('q4')} | {ratio('e4m3')} |")
+
+# Issue 15's integer q.K (bench_decode qstep_* / pass_* rows, when the run has them).
+q = {}
+for b in data["benchmarks"]:
+    if b.get("aggregate_name") != "median" or not b["run_name"].startswith(("qstep_", "pass_")):
+        continue
+    name = b["run_name"].split("/")
+    q[(name[0], int(name[1].split(":")[1]), int(name[2].split(":")[1]))] = b["cpu_time"]
+if q:
+    print()
+    print("| Hkv | n | f16 | q8 exact | q8 qint | q4 exact | q4 qint | f16 / q8 qint | f16 / q4 qint |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for hkv in sorted({k[2] for k in q}):
+        for n in sorted({k[1] for k in q if k[2] == hkv}):
+            f16 = med.get(("f16", n, hkv))
+            row = [q.get((k, n, hkv)) for k in ("qstep_q8", "qstep_q8_qint", "qstep_q4", "qstep_q4_qint")]
+            if f16 is None or None in row:
+                continue
+            print(f"| {hkv} | {n // 1024}K | {f16:.1f} | " + " | ".join(f"{x:.1f}" for x in row) +
+                  f" | {f16 / row[1]:.2f} | {f16 / row[3]:.2f} |")
+    passes = [("pass_qk_f16", "q.K f16"), ("pass_qk_q8", "q.K q8"), ("pass_qk_q8_qint", "q.K q8 qint"),
+              ("pass_qk_q4", "q.K q4"), ("pass_qk_q4_qint", "q.K q4 qint"), ("pass_pv_f16", "p.V f16"),
+              ("pass_pv_q8", "p.V q8"), ("pass_pv_q4", "p.V q4")]
+    ns = sorted({k[1] for k in q if k[0].startswith("pass_")})
+    if ns:
+        print()
+        print("| pass (Hkv = 1) | " + " | ".join(f"{n // 1024}K µs" for n in ns) + " |")
+        print("|---|" + "---:|" * len(ns))
+        for key, label in passes:
+            print(f"| {label} | " + " | ".join(f"{q.get((key, n, 1), float('nan')):.1f}" for n in ns) + " |")

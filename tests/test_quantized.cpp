@@ -573,3 +573,163 @@ TEMPLATE_TEST_CASE("save/restore of a quantized cache is bit-exact", "[quantized
   KVCache<pol::H2O, float> plain(g, Budget::uniform(12));
   REQUIRE_THROWS_WITH(kvevict::load_bytes(plain, bytes), Catch::Contains("scalar type quantized"));
 }
+
+// --- the opt-in integer q.K (quant_attention_probs_qint, issue 15) --------------------------
+namespace {
+namespace kk = kvevict::kernels;
+
+template <class S>
+std::vector<std::uint8_t> encode_rows(const std::vector<float>& x, std::size_t n, std::size_t d) {
+  using C = kd::Codec<S>;
+  using D = typename C::desc;
+  std::vector<std::uint8_t> b(n * D::row_bytes(d));
+  for (std::size_t i = 0; i < n; ++i) C::encode(x.data() + i * d, d, b.data() + i * D::row_bytes(d));
+  return b;
+}
+
+// Rows whose codes are exact multiples of a power-of-two scale (every block holds +-qmax):
+// with integer queries holding +-127 the query rounding is the identity and every float step
+// of both paths is exact, so the integer path must equal the exact kernel bit for bit.
+template <class S>
+void check_qint_exact(std::size_t d, std::size_t G, std::size_t n, std::uint64_t seed) {
+  using D = typename kd::Codec<S>::desc;
+  const int qmax = D::kind == kk::QKind::q8 ? 127 : 7;
+  const float s = D::kind == kk::QKind::q8 ? 0x1p-7f : 0x1p-4f;
+  kvtest::Rng rng(seed);
+  std::vector<float> x(n * d), q(G * d);
+  for (std::size_t i = 0; i < n * d; ++i) {
+    const int c = (i % D::group == i / D::group % D::group) ? ((i & 1) ? qmax : -qmax)
+                                                             : int(rng.uniform(-qmax, qmax));
+    x[i] = float(c) * s;
+  }
+  for (std::size_t i = 0; i < G * d; ++i) q[i] = i % d == 3 ? -127.0f : float(rng.uniform(-127, 127));
+  const auto kb = encode_rows<S>(x, n, d);
+  std::vector<float> pe(G * n), pi(G * n);
+  const float scale = 1.0f / 1024.0f;
+  REQUIRE(kk::quant_attention_probs_at<kk::Isa::scalar, D>(q.data(), d, G, kb.data(), D::row_bytes(d), n, d, scale, pe.data()));
+  REQUIRE(kk::quant_attention_probs_qint_at<kk::Isa::scalar, D>(q.data(), d, G, kb.data(), D::row_bytes(d), n, d, scale, pi.data()));
+  REQUIRE(pe == pi);
+  if (kk::attention_isa() != kk::Isa::scalar) {
+    REQUIRE(kk::quant_attention_probs_at<kk::Isa::avx2, D>(q.data(), d, G, kb.data(), D::row_bytes(d), n, d, scale, pe.data()));
+    REQUIRE(kk::quant_attention_probs_qint_at<kk::Isa::avx2, D>(q.data(), d, G, kb.data(), D::row_bytes(d), n, d, scale, pi.data()));
+    REQUIRE(pe == pi);
+  }
+}
+
+// The test's own transcription: codes round-half-even(q / s_q), s_q = max|q| / 127; scores
+// scale * s_q * sum_b s_k(b) * (integer dot of block b), in double; softmax in double.
+template <class S>
+void check_qint_reference(std::size_t d, std::size_t G, std::size_t n, std::uint64_t seed) {
+  using D = typename kd::Codec<S>::desc;
+  kvtest::Rng rng(seed);
+  const auto x = rng.normals(n * d, 2.0f), q = rng.normals(G * d);
+  const auto kb = encode_rows<S>(x, n, d);
+  const std::size_t rb = D::row_bytes(d);
+  const float scale = 1.0f / std::sqrt(float(d));
+  std::vector<double> pr(G * n);
+  for (std::size_t g = 0; g < G; ++g) {
+    float amax = 0;
+    for (std::size_t j = 0; j < d; ++j) amax = std::max(amax, std::abs(q[g * d + j]));
+    const float sq = amax / 127.0f;
+    std::vector<int> cq(d);
+    for (std::size_t j = 0; j < d; ++j) cq[j] = int(std::clamp(std::nearbyint(q[g * d + j] / sq), -127.0f, 127.0f));
+    double m = -1e300;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint8_t* row = kb.data() + i * rb;
+      double acc = 0;
+      for (std::size_t b = 0; b < d / D::group; ++b) {
+        const std::uint8_t* blk = row + b * D::block_bytes;
+        std::uint16_t h;
+        std::memcpy(&h, blk, 2);
+        const Eigen::half eh = Eigen::half_impl::raw_uint16_to_half(h);
+        long dot = 0;
+        for (std::size_t j = 0; j < D::group; ++j) {
+          int c;
+          if constexpr (D::kind == kk::QKind::q8) {
+            c = std::int8_t(blk[2 + j]);
+          } else {  // chunks of 8: byte c0/2 + j holds element c0 + j (low) and c0 + j + 4 (high)
+            const std::size_t c0 = j / 8 * 8, r = j % 8;
+            const std::uint8_t v = blk[2 + c0 / 2 + r % 4];
+            c = int(r < 4 ? (v & 0xF) : (v >> 4)) - 8;
+          }
+          dot += long(c) * cq[b * D::group + j];
+        }
+        acc += double(float(eh)) * double(dot);
+      }
+      pr[g * n + i] = acc * double(sq) * scale;
+      m = std::max(m, pr[g * n + i]);
+    }
+    double z = 0;
+    for (std::size_t i = 0; i < n; ++i) z += (pr[g * n + i] = std::exp(pr[g * n + i] - m));
+    for (std::size_t i = 0; i < n; ++i) pr[g * n + i] /= z;
+  }
+  std::vector<float> p(G * n);
+  REQUIRE(kk::quant_attention_probs_qint_at<kk::Isa::scalar, D>(q.data(), d, G, kb.data(), rb, n, d, scale, p.data()));
+  for (std::size_t i = 0; i < G * n; ++i) REQUIRE(std::abs(p[i] - pr[i]) <= 1e-5 * (1 + pr[i]));
+  if (kk::attention_isa() != kk::Isa::scalar) {
+    REQUIRE(kk::quant_attention_probs_qint_at<kk::Isa::avx2, D>(q.data(), d, G, kb.data(), rb, n, d, scale, p.data()));
+    for (std::size_t i = 0; i < G * n; ++i) REQUIRE(std::abs(p[i] - pr[i]) <= 1e-5 * (1 + pr[i]));
+  }
+}
+
+// Shapes outside the integer path run the exact kernel: the same probabilities bit for bit.
+template <class S>
+void check_qint_fallback(std::size_t d, std::size_t G, std::size_t n) {
+  using D = typename kd::Codec<S>::desc;
+  kvtest::Rng rng(d * 31 + G + n);
+  const auto x = rng.normals(n * d), q = rng.normals(G * d);
+  const auto kb = encode_rows<S>(x, n, d);
+  std::vector<float> pe(G * n), pi(G * n);
+  REQUIRE(kk::quant_attention_probs<D>(q.data(), d, G, kb.data(), D::row_bytes(d), n, d, 0.3f, pe.data()));
+  REQUIRE(kk::quant_attention_probs_qint<D>(q.data(), d, G, kb.data(), D::row_bytes(d), n, d, 0.3f, pi.data()));
+  REQUIRE(pe == pi);
+}
+}  // namespace
+
+TEST_CASE("integer q.K: exact inputs give the exact kernel's probabilities bit for bit", "[quantized]") {
+  INFO("attention ISA " << kk::isa_name(kk::attention_isa()));
+  for (std::size_t G : {std::size_t(1), std::size_t(4), std::size_t(5)})
+    for (std::size_t n : {std::size_t(1), std::size_t(2), std::size_t(7), std::size_t(130)}) {
+      INFO("G " << G << " n " << n);
+      for (std::size_t d : {std::size_t(32), std::size_t(96), std::size_t(128)}) {
+        INFO("d " << d);
+        check_qint_exact<Q8<32>>(d, G, n, 1 + d + G + n);
+        check_qint_exact<Q4<32>>(d, G, n, 2 + d + G + n);
+      }
+      check_qint_exact<Q8<64>>(128, G, n, 3 + G + n);
+      check_qint_exact<Q4<64>>(64, G, n, 4 + G + n);
+      check_qint_exact<Q8<128>>(128, G, n, 5 + G + n);
+      check_qint_exact<Q4<128>>(256, G, n, 6 + G + n);
+    }
+}
+
+TEST_CASE("integer q.K matches a double transcription of its arithmetic", "[quantized]") {
+  for (std::size_t G : {std::size_t(1), std::size_t(3), std::size_t(4)})
+    for (std::size_t n : {std::size_t(1), std::size_t(9), std::size_t(200)}) {
+      INFO("G " << G << " n " << n);
+      check_qint_reference<Q8<32>>(128, G, n, 11 + G + n);
+      check_qint_reference<Q4<32>>(96, G, n, 12 + G + n);
+      check_qint_reference<Q8<64>>(64, G, n, 13 + G + n);
+      check_qint_reference<Q4<64>>(128, G, n, 14 + G + n);
+    }
+}
+
+TEST_CASE("integer q.K: other formats and shapes run the exact kernel; bad queries are refused",
+          "[quantized]") {
+  for (std::size_t G : {std::size_t(1), std::size_t(4)}) {
+    check_qint_fallback<Q8<8>>(8, G, 33);   // stories260K's head dim and group
+    check_qint_fallback<Q4<8>>(8, G, 33);
+    check_qint_fallback<Q8<16>>(48, G, 33);  // G not a multiple of 32
+    check_qint_fallback<Q4<24>>(48, G, 33);
+    check_qint_fallback<E4M3>(64, G, 33);
+  }
+  kvtest::Rng rng(5);
+  using D = kd::Codec<Q8<32>>::desc;
+  const auto kb = encode_rows<Q8<32>>(rng.normals(4 * 64), 4, 64);
+  for (float bad : {NAN, INFINITY}) {
+    auto q = rng.normals(64);
+    q[17] = bad;
+    std::vector<float> p(4);
+    REQUIRE_FALSE(kk::quant_attention_probs_qint<D>(q.data(), 64, 1, kb.data(), D::row_bytes(64), 4, 64, 0.1f, p.data()));
+  }
+}

@@ -125,7 +125,11 @@ struct BruteExpected {
             mul(transpose(rope_matrix(d, static_cast<double>(pos), c.rope, c.rope_base)), x));
       }
     const bool amortised = c.rescore_every > 1 || c.rescore_fraction > 0.0f;
-    const std::size_t every = std::max(c.rescore_every, static_cast<std::size_t>(static_cast<double>(c.rescore_fraction) * static_cast<double>(capacity)));
+    // R 1 for heads of at most rescore_all_up_to rows, else the larger of the two rules.
+    const std::size_t every =
+        capacity <= c.rescore_all_up_to
+            ? 1
+            : std::max(c.rescore_every, static_cast<std::size_t>(static_cast<double>(c.rescore_fraction) * static_cast<double>(capacity)));
     if (rows.size() >= capacity && amortised && decisions++ % every != 0) {
       // Between rescorings: the kept scores, decayed.
       std::map<std::int64_t, float> score;
@@ -529,6 +533,30 @@ TEST_CASE("ExpectedAttention rescore_every > 1 agrees with a brute-force amortis
                       .float_logits = true, .rescore_fraction = 0.25f},
                      G, 16, 850 + G);
   }
+}
+
+TEST_CASE("ExpectedAttention rescore_all_up_to: R 1 for small heads, the fraction beyond",
+          "[scorers]") {
+  // The registry's `probfree` shape (float logits, R = floor(C / 8) beyond the threshold),
+  // scaled to small heads: a head of 16 rows at or under the threshold rescores every
+  // decision (through the amortised path: float kept scores, arrivals scored), one over it
+  // uses floor(0.25 x C). Each against the brute-force rule with the same threshold.
+  using C = ExpectedAttention::Covariance;
+  for (int G : {1, 4}) {
+    // (threshold, capacity): a head at it (R 1), one row over it (R 4), a larger head (R 5).
+    for (auto [up_to, cap] : {std::pair<std::size_t, std::size_t>{16, 16}, {15, 16}, {16, 20}})
+      compare_expected({.sinks = 1, .recent_fraction = 0.375f, .query_window = 1,
+                        .future_positions = 16, .covariance = C::none, .horizon = 3.0f,
+                        .float_logits = true, .rescore_fraction = 0.25f,
+                        .rescore_all_up_to = up_to},
+                       G, cap, 1000 + G + up_to + cap);
+  }
+  const ExpectedAttention p({.rescore_fraction = 1.0f / 8, .rescore_all_up_to = 128});
+  CHECK(p.every(16) == 1);
+  CHECK(p.every(128) == 1);
+  CHECK(p.every(129) == 16);
+  CHECK(p.every(1024) == 128);
+  CHECK(p.every(Budget::kUnbounded) == 1);
 }
 
 TEST_CASE("ExpectedAttention float_logits keeps the brute-force rule's decisions", "[scorers]") {

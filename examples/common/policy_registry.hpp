@@ -283,11 +283,23 @@ void for_each_policy(Fn&& fn) {
                                      .rope_base = a.knobs.rope_base,
                                      .horizon = 3.0f};
   };
+  // Since issue 16's cost work: float logits, every row rescored on every decision for heads
+  // of at most 128 rows (one stale step already costs KL there: docs/quality.md) and on every
+  // floor(C / 8)-th decision beyond (probfree-fast's rule, where a full rescoring would cost
+  // more than the attention step's 5%). The earlier every-step double form is
+  // `probfree_config` as is (`--rescore` in llama2c_headline prints it).
   add.template operator()<ExpectedAttention>(
       {"probfree",
-       "probability-free recommended: 1 sink, 3/8 recent, decayed expected attention (W 1)",
+       "probability-free recommended: 1 sink, 3/8 recent, decayed expected attention (W 1); "
+       "float logits, all rows rescored every decision up to 128 rows, every floor(C/8)-th beyond",
        Family::kvevict},
-      [](const Args& a) { return ExpectedAttention(probfree_config(a)); });
+      [](const Args& a) {
+        auto c = probfree_config(a);
+        c.float_logits = true;
+        c.rescore_fraction = 1.0f / 8;
+        c.rescore_all_up_to = 128;
+        return ExpectedAttention(c);
+      });
   // The same policy at a fraction of the per-step cost (docs/policies/expected_attention.md
   // "Cost"): float logits through the attention kernel, every row rescored on every
   // floor(C / 8)-th decision of a head of C rows (2 at 16 rows, 128 at 1K; chosen with

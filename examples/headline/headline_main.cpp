@@ -879,8 +879,17 @@ int main(int argc, char** argv) {
       }
       if (a.rescore) {
         r.row(B, "**DecayedAttention::recommended()**", policies::DecayedAttention::recommended());
-        r.row(B, "probability-free (registry `probfree`: double logits, every step)",
+        r.row(B, "probability-free, double logits, every step (`probfree` before issue 16's cost work)",
               with_model_rope(kProbabilityFree, r.model->config()));
+        {
+          // The registry's `probfree` now: R 1 up to 128 rows, floor(C / 8) beyond.
+          auto c = kProbabilityFree.config();
+          c.float_logits = true;
+          c.rescore_fraction = 1.0f / 8;
+          c.rescore_all_up_to = 128;
+          r.row(B, "probability-free, float logits, R 1 up to 128 rows, C/8 beyond (registry `probfree`)",
+                with_model_rope(ExpectedAttention(c), r.model->config()));
+        }
         for (std::size_t every : {1u, 2u, 4u, 8u, 16u, 32u, 64u}) {
           auto c = kProbabilityFree.config();
           c.float_logits = true;

@@ -8,6 +8,13 @@
 //   quant_attention_probs<D>(q, q_stride, G, rows, row_bytes, n, d, scale, probs)
 //   quant_attention_output<D>(probs, G, rows, row_bytes, n, d, out, out_stride)
 //       Same contracts as attention_decode.hpp's attention_probs / attention_output.
+//   quant_attention_probs_qint<D>(...)  same arguments and contract: the opt-in integer q.K
+//       (issue 15). Each query head is quantized once per call to int8 with its own scale
+//       (quantize_query: s_q = max|q| / 127, codes round-half-even(q / s_q)); a block's dot
+//       product with the stored codes is exact in int32 and multiplied once by the block's
+//       fp16 scale; the head's sum by scale * s_q. Q8 / Q4 with G a multiple of 32 only;
+//       any other format or shape (and a non-finite query) runs quant_attention_probs
+//       unchanged. Results differ from the exact path by the query's rounding (docs/quantized.md).
 // Levels: scalar (any format) and AVX2+FMA+F16C (Q8/Q4 with G a multiple of 8, E4M3 with
 // d a multiple of 8; other shapes run the scalar level). AVX-512 CPUs run the AVX2 form.
 #pragma once
@@ -16,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "attention_avx2.hpp"
 #include "attention_decode.hpp"
@@ -134,6 +142,110 @@ inline void attention_output(const float* probs, std::size_t group, const std::u
       }
     }
   }
+}
+
+}  // namespace qscalar
+
+
+/// Whether the integer q.K path handles format D at head dim d (else the exact path runs).
+template <class D>
+constexpr bool qint_shape(std::size_t /*d*/) noexcept {
+  return D::kind != QKind::e4m3 && D::group % 32 == 0;
+}
+
+/// The queries of one call, quantized for the integer q.K path: per head g, d int8 codes in
+/// kernel order (Q8: element order; Q4: each 32-element span permuted as the nibbles are
+/// unpacked: byte t < 16 of the span is element (t/4)*8 + t%4, byte 16+t element
+/// (t/4)*8 + 4 + t%4), the head's scale, and per block the sum of its codes (Q4's offset 8).
+struct QuantQuery {
+  std::vector<std::int8_t> codes;   // group x d
+  std::vector<float> scale;         // group
+  std::vector<std::int32_t> bsum;   // group x (d / G)
+};
+
+/// Element of span position t (0..31) in Q4's unpacked order.
+constexpr std::size_t q4_span_element(std::size_t t) noexcept {
+  return t < 16 ? (t / 4) * 8 + t % 4 : ((t - 16) / 4) * 8 + 4 + (t - 16) % 4;
+}
+
+/// Quantizes the group's queries (false: a query element is not finite; qq is then partial).
+template <class D>
+inline bool quantize_query(const float* q, std::size_t q_stride, std::size_t group, std::size_t d,
+                           QuantQuery& qq) {
+  qq.codes.resize(group * d);
+  qq.scale.resize(group);
+  qq.bsum.resize(group * (d / D::group));
+  for (std::size_t g = 0; g < group; ++g) {
+    const float* x = q + g * q_stride;
+    float amax = 0.0f;
+    for (std::size_t j = 0; j < d; ++j) {
+      if (!std::isfinite(x[j])) return false;
+      amax = std::fabs(x[j]) > amax ? std::fabs(x[j]) : amax;
+    }
+    const float s = amax / 127.0f;
+    qq.scale[g] = s;
+    std::int8_t* c = qq.codes.data() + g * d;
+    for (std::size_t j = 0; j < d; ++j) {
+      const std::size_t src = D::kind == QKind::q4 ? (j / 32) * 32 + q4_span_element(j % 32) : j;
+      float r = s > 0.0f ? std::nearbyint(x[src] / s) : 0.0f;
+      r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+      c[j] = static_cast<std::int8_t>(r);
+    }
+    for (std::size_t b = 0; b < d / D::group; ++b) {
+      std::int32_t t = 0;
+      for (std::size_t j = 0; j < D::group; ++j) t += c[b * D::group + j];
+      qq.bsum[g * (d / D::group) + b] = t;
+    }
+  }
+  return true;
+}
+
+/// Exact int32 dot product of block b of a stored row with head g's codes (Q4: the stored
+/// nibbles minus 8). The integer part the SIMD kernel must reproduce bit for bit.
+template <class D>
+inline std::int32_t qint_block_dot(const std::uint8_t* row, std::size_t b, const std::int8_t* codes) noexcept {
+  const std::uint8_t* blk = row + b * D::block_bytes + 2;
+  const std::int8_t* c = codes + b * D::group;
+  std::int32_t t = 0;
+  if constexpr (D::kind == QKind::q8) {
+    for (std::size_t j = 0; j < D::group; ++j) t += std::int32_t(static_cast<std::int8_t>(blk[j])) * c[j];
+  } else {  // per 32-element span: 16 bytes; low nibbles are span positions 0..15, high 16..31
+    for (std::size_t s0 = 0; s0 < D::group; s0 += 32)
+      for (std::size_t u = 0; u < 16; ++u) {
+        const std::uint8_t v = blk[s0 / 2 + u];
+        t += (std::int32_t(v & 0xF) - 8) * c[s0 + u] + (std::int32_t(v >> 4) - 8) * c[s0 + 16 + u];
+      }
+  }
+  return t;
+}
+
+namespace qscalar {
+
+/// The integer q.K path at the scalar level (the reference of the SIMD form's arithmetic:
+/// same int32 block dots; float sums in another order).
+template <class D>
+inline bool attention_probs_qint(const QuantQuery& qq, std::size_t group, const std::uint8_t* rows,
+                                 std::size_t row_bytes, std::size_t n, std::size_t d, float scale,
+                                 float* probs) noexcept {
+  std::uint32_t bad = 0;
+  for (std::size_t g = 0; g < group; ++g) {
+    float* p = probs + g * n;
+    const std::int8_t* c = qq.codes.data() + g * d;
+    const float f = scale * qq.scale[g];
+    float m = -INFINITY;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint8_t* row = rows + i * row_bytes;
+      float acc = 0.0f;
+      for (std::size_t b = 0; b < d / D::group; ++b)
+        acc += static_cast<float>(qint_block_dot<D>(row, b, c)) * load_half(row + b * D::block_bytes);
+      p[i] = acc * f;
+      bad |= nonfinite_bit(p[i]);
+      m = p[i] > m ? p[i] : m;
+    }
+    if (bad) return false;
+    scalar::exp_normalise(p, n, m);
+  }
+  return true;
 }
 
 }  // namespace qscalar
@@ -319,6 +431,107 @@ KVEVICT_ATTN_TARGET_AVX2 inline void q_attention_output(const float* probs, std:
   }
 }
 
+// --- the integer q.K path (quant_attention_probs_qint) -----------------------------------
+
+/// Span [e, e + 32) of a row (e a multiple of 32, inside one block): Q8's int8 codes, or
+/// Q4's nibbles as unsigned bytes in kernel order (low nibbles, then high nibbles).
+template <class D>
+KVEVICT_QATTN_INLINE __m256i qint_span(const std::uint8_t* row, std::size_t e) noexcept {
+  const std::uint8_t* blk = row + (e / D::group) * D::block_bytes + 2;
+  if constexpr (D::kind == QKind::q8) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + e % D::group));
+  } else {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (e % D::group) / 2));
+    const __m128i m = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(x, m));
+  }
+}
+
+/// 8 int32 partial sums of span x (qint_span) times 32 query codes c: Q8 as llama.cpp's
+/// q8_0 dot (|x| unsigned times c with x's sign; |x| <= 128, |c| <= 127: pairs fit int16),
+/// Q4 as nibbles (0..15) times c (the offset 8 is taken off per block by the caller).
+template <class D>
+KVEVICT_QATTN_INLINE __m256i qint_dot32(__m256i x, __m256i xa, __m256i c) noexcept {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (D::kind == QKind::q8) return _mm256_madd_epi16(_mm256_maddubs_epi16(xa, _mm256_sign_epi8(c, x)), ones);
+  else return _mm256_madd_epi16(_mm256_maddubs_epi16(x, c), ones);
+}
+
+template <class D, int GC, int R>
+KVEVICT_ATTN_TARGET_AVX2 inline void qint_score_block(const QuantQuery& qq, std::size_t g0,
+                                                      const float* fs, const std::uint8_t* rows,
+                                                      std::size_t row_bytes, std::size_t i,
+                                                      std::size_t d, float* s, std::size_t n) noexcept {
+  const std::size_t nb = d / D::group;
+  V acc[GC][R];
+  for (int g = 0; g < GC; ++g)
+    for (int r = 0; r < R; ++r) acc[g][r] = vzero();
+  const std::uint8_t* rp[R];
+  for (int r = 0; r < R; ++r) rp[r] = rows + (i + static_cast<std::size_t>(r)) * row_bytes;
+  const std::int8_t* cg[GC];
+  for (int g = 0; g < GC; ++g) cg[g] = qq.codes.data() + (g0 + static_cast<std::size_t>(g)) * d;
+  for (std::size_t b = 0; b < nb; ++b) {
+    const std::size_t e0 = b * D::group;
+    __m256i dot[GC][R];
+    for (std::size_t e = e0; e < e0 + D::group; e += 32) {
+      __m256i x[R], xa[R];
+      for (int r = 0; r < R; ++r) {
+        x[r] = qint_span<D>(rp[r], e);
+        if constexpr (D::kind == QKind::q8) xa[r] = _mm256_abs_epi8(x[r]);
+        else xa[r] = x[r];
+      }
+      for (int g = 0; g < GC; ++g) {
+        const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cg[g] + e));
+        for (int r = 0; r < R; ++r) {
+          const __m256i t = qint_dot32<D>(x[r], xa[r], c);
+          dot[g][r] = e == e0 ? t : _mm256_add_epi32(dot[g][r], t);
+        }
+      }
+    }
+    V sk[R];
+    for (int r = 0; r < R; ++r) sk[r] = q_scale(rp[r] + b * D::block_bytes);
+    for (int g = 0; g < GC; ++g) {
+      if constexpr (D::kind == QKind::q4) {  // the nibbles' offset: -8 x the block's code sum
+        const __m256i corr = _mm256_castsi128_si256(_mm_cvtsi32_si128(-8 * qq.bsum[(g0 + static_cast<std::size_t>(g)) * nb + b]));
+        for (int r = 0; r < R; ++r) dot[g][r] = _mm256_add_epi32(dot[g][r], corr);
+      }
+      for (int r = 0; r < R; ++r) acc[g][r] = vfma(_mm256_cvtepi32_ps(dot[g][r]), sk[r], acc[g][r]);
+    }
+  }
+  for (int g = 0; g < GC; ++g) vreduce_store<R>(s + static_cast<std::size_t>(g) * n + i, acc[g], fs[g]);
+}
+
+template <class D, int R>
+KVEVICT_ATTN_TARGET_AVX2 inline void qint_score_heads(const QuantQuery& qq, std::size_t group,
+                                                      float scale, const std::uint8_t* rows,
+                                                      std::size_t row_bytes, std::size_t i,
+                                                      std::size_t d, float* s, std::size_t n) noexcept {
+  for (std::size_t g0 = 0; g0 < group; g0 += kHeads) {
+    float fs[kHeads];
+    const std::size_t gc = group - g0 < static_cast<std::size_t>(kHeads) ? group - g0 : kHeads;
+    for (std::size_t g = 0; g < gc; ++g) fs[g] = scale * qq.scale[g0 + g];
+    float* sg = s + g0 * n;
+    switch (gc) {
+      case 1: qint_score_block<D, 1, R>(qq, g0, fs, rows, row_bytes, i, d, sg, n); break;
+      case 2: qint_score_block<D, 2, R>(qq, g0, fs, rows, row_bytes, i, d, sg, n); break;
+      case 3: qint_score_block<D, 3, R>(qq, g0, fs, rows, row_bytes, i, d, sg, n); break;
+      default: qint_score_block<D, kHeads, R>(qq, g0, fs, rows, row_bytes, i, d, sg, n); break;
+    }
+  }
+}
+
+template <class D>
+KVEVICT_ATTN_TARGET_AVX2 inline bool q_attention_probs_qint(const QuantQuery& qq, std::size_t group,
+                                                            const std::uint8_t* rows,
+                                                            std::size_t row_bytes, std::size_t n,
+                                                            std::size_t d, float scale,
+                                                            float* probs) noexcept {
+  std::size_t i = 0;
+  for (; i + kRows <= n; i += kRows) qint_score_heads<D, kRows>(qq, group, scale, rows, row_bytes, i, d, probs, n);
+  for (; i < n; ++i) qint_score_heads<D, 1>(qq, group, scale, rows, row_bytes, i, d, probs, n);
+  return softmax_rows(probs, group, n);
+}
+
 #undef KVEVICT_QATTN_INLINE
 }  // namespace attn_avx2
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
@@ -374,6 +587,37 @@ inline void quant_attention_output(const float* probs, std::size_t group, const 
     quant_attention_output_at<Isa::scalar, D>(probs, group, rows, row_bytes, n, d, out, out_stride);
   else
     quant_attention_output_at<Isa::avx2, D>(probs, group, rows, row_bytes, n, d, out, out_stride);
+}
+
+/// The integer q.K path at a pinned level (Isa::avx512 runs the AVX2 form). Formats and
+/// shapes outside qint_shape, and a non-finite query, run quant_attention_probs_at<I, D>.
+template <Isa I, class D>
+inline bool quant_attention_probs_qint_at(const float* q, std::size_t q_stride, std::size_t group,
+                                          const std::uint8_t* rows, std::size_t row_bytes,
+                                          std::size_t n, std::size_t d, float scale, float* probs) {
+  if constexpr (D::kind != QKind::e4m3) {
+    if (detail::qint_shape<D>(d) && n > 0) {
+      thread_local detail::QuantQuery qq;  // grows to the largest group x d, then reused
+      if (detail::quantize_query<D>(q, q_stride, group, d, qq)) {
+#if KVEVICT_X86
+        if constexpr (I != Isa::scalar)
+          return detail::attn_avx2::q_attention_probs_qint<D>(qq, group, rows, row_bytes, n, d, scale, probs);
+#endif
+        return detail::qscalar::attention_probs_qint<D>(qq, group, rows, row_bytes, n, d, scale, probs);
+      }
+    }
+  }
+  return quant_attention_probs_at<I, D>(q, q_stride, group, rows, row_bytes, n, d, scale, probs);
+}
+
+/// At attention_isa(): the opt-in integer q.K (see the header comment).
+template <class D>
+inline bool quant_attention_probs_qint(const float* q, std::size_t q_stride, std::size_t group,
+                                       const std::uint8_t* rows, std::size_t row_bytes, std::size_t n,
+                                       std::size_t d, float scale, float* probs) {
+  if (attention_isa() == Isa::scalar)
+    return quant_attention_probs_qint_at<Isa::scalar, D>(q, q_stride, group, rows, row_bytes, n, d, scale, probs);
+  return quant_attention_probs_qint_at<Isa::avx2, D>(q, q_stride, group, rows, row_bytes, n, d, scale, probs);
 }
 
 }  // namespace kvevict::kernels

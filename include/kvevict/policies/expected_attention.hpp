@@ -84,6 +84,12 @@ class ExpectedAttention {
     /// capacity)) decisions, so that the scores' staleness is a fixed share of the cache's
     /// turnover (unbounded heads: rescore_every). In [0, 1).
     float rescore_fraction = 0.0f;
+    /// kvevict extension (0 = off): heads of at most this many rows rescore on every
+    /// decision (R 1) whatever rescore_every and rescore_fraction say; larger heads use
+    /// R = max(rescore_every, floor(rescore_fraction x capacity)). Small caches, where a
+    /// full rescoring costs little and one stale step costs quality, stay exact; large ones
+    /// amortise the rescoring.
+    std::size_t rescore_all_up_to = 0;
   };
 
   ExpectedAttention() : ExpectedAttention(Config{}) {}
@@ -118,9 +124,11 @@ class ExpectedAttention {
   [[nodiscard]] bool amortised() const {
     return config_.rescore_every > 1 || config_.rescore_fraction > 0.0f;
   }
-  /// R at a head of `capacity` rows: max(rescore_every, floor(rescore_fraction x capacity)).
+  /// R at a head of `capacity` rows: 1 up to rescore_all_up_to rows, else
+  /// max(rescore_every, floor(rescore_fraction x capacity)).
   [[nodiscard]] std::size_t every(std::size_t capacity) const {
     if (capacity == Budget::kUnbounded) return config_.rescore_every;
+    if (capacity <= config_.rescore_all_up_to) return 1;
     const auto f = static_cast<std::size_t>(static_cast<double>(config_.rescore_fraction) *
                                             static_cast<double>(capacity));
     return std::max(config_.rescore_every, f);
@@ -154,6 +162,7 @@ class ExpectedAttention {
     }
     // Per rotated pair: theta and the sum over t = 0..n-1 of exp(i t theta).
     theta_.clear();
+    unrot_valid_ = false;
     future_re_.clear();
     future_im_.clear();
     if (config_.rope != RopeLayout::none) {
@@ -232,6 +241,7 @@ class ExpectedAttention {
 
  private:
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
+  static constexpr std::size_t kArrivalLanes = 16;  ///< groups up to this size: one pass
 
   // Sliding-window moments of one query head's un-rotated queries.
   struct QueryStats {
@@ -255,10 +265,13 @@ class ExpectedAttention {
       count = std::min(count + 1, window);
     }
     void accumulate(const float* q, std::size_t d, double sign) {
+      // The sum first, in its own loop (element-wise, so it vectorises with the same
+      // results); the outer products only with Covariance::full.
+      double* s = sum.data();
+      for (std::size_t i = 0; i < d; ++i) s[i] += sign * static_cast<double>(q[i]);
+      if (outer.empty()) return;
       for (std::size_t i = 0; i < d; ++i) {
         const double qi = sign * static_cast<double>(q[i]);
-        sum[i] += qi;
-        if (outer.empty()) continue;
         for (std::size_t j = 0; j < d; ++j) outer[i * d + j] += qi * static_cast<double>(q[j]);
       }
     }
@@ -281,16 +294,29 @@ class ExpectedAttention {
     buf_.resize(d_);
     for (std::size_t g = 0; g < group_; ++g) {
       const float* q = v.queries + g * d_;
-      std::copy(q, q + d_, buf_.begin());
-      if (config_.rope != RopeLayout::none) {
+      if (config_.rope == RopeLayout::none) {  // un-rotated already: no copy
+        stats(v.layer, v.kv_head, g).add(q, d_);
+        continue;
+      }
+      // cos / sin of p theta_j: computed once per position (every query head of every KV
+      // head of a token shares them), the same values as computed per head.
+      if (!unrot_valid_ || unrot_pos_ != v.incoming_position) {
         const double p = static_cast<double>(v.incoming_position);
+        unrot_c_.resize(d_ / 2);
+        unrot_s_.resize(d_ / 2);
         for (std::size_t j = 0; j < d_ / 2; ++j) {
-          const double c = std::cos(p * theta_[j]), s = std::sin(p * theta_[j]);
-          const std::size_t a = rope_index(j, false), b = rope_index(j, true);
-          const double x = q[a], y = q[b];
-          buf_[a] = static_cast<float>(x * c + y * s);  // R(-p)
-          buf_[b] = static_cast<float>(-x * s + y * c);
+          unrot_c_[j] = std::cos(p * theta_[j]);
+          unrot_s_[j] = std::sin(p * theta_[j]);
         }
+        unrot_pos_ = v.incoming_position;
+        unrot_valid_ = true;
+      }
+      for (std::size_t j = 0; j < d_ / 2; ++j) {
+        const double c = unrot_c_[j], s = unrot_s_[j];
+        const std::size_t a = rope_index(j, false), b = rope_index(j, true);
+        const double x = q[a], y = q[b];
+        buf_[a] = static_cast<float>(x * c + y * s);  // R(-p)
+        buf_[b] = static_cast<float>(-x * s + y * c);
       }
       stats(v.layer, v.kv_head, g).add(buf_.data(), d_);
     }
@@ -396,9 +422,14 @@ class ExpectedAttention {
               : static_cast<float>(std::clamp(1.0 - static_cast<double>(config_.horizon) /
                                                          static_cast<double>(v.capacity),
                                               0.0, 1.0));
-      spike_.resize(n);  // decay_spike's spike output; the band below selects no row
-      kernels::decay_spike(acc.data(), spike_.data(), kept.data(), v.seqs, n, decay,
-                           v.incoming_seq, ~std::uint64_t{0});
+      // acc = decay x acc + kept, a multiply then an add as kernels::decay_spike computes
+      // it (the same values), without its spike band: no read of the seqs, no spike write.
+      float* a = acc.data();
+      const float* k = kept.data();
+      for (std::size_t r = 0; r < n; ++r) {
+        const float prod = decay * a[r];
+        a[r] = prod + k[r];
+      }
       rank = acc.data();
     }
     detail::evict_lowest_masked(
@@ -422,7 +453,22 @@ class ExpectedAttention {
   double arrival_score(const HeadView<S>& v, std::size_t row, float vn) const {
     const std::size_t h = head_index(v.layer, v.kv_head), d = d_;
     double s = 0.0;
-    if (frozen_[h] != 0 && v.seqs[row] >= config_.sinks) {
+    if (frozen_[h] != 0 && v.seqs[row] >= config_.sinks &&
+        config_.covariance == Covariance::none && group_ <= kArrivalLanes) {
+      // The G mean-only logits in one pass over the key: G independent sums, each in the
+      // order logit() adds (the same values), instead of G passes of one dependent chain.
+      const S* key = v.key(row).data();
+      const double* m = frozen_mean_.data() + h * group_ * d;
+      double lin[kArrivalLanes] = {};
+      for (std::size_t i = 0; i < d; ++i) {
+        const double k = static_cast<double>(key[i]);
+        for (std::size_t g = 0; g < group_; ++g) lin[g] += m[g * d + i] * k;
+      }
+      const double root = std::sqrt(static_cast<double>(d));
+      for (std::size_t g = 0; g < group_; ++g)
+        s += std::exp(lin[g] / root - frozen_norm_[h * group_ + g]);
+      s /= static_cast<double>(group_);
+    } else if (frozen_[h] != 0 && v.seqs[row] >= config_.sinks) {
       const S* key = v.key(row).data();
       for (std::size_t g = 0; g < group_; ++g) {
         const std::size_t i = h * group_ + g;
@@ -545,6 +591,10 @@ class ExpectedAttention {
   std::vector<QueryStats> stats_;            ///< per (layer, query head)
   std::vector<std::uint64_t> last_added_;    ///< per (layer, KV head): seq whose queries are in
   std::vector<double> theta_, future_re_, future_im_;  ///< per rotated pair
+  // cos / sin of position x theta_j for the last incoming position (add_queries).
+  std::vector<double> unrot_c_, unrot_s_;
+  std::int64_t unrot_pos_ = 0;
+  bool unrot_valid_ = false;
   // rescore_every > 1: per row, its score as of the last rescoring or its arrival; per
   // (layer, KV head), decisions so far and whether statistics are frozen; per (layer, KV
   // head, query head), the frozen moved mean (covariance) and log-normaliser.
@@ -553,7 +603,7 @@ class ExpectedAttention {
   std::vector<unsigned char> frozen_;
   std::vector<double> frozen_mean_, frozen_cov_, frozen_norm_;
   // Scratch (no allocation per step once warm).
-  std::vector<float> buf_, qf_, probs_, spike_;
+  std::vector<float> buf_, qf_, probs_;
   std::vector<double> mean_, cov_, rc_, rs_, z_, score_, means_, norms_;
 };
 
