@@ -301,71 +301,9 @@ KVEVICT_QATTN_INLINE V q_chunk_scale(const std::uint8_t* row, std::size_t e) noe
   else return q_scale(row + (e / D::group) * D::block_bytes);
 }
 
-// Scores of R rows x GC heads: per block, the chunk dot products of the R rows are scaled
-// by their block scale before accumulating (one multiply per chunk and row).
-template <class D, int GC, int R>
-KVEVICT_ATTN_TARGET_AVX2 inline void q_score_block(const float* q, std::size_t q_stride,
-                                                   const std::uint8_t* rows, std::size_t row_bytes,
-                                                   std::size_t i, std::size_t d, float scale,
-                                                   float* s, std::size_t n) noexcept {
-  V acc[GC][R];
-  for (int g = 0; g < GC; ++g)
-    for (int r = 0; r < R; ++r) acc[g][r] = vzero();
-  const std::uint8_t* rp[R];
-  for (int r = 0; r < R; ++r) rp[r] = rows + (i + static_cast<std::size_t>(r)) * row_bytes;
-  constexpr std::size_t step = D::kind == QKind::e4m3 ? 8 : D::group;
-  for (std::size_t b0 = 0; b0 < d; b0 += step) {
-    V sc[R];
-    for (int r = 0; r < R; ++r) sc[r] = q_chunk_scale<D>(rp[r], b0);
-    for (std::size_t e = b0; e < b0 + step; e += 8) {
-      V kv[R];
-      for (int r = 0; r < R; ++r) kv[r] = q_chunk<D>(rp[r], e);
-      if constexpr (D::kind != QKind::e4m3)
-        for (int r = 0; r < R; ++r) kv[r] = vmul(kv[r], sc[r]);
-      for (int g = 0; g < GC; ++g) {
-        const V qv = vload(q + static_cast<std::size_t>(g) * q_stride + e);
-        for (int r = 0; r < R; ++r) acc[g][r] = vfma(qv, kv[r], acc[g][r]);
-      }
-    }
-  }
-  for (int g = 0; g < GC; ++g) vreduce_store<R>(s + static_cast<std::size_t>(g) * n + i, acc[g], scale);
-}
-
-template <class D, int R>
-KVEVICT_ATTN_TARGET_AVX2 inline void q_score_heads(const float* q, std::size_t q_stride,
-                                                   std::size_t group, const std::uint8_t* rows,
-                                                   std::size_t row_bytes, std::size_t i,
-                                                   std::size_t d, float scale, float* s,
-                                                   std::size_t n) noexcept {
-  for (std::size_t g0 = 0; g0 < group; g0 += kHeads) {
-    const float* qg = q + g0 * q_stride;
-    float* sg = s + g0 * n;
-    switch (group - g0 < static_cast<std::size_t>(kHeads) ? group - g0 : kHeads) {
-      case 1: q_score_block<D, 1, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
-      case 2: q_score_block<D, 2, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
-      case 3: q_score_block<D, 3, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
-      default: q_score_block<D, kHeads, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
-    }
-  }
-}
-
-template <class D>
-KVEVICT_ATTN_TARGET_AVX2 inline bool q_attention_probs(const float* q, std::size_t q_stride,
-                                                       std::size_t group, const std::uint8_t* rows,
-                                                       std::size_t row_bytes, std::size_t n,
-                                                       std::size_t d, float scale,
-                                                       float* probs) noexcept {
-  for (std::size_t i = 0; i < n;) {  // blocks of kRows rows, then single rows
-    if (n - i >= static_cast<std::size_t>(kRows)) {
-      q_score_heads<D, kRows>(q, q_stride, group, rows, row_bytes, i, d, scale, probs, n);
-      i += kRows;
-    } else {
-      q_score_heads<D, 1>(q, q_stride, group, rows, row_bytes, i, d, scale, probs, n);
-      ++i;
-    }
-  }
-  return softmax_rows(probs, group, n);
-}
+#define KVEVICT_QATTN_TARGET KVEVICT_ATTN_TARGET_AVX2
+#include "attention_quant_body.hpp"
+#undef KVEVICT_QATTN_TARGET
 
 // p.V: column blocks of 2 vectors (16 columns) x GC heads in registers over a tile of rows.
 template <class D, int GC>
@@ -576,62 +514,15 @@ KVEVICT_QATTN_INLINE V q_chunk(const std::uint8_t* row, std::size_t e) noexcept 
   }
 }
 
-// Scores of R rows x GC heads, as the AVX2 level: per 16-element chunk, the R rows' chunks
-// times their block scale, then one FMA per (head, row).
-template <class D, int GC, int R>
-KVEVICT_ATTN_TARGET_AVX512 inline void q_score_block(const float* q, std::size_t q_stride,
-                                                     const std::uint8_t* rows, std::size_t row_bytes,
-                                                     std::size_t i, std::size_t d, float scale,
-                                                     float* s, std::size_t n) noexcept {
-  V acc[GC][R];
-  for (int g = 0; g < GC; ++g)
-    for (int r = 0; r < R; ++r) acc[g][r] = vzero();
-  const std::uint8_t* rp[R];
-  for (int r = 0; r < R; ++r) rp[r] = rows + (i + static_cast<std::size_t>(r)) * row_bytes;
-  for (std::size_t b0 = 0; b0 < d; b0 += D::group) {
-    V sc[R];
-    for (int r = 0; r < R; ++r) sc[r] = q_scale(rp[r] + (b0 / D::group) * D::block_bytes);
-    for (std::size_t e = b0; e < b0 + D::group; e += 16) {
-      V kv[R];
-      for (int r = 0; r < R; ++r) kv[r] = vmul(q_chunk<D>(rp[r], e), sc[r]);
-      for (int g = 0; g < GC; ++g) {
-        const V qv = vload(q + static_cast<std::size_t>(g) * q_stride + e);
-        for (int r = 0; r < R; ++r) acc[g][r] = vfma(qv, kv[r], acc[g][r]);
-      }
-    }
-  }
-  for (int g = 0; g < GC; ++g) vreduce_store<R>(s + static_cast<std::size_t>(g) * n + i, acc[g], scale);
-}
-
-template <class D, int R>
-KVEVICT_ATTN_TARGET_AVX512 inline void q_score_heads(const float* q, std::size_t q_stride,
-                                                     std::size_t group, const std::uint8_t* rows,
-                                                     std::size_t row_bytes, std::size_t i,
-                                                     std::size_t d, float scale, float* s,
-                                                     std::size_t n) noexcept {
-  for (std::size_t g0 = 0; g0 < group; g0 += kHeads) {
-    const float* qg = q + g0 * q_stride;
-    float* sg = s + g0 * n;
-    switch (group - g0 < static_cast<std::size_t>(kHeads) ? group - g0 : kHeads) {
-      case 1: q_score_block<D, 1, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
-      case 2: q_score_block<D, 2, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
-      case 3: q_score_block<D, 3, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
-      default: q_score_block<D, kHeads, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
-    }
-  }
-}
-
+/// The block scale of element e.
 template <class D>
-KVEVICT_ATTN_TARGET_AVX512 inline bool q_attention_probs(const float* q, std::size_t q_stride,
-                                                         std::size_t group, const std::uint8_t* rows,
-                                                         std::size_t row_bytes, std::size_t n,
-                                                         std::size_t d, float scale,
-                                                         float* probs) noexcept {
-  std::size_t i = 0;
-  for (; i + kRows <= n; i += kRows) q_score_heads<D, kRows>(q, q_stride, group, rows, row_bytes, i, d, scale, probs, n);
-  for (; i < n; ++i) q_score_heads<D, 1>(q, q_stride, group, rows, row_bytes, i, d, scale, probs, n);
-  return softmax_rows(probs, group, n);
+KVEVICT_QATTN_INLINE V q_chunk_scale(const std::uint8_t* row, std::size_t e) noexcept {
+  return q_scale(row + (e / D::group) * D::block_bytes);
 }
+
+#define KVEVICT_QATTN_TARGET KVEVICT_ATTN_TARGET_AVX512
+#include "attention_quant_body.hpp"
+#undef KVEVICT_QATTN_TARGET
 
 // p.V: column blocks of NV vectors (16 NV columns, NV <= kVecs) x GC heads in registers.
 template <class D, int GC, int NV>
