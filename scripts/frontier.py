@@ -35,6 +35,13 @@ POLICIES = ["decayed", "probfree", "streaming", "h2o"]
 SWEPT = ["fp16", "q8g8", "e4m3", "q4g4", "k8v4"]
 FULL_ONLY = ["fp32", "bf16", "q4g8", "k4v8"]
 UNQUANTIZED = {"fp32", "fp16", "bf16"}
+# Mixed layouts (include/kvevict/mixed.hpp, kvevict-eval --hot-rows R): the R most recent
+# rows of each (layer, KV head) in fp16, older rows in the cold format; one run per (format,
+# R) with the recommended policies and the full cache. A configuration's format reads
+# "f16+k8v4 R32".
+MIXED = ["f16+q8g8", "f16+k8v4"]
+HOT_ROWS = {"stories260K": [16], "synthetic": [16, 64]}  # band sizes run per study
+MIXED_POLICIES = ["decayed", "probfree"]
 
 STUDIES = {
     "stories260K": {
@@ -53,8 +60,28 @@ STUDIES = {
 }
 
 
+def mixed_parts(fmt):
+    """"f16+k8v4 R32" -> ("f16+k8v4", "k8v4", 32); None for a single format."""
+    if "+" not in fmt:
+        return None
+    name, _, r = fmt.partition(" R")
+    return name, name.split("+")[1], int(r) if r else 0
+
+
+def head_bytes(fmt, d, rows):
+    """Bytes `rows` rows take per (layer, KV head): a mixed layout's first R in fp16."""
+    m = mixed_parts(fmt)
+    if m is None:
+        return rows * row_bytes_of(fmt, d)
+    hot = min(rows, m[2])
+    return hot * row_bytes_of("fp16", d) + (rows - hot) * row_bytes_of(m[1], d)
+
+
 def row_bytes_of(fmt, d):
-    """Key + value row bytes of each format at head_dim d (quantized.hpp's layouts)."""
+    """Key + value row bytes of each format at head_dim d (quantized.hpp's layouts; a mixed
+    layout's cold rows)."""
+    if mixed_parts(fmt):
+        fmt = mixed_parts(fmt)[1]
     q8 = lambda g: d // g * (2 + g)
     q4 = lambda g: d // g * (2 + g // 2)
     return {"fp32": 8 * d, "fp16": 4 * d, "bf16": 4 * d, "q8g8": 2 * q8(8), "q4g8": 2 * q4(8),
@@ -71,22 +98,49 @@ def budgets_for(study, fmt):
     return sorted({(unit(study) * r) // rb for r in FP16_ROWS if (unit(study) * r) // rb < T})
 
 
-def csv_path(args, name, fmt):
-    return os.path.join(args.out, f"{args.study}-{name}-{fmt}.csv")
+def mixed_budgets(study, fmt, R):
+    """Rows of a mixed layout filling each memory size: R fp16 rows, the rest cold."""
+    d = STUDIES[study]["head_dim"]
+    out = set()
+    for r in FP16_ROWS:
+        m = unit(study) * r
+        if m < R * row_bytes_of("fp16", d):
+            continue
+        rows = R + (m - R * row_bytes_of("fp16", d)) // row_bytes_of(fmt, d)
+        if rows < T:
+            out.add(rows)
+    return sorted(out)
+
+
+def csv_path(args, name, fmt, R=None):
+    return os.path.join(args.out, f"{args.study}-{name}-{fmt}" + (f"-R{R}" if R is not None else "") + ".csv")
+
+
+def formats_and_runs(study):
+    """(format, hot rows R or None) of every kvevict-eval run."""
+    runs = [(fmt, None) for fmt in FULL_ONLY + SWEPT]
+    runs += [(fmt, R) for fmt in MIXED for R in HOT_ROWS[study]]
+    return runs
 
 
 def run(args):
     os.makedirs(args.out, exist_ok=True)
     st = STUDIES[args.study]
     for name, (seed, streams) in st["sets"].items():
-        for fmt in FULL_ONLY + SWEPT:
-            out = csv_path(args, name, fmt)
+        for fmt, R in formats_and_runs(args.study):
+            out = csv_path(args, name, fmt, R)
             if args.resume and os.path.exists(out):  # kvevict-eval writes it when done
                 continue
-            budgets = budgets_for(args.study, fmt) if fmt in SWEPT else [T]
-            policies = ["full"] + (POLICIES if fmt in SWEPT else [])
+            if R is not None:
+                budgets = mixed_budgets(args.study, fmt, R)
+                policies = ["full"] + MIXED_POLICIES
+            else:
+                budgets = budgets_for(args.study, fmt) if fmt in SWEPT else [T]
+                policies = ["full"] + (POLICIES if fmt in SWEPT else [])
             cmd = [args.eval, "--seed", str(seed), "--policies", ",".join(policies),
                    "--budgets", ",".join(map(str, budgets)), "--kv-format", fmt, "--csv", out, "--quiet"]
+            if R is not None:
+                cmd += ["--hot-rows", str(R)]
             if args.study == "stories260K":
                 cmd += ["--model", args.model, "--streams", str(streams)]
             else:
@@ -99,21 +153,26 @@ def run(args):
 def load(args, name):
     st = STUDIES[args.study]
     rows = {}
-    for fmt in FULL_ONLY + SWEPT:
-        with open(csv_path(args, name, fmt)) as f:
+    for fmt, R in formats_and_runs(args.study):
+        with open(csv_path(args, name, fmt, R)) as f:
             for r in csv.DictReader(f):
-                assert int(r["row_bytes"]) == row_bytes_of(r["format"], st["head_dim"]), r
-                c = (r["policy"], r["format"], int(r["budget_tokens"]) or T)
+                full = f"{r['format']} R{R}" if R is not None else r["format"]
+                assert int(r["row_bytes"]) == row_bytes_of(full, st["head_dim"]), r
+                c = (r["policy"], full, int(r["budget_tokens"]) or T)
+                assert int(r["kv_bytes"]) == head_bytes(full, st["head_dim"], c[2]), r
                 rows[c] = {"bytes": int(r["kv_bytes"]), "err": float(r[st["metric"]]), "raw": r}
     return rows
 
 
 def kind(c):
     """full (the fp32 reference), evict (16-bit rows, fewer of them or all: pure eviction),
-    quant (every row, quantized: pure quantization) or mix (fewer rows, quantized)."""
+    quant (every row, quantized: pure quantization), mix (fewer rows, quantized) or layout
+    (a mixed layout: recent rows fp16, older rows quantized; any number of rows)."""
     policy, fmt, _ = c
     if policy == "full" and fmt == "fp32":
         return "full"
+    if mixed_parts(fmt):
+        return "layout"
     if fmt in UNQUANTIZED:
         return "evict"
     return "quant" if policy == "full" else "mix"
@@ -134,7 +193,7 @@ def analyze(args):
     table = []
     for m in levels:
         fits = [c for c in tune if tune[c]["bytes"] <= m]
-        best = {k: pick([c for c in fits if kind(c) == k]) for k in ("evict", "quant", "mix")}
+        best = {k: pick([c for c in fits if kind(c) == k]) for k in ("evict", "quant", "mix", "layout")}
         table.append((m, pick(fits), best))
     err = lambda c: report[c]["err"]
 
@@ -142,10 +201,11 @@ def analyze(args):
     w = md.append
     w(f"| bytes per (layer, KV head) | = fp16 rows | kvevict's configuration (chosen on the tuning set) | "
       f"its held-out {mn} | pure eviction (16-bit rows) | {mn} | pure quantization (every row) | {mn} | "
-      f"best mix (fewer rows, quantized) | {mn} | mix beats both pure forms? |")
-    w("|---:|---:|---|---:|---|---:|---|---:|---|---:|---|")
+      f"best mix (fewer rows, quantized) | {mn} | mix beats both pure forms? | "
+      f"best mixed layout (recent rows fp16) | {mn} | layout beats eviction / quantization / uniform mix? |")
+    w("|---:|---:|---|---:|---|---:|---|---:|---|---:|---|---|---:|---|")
     for m, rec, best in table:
-        ev, qu, mx = best["evict"], best["quant"], best["mix"]
+        ev, qu, mx, la = best["evict"], best["quant"], best["mix"], best["layout"]
         cell = lambda c: label(c) if c else "none fits"
         num = lambda c: f"{err(c):.3g}" if c else "-"
         if mx and ev and qu:
@@ -156,8 +216,10 @@ def analyze(args):
         else:
             verdict = "no mix"
         verdicts.append((m, verdict, rec))
+        yn = lambda other: "-" if not (la and other) else ("yes" if err(la) < err(other) else "no")
+        lv = f"{yn(ev)} / {yn(qu)} / {yn(mx)}"
         w(f"| {m} | {m // u} | **{cell(rec)}** | {num(rec)} | {cell(ev)} | {num(ev)} | {cell(qu)} | "
-          f"{num(qu)} | {cell(mx)} | {num(mx)} | {verdict} |")
+          f"{num(qu)} | {cell(mx)} | {num(mx)} | {verdict} | {cell(la)} | {num(la)} | {lv} |")
     w("")
     w(f"#### full cache in each format ({mn}: held-out, tuning)")
     w("")
@@ -167,7 +229,7 @@ def analyze(args):
     w("|---|---:|---:|---:|---:|" + ("---:|---:|" if extra else ""))
     for c in sorted((c for c in report if c[0] == "full"), key=lambda c: -report[c]["bytes"]):
         r = report[c]
-        w(f"| {c[1]} | {row_bytes_of(c[1], d)} | {r['bytes']} | {r['err']:.6f} | {tune[c]['err']:.6f} |" +
+        w(f"| {c[1]} | {row_bytes_of(c[1], d)}{' (cold)' if mixed_parts(c[1]) else ''} | {r['bytes']} | {r['err']:.6f} | {tune[c]['err']:.6f} |" +
           (f" {float(r['raw']['top1']):.4f} | {float(r['raw']['perplexity']):.3f} |" if extra else ""))
     if extra:
         w(f"\n(perplexity of the held-out streams under the fp32 full cache: "
@@ -178,10 +240,19 @@ def analyze(args):
         w("")
         w("| format | " + " | ".join(f"{m}" for m in levels) + " |")
         w("|---|" + "---:|" * len(levels))
-        for fmt in SWEPT:
+        layouts = [f"{f} R{R}" for f in MIXED for R in HOT_ROWS[args.study]] if policy in MIXED_POLICIES else []
+        for fmt in SWEPT + layouts:
             cells = []
             for m in levels:
-                rows = m // row_bytes_of(fmt, d)
+                if mixed_parts(fmt):
+                    R = mixed_parts(fmt)[2]
+                    hb = R * row_bytes_of("fp16", d)
+                    rows = R + (m - hb) // row_bytes_of(fmt, d) if m >= hb else 0
+                    if rows == 0:
+                        cells.append("-")
+                        continue
+                else:
+                    rows = m // row_bytes_of(fmt, d)
                 c = (policy, fmt, rows) if rows < T else ("full", fmt, T)
                 if c not in report:
                     cells.append("-")
@@ -203,7 +274,8 @@ def analyze(args):
     panels = []
     for policy in POLICIES:
         series = []
-        for fmt in SWEPT:
+        layouts = [f"{f} R16" for f in MIXED] if policy in MIXED_POLICIES else []
+        for fmt in SWEPT + layouts:
             pts = sorted((report[c]["bytes"], max(err(c), ymin)) for c in report
                          if c[1] == fmt and c[0] in (policy, "full"))
             series.append((fmt + (" (rows, then the full cache)" if fmt == SWEPT[0] else ""), pts))
@@ -218,7 +290,8 @@ def analyze(args):
     for name, key in (("kvevict's configuration (chosen on the tuning set)", None),
                       ("pure eviction (16-bit rows, best policy)", "evict"),
                       ("pure quantization (every row, best format)", "quant"),
-                      ("best mix (fewer rows, quantized)", "mix")):
+                      ("best mix (fewer rows, quantized)", "mix"),
+                      ("best mixed layout (recent rows fp16, older quantized)", "layout")):
         pts = [(m, max(err(c), ymin)) for m, rec, best in table
                for c in [rec if key is None else best[key]] if c]
         series.append((name, pts))

@@ -54,6 +54,25 @@ holds "$kl_q8" "$kl_fp32" 'a > 1e-6 && a > 10 * b' || fail "full q8g8 KL $kl_q8 
 holds "$kl_q8" "$kl_q4" 'a < b' || fail "full q8g8 KL $kl_q8 not below q4g8's $kl_q4"
 holds "$kl_dec" "$kl_fp32" 'a > b' || fail "decayed fp32 KL $kl_dec not above the full cache's"
 
+# A mixed layout (f16+q8g8, --hot-rows 8): 8 fp16 rows (32 bytes) + older rows Q8<8> (20):
+# bytes held 8 x 32 + (rows - 8) x 20; the fp16 band brings the full cache's KL below the
+# Q8<8> full cache's; a band above the budget is the cache's error (exit 2, message names R).
+"$eval_bin" --model "$model" --steps 96 --policies full,decayed --budgets 40 \
+  --kv-format f16+q8g8 --hot-rows 8 --csv "$tmp/out.csv" --quiet >"$tmp/stdout" 2>"$tmp/stderr" ||
+  { fail "kvevict-eval (mixed) exited $?"; cat "$tmp/stderr"; }
+[ "$(field full f16+q8g8 row_bytes)" = 20 ] || fail "mixed row_bytes $(field full f16+q8g8 row_bytes), expected 20 (cold)"
+[ "$(field full f16+q8g8 kv_bytes)" = $((8 * 32 + 88 * 20)) ] ||
+  fail "mixed full kv_bytes $(field full f16+q8g8 kv_bytes), expected 8 x 32 + 88 x 20"
+[ "$(field decayed f16+q8g8 kv_bytes)" = $((8 * 32 + 32 * 20)) ] ||
+  fail "mixed decayed kv_bytes $(field decayed f16+q8g8 kv_bytes), expected 8 x 32 + 32 x 20"
+kl_mix=$(field full f16+q8g8 mean_kl)
+echo "full-cache KL: f16+q8g8 (8 fp16 rows) $kl_mix, q8g8 $kl_q8"
+holds "$kl_mix" "$kl_q8" 'a > 0 && a < b' || fail "full f16+q8g8 KL $kl_mix not in (0, q8g8's $kl_q8)"
+"$eval_bin" --model "$model" --steps 16 --policies decayed --budgets 40 --kv-format f16+q8g8 \
+  --hot-rows 41 --quiet >"$tmp/o" 2>"$tmp/e"
+[ $? = 2 ] && grep -q "R = 41 exceeds the capacity 40" "$tmp/e" ||
+  { fail "--hot-rows 41 with 40 rows: expected exit 2 naming R"; cat "$tmp/e"; }
+
 # The synthetic workloads (head_dim 128) in fp32 and Q8<8>: the full cache's output error
 # is 0 in fp32 and above 0 in Q8<8>; row bytes 2 x 128 x 4 and 2 x 16 x (2 + 8).
 "$eval_bin" --workload mixed --layers 1 --prompt 16 --steps 16 --policies full,streaming \

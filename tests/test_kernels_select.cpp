@@ -131,6 +131,16 @@ TEST_CASE("counting select fed by hamming_histogram", "[kernels][select][hamming
     }
 }
 
+/// topk_indices at `isa` selects ref_select's set and writes nothing past out[k).
+void check_topk(Isa isa, const std::vector<float>& s, std::size_t k) {
+  std::vector<std::uint32_t> out(k + 1, 0xDEADBEEF);
+  at(isa, [&](auto I) { kk::topk_indices<I()>(s.data(), s.size(), k, out.data()); });
+  REQUIRE(out[k] == 0xDEADBEEF);
+  out.resize(k);
+  std::sort(out.begin(), out.end());
+  REQUIRE(out == ref_select(s, k, float_better));
+}
+
 TEST_CASE("topk_indices selects the k largest (ties to lower index, NaN last)",
           "[kernels][select]") {
   std::mt19937_64 rng(77);
@@ -167,12 +177,35 @@ TEST_CASE("topk_indices selects the k largest (ties to lower index, NaN last)",
                               n / 2, n - n / 10, n - 1, n}) {
           if (k > n) continue;
           INFO("isa " << kk::isa_name(isa) << " n " << n << " k " << k << " dist " << dist);
-          std::vector<std::uint32_t> out(k + 1, 0xDEADBEEF);
-          at(isa, [&](auto I) { kk::topk_indices<I()>(s.data(), n, k, out.data()); });
-          REQUIRE(out[k] == 0xDEADBEEF);
-          out.resize(k);
-          std::sort(out.begin(), out.end());
-          REQUIRE(out == ref_select(s, k, float_better));
+          check_topk(isa, s, k);
+        }
+      }
+}
+
+TEST_CASE("topk_indices from 1 to 1100 rows: the small-n path's bracket and its misses",
+          "[kernels][select]") {
+  // Every size to 130, then every 37th to 1100 (the float-compare first round and its two
+  // miss recoveries), with ties, NaNs and signed zeros; k = 0, 1, 64, n/2, n-1, n.
+  std::mt19937_64 rng(1100);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (Isa isa : levels())
+    for (std::size_t n = 1; n <= 1100; n += n < 130 ? 1 : 37)
+      for (int dist = 0; dist < 5; ++dist) {
+        std::vector<float> s(n);
+        std::normal_distribution<float> g;
+        for (auto& v : s) {
+          switch (dist) {
+            case 0: v = g(rng); break;
+            case 1: v = static_cast<float>(rng() % 7) - 3.0f; break;  // ties, +0 only
+            case 2: v = rng() % 4 ? g(rng) : nan; break;
+            case 3: v = rng() % 2 ? 0.0f : (rng() % 2 ? -0.0f : g(rng)); break;  // -0 == +0
+            default: v = rng() % 8 ? -5.0f - static_cast<float>(rng() % 3) : g(rng); break;
+          }
+        }
+        for (std::size_t k : {std::size_t{0}, std::size_t{1}, std::size_t{64}, n / 2, n - 1, n}) {
+          if (k > n) continue;
+          INFO("isa " << kk::isa_name(isa) << " n " << n << " k " << k << " dist " << dist);
+          check_topk(isa, s, k);
         }
       }
 }

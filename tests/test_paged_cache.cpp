@@ -3,9 +3,13 @@
 // order) at every block size, several sequences sharing one pool; blocks in use follow
 // the rows (ceil(rows / block_tokens) per head) and go back to the pool at once.
 #include <kvevict/paged_cache.hpp>
+#include <kvevict/policies/block_granular.hpp>
+#include <kvevict/policies/keydiff.hpp>
 
 #include <cmath>
 #include <limits>
+#include <map>
+#include <set>
 
 #include "support/test_support.hpp"
 
@@ -245,4 +249,162 @@ TEST_CASE("PagedCache: a prompt prefilled in chunks never needs more blocks than
   run(pol::H2O(pol::H2O::Config{4, 1}));
   run(pol::DecayedAttention::recommended());
   run(pol::SnapKV(pol::SnapKV::Config{.window = 4, .kernel = 3}));
+}
+
+// --- BlockGranular<P>: block-granular (and shared-cell) decisions through the one core -----
+namespace {
+using BG = pol::BlockGranularConfig;
+
+// Every held arrival block but the newest is whole, the sink blocks are held, and once the
+// head has filled up it holds between cap - B + 1 and cap rows (a table of cap / B blocks).
+template <class Cache>
+void check_blocks(const Cache& c, int l, std::uint32_t B, std::uint32_t sinks, std::uint64_t seen) {
+  const std::size_t cap = c.capacity(l, 0);
+  for (int h = 0; h < c.geometry().n_kv_heads; ++h) {
+    std::map<std::uint64_t, std::size_t> per;
+    for (auto s : c.seqs(l, h)) ++per[s / B];
+    const std::uint64_t newest = per.empty() ? 0 : per.rbegin()->first;
+    for (auto [b, n] : per) {
+      INFO("head " << h << " block " << b);
+      if (b != newest) REQUIRE(n == B);
+    }
+    for (std::uint64_t b = 0; b < sinks && b * B < seen; ++b) REQUIRE(per.count(b) == 1);
+    if (seen >= cap) REQUIRE(c.size(l, h) + B > cap);
+    REQUIRE(c.size(l, h) <= cap);
+  }
+}
+}  // namespace
+
+TEST_CASE("BlockGranular: whole blocks of every policy, PagedCache = KVCache, pool accounting", "[paged]") {
+  const std::uint32_t bt = GENERATE(1u, 4u);
+  CAPTURE(bt);
+  const BG cfg{.block_tokens = 4, .sink_blocks = 1, .recent_blocks = 1};
+  const Budget b = Budget::uniform(24);
+  SECTION("StreamingLLM (votes)") { run_same<float>(pol::BlockGranular(pol::StreamingLLM{1}, cfg), b, bt, 21, false); }
+  SECTION("H2O (costs)") { run_same<float>(pol::BlockGranular(pol::H2O({.recent = 2}), cfg), b, bt, 22, true); }
+  SECTION("DecayedAttention (costs, mean)") {
+    BG c = cfg;
+    c.score = kvevict::BlockScore::mean;
+    run_same<float>(pol::BlockGranular(pol::DecayedAttention::recommended(), c), b, bt, 23, false);
+  }
+  SECTION("KeyDiff (votes, max)") {
+    BG c = cfg;
+    c.score = kvevict::BlockScore::max;
+    run_same<float>(pol::BlockGranular(pol::KeyDiff({.sinks = 1, .recent = 2}), c), b, bt, 24, false);
+  }
+  SECTION("KNorm, shared decisions") {
+    BG c = cfg;
+    c.shared = true;
+    run_same<Eigen::half>(pol::BlockGranular(pol::KNorm(pol::KNorm::Config{1, 2}), c), b, bt, 25, true);
+  }
+}
+
+TEST_CASE("BlockGranular: the block with the lowest summed accumulated attention leaves (brute force)", "[paged]") {
+  // H2O's score of a token = the attention its G query heads drew, summed over steps; a
+  // block's = the sum over its tokens. Reference: per (layer, head) token scores kept here.
+  const Geometry g{1, 4, 2, 8};
+  const std::uint32_t B = 4;
+  const pol::HeadCombine comb = GENERATE(pol::HeadCombine::sum, pol::HeadCombine::max);
+  const bool shared = GENERATE(false, true);
+  CAPTURE(shared, pol::to_string(comb));
+  const BG cfg{.block_tokens = B, .sink_blocks = 1, .recent_blocks = 1, .shared = shared, .combine = comb};
+  KVCache<pol::BlockGranular<pol::H2O>> c(g, Budget::uniform(20), pol::BlockGranular(pol::H2O({.recent = 1}), cfg));
+  std::vector<std::map<std::uint64_t, double>> score(2);  // per KV head: seq -> accumulated
+  kvtest::Rng rng(7);
+  const std::size_t kv = 16, qn = 32;
+  std::size_t evictions = 0;
+  for (std::int64_t t = 0; t < 90; ++t) {
+    auto k = rng.normals(kv, 2.0f), v = rng.normals(kv), q = rng.normals(qn, 2.0f);
+    std::vector<std::set<std::uint64_t>> before(2);
+    for (int h = 0; h < 2; ++h) before[h] = {c.seqs(0, h).begin(), c.seqs(0, h).end()};
+    c.append(0, t, k, v, q);
+    for (int h = 0; h < 2; ++h) {
+      std::set<std::uint64_t> gone;
+      for (auto s : before[h])
+        if (std::find(c.seqs(0, h).begin(), c.seqs(0, h).end(), s) == c.seqs(0, h).end()) gone.insert(s);
+      if (gone.empty()) continue;
+      if (h == 0) ++evictions;
+      // Expected: among blocks 1..newest-1 (held), the lowest aggregate (sum over tokens;
+      // shared: per token, sum or max over the heads); ties to the oldest.
+      std::map<std::uint64_t, double> agg;
+      std::uint64_t newest = 0;
+      for (auto s : before[h]) newest = std::max<std::uint64_t>(newest, s / B);
+      for (auto s : before[h]) {
+        const std::uint64_t blk = s / B;
+        if (blk < 1 || blk + 1 > newest) continue;
+        double x = score[h][s];
+        if (shared) x = comb == pol::HeadCombine::sum ? score[0][s] + score[1][s] : std::max(score[0][s], score[1][s]);
+        agg[blk] += x;
+      }
+      REQUIRE(!agg.empty());
+      auto best = agg.begin();
+      for (auto it = agg.begin(); it != agg.end(); ++it)
+        if (it->second < best->second - 1e-5) best = it;
+      std::set<std::uint64_t> want;
+      for (std::uint64_t s = best->first * B; s < best->first * B + B; ++s) want.insert(s);
+      INFO("head " << h << " t " << t);
+      REQUIRE(gone == want);
+    }
+    if (shared) REQUIRE(std::vector<std::uint64_t>(c.seqs(0, 0).begin(), c.seqs(0, 0).end()) ==
+                        std::vector<std::uint64_t>(c.seqs(0, 1).begin(), c.seqs(0, 1).end()));
+    check_blocks(c, 0, B, 1, static_cast<std::uint64_t>(t + 1));
+    const auto res = kvevict::attend(c, 0, q);
+    for (int h = 0; h < 2; ++h) {
+      const auto seqs = c.seqs(0, h);
+      const std::size_t n = seqs.size();
+      for (int gq = 0; gq < 2; ++gq)
+        for (std::size_t r = 0; r < n; ++r) score[h][seqs[r]] += res.probs[std::size_t(h)](gq, static_cast<Eigen::Index>(r));
+    }
+  }
+  REQUIRE(evictions > 10);
+  REQUIRE(c.policy().fallbacks() == 0);
+}
+
+TEST_CASE("BlockGranular at block size 1, per head, keeps the wrapped policy's rows", "[paged]") {
+  const Geometry g{2, 4, 2, 8};
+  const BG one{.block_tokens = 1, .sink_blocks = 0, .recent_blocks = 0};
+  const auto same = [&](auto policy, Budget b, std::uint64_t seed) {
+    using P = decltype(policy);
+    KVCache<P> ref(g, b, policy);
+    KVCache<pol::BlockGranular<P>> c(g, b, pol::BlockGranular<P>(policy, one));
+    kvtest::Rng rng(seed);
+    for (std::int64_t t = 0; t < 60; ++t)
+      for (int l = 0; l < 2; ++l) {
+        auto k = rng.normals(16, 1.0f + float(t % 3)), v = rng.normals(16), q = rng.normals(32);
+        ref.append(l, t, k, v, q);
+        c.append(l, t, k, v, q);
+        for (int h = 0; h < 2; ++h)
+          REQUIRE(std::vector<std::uint64_t>(ref.seqs(l, h).begin(), ref.seqs(l, h).end()) ==
+                  std::vector<std::uint64_t>(c.seqs(l, h).begin(), c.seqs(l, h).end()));
+        if constexpr (has(P::signals, kvevict::Signals::attention)) {
+          kvevict::attend(ref, l, q);
+          kvevict::attend(c, l, q);
+        }
+      }
+  };
+  SECTION("StreamingLLM") { same(pol::StreamingLLM{2}, Budget::uniform(10), 31); }
+  SECTION("KNorm") { same(pol::KNorm(pol::KNorm::Config{1, 2}), Budget::uniform(9), 32); }
+  SECTION("H2O") { same(pol::H2O({.recent = 2}), Budget::uniform(12), 33); }
+  SECTION("DecayedAttention::recommended()") { same(pol::DecayedAttention::recommended(), Budget::uniform(16), 34); }
+  SECTION("KeyDiff") { same(pol::KeyDiff({.sinks = 1, .recent = 2}), Budget::uniform(11), 35); }
+}
+
+TEST_CASE("BlockGranular: bad settings are a kvevict::Error and the pool is unchanged", "[paged]") {
+  const Geometry g{1, 2, 2, 4};
+  BlockPool<float> pool(8, 2, 4);
+  PagedCache<pol::StreamingLLM> a(g, Budget::uniform(8), pool, 0, pol::StreamingLLM{1});
+  kvtest::Rng rng(3);
+  a.append(0, 0, rng.normals(8), rng.normals(8));
+  REQUIRE(pool.allocator().in_use() == 2);
+  using SB = pol::BlockGranular<pol::StreamingLLM>;
+  REQUIRE_THROWS_WITH((PagedCache<SB>(g, Budget::uniform(32), pool, 1, SB(pol::StreamingLLM{1}, BG{.block_tokens = 6}))),
+                      Catch::Contains("block_tokens = 6") && Catch::Contains("power of two"));
+  REQUIRE_THROWS_WITH((PagedCache<SB>(g, Budget::uniform(32), pool, 1,
+                                      SB(pol::StreamingLLM{1}, BG{.block_tokens = 4, .source = pol::BlockSource::costs}))),
+                      Catch::Contains("source = costs"));
+  // Budget below the protected blocks + one evictable block (3 x 4 tokens).
+  REQUIRE_THROWS_AS((PagedCache<SB>(g, Budget::uniform(11), pool, 1, SB(pol::StreamingLLM{1}, BG{.block_tokens = 4}))),
+                    kvevict::Error);
+  REQUIRE(pool.allocator().in_use() == 2);
+  REQUIRE(a.size(0, 0) == 1);
 }

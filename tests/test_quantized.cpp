@@ -570,19 +570,25 @@ TEST_CASE("attend over a quantized cache equals attend over the dequantised rows
   for (int h = 0; h < 2; ++h) REQUIRE((a.probs[std::size_t(h)] - b.probs[std::size_t(h)]).cwiseAbs().maxCoeff() <= 1e-5f);
 }
 
+namespace {
+// One step of both layers (geometry {2, 4, 2, 8}): append, then attend (H2O observes).
+template <class C>
+void h2o_step(C& c, std::int64_t t, kvtest::Rng& r) {
+  for (int l = 0; l < 2; ++l) {
+    auto k = r.normals(16), v = r.normals(16), q = r.normals(32);
+    c.append(l, t, k, v);
+    kvevict::attend(c, l, q);
+  }
+}
+}  // namespace
+
 TEMPLATE_TEST_CASE("save/restore of a quantized cache is bit-exact", "[quantized]", Q8<8>, Q4<8>,
                    E4M3, (KV<Q8<8>, Q4<8>>)) {
   const Geometry g{2, 4, 2, 8};
   using C = KVCache<pol::H2O, TestType>;
   C a(g, Budget::uniform(12));
   kvtest::Rng rng(51);
-  auto step = [&](C& c, std::int64_t t, kvtest::Rng& r) {
-    for (int l = 0; l < 2; ++l) {
-      auto k = r.normals(16), v = r.normals(16), q = r.normals(32);
-      c.append(l, t, k, v);
-      kvevict::attend(c, l, q);
-    }
-  };
+  const auto step = [](C& c, std::int64_t t, kvtest::Rng& r) { h2o_step(c, t, r); };
   for (std::int64_t t = 0; t < 30; ++t) step(a, t, rng);
   const auto bytes = kvevict::save_bytes(a);
   C b(g, Budget::uniform(12));
@@ -764,4 +770,295 @@ TEST_CASE("integer q.K: other formats and shapes run the exact kernel; bad queri
     std::vector<float> p(4);
     REQUIRE_FALSE(kk::quant_attention_probs_qint<D>(q.data(), 64, 1, kb.data(), D::row_bytes(64), 4, 64, 0.1f, p.data()));
   }
+}
+// --- Mixed<Hot, Cold> (mixed.hpp): a recent band in Hot, older rows in Cold -------------
+namespace {
+
+template <class F>
+struct BandRef {  // the band's codecs, through the test's own Formats / fp16 transcription
+  static std::vector<std::uint8_t> enc(bool is_key, const std::vector<float>& x) {
+    using C = typename kd::BandCodecs<F>::key;
+    using V = typename kd::BandCodecs<F>::value;
+    std::vector<std::uint8_t> out(is_key ? C::row_bytes(x.size()) : V::row_bytes(x.size()));
+    if constexpr (std::is_same_v<F, Eigen::half>) {
+      for (std::size_t j = 0; j < x.size(); ++j) {
+        const std::uint16_t b = ref_half_bits(x[j]);
+        std::memcpy(out.data() + 2 * j, &b, 2);
+      }
+    } else if (is_key) {
+      C::encode(x.data(), x.size(), out.data());
+    } else {
+      V::encode(x.data(), x.size(), out.data());
+    }
+    return out;
+  }
+  static std::vector<float> dec(bool is_key, const std::vector<std::uint8_t>& b, std::size_t d) {
+    std::vector<float> out(d);
+    if constexpr (std::is_same_v<F, Eigen::half>) {
+      for (std::size_t j = 0; j < d; ++j) {
+        std::uint16_t h;
+        std::memcpy(&h, b.data() + 2 * j, 2);
+        out[j] = static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(h));
+      }
+    } else if (is_key) {
+      kd::BandCodecs<F>::key::decode(b.data(), d, out.data());
+    } else {
+      kd::BandCodecs<F>::value::decode(b.data(), d, out.data());
+    }
+    return out;
+  }
+};
+
+// A scalar model of the band rule: per head, the hot set (arrival indices); a row arrives
+// hot, and when R rows are hot the lowest arrival index goes cold, its bytes re-encoded
+// from the decoded hot bytes. Every kept row's band and bytes are checked after each step,
+// and every evicted row's bytes as the callback sees them.
+template <class Hot, class Cold, class Policy>
+void run_mixed_stream(Policy policy, std::size_t budget, std::size_t R, std::uint64_t seed) {
+  using S = kvevict::Mixed<Hot, Cold>;
+  const Geometry g{2, 4, 2, 8};
+  const auto d = std::size_t(g.head_dim);
+  KVCache<Policy, S> c(g, Budget::uniform(budget), std::move(policy));
+  c.set_hot_rows(R);
+  struct Row {
+    bool hot = true;
+    std::uint64_t seq = 0;
+    std::vector<std::uint8_t> k, v;
+  };
+  std::map<kvtest::RowId, Row> model;  // every row appended and not yet seen evicted
+  std::map<std::pair<int, int>, std::set<std::uint64_t>> hot;
+  std::size_t evicted = 0;
+  c.set_eviction_callback([&](const kvevict::EvictedRow<S>& e) {
+    const auto it = model.find(kvtest::RowId{e.layer, e.kv_head, e.position});
+    REQUIRE(it != model.end());
+    REQUIRE(e.hot == it->second.hot);
+    REQUIRE(std::equal(e.key.begin(), e.key.end(), it->second.k.begin(), it->second.k.end()));
+    REQUIRE(std::equal(e.value.begin(), e.value.end(), it->second.v.begin(), it->second.v.end()));
+    std::vector<float> x(d);
+    e.dequantize_key(x);
+    REQUIRE(x == (e.hot ? BandRef<Hot>::dec(true, it->second.k, d) : BandRef<Cold>::dec(true, it->second.k, d)));
+    hot[{e.layer, e.kv_head}].erase(it->second.seq);
+    model.erase(it);
+    ++evicted;
+  });
+  const auto arrive = [&](int l, int h, std::int64_t pos, std::uint64_t seq, const float* k, const float* v) {
+    auto& hs = hot[{l, h}];
+    if (R > 0 && hs.size() == R) {  // the oldest hot row goes cold
+      const std::uint64_t old = *hs.begin();
+      hs.erase(hs.begin());
+      for (auto& [id, row] : model)
+        if (std::get<0>(id) == l && std::get<1>(id) == h && row.seq == old) {
+          row.k = BandRef<Cold>::enc(true, BandRef<Hot>::dec(true, row.k, d));
+          row.v = BandRef<Cold>::enc(false, BandRef<Hot>::dec(false, row.v, d));
+          row.hot = false;
+        }
+    }
+    const std::vector<float> kk(k, k + d), vv(v, v + d);
+    Row row{R > 0, seq, R > 0 ? BandRef<Hot>::enc(true, kk) : BandRef<Cold>::enc(true, kk),
+            R > 0 ? BandRef<Hot>::enc(false, vv) : BandRef<Cold>::enc(false, vv)};
+    if (R > 0) hs.insert(seq);
+    model[kvtest::RowId{l, h, pos}] = std::move(row);
+  };
+  const auto check = [&] {
+    for (int l = 0; l < g.n_layers; ++l)
+      for (int h = 0; h < g.n_kv_heads; ++h) {
+        const auto pos = c.positions(l, h);
+        std::size_t n_hot = 0;
+        const auto dk = c.dequantized_keys(l, h);
+        for (std::size_t r = 0; r < pos.size(); ++r) {
+          const auto& want = model.at(kvtest::RowId{l, h, pos[r]});
+          const auto got = c.stored_row(l, h, r);
+          REQUIRE(got.hot == want.hot);
+          n_hot += got.hot;
+          REQUIRE(std::equal(got.key.begin(), got.key.end(), want.k.begin(), want.k.end()));
+          REQUIRE(std::equal(got.value.begin(), got.value.end(), want.v.begin(), want.v.end()));
+          const auto x = want.hot ? BandRef<Hot>::dec(true, want.k, d) : BandRef<Cold>::dec(true, want.k, d);
+          for (std::size_t j = 0; j < d; ++j) REQUIRE(dk(Eigen::Index(r), Eigen::Index(j)) == x[j]);
+        }
+        REQUIRE(n_hot == c.hot_count(l, h));
+        REQUIRE(n_hot <= R);
+        REQUIRE(c.allocated_rows(l, h) <= budget);
+      }
+  };
+  kvtest::Rng rng(seed);
+  const std::size_t kv = 2 * d, q = 4 * d;
+  std::int64_t t = 0;
+  for (; t < 40; ++t)
+    for (int l = 0; l < g.n_layers; ++l) {
+      auto k = rng.normals(kv), v = rng.normals(kv), qq = rng.normals(q);
+      const std::uint64_t seq = c.tokens_seen(l);
+      // the victims leave (callback, model erased) before the new row arrives
+      c.append(l, t, k, v, qq);
+      for (int h = 0; h < g.n_kv_heads; ++h)
+        arrive(l, h, t, seq, k.data() + std::size_t(h) * d, v.data() + std::size_t(h) * d);
+      kvevict::attend(c, l, qq);
+      check();
+    }
+  REQUIRE(evicted > 0);
+}
+
+}  // namespace
+
+TEST_CASE("a mixed cache keeps hot rows in Hot, demoted rows re-encoded in Cold, bit for bit",
+          "[quantized][mixed]") {
+  using K8V4 = KV<Q8<8>, Q4<8>>;
+  for (std::size_t R : {std::size_t(0), std::size_t(1), std::size_t(4), std::size_t(12)}) {
+    INFO("R " << R);
+    run_mixed_stream<Eigen::half, K8V4>(pol::StreamingLLM{}, 12, R, 11 + R);
+    run_mixed_stream<Eigen::half, K8V4>(pol::H2O{}, 12, R, 12 + R);
+    run_mixed_stream<Q8<8>, Q4<8>>(pol::KNorm{}, 12, R, 13 + R);
+    run_mixed_stream<Q8<4>, E4M3>(pol::DecayedAttention{}, 20, R, 14 + R);
+    run_mixed_stream<Eigen::half, Q8<8>>(pol::Random{}, 12, R, 15 + R);
+  }
+}
+
+TEST_CASE("attend over a mixed cache equals attention over its dequantised rows", "[quantized][mixed]") {
+  // Both bands through their own kernels, one softmax: within 1e-5 of a double-precision
+  // softmax over the rows as stored (dequantised), probabilities in the cache's row order.
+  const auto run = [](auto tag, int d, std::size_t R, std::size_t budget, std::uint64_t seed) {
+    using S = typename decltype(tag)::type;
+    const Geometry g{1, 8, 2, d};
+    KVCache<pol::H2O, S> c(g, Budget::uniform(budget));
+    c.set_hot_rows(R);
+    kvtest::Rng rng(seed);
+    const auto kv = std::size_t(2 * d), qn = std::size_t(8 * d);
+    for (std::int64_t t = 0; t < 60; ++t) {
+      auto k = rng.normals(kv, 2.0f), v = rng.normals(kv), q = rng.normals(qn);
+      c.append(0, t, k, v);
+      const auto a = kvevict::attend(c, 0, q);
+      if (t % 11 != 5) continue;
+      for (int h = 0; h < 2; ++h) {
+        const auto K = c.dequantized_keys(0, h), V = c.dequantized_values(0, h);
+        const auto n = std::size_t(K.rows());
+        REQUIRE(c.hot_count(0, h) == std::min(n, R));
+        for (int gq = 0; gq < 4; ++gq) {
+          const float* qg = q.data() + std::size_t(h * 4 + gq) * std::size_t(d);
+          std::vector<double> s(n);
+          double m = -1e300, z = 0;
+          for (std::size_t r = 0; r < n; ++r) {
+            double dot = 0;
+            for (int j = 0; j < d; ++j) dot += double(qg[j]) * K(Eigen::Index(r), j);
+            s[r] = dot / std::sqrt(double(d));
+            m = std::max(m, s[r]);
+          }
+          for (std::size_t r = 0; r < n; ++r) z += std::exp(s[r] - m);
+          for (int j = 0; j < d; ++j) {
+            double o = 0;
+            for (std::size_t r = 0; r < n; ++r) o += std::exp(s[r] - m) / z * V(Eigen::Index(r), j);
+            REQUIRE(std::abs(a.out(h * 4 + gq, j) - o) <= 1e-5 * (1 + std::abs(o)));
+          }
+          for (std::size_t r = 0; r < n; ++r)
+            REQUIRE(std::abs(a.probs[std::size_t(h)](gq, Eigen::Index(r)) - std::exp(s[r] - m) / z) <= 1e-5);
+        }
+      }
+    }
+  };
+  using K8V4 = KV<Q8<8>, Q4<8>>;
+  for (std::size_t R : {std::size_t(0), std::size_t(1), std::size_t(5), std::size_t(24)}) {
+    INFO("R " << R);
+    run(std::type_identity<kvevict::Mixed<Eigen::half, K8V4>>{}, 8, R, 24, 61 + R);
+    run(std::type_identity<kvevict::Mixed<Q8<32>, Q4<32>>>{}, 64, R, 40, 62 + R);
+    run(std::type_identity<kvevict::Mixed<Eigen::half, E4M3>>{}, 128, R, 32, 63 + R);
+  }
+}
+
+TEST_CASE("mixed caches: bad parameters are kvevict::Error naming the value, cache unchanged",
+          "[quantized][mixed]") {
+  using S = kvevict::Mixed<Eigen::half, KV<Q8<8>, Q4<8>>>;
+  const Geometry g{2, 4, 2, 8};
+  KVCache<pol::StreamingLLM, S> c(g, Budget::uniform(12));
+  // a band larger than a head's capacity
+  REQUIRE_THROWS_WITH(c.set_hot_rows(13), Catch::Contains("R = 13 exceeds the capacity 12"));
+  REQUIRE(c.hot_rows() == 0);
+  KVCache<pol::StreamingLLM, S> per_head(g, Budget::per_head({{12, 6}, {12, 12}}));
+  REQUIRE_THROWS_WITH(per_head.set_hot_rows(7), Catch::Contains("capacity 6 of (layer 0, KV head 1)"));
+  c.set_hot_rows(4);  // fine; a pooled budget is then refused
+  REQUIRE(c.hot_rows() == 4);
+  REQUIRE_THROWS_WITH(c.set_budget(Budget::uniform(12).pooled()), Catch::Contains("pooled budget"));
+  // a group size that does not divide head_dim, named with its band
+  using Bad = kvevict::Mixed<Q8<8>, Q4<16>>;
+  REQUIRE_THROWS_WITH((KVCache<pol::StreamingLLM, Bad>(g, Budget::uniform(12))),
+                      Catch::Contains("cold key format Q4<16>: group size 16 does not divide head_dim 8"));
+  kvtest::Rng rng(71);
+  for (std::int64_t t = 0; t < 20; ++t)
+    for (int l = 0; l < 2; ++l) c.append(l, t, rng.normals(16), rng.normals(16));
+  const auto snapshot = [&] {
+    std::vector<std::vector<float>> s;
+    for (int l = 0; l < 2; ++l)
+      for (int h = 0; h < 2; ++h) {
+        const auto k = c.dequantized_keys(l, h), v = c.dequantized_values(l, h);
+        s.emplace_back(k.data(), k.data() + k.size());
+        s.emplace_back(v.data(), v.data() + v.size());
+        s.emplace_back(c.positions(l, h).begin(), c.positions(l, h).end());
+        s.push_back({float(c.hot_count(l, h)), float(c.tokens_seen(l))});
+      }
+    return s;
+  };
+  const auto before = snapshot();
+  // the band is set on an empty cache only
+  REQUIRE_THROWS_WITH(c.set_hot_rows(2), Catch::Contains("R = 2 on a cache holding"));
+  // a budget below the band
+  REQUIRE_THROWS_WITH(c.set_budget(Budget::uniform(3)), Catch::Contains("below the hot band's 4 rows"));
+  // values neither band can store (fp16 overflows at 65520; Q8's scale later)
+  auto k = rng.normals(16), v = rng.normals(16);
+  k[3] = 70000.0f;
+  REQUIRE_THROWS_WITH(c.append(0, 20, k, v), Catch::Contains("70000"));
+  k[3] = std::nanf("");
+  REQUIRE_THROWS_WITH(c.append(0, 20, k, v), Catch::Contains("nan"));
+  REQUIRE(snapshot() == before);
+  REQUIRE(c.hot_rows() == 4);
+  // a budget at the band is fine: the cache shrinks through the policy
+  // a budget at or above the band is fine: the cache shrinks through the policy. StreamingLLM
+  // keeps its 4 sinks (cold: the oldest rows) and the newest row (hot)
+  c.set_budget(Budget::uniform(5));
+  for (int h = 0; h < 2; ++h) {
+    REQUIRE(c.hot_count(0, h) == 1);
+  }
+  for (std::int64_t t = 20; t < 24; ++t) c.append(0, t, rng.normals(16), rng.normals(16));
+  for (int h = 0; h < 2; ++h) {
+    REQUIRE(c.size(0, h) == 5);
+    std::size_t hot = 0;
+    for (std::size_t r = 0; r < 5; ++r) hot += c.stored_row(0, h, r).hot;
+    REQUIRE(hot == c.hot_count(0, h));
+    REQUIRE(hot == 1);
+  }
+}
+
+TEST_CASE("save/restore of a mixed cache is bit-exact; another band or format is refused",
+          "[quantized][mixed]") {
+  using S = kvevict::Mixed<Eigen::half, KV<Q8<8>, Q4<8>>>;
+  const Geometry g{2, 4, 2, 8};
+  using C = KVCache<pol::H2O, S>;
+  C a(g, Budget::uniform(12));
+  a.set_hot_rows(5);
+  kvtest::Rng rng(81);
+  const auto step = [](C& c, std::int64_t t, kvtest::Rng& r) { h2o_step(c, t, r); };
+  for (std::int64_t t = 0; t < 30; ++t) step(a, t, rng);
+  const auto bytes = kvevict::save_bytes(a);
+  C b(g, Budget::uniform(12));
+  b.set_hot_rows(5);
+  kvevict::load_bytes(b, bytes);
+  REQUIRE(kvevict::save_bytes(b) == bytes);
+  for (int l = 0; l < 2; ++l)
+    for (int h = 0; h < 2; ++h) {
+      REQUIRE(b.hot_count(l, h) == 5);
+      REQUIRE(a.dequantized_keys(l, h) == b.dequantized_keys(l, h));
+    }
+  kvtest::Rng r1(82), r2(82);
+  for (std::int64_t t = 30; t < 50; ++t) {
+    step(a, t, r1);
+    step(b, t, r2);
+  }
+  REQUIRE(kvevict::save_bytes(a) == kvevict::save_bytes(b));
+  // another hot band, another format, a plain quantized cache: refused, target unchanged
+  C other_r(g, Budget::uniform(12));
+  other_r.set_hot_rows(4);
+  REQUIRE_THROWS_WITH(kvevict::load_bytes(other_r, bytes), Catch::Contains("hot_rows 5, expected 4"));
+  REQUIRE(other_r.size(0, 0) == 0);
+  KVCache<pol::H2O, kvevict::Mixed<Q8<8>, KV<Q8<8>, Q4<8>>>> other_f(g, Budget::uniform(12));
+  other_f.set_hot_rows(5);
+  REQUIRE_THROWS_WITH(kvevict::load_bytes(other_f, bytes),
+                      Catch::Contains("mixed formats fp16 / fp16 hot, Q8<8> / Q4<8> cold"));
+  KVCache<pol::H2O, KV<Q8<8>, Q4<8>>> plain(g, Budget::uniform(12));
+  REQUIRE_THROWS_WITH(kvevict::load_bytes(plain, bytes), Catch::Contains("scalar type mixed"));
 }

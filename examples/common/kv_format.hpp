@@ -11,6 +11,7 @@
 // every group size: stories260K's head_dim 8 takes groups 1, 2, 4 or 8 (Q4: 2, 4, 8).
 #include <Eigen/Core>
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -33,6 +34,10 @@ struct KvFormatInfo {
 /// The K/V split formats under one name each (a type with a comma cannot be a macro argument).
 using K8V4 = KV<Q8<8>, Q4<8>>;
 using K4V8 = KV<Q4<8>, Q8<8>>;
+/// Mixed layouts (kvevict/mixed.hpp): a recent band of fp16 rows (--hot-rows R per head),
+/// older rows in Q8<8> or k8v4.
+using MixF16Q8 = Mixed<Eigen::half, Q8<8>>;
+using MixF16K8V4 = Mixed<Eigen::half, K8V4>;
 
 /// The one list of formats: X(type, name, help) per format, fp32 first. Programs that
 /// compile the formats' engines in separate translation units (examples/eval/
@@ -47,7 +52,11 @@ using K4V8 = KV<Q4<8>, Q8<8>>;
   X(::kvevict::E4M3, "e4m3", "fp8 E4M3, 1 byte per element, no scale")                          \
   X(::kvevict::registry::K8V4, "k8v4",                                                          \
     "keys Q8<8>, values Q4<8> (a KIVI-style split, per-token scales; 1 byte/element)")          \
-  X(::kvevict::registry::K4V8, "k4v8", "keys Q4<8>, values Q8<8> (the opposite split, a control)")
+  X(::kvevict::registry::K4V8, "k4v8", "keys Q4<8>, values Q8<8> (the opposite split, a control)") \
+  X(::kvevict::registry::MixF16Q8, "f16+q8g8",                                                   \
+    "mixed: the --hot-rows most recent rows per head fp16, older rows Q8<8>")                     \
+  X(::kvevict::registry::MixF16K8V4, "f16+k8v4",                                                 \
+    "mixed: the --hot-rows most recent rows per head fp16, older rows k8v4")
 
 /// Calls fn.template operator()<Scalar>(info) for every format, fp32 first.
 template <class Fn>
@@ -86,17 +95,29 @@ void with_kv_format(std::string_view name, Fn&& fn) {
   if (!found) kvevict::detail::fail("K/V format '", name, "', expected one of: ", kv_format_names());
 }
 
-/// Bytes one cached token takes per (layer, KV head) in `name` at `head_dim`: its key row
-/// plus its value row as KVCache stores them (key_row_bytes() + value_row_bytes(), scales
-/// included; positions and arrival indices not counted). A group size that does not divide
-/// head_dim is the cache's kvevict::Error.
-inline std::size_t kv_row_bytes(std::string_view name, int head_dim) {
+/// Bytes `rows` cached tokens take per (layer, KV head): rows x kv_row_bytes, or for a mixed
+/// format min(rows, hot_rows) fp16 rows + the rest in the cold format.
+inline std::size_t kv_head_bytes(std::string_view name, int head_dim, std::size_t rows,
+                                 std::size_t hot_rows) {
   std::size_t bytes = 0;
   with_kv_format(name, [&]<class S>() {
     const KVCache<policies::FullCache, S> probe(Geometry{1, 1, 1, head_dim}, Budget::unbounded());
-    bytes = probe.key_row_bytes() + probe.value_row_bytes();
+    if constexpr (KVCache<policies::FullCache, S>::mixed) {
+      const std::size_t h = std::min(rows, hot_rows);
+      bytes = h * probe.hot_row_bytes() + (rows - h) * probe.cold_row_bytes();
+    } else {
+      bytes = rows * (probe.key_row_bytes() + probe.value_row_bytes());
+    }
   });
   return bytes;
+}
+
+/// Bytes one cached token takes per (layer, KV head) in `name` at `head_dim`: its key row
+/// plus its value row as KVCache stores them (key_row_bytes() + value_row_bytes(), scales
+/// included; positions and arrival indices not counted); for a mixed format, an older
+/// (cold) row. A group size that does not divide head_dim is the cache's kvevict::Error.
+inline std::size_t kv_row_bytes(std::string_view name, int head_dim) {
+  return kv_head_bytes(name, head_dim, 1, 0);
 }
 
 /// The list for --help: name and description.

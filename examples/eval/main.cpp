@@ -70,6 +70,7 @@ struct Options {
   std::uint64_t seed = 1;
   std::size_t topk = 10;
   std::size_t prefill_chunk = 0;
+  std::size_t hot_rows = 0;  ///< --hot-rows: the fp16 band of the mixed formats (f16+...)
   kvevict::policies::ChunkedPrefill chunked = kvevict::policies::ChunkedPrefill::reselect;
   std::size_t prefill_block = 64;
   std::size_t streams = 1;
@@ -153,6 +154,10 @@ std::optional<Options> parse(int argc, char** argv) {
   p.number("--prefill-chunk", "N",
            "> 0: prefill the prompt in chunks of N tokens (0: the whole prompt at once)",
            o.prefill_chunk, Range<std::size_t>{0});
+  p.number("--hot-rows", "R",
+           "mixed formats (f16+q8g8, f16+k8v4): the R most recent rows per (layer, KV head) in "
+           "fp16, older rows in the cold format (R <= every budget)",
+           o.hot_rows, Range<std::size_t>{0});
   p.custom("--chunked-rule", "RULE",
            "with --prefill-chunk: what SnapKV's selection (snapkv, xkv, pyramidkv, uniform-w8) "
            "does with each chunk after a layer's first: reselect (default: select again from "
@@ -515,6 +520,7 @@ int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
   kvevict::llama2c::ProtocolOptions protocol;
   protocol.prefill = o.prefill_block > 0 ? prompt : 0;
   protocol.prefill_block = std::max<std::size_t>(o.prefill_block, 1);
+  protocol.hot_rows = o.hot_rows;
   // --kv-format: the formats and their bytes per cached token and (layer, KV head).
   const bool with_bytes = !o.kv_formats.empty();
   const std::vector<std::string> formats =
@@ -549,7 +555,7 @@ int run_model(const Options& o, const std::vector<BudgetSpec>& budgets) {
           const std::size_t held = b == 0 || e.sizing != Sizing::budget ? T : std::min(b, T);
           rows.push_back({e.name, b, b ? double(b) / double(T) : 1.0,
                           e.run_model(model, streams, args), format, row_bytes,
-                          held * row_bytes});
+                          kvevict::registry::kv_head_bytes(format, head_dim, held, o.hot_rows)});
         } catch (const kvevict::Error& err) {
           throw kvevict::Error(std::string(err.what()) + " (policy " + e.name + ", budget " +
                                std::to_string(b) + " tokens, format " + format + ")");
@@ -678,6 +684,7 @@ int run(int argc, char** argv) {
   ro.topk = o.topk;
   ro.prefill_chunk = o.prefill_chunk;
   ro.chunked = o.chunked;
+  ro.hot_rows = o.hot_rows;
 
   std::vector<Row> rows;
   for (const auto& w : loaded) {
@@ -701,8 +708,9 @@ int run(int argc, char** argv) {
             r.fraction = double(r.budget) / double(w.tokens);
           }
           // Rows held at the end: the budget, or every token (full cache, Oracle).
-          r.kv_bytes = (e.sizing == Sizing::budget ? std::min(r.budget, w.tokens) : w.tokens) *
-                       row_bytes;
+          r.kv_bytes = kvevict::registry::kv_head_bytes(
+              format, w.geometry.head_dim,
+              e.sizing == Sizing::budget ? std::min(r.budget, w.tokens) : w.tokens, o.hot_rows);
           progress.label(w.name + ": " + e.name + " " + (r.reference ? "" : budgets[bi].text) +
                          (formats.size() > 1 ? " " + format : ""));
           const auto t0 = std::chrono::steady_clock::now();

@@ -29,6 +29,8 @@ struct RunOptions {
   std::size_t prefill_chunk = 0;
   /// What SnapKV's selection does with the chunks after a layer's first (registry Knobs).
   policies::ChunkedPrefill chunked = policies::ChunkedPrefill::reselect;
+  /// A Mixed<Hot, Cold> cache (kvevict/mixed.hpp): rows per head in the hot band.
+  std::size_t hot_rows = 0;
 };
 
 /// Means over every (decode step, layer, query head) of a run.
@@ -165,6 +167,7 @@ template <class Policy, class Scalar = float>
 Quality evaluate(const Workload& w, const Reference& ref, Policy policy, const Budget& budget,
                  const RunOptions& options = {}, const Tick& tick = {}) {
   KVCache<Policy, Scalar> cache(w.geometry, budget, std::move(policy));
+  if constexpr (requires { cache.set_hot_rows(options.hot_rows); }) cache.set_hot_rows(options.hot_rows);
   detail::prefill_all(cache, w, options.prefill_chunk);
   const Geometry& g = w.geometry;
   const int G = g.group();

@@ -16,6 +16,7 @@
 #include "cli.hpp"
 #include "e2e.hpp"
 #include "kvevict/kvevict.hpp"
+#include "kvevict/policies/block_granular.hpp"
 #include "hf.hpp"
 #include "llama2c.hpp"
 #include "paged_adapter.hpp"
@@ -36,6 +37,7 @@ struct Args {
   std::vector<std::string> policies;  // registry names instead of the headline rows
   std::vector<std::size_t> budgets{16, 32, 64, 128};
   bool paged = false;     ///< --paged: block-granular eviction through PagedKV
+  bool block_policies = false;  ///< --block-policies: BlockGranular<P> rows (every policy)
   bool scorers = false;  ///< --tune-scorers: the probability-free grid instead of the table
   bool rescore = false;  ///< --rescore: the probability-free variant at rescore_every 1..64
   bool haystack = false;  ///< --haystack: the repeated-filler retrieval measure
@@ -106,6 +108,10 @@ std::optional<Args> parse(int argc, char** argv) {
          "run-time (Budget::pooled) and head typing (with --retrieval / --haystack: those measures)",
          a.adaptive);
   p.flag("--paged", "block-granular eviction through PagedKV (the paged rows)", a.paged);
+  p.flag("--block-policies",
+         "block-granular and shared-cell rows of every policy through BlockGranular<P> "
+         "(--budgets; default 64,128,256)",
+         a.block_policies);
   kvevict::registry::add_selection_options(
       p, a.policies, a.budgets,
       "registry policies (labels = names) instead of the headline rows; StreamingLLM 1 sink, "
@@ -589,6 +595,76 @@ void paged_rows(Runner& r, bool tune) {
     r.row(B, "token-level StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
   }
 }
+// --block-policies: policies::BlockGranular<P> over the headline protocol (KVCache rows;
+// PagedCache keeps the same rows, tests/test_paged_cache.cpp). Equal memory: B token slots
+// per (layer, KV head): token-level rows hold B rows, block rows B / 16 blocks of 16.
+void block_policy_rows(Runner& r, const std::vector<std::size_t>& budgets, const Config& mc) {
+  using policies::BlockGranular;
+  using policies::BlockGranularConfig;
+  using policies::BlockSource;
+  using policies::HeadCombine;
+  const auto blocks = [](std::uint32_t bt, BlockScore sc, std::uint32_t sinks = 1, std::uint32_t recent = 1) {
+    return BlockGranularConfig{.block_tokens = bt, .sink_blocks = sinks, .recent_blocks = recent, .score = sc};
+  };
+  const auto shared = [](BlockGranularConfig c, HeadCombine h) {
+    c.shared = true;
+    c.combine = h;
+    return c;
+  };
+  const auto rec = policies::DecayedAttention::recommended();
+  const auto pf = with_model_rope(kProbabilityFree, mc);
+  for (std::size_t B : budgets) {
+    const policies::H2O h2o({.recent = B / 4});
+    r.row(B, "block StreamingLLM (16, 1 sink block, 1 recent block)",
+          BlockGranular(policies::StreamingLLM{.sinks = 1}, blocks(16, BlockScore::sum)));
+    r.row(B, "token-level StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
+    r.row(B, "block H2O (recent B/4; costs, sum)", BlockGranular(h2o, blocks(16, BlockScore::sum)));
+    r.row(B, "token-level H2O (recent B/4)", h2o);
+    for (BlockScore sc : {BlockScore::sum, BlockScore::mean, BlockScore::max})
+      r.row(B, fmt::format("block recommended() (16, 1 sink block, 1 recent block; costs, {})", to_string(sc)).c_str(),
+            BlockGranular(rec, blocks(16, sc)));
+    // DecayedAttention's scores alone (h 3, 1 sink, no band, no reserve): the scores the
+    // --paged rows' PagedTables accumulate from observe().
+    const policies::DecayedAttention plain({.sinks = 1, .recent = 1, .horizon = 3.0f});
+    for (BlockScore sc : {BlockScore::sum, BlockScore::mean, BlockScore::max})
+      r.row(B, fmt::format("block DecayedAttention h 3 (16, 1 sink block, 1 recent block; costs, {})", to_string(sc)).c_str(),
+            BlockGranular(plain, blocks(16, sc)));
+    r.row(B, "block DecayedAttention h 3 (8, 1 sink block, 1 recent block; sum)", BlockGranular(plain, blocks(8, BlockScore::sum)));
+    if (B >= 3 * 32)  // a sink block, a recent block and one evictable
+      r.row(B, "block DecayedAttention h 3 (32, 1 sink block, 1 recent block; sum)", BlockGranular(plain, blocks(32, BlockScore::sum)));
+    r.row(B, "token-level DecayedAttention h 3 (1 sink, 1 recent)", plain);
+    for (HeadCombine h : {HeadCombine::sum, HeadCombine::max})
+      r.row(B, fmt::format("shared cells, block DecayedAttention h 3 (16; heads {})", to_string(h)).c_str(),
+            BlockGranular(plain, shared(blocks(16, BlockScore::sum), h)));
+    r.row(B, "block recommended() (16, its own sink and band: 0 sink / 0 recent blocks; sum)",
+          BlockGranular(rec, blocks(16, BlockScore::sum, 0, 0)));
+    r.row(B, "block recommended() (16, its own sink and band; mean)",
+          BlockGranular(rec, blocks(16, BlockScore::mean, 0, 0)));
+    r.row(B, "block recommended() (8, 1 sink block, 1 recent block; sum)", BlockGranular(rec, blocks(8, BlockScore::sum)));
+    r.row(B, "block recommended() (8, its own sink and band; sum)", BlockGranular(rec, blocks(8, BlockScore::sum, 0, 0)));
+    r.row(B, "token-level recommended()", rec);
+    r.row(B, "block KeyDiff (1 sink, recent 3/8; votes)", BlockGranular(kKeyDiffBand, blocks(16, BlockScore::sum)));
+    r.row(B, "token-level KeyDiff (1 sink, recent 3/8)", kKeyDiffBand);
+    r.row(B, "block probability-free (votes)", BlockGranular(pf, blocks(16, BlockScore::sum)));
+    r.row(B, "token-level probability-free", pf);
+    r.row(B, "block HashEvict (votes)", BlockGranular(policies::HashEvictKey{}, blocks(16, BlockScore::sum)));
+    r.row(B, "token-level HashEvict", policies::HashEvictKey{});
+    // Shared cells: one decision per token for the layer's KV heads, B slots per head.
+    for (HeadCombine h : {HeadCombine::sum, HeadCombine::max, HeadCombine::mean})
+      r.row(B, fmt::format("shared cells, block recommended() (16, 1 sink, 1 recent; heads {})", to_string(h)).c_str(),
+            BlockGranular(rec, shared(blocks(16, BlockScore::sum), h)));
+    for (HeadCombine h : {HeadCombine::sum, HeadCombine::max})
+      r.row(B, fmt::format("shared cells, token-level recommended() (heads {})", to_string(h)).c_str(),
+            BlockGranular(rec, shared(blocks(1, BlockScore::sum, 0, 0), h)));
+    r.row(B, "shared cells, token-level H2O (recent B/4; heads sum)",
+          BlockGranular(h2o, shared(blocks(1, BlockScore::sum, 0, 0), HeadCombine::sum)));
+    r.row(B, "shared cells, block KeyDiff (votes, heads sum)",
+          BlockGranular(kKeyDiffBand, shared(blocks(16, BlockScore::sum), HeadCombine::sum)));
+    r.row(B, "shared cells, token-level KeyDiff (votes, heads sum)",
+          BlockGranular(kKeyDiffBand, shared(blocks(1, BlockScore::sum, 0, 0), HeadCombine::sum)));
+  }
+}
+
 constexpr HeadAllocation kHalfPerHead{.floor = 4, .uniform_share = 0.5};
 
 // --- per-head budget splits at equal memory (--adaptive) -----------------------------
@@ -686,7 +762,8 @@ int main(int argc, char** argv) {
     if (a.first_chunk) knobs.snapkv_chunked = policies::ChunkedPrefill::first_chunk;
     // The per-head rows need the calibration pass; --policies, --tune and --paged rows do not.
     const AttentionAgeProfile profile =
-        (a.policies.empty() && !a.tune && !a.paged && !a.haystack && !a.reserve) || a.adaptive
+        (a.policies.empty() && !a.tune && !a.paged && !a.block_policies && !a.haystack && !a.reserve) ||
+                a.adaptive
             ? calibrate(r.model)
             : AttentionAgeProfile(r.model->config().geometry(), 1);
     if (a.haystack) {
@@ -841,6 +918,11 @@ int main(int argc, char** argv) {
                : a.policies.empty() ? std::string("StreamingLLM (1 sink)")
                                     : a.policies.front());
     fmt::print("|---|---|---|---|---|---|\n");
+    if (a.block_policies) {
+      const bool dflt = a.budgets == std::vector<std::size_t>{16, 32, 64, 128};
+      block_policy_rows(r, dflt ? std::vector<std::size_t>{64, 128, 256} : a.budgets, r.model->config());
+      return 0;
+    }
     if (a.paged) {
       r.row(512, "paged full cache (unbounded; check: KL should be ~0)", llama2c::PagedSpec{}, true);
       paged_rows(r, a.tune);

@@ -230,6 +230,9 @@ struct ProtocolOptions {
   /// With prefill: each block attends at full attention (held rows + the block) and goes to
   /// the cache in one prefill, the policy's prompt selection (Transformer::set_prefill_select).
   bool prefill_select = false;
+  /// A Mixed<Hot, Cold> cache (kvevict/mixed.hpp): rows per head in the hot band
+  /// (KVCache::set_hot_rows); ignored by other storage types.
+  std::size_t hot_rows = 0;
 };
 
 /// Per-position figures of one stream under one policy, and their means over the
@@ -271,6 +274,8 @@ StreamResult run_stream(const std::shared_ptr<const Model>& model, const Stream&
                            "run_stream: prefill = ", options.prefill,
                            " tokens with prefill_block = 0, expected a block of >= 1 token");
   Transformer<Policy, Scalar> tf(model, budget, std::move(policy));
+  if constexpr (requires { tf.cache().set_hot_rows(options.hot_rows); })
+    tf.cache().set_hot_rows(options.hot_rows);
   if (options.prefill_select) tf.set_prefill_select(true);
   StreamResult r;
   r.skip = options.skip;

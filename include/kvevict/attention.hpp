@@ -17,6 +17,7 @@
 #include "attention_core.hpp"
 #include "bookkeeping.hpp"
 #include "errors.hpp"
+#include "mixed.hpp"
 #include "policy.hpp"
 #include "quantized.hpp"
 
@@ -156,7 +157,9 @@ bool head_probabilities(const Cache& cache, int layer, int kh, const float* q, s
   const auto d = static_cast<std::size_t>(cache.geometry().head_dim);
   const std::size_t n = cache.size(layer, kh);
   using S = typename Cache::scalar_type;
-  if constexpr (QuantizedStorage<S>) {
+  if constexpr (MixedStorage<S>) {  // both bands, one softmax (mixed.hpp)
+    return n == 0 || cache.mixed_probs(layer, kh, q, G, p, scale);
+  } else if constexpr (QuantizedStorage<S>) {
     if (n == 0) return true;
     using D = typename StorageOf<S>::key_codec::desc;
     return kernels::quant_attention_probs<D>(q, d, G, cache.stored_keys(layer, kh).data(),
@@ -172,7 +175,9 @@ void head_output(const Cache& cache, int layer, int kh, const float* p, std::siz
   const auto d = static_cast<std::size_t>(cache.geometry().head_dim);
   const std::size_t n = cache.size(layer, kh);
   using S = typename Cache::scalar_type;
-  if constexpr (QuantizedStorage<S>) {
+  if constexpr (MixedStorage<S>) {
+    cache.mixed_output(layer, kh, p, G, o);
+  } else if constexpr (QuantizedStorage<S>) {
     using D = typename StorageOf<S>::value_codec::desc;
     kernels::quant_attention_output<D>(p, G, cache.stored_values(layer, kh).data(),
                                        cache.value_row_bytes(), n, d, o, d);

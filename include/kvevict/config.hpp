@@ -2,13 +2,13 @@
 // Build mode of kvevict's kernels (docs/benchmarks.md, "Compile cost").
 //
 // Default: header-only. Every kernel, the SimHash and observation-window products and the
-// error-message formatting are inline in the headers; nothing to link but fmt (header-only).
+// error-message formatting are inline in the headers; nothing to link.
 //
 // KVEVICT_SEPARATE_KERNELS (defined by the kvevict::kernels CMake target): the headers only
 // declare the dispatched kernel entry points, SimHashProjection's members, the SnapKV
 // observation-window product and the number formatting of kvevict::Error messages; the
 // kvevict_kernels static library (src/kernels.cpp) defines them once. A translation unit
-// then includes neither <immintrin.h> nor <fmt/format.h> (only <fmt/core.h>) and instantiates
+// then includes neither <immintrin.h> nor <charconv> and instantiates
 // no SIMD kernel. The code is the same either way (the library compiles these very headers),
 // so results are identical. Link kvevict::kernels or kvevict::kvevict, not both.
 // The library also instantiates the common caches (KVCache<P> with FullCache,

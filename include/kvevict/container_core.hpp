@@ -423,6 +423,52 @@ class ContainerCore {
     return v;
   }
 
+  /// Shared decisions (HasSharedDecisions, policy_.shared_decisions()): one victim set for
+  /// every KV head of `layer`, from the heads' token costs combined per row, written to
+  /// scratch_victims_. Returns false (per-head decisions) for other policies, and while the
+  /// heads do not hold the same tokens in the same rows (only after a budget change, whose
+  /// shrink decides per head).
+  bool choose_shared(int layer, std::int64_t position, const float* keys, const float* queries) {
+    if constexpr (HasSharedDecisions<Policy, Scalar>) {
+      if (!policy_.shared_decisions()) return false;
+      const int hkv = shape_.geometry.n_kv_heads;
+      const auto& h0 = heads_[index(layer, 0)];
+      const std::size_t n = h0.size();
+      std::size_t limit = append_limit(policy_, shape_.at(layer, 0), layer, 0);
+      for (int kh = 1; kh < hkv; ++kh) {
+        const auto& h = heads_[index(layer, kh)];
+        if (h.size() != n || !std::equal(h.seq.begin(), h.seq.end(), h0.seq.begin())) return false;
+        limit = std::min(limit, append_limit(policy_, shape_.at(layer, kh), layer, kh));
+      }
+      for (auto& v : scratch_victims_) v.clear();
+      if (n < limit) return true;
+      shared_costs_.resize(static_cast<std::size_t>(hkv));
+      for (int kh = 0; kh < hkv; ++kh) {
+        self().load_rows(layer, kh, nullptr, nullptr);
+        HeadView<Scalar> view = incoming_view(layer, kh, n, position, keys, queries);
+        view.need = n - limit + 1;
+        auto& c = shared_costs_[static_cast<std::size_t>(kh)];
+        policy_.token_costs(view, c);
+        if (c.size() != n)
+          throw std::logic_error(std::string("kvevict: policy ") + Policy::name() +
+                                 " token_costs wrote " + std::to_string(c.size()) +
+                                 " costs, expected " + std::to_string(n));
+      }
+      policy_.combine_costs(std::span<const std::vector<float>>(shared_costs_), shared_combined_);
+      self().load_rows(layer, 0, nullptr, nullptr);
+      HeadView<Scalar> view = incoming_view(layer, 0, n, position, keys, queries);
+      view.need = n - limit + 1;
+      auto& victims = scratch_victims_[0];
+      policy_.victims_from_costs(view, std::span<const float>(shared_combined_), victims);
+      validate_victims<Policy>(victims, view.size, view.need);
+      for (int kh = 1; kh < hkv; ++kh) scratch_victims_[static_cast<std::size_t>(kh)] = victims;
+      return true;
+    } else {
+      (void)layer, (void)position, (void)keys, (void)queries;
+      return false;
+    }
+  }
+
   /// Swap-removes `victims` (validated, sorted descending) from (layer, kv_head).
   void evict_victims(int layer, int kv_head, const std::vector<std::uint32_t>& victims) {
     const std::size_t i = index(layer, kv_head);
@@ -475,7 +521,7 @@ class ContainerCore {
             total_victims += pool_victims_[i].size();
             max_rows = std::max(max_rows, heads_[i].size() + 1);
           }
-    } else {
+    } else if (!choose_shared(layer, position, keys, queries)) {
       for (int kh = 0; kh < g.n_kv_heads; ++kh) {
         auto& victims = scratch_victims_[static_cast<std::size_t>(kh)];
         victims.clear();
@@ -754,6 +800,8 @@ class ContainerCore {
   std::vector<LayerState> layers_;
   std::vector<std::vector<std::uint32_t>> scratch_victims_;
   std::vector<float> sums_;  ///< observe scratch: the group sum of each row
+  std::vector<std::vector<float>> shared_costs_;  ///< choose_shared: token costs per KV head
+  std::vector<float> shared_combined_;            ///< choose_shared: combined per row
   /// Budget::pooled() takes effect only for policies that rank rows across heads.
   static constexpr bool kPoolable = HasEvictionCosts<Policy, Scalar>;
   LayerPool pool_;  ///< the pooled budget (pool_.on), else empty

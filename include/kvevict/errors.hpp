@@ -2,29 +2,24 @@
 // Error reporting at the API boundary: every message names the offending value and
 // what was expected, so a user can fix the call without reading our source.
 //
-// Messages are built with fmt (https://fmt.dev), used header-only: the kvevict CMake
-// target links fmt::fmt-header-only, which defines FMT_HEADER_ONLY; a build without
-// CMake adds -DFMT_HEADER_ONLY=1 (or links libfmt).
+// Messages are built with the standard library alone (std::to_chars): kvevict has no
+// formatting dependency, so an engine that includes any kvevict header pays neither fmt's
+// parse cost (~1 s of CPU per translation unit with g++ 12, docs/benchmarks.md) nor a link
+// dependency.
 //
-// Compile cost (bench/compile_time.sh, docs/benchmarks.md): every translation unit that
-// instantiates a throwing path compiles the formatting code it reaches. Each part is
-// therefore formatted by the narrowest fmt entry point for its type (strings appended,
-// integers by fmt::format_int, floating point by fmt::to_string) rather than through
-// fmt::format's general engine, which would be compiled for every argument type.
+// Numbers are written as fmt's "{}" writes them for the values kvevict reports: integers in
+// decimal, floating point in the shortest text that reads back as the same value
+// (std::to_chars without a format: fixed or scientific, whichever is shorter).
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <type_traits>
 
 #include "config.hpp"
 
-// Separate-kernels mode (config.hpp) formats numbers out of line (append_number below, in
-// the kvevict_kernels library) and needs only fmt's core API here; header-only mode includes
-// fmt/format.h (format_int, the shortest float form).
-#if KVEVICT_KERNELS_DECLARE_ONLY
-#include <fmt/core.h>
-#else
-#include <fmt/format.h>
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+#include <charconv>
 #endif
 
 namespace kvevict {
@@ -37,17 +32,15 @@ class Error : public std::invalid_argument {
 
 namespace detail {
 
-/// Appends a number as fmt's "{}" writes it: integers by fmt::format_int, floating point by
-/// fmt::to_string (the shortest text that reads back as the same value).
+/// Appends a number: integers in decimal, floating point in the shortest round-trip form
+/// (std::to_chars), "nan" / "inf" / "-inf" for the non-finite values.
 #if !KVEVICT_KERNELS_DECLARE_ONLY
 template <class T>
 inline void format_number(std::string& out, T v) {
-  if constexpr (std::is_integral_v<T>) {
-    const fmt::format_int digits(v);
-    out.append(digits.data(), digits.size());
-  } else {
-    out += fmt::to_string(v);
-  }
+  char buffer[64];  // 20 digits for 64-bit integers; <= 41 chars for the shortest long double
+  const std::to_chars_result r = std::to_chars(buffer, buffer + sizeof buffer, v);
+  if (r.ec == std::errc()) out.append(buffer, r.ptr);
+  else out += "<unformattable number>";
 }
 #endif
 
@@ -66,14 +59,15 @@ void append_number(std::string& out, double v) { format_number(out, v); }
 void append_number(std::string& out, long double v) { format_number(out, v); }
 #endif
 #else
-// Header-only: a template, so a TU compiles fmt's code only for the types it formats.
+// Header-only: a template, so a TU compiles only the conversions for the types it formats.
 template <class T>
 inline void append_number(std::string& out, T v) {
   format_number(out, v);
 }
 #endif
 
-/// Appends one part of a message as fmt's "{}" would write it.
+/// Appends one part of a message: text as it is, bool as true/false, numbers as above,
+/// enumerations as their underlying number.
 template <class T>
 void append_part(std::string& out, const T& part) {
   if constexpr (std::is_convertible_v<const T&, std::string_view>) {
@@ -88,8 +82,11 @@ void append_part(std::string& out, const T& part) {
     append_number(out, static_cast<unsigned long long>(part));
   } else if constexpr (std::is_floating_point_v<T>) {
     append_number(out, part);
+  } else if constexpr (std::is_enum_v<T>) {
+    append_part(out, static_cast<std::underlying_type_t<T>>(part));
   } else {
-    out += fmt::format("{}", part);
+    static_assert(std::is_arithmetic_v<T>, "kvevict::detail::append_part: a message part is "
+                                           "text, a number, a bool or an enumeration");
   }
 }
 

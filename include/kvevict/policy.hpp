@@ -194,6 +194,20 @@ template <class P, class Scalar = float>
 concept HasEvictionCosts = requires(P& p, const HeadView<Scalar>& v, std::vector<float>& costs) {
   p.eviction_costs(v, costs);
 };
+/// The optional shared-decision hooks (policies::BlockGranular with `shared`): when
+/// `shared_decisions()` is true, ContainerCore asks every KV head of the stepping layer for
+/// `token_costs(view, costs)` (one per row), combines them per row with `combine_costs`
+/// and applies the victims `victims_from_costs(view, combined, out)` chooses to every head
+/// (one decision per token for all KV heads: llama.cpp's cells).
+template <class P, class Scalar = float>
+concept HasSharedDecisions =
+    requires(P& p, const P& cp, const HeadView<Scalar>& v, std::vector<float>& c,
+             std::span<const std::vector<float>> heads, std::vector<std::uint32_t>& out) {
+      { cp.shared_decisions() } -> std::convertible_to<bool>;
+      p.token_costs(v, c);
+      cp.combine_costs(heads, c);
+      p.victims_from_costs(v, std::span<const float>(c), out);
+    };
 /// The optional single-pass companion of eviction_costs: `pooled_victims(view, out)`
 /// chooses exactly what `choose_victims(view, out)` would, for a head whose eviction_costs
 /// ran last on the same view (need aside) with no call on that head since, so the policy

@@ -22,6 +22,7 @@
 // target cache untouched: everything is parsed and checked into new storage first.
 #include <Eigen/Core>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -53,19 +54,22 @@ concept HasLoadState = requires(P& p, std::span<const std::uint8_t> in) { p.load
 /// kind << 16 | group of a quantized format (the save format's code).
 template <class C>
 constexpr std::uint32_t codec_code() {
-  return (static_cast<std::uint32_t>(C::desc::kind) + 1) << 16 | static_cast<std::uint32_t>(C::group);
+  if constexpr (std::is_same_v<C, HalfRowCodec>) return 4u << 16 | 1u;  // a mixed cache's fp16 band
+  else return (static_cast<std::uint32_t>(C::desc::kind) + 1) << 16 | static_cast<std::uint32_t>(C::group);
 }
 inline std::string codec_code_name(std::uint32_t code) {
   const std::uint32_t kind = code >> 16, group = code & 0xFFFF;
   if (kind == 1) return "Q8<" + std::to_string(group) + ">";
   if (kind == 2) return "Q4<" + std::to_string(group) + ">";
   if (kind == 3 && group == 1) return "E4M3";
+  if (kind == 4 && group == 1) return "fp16";
   return "unknown format " + std::to_string(code);
 }
 
 template <class Scalar>
 constexpr std::uint32_t scalar_tag() {
-  if constexpr (QuantizedStorage<Scalar>) return 5;
+  if constexpr (MixedStorage<Scalar>) return 6;
+  else if constexpr (QuantizedStorage<Scalar>) return 5;
   else if constexpr (std::is_same_v<Scalar, float>) return 1;
   else if constexpr (std::is_same_v<Scalar, Eigen::half>) return 2;
   else if constexpr (std::is_same_v<Scalar, Eigen::bfloat16>) return 3;
@@ -79,6 +83,7 @@ inline const char* scalar_name(std::uint32_t tag) {
     case 3: return "Eigen::bfloat16";
     case 4: return "double";
     case 5: return "quantized";
+    case 6: return "mixed";
     default: return "unknown";
   }
 }
@@ -105,7 +110,10 @@ struct CacheAccess {
     w.put_array("KVEVSAVE", 8);
     w.put<std::uint32_t>(kSaveFormatVersion);
     w.put<std::uint32_t>(scalar_tag<Scalar>());
-    if constexpr (QuantizedStorage<Scalar>) {
+    if constexpr (MixedStorage<Scalar>) {
+      for (std::uint32_t code : mixed_codes()) w.put<std::uint32_t>(code);
+      w.put<std::uint64_t>(c.hot_rows_);
+    } else if constexpr (QuantizedStorage<Scalar>) {
       w.put<std::uint32_t>(codec_code<typename StorageOf<Scalar>::key_codec>());
       w.put<std::uint32_t>(codec_code<typename StorageOf<Scalar>::value_codec>());
     } else {
@@ -124,8 +132,19 @@ struct CacheAccess {
         w.put<std::int64_t>(h.pos[r]);
         w.put<std::uint64_t>(h.seq[r]);
       }
-      w.put_array(h.k.data(), h.size() * c.key_units());
-      w.put_array(h.v.data(), h.size() * c.value_units());
+      if constexpr (MixedStorage<Scalar>) {  // per row: band flag, key bytes, value bytes
+        for (std::size_t r = 0; r < h.size(); ++r) {
+          const MixedRowRef x = h.row(r, static_cast<std::size_t>(g.head_dim));
+          const auto d = static_cast<std::size_t>(g.head_dim);
+          using HS = typename Cache::HeadStore;
+          w.put<std::uint8_t>(x.hot ? 1 : 0);
+          w.put_array(x.key, x.hot ? HS::HK::row_bytes(d) : HS::CK::row_bytes(d));
+          w.put_array(x.value, x.hot ? HS::HV::row_bytes(d) : HS::CV::row_bytes(d));
+        }
+      } else {
+        w.put_array(h.k.data(), h.size() * c.key_units());
+        w.put_array(h.v.data(), h.size() * c.value_units());
+      }
     }
     if constexpr (HasSaveState<Policy>) {
       std::vector<std::uint8_t> state;
@@ -137,6 +156,51 @@ struct CacheAccess {
       w.put<std::uint8_t>(0);
     }
     w.put<std::uint64_t>(fnv1a(out));
+  }
+
+  // Mixed caches: the hot key, hot value, cold key and cold value formats' codes.
+  static std::array<std::uint32_t, 4> mixed_codes()
+    requires MixedStorage<Scalar>
+  {
+    using HS = typename Cache::HeadStore;
+    return {codec_code<typename HS::HK>(), codec_code<typename HS::HV>(), codec_code<typename HS::CK>(),
+            codec_code<typename HS::CV>()};
+  }
+
+  // A mixed head's rows (n rows, positions and seqs already read): per row a band flag and
+  // its bytes, into the two bands; the band sizes checked against R and the capacity.
+  static void read_mixed_rows(ByteReader& r, typename Cache::HeadStore& h, std::size_t n, std::size_t d,
+                              std::size_t R, std::size_t cap, std::size_t i)
+    requires MixedStorage<Scalar>
+  {
+    using HS = typename Cache::HeadStore;
+    h.where.resize(n);
+    for (std::size_t k = 0; k < n; ++k) {
+      const auto flag = r.get<std::uint8_t>("band");
+      require(flag <= 1, "saved state: head ", i, " row ", k, " band ", int(flag), ", expected 0 (cold) or 1 (hot)");
+      auto& kb = flag ? h.hk : h.ck;
+      auto& vb = flag ? h.hv : h.cv;
+      const std::size_t kn = flag ? HS::HK::row_bytes(d) : HS::CK::row_bytes(d);
+      const std::size_t vn = flag ? HS::HV::row_bytes(d) : HS::CV::row_bytes(d);
+      auto& owner = flag ? h.hot_owner : h.cold_owner;
+      h.where[k] = static_cast<std::uint32_t>(owner.size()) | (flag ? HS::kHot : 0u);
+      owner.push_back(static_cast<std::uint32_t>(k));
+      if (flag) h.hot_seq.push_back(h.seq[k]);
+      kb.resize(kb.size() + kn);
+      vb.resize(vb.size() + vn);
+      r.get_array(kb.data() + kb.size() - kn, kn, "keys");
+      r.get_array(vb.data() + vb.size() - vn, vn, "values");
+    }
+    require(h.hot_rows() <= R && h.cold_rows() <= cap - std::min(cap, R), "saved state: head ", i,
+            " holds ", h.hot_rows(), " hot and ", h.cold_rows(), " cold rows, expected <= ", R,
+            " hot and <= ", cap - std::min(cap, R), " cold (capacity - hot_rows)");
+    std::uint64_t newest_cold = 0, oldest_hot = ~std::uint64_t{0};
+    for (std::size_t k = 0; k < n; ++k)
+      (h.where[k] & HS::kHot) ? void(oldest_hot = std::min(oldest_hot, h.seq[k]))
+                              : void(newest_cold = std::max(newest_cold, h.seq[k]));
+    require(h.cold_rows() == 0 || h.hot_rows() == 0 || newest_cold < oldest_hot, "saved state: head ", i,
+            " has a cold row (seq ", newest_cold, ") newer than a hot one (seq ", oldest_hot,
+            "), expected the hot band to hold the newest rows");
   }
 
   // A stored K or V element that is not finite (a row the cache could never have accepted).
@@ -203,7 +267,20 @@ struct CacheAccess {
     }
     ByteReader r(in.first(in.size() - 8).subspan(12));
     const auto tag = r.get<std::uint32_t>("scalar type");
-    if constexpr (QuantizedStorage<Scalar>) {
+    if constexpr (MixedStorage<Scalar>) {
+      require(tag == scalar_tag<Scalar>(), "saved state: scalar type ", scalar_name(tag),
+              ", expected mixed");
+      const auto want = mixed_codes();
+      std::array<std::uint32_t, 4> got{};
+      for (auto& code : got) code = r.get<std::uint32_t>("band format");
+      require(got == want, "saved state: mixed formats ", codec_code_name(got[0]), " / ",
+              codec_code_name(got[1]), " hot, ", codec_code_name(got[2]), " / ", codec_code_name(got[3]),
+              " cold, expected ", codec_code_name(want[0]), " / ", codec_code_name(want[1]), " hot, ",
+              codec_code_name(want[2]), " / ", codec_code_name(want[3]), " cold (keys / values)");
+      const auto R = r.get<std::uint64_t>("hot rows");
+      require(R == c.hot_rows_, "saved state: hot_rows ", R, ", expected ", c.hot_rows_,
+              " (the target's set_hot_rows)");
+    } else if constexpr (QuantizedStorage<Scalar>) {
       require(tag == scalar_tag<Scalar>(), "saved state: scalar type ", scalar_name(tag),
               ", expected quantized");
       const auto kc = r.get<std::uint32_t>("key format");
@@ -258,8 +335,14 @@ struct CacheAccess {
       require(rows <= c.shape_.capacity[i] && rows <= ls.next_seq, "saved state: head ", i,
               " holds ", rows, " rows, expected <= capacity ", c.shape_.capacity[i],
               " and <= tokens seen ", ls.next_seq);
-      const std::size_t kb = c.key_units(), vb = c.value_units();
-      r.need_elems(rows, 16 + (kb + vb) * sizeof(typename Cache::Unit), "rows");
+      std::size_t row_min = 0;  // the fewest bytes a saved row takes
+      if constexpr (MixedStorage<Scalar>) {
+        using HS = typename Cache::HeadStore;
+        row_min = 1 + std::min(HS::HK::row_bytes(d) + HS::HV::row_bytes(d), HS::CK::row_bytes(d) + HS::CV::row_bytes(d));
+      } else {
+        row_min = (c.key_units() + c.value_units()) * sizeof(typename Cache::Unit);
+      }
+      r.need_elems(rows, 16 + row_min, "rows");
       const auto n = static_cast<std::size_t>(rows);
       h.pos.resize(n);
       h.seq.resize(n);
@@ -280,14 +363,19 @@ struct CacheAccess {
         require(std::adjacent_find(p.begin(), p.end()) == p.end(), "saved state: head ", i,
                 " repeats a position");
       }
-      h.k.resize(n * kb);
-      h.v.resize(n * vb);
-      r.get_array(h.k.data(), n * kb, "keys");
-      r.get_array(h.v.data(), n * vb, "values");
+      if constexpr (MixedStorage<Scalar>) {
+        read_mixed_rows(r, h, n, d, c.hot_rows_, c.shape_.capacity[i], i);
+      } else {
+        const std::size_t kb = c.key_units(), vb = c.value_units();
+        h.k.resize(n * kb);
+        h.v.resize(n * vb);
+        r.get_array(h.k.data(), n * kb, "keys");
+        r.get_array(h.v.data(), n * vb, "values");
+      }
       if constexpr (QuantizedStorage<Scalar>) {  // scales and E4M3 codes decode finite
         std::vector<float> fk(n * d), fv(n * d);
-        Cache::decode_rows(true, h.k.data(), n, d, fk.data());
-        Cache::decode_rows(false, h.v.data(), n, d, fv.data());
+        c.decode_head(h, true, 0, n, fk.data());
+        c.decode_head(h, false, 0, n, fv.data());
         check_rows_finite(fk, i, "dequantised key");
         check_rows_finite(fv, i, "dequantised value");
       } else {
@@ -322,8 +410,8 @@ struct CacheAccess {
         if constexpr (QuantizedStorage<Scalar>) {  // policies read dequantised rows
           fk.resize(h.size() * d);
           fv.resize(h.size() * d);
-          Cache::decode_rows(true, h.k.data(), h.size(), d, fk.data());
-          Cache::decode_rows(false, h.v.data(), h.size(), d, fv.data());
+          c.decode_head(h, true, 0, h.size(), fk.data());
+          c.decode_head(h, false, 0, h.size(), fv.data());
           vk = fk.data();
           vv = fv.data();
         } else {

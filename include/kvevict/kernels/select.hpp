@@ -301,6 +301,9 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
     return;
   }
   constexpr std::size_t kSample = 1024, kMinN = 8192;
+  // topk_small up to 2048 rows: faster than topk_bracket at 256 and 1K, slower at 4K
+  // (bench_kernels float_topk, old/new binaries interleaved, 2026-12-01).
+  constexpr std::size_t kSmallN = 2048;
   if (n < kMinN) {
 #if KVEVICT_X86
     if constexpr (I != Isa::scalar) {  // AVX-512 CPUs run the AVX2 form
@@ -312,7 +315,7 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
       avx2::BracketBuffers b{grow(sc.below, 2 * n + 16),
                              {grow(sc.band_keys[0], n + 8), grow(sc.band_keys[1], n + 8)},
                              {grow(sc.band_ids[0], n + 8), grow(sc.band_ids[1], n + 8)}};
-      return avx2::topk_bracket(s, n, k, out, b);
+      return n <= kSmallN ? avx2::topk_small(s, n, k, out, b) : avx2::topk_bracket(s, n, k, out, b);
     }
 #endif
     return topk_radix<I>(s, n, k, out);
@@ -505,7 +508,8 @@ KVEVICT_KERNEL_FN void counting_bottomk(const std::uint16_t* keys, std::size_t n
 /// rows are chosen only when fewer than k scores are numbers, lowest index first).
 /// Method for n < 8192: at AVX2 (and AVX-512) a sampled-bracket select (avx2::topk_bracket:
 /// a sorted 64-key sample brackets the k-th key, left-packing passes narrow a band to at most
-/// 128 rows, which are sorted); at the scalar level an MSD radix select on the scores'
+/// 128 rows, which are sorted; up to 2048 rows its first pass compares the floats directly,
+/// avx2::topk_small); at the scalar level an MSD radix select on the scores'
 /// order-preserving bit patterns (a 256-bin histogram per byte; rows better than the k-th
 /// key's byte are emitted, equal ones go on to the next byte). From 8192 on: a stratified sample of 1024 scores brackets the k-th largest; one SIMD pass splits
 /// rows into "surely in" and a small band, and only the band is ordered (nth_element on

@@ -392,17 +392,28 @@ struct BracketBuffers {
   std::uint32_t* ids[2];
 };
 
-/// Exact top-k (the set topk_exact selects) for 0 < k < n < 2^31 (see above).
-KVEVICT_TARGET_AVX2 inline void topk_bracket(const float* s, std::size_t n, std::size_t k,
-                                             std::uint32_t* out, const BracketBuffers& b) noexcept {
+/// Where topk_bracket resumes: rows from the floats fs (ids = index) or from a band (ks, is)
+/// of m rows; b.below[0, emitted) already selected, need more wanted (0 < need <= m); the
+/// next band is written to buffer dst.
+struct BracketState {
+  const float* fs;
+  const std::int32_t* ks;
+  const std::uint32_t* is;
+  std::size_t m, need, emitted;
+  int dst;
+};
+
+/// topk_bracket from a given state (see BracketState).
+KVEVICT_TARGET_AVX2 inline void topk_bracket_from(BracketState st, std::uint32_t* out,
+                                                  const BracketBuffers& b) noexcept {
   constexpr std::int32_t kMin = std::numeric_limits<std::int32_t>::min();
   constexpr std::int32_t kMax = std::numeric_limits<std::int32_t>::max();
   constexpr std::ptrdiff_t kDelta = 8;  // sample ranks either side of the expected one
-  std::size_t emitted = 0, need = k, m = n;
-  const float* fs = s;  // rows from the floats until the first band exists
-  const std::int32_t* ks = nullptr;
-  const std::uint32_t* is = nullptr;
-  int dst = 0;
+  std::size_t emitted = st.emitted, need = st.need, m = st.m;
+  const float* fs = st.fs;  // rows from the floats until the first band exists
+  const std::int32_t* ks = st.ks;
+  const std::uint32_t* is = st.is;
+  int dst = st.dst;
   std::ptrdiff_t delta = kDelta;
   alignas(32) std::int32_t smp[64];
   auto key_at = [&](std::size_t i) { return fs ? topk_skey(fs[i]) : ks[i]; };
@@ -517,6 +528,106 @@ KVEVICT_TARGET_AVX2 inline void topk_bracket(const float* s, std::size_t n, std:
     e += (x < t) | tie;
   }
   std::copy_n(b.below, emitted + e, out);
+}
+
+/// Exact top-k (the set topk_exact selects) for 0 < k < n < 2^31 (see above).
+KVEVICT_TARGET_AVX2 inline void topk_bracket(const float* s, std::size_t n, std::size_t k,
+                                             std::uint32_t* out, const BracketBuffers& b) noexcept {
+  topk_bracket_from(BracketState{s, nullptr, nullptr, n, k, 0, 0}, out, b);
+}
+
+/// The float with signed order key x (topk_skey's inverse; x not a NaN's key).
+KVEVICT_ALWAYS_INLINE float topk_skey_float(std::int32_t x) noexcept {
+  const std::uint32_t fok = ~(static_cast<std::uint32_t>(x) ^ 0x80000000u);  // float_order_key
+  return std::bit_cast<float>((fok & 0x80000000u) ? (fok & 0x7FFFFFFFu) : ~fok);
+}
+
+/// Small-n top-k (select.hpp uses it up to 2048 rows): topk_bracket's first round with
+/// float compares instead of order keys. A sorted 64-key sample gives floats lo <= hi around
+/// the k-th; one pass left-packs the ids of x > hi (all selected) and the floats and ids of x
+/// in [lo, hi] (the band, index order); NaN rows fall in neither (they rank below every
+/// number). Float compares make -0 == +0. The band's order keys are then computed and
+/// topk_bracket goes on from them. A bracket that misses the k-th goes on from the side
+/// holding it (the rows above hi, or the rows not >= lo, NaN included).
+KVEVICT_TARGET_AVX2 inline void topk_small(const float* s, std::size_t n, std::size_t k,
+                                           std::uint32_t* out, const BracketBuffers& b) noexcept {
+  constexpr std::int32_t kMax = std::numeric_limits<std::int32_t>::max();
+  constexpr std::ptrdiff_t kDelta = 6;  // sample ranks either side (band ~ 13n/64)
+  alignas(32) std::int32_t smp[64];
+  alignas(32) float f[64];
+  for (std::size_t j = 0, p = n; j < 64; ++j, p += 2 * n) f[j] = s[p >> 7];  // ((2j + 1) n) / 128
+  for (std::size_t j = 0; j < 64; j += 8)
+    _mm256_store_si256(reinterpret_cast<__m256i*>(smp + j), topk_skey8(_mm256_load_ps(f + j)));
+  sort64(smp);
+  const auto r = static_cast<std::ptrdiff_t>((k - 1) * 64 / n);
+  const float inf = std::numeric_limits<float>::infinity();
+  // hi: the sample key kDelta ranks better; lo: kDelta ranks worse (a NaN key: every number).
+  const float hi = r - kDelta >= 0 ? topk_skey_float(smp[r - kDelta]) : inf;
+  const std::int32_t lk = r + kDelta <= 63 ? smp[r + kDelta] : kMax;
+  const float lo = lk == kMax ? -inf : topk_skey_float(lk);
+  const __m256 vhi = _mm256_set1_ps(hi), vlo = _mm256_set1_ps(lo);
+  const __m256i step = _mm256_set1_epi32(8);
+  __m256i id = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  float* bf = reinterpret_cast<float*>(b.keys[0]);  // band floats, keys computed in place
+  std::uint32_t* bi = b.ids[0];
+  std::uint32_t* above = b.below;
+  std::size_t na = 0, nm = 0, i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(s + i);
+    const auto ma = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(x, vhi, _CMP_GT_OQ)));
+    const auto mge = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(x, vlo, _CMP_GE_OQ)));
+    const unsigned mm = mge & ~ma;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(above + na),
+                        _mm256_permutevar8x32_epi32(id, compress_perm(ma)));
+    const __m256i pm = compress_perm(mm);
+    _mm256_storeu_ps(bf + nm, _mm256_permutevar8x32_ps(x, pm));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bi + nm), _mm256_permutevar8x32_epi32(id, pm));
+    na += static_cast<std::size_t>(std::popcount(ma));
+    nm += static_cast<std::size_t>(std::popcount(mm));
+    id = _mm256_add_epi32(id, step);
+  }
+  for (; i < n; ++i) {
+    const float x = s[i];
+    above[na] = static_cast<std::uint32_t>(i);
+    bf[nm] = x;
+    bi[nm] = static_cast<std::uint32_t>(i);
+    na += x > hi;
+    nm += (x >= lo) & !(x > hi);
+  }
+  if (na >= k) {  // the k-th is above hi: those rows (index order) are the next band
+    for (std::size_t j = 0; j < na; ++j) {
+      bi[j] = above[j];
+      b.keys[0][j] = topk_skey(s[above[j]]);
+    }
+    return topk_bracket_from(BracketState{nullptr, b.keys[0], bi, na, k, 0, 1}, out, b);
+  }
+  if (na + nm < k) {  // the k-th is below lo: above and band selected, the rest (NaN too) next
+    std::copy_n(bi, nm, above + na);
+    std::size_t nr = 0;
+    id = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (i = 0; i + 8 <= n; i += 8) {
+      const __m256 x = _mm256_loadu_ps(s + i);
+      const auto mr = static_cast<unsigned>(
+          _mm256_movemask_ps(_mm256_cmp_ps(x, vlo, _CMP_NGE_UQ)));  // !(x >= lo)
+      const __m256i pr = compress_perm(mr);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.keys[0] + nr),
+                          _mm256_permutevar8x32_epi32(topk_skey8(x), pr));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bi + nr), _mm256_permutevar8x32_epi32(id, pr));
+      nr += static_cast<std::size_t>(std::popcount(mr));
+      id = _mm256_add_epi32(id, step);
+    }
+    for (; i < n; ++i) {
+      b.keys[0][nr] = topk_skey(s[i]);
+      bi[nr] = static_cast<std::uint32_t>(i);
+      nr += !(s[i] >= lo);
+    }
+    return topk_bracket_from(BracketState{nullptr, b.keys[0], bi, nr, k - na - nm, na + nm, 1},
+                             out, b);
+  }
+  for (std::size_t j = 0; j < nm; j += 8)  // the band's keys (8 spare entries)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.keys[0] + j),
+                        topk_skey8(_mm256_loadu_ps(bf + j)));
+  topk_bracket_from(BracketState{nullptr, b.keys[0], bi, nm, k - na, na, 1}, out, b);
 }
 
 /// group_sum compiled for AVX2 (the portable body vectorises 8-wide).

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -15,6 +16,24 @@
 #include "hamming.hpp"
 
 namespace kvevict::kernels {
+
+namespace detail {
+/// Allocator of 64-byte aligned storage: the AVX-512 SimHash kernel loads a 64-byte row of
+/// weights per dim, and a row split over two cache lines costs two loads.
+template <class T>
+struct Align64Allocator {
+  using value_type = T;
+  Align64Allocator() noexcept = default;
+  template <class U>
+  Align64Allocator(const Align64Allocator<U>&) noexcept {}
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, std::align_val_t{64}); }
+  template <class U>
+  bool operator==(const Align64Allocator<U>&) const noexcept { return true; }
+};
+}  // namespace detail
 
 /// A dim x bits Gaussian projection. hash() maps each dim-float row to a bits-bit code: bit j
 /// is set when (x . column j) >= 0 (zero counts as 1; NaN projections give 0), stored in byte
@@ -47,7 +66,9 @@ class SimHashProjection {
   /// faster.
   static constexpr int kColsMaxBits = 32;
 #if KVEVICT_X86
-  /// The FMA projection of one vector (AVX2 + FMA; the caller checks the level): the
+  /// The FMA projection of one vector (AVX2 + FMA; the caller checks the level): at AVX-512
+  /// with 16 bits and dim % 16 == 0 the column-major zmm kernel, with bits 32 or 64 the
+  /// row-major zmm kernel (simhash_fma512), else the
   /// column-major kernel when dim % 8 == 0 and bits <= kColsMaxBits, else the row-major one. False: the caller runs
   /// the reference (some projection too near zero for its sign to be certain).
   bool fma_one(const float* x, std::uint8_t* code) const noexcept;
@@ -63,7 +84,8 @@ class SimHashProjection {
   int dim_;
   int bits_;
   Eigen::MatrixXf matrix_;
-  std::vector<float> wt_;   ///< matrix_ row-major (dim x bits), for the FMA path
+  std::vector<float, detail::Align64Allocator<float>> wt_;  ///< matrix_ row-major (dim x bits), 64-byte aligned, for the FMA paths
+  std::vector<float, detail::Align64Allocator<float>> wc_;  ///< 16 bits, dim % 16 == 0: matrix_ column-major, 64-byte aligned
   std::vector<float> thr_;  ///< per column: 2 gamma |w_j|, the sign-certainty bound / |x|
 };
 
@@ -272,6 +294,108 @@ __attribute__((target("avx2,fma"))) inline bool simhash_fma_cols(const float* x,
   return true;
 }
 #undef KVEVICT_TARGET_AVX2_FMA_LAMBDA
+
+/// simhash_fma for bits = 16 B (B = 1, 2, 4; hash_one uses it for 32 and 64) at AVX-512, from the row-major matrix wt: row i
+/// of wt is B zmm vectors of weights (bit j in lane j % 16 of vector j / 16), so each dim is
+/// one broadcast of x[i] and B FMAs into 16-lane accumulators that hold the projections in
+/// bit order: no horizontal reduction of the projections, and one compare per 16 bits gives
+/// two code bytes as a mask. 8 / B partial sums per vector (dims i mod 8/B) keep the FMA
+/// chains short. Same contract and bound as simhash_fma (any order of the products and
+/// sums is within it), so the codes it returns are the ones simhash_fma returns.
+template <int B>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) inline bool simhash_fma512(
+    const float* x, std::size_t d, const float* wt, const float* thr,
+    std::uint8_t* code) noexcept {
+  constexpr int P = 8 / B;
+  constexpr std::size_t bits = 16 * B;
+  // The norm first: its reduction and square root overlap the projection's FMA stream.
+  __m512 q = _mm512_setzero_ps();
+  for (std::size_t j = 0; j < d; j += 16) {
+    const __mmask16 m = d - j >= 16 ? __mmask16{0xFFFF}
+                                    : static_cast<__mmask16>((1u << (d - j)) - 1u);
+    const __m512 xv = _mm512_maskz_loadu_ps(m, x + j);
+    q = _mm512_fmadd_ps(xv, xv, q);
+  }
+  const float norm2 = _mm512_reduce_add_ps(q);
+  // Tiny (or non-finite) vectors: underflow breaks the relative bound; use the reference.
+  if (!(norm2 >= 0x1p-100f) || !(norm2 <= 0x1p+100f)) return false;
+  const __m512 xn = _mm512_set1_ps(std::sqrt(norm2));
+  __m512 acc[P][B];
+  for (int p = 0; p < P; ++p)
+    for (int b = 0; b < B; ++b) acc[p][b] = _mm512_setzero_ps();
+  std::size_t i = 0;
+  for (; i + P <= d; i += P)
+    for (int p = 0; p < P; ++p) {
+      const __m512 xb = _mm512_set1_ps(x[i + static_cast<std::size_t>(p)]);
+      const float* w = wt + (i + static_cast<std::size_t>(p)) * bits;
+      for (int b = 0; b < B; ++b) acc[p][b] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(w + 16 * b), acc[p][b]);
+    }
+  for (; i < d; ++i) {
+    const __m512 xb = _mm512_set1_ps(x[i]);
+    for (int b = 0; b < B; ++b)
+      acc[0][b] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(wt + i * bits + 16 * b), acc[0][b]);
+  }
+  for (int b = 0; b < B; ++b) {
+    for (int h = P / 2; h >= 1; h /= 2)  // pairwise: log2(P) dependent adds
+      for (int p = 0; p < h; ++p) acc[p][b] = _mm512_add_ps(acc[p][b], acc[p + h][b]);
+    const __m512 s = acc[0][b];
+    const __m512 bound = _mm512_mul_ps(_mm512_loadu_ps(thr + 16 * b), xn);
+    if (_mm512_cmp_ps_mask(_mm512_abs_ps(s), bound, _CMP_GT_OQ) != 0xFFFF) return false;
+    const auto m = static_cast<unsigned>(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GE_OQ));
+    code[2 * b] = static_cast<std::uint8_t>(m);
+    code[2 * b + 1] = static_cast<std::uint8_t>(m >> 8);
+  }
+  return true;
+}
+
+/// simhash_fma for 16 bits and dim % 16 == 0 at AVX-512, from a 64-byte aligned column-major
+/// copy of the matrix (column j = the dim weights of bit j): per 16 dims one load of x and 16
+/// FMAs with the columns' weights as memory operands into 16 accumulators (16 independent
+/// chains, no broadcasts), then the 16 accumulators reduced into one vector in bit order by
+/// four levels of shuffles and adds; the norm is computed first. Same contract and bound as
+/// simhash_fma (any order of the products and sums is within it).
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) inline bool simhash_fma512_cols16(
+    const float* x, std::size_t d, const float* wc, const float* thr,
+    std::uint8_t* code) noexcept {
+  __m512 q = _mm512_setzero_ps();
+  for (std::size_t c = 0; c < d; c += 16) {
+    const __m512 xv = _mm512_loadu_ps(x + c);
+    q = _mm512_fmadd_ps(xv, xv, q);
+  }
+  const float norm2 = _mm512_reduce_add_ps(q);
+  if (!(norm2 >= 0x1p-100f) || !(norm2 <= 0x1p+100f)) return false;
+  const __m512 xn = _mm512_set1_ps(std::sqrt(norm2));
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+  for (std::size_t c = 0; c < d; c += 16) {
+    const __m512 xv = _mm512_loadu_ps(x + c);
+    for (int j = 0; j < 16; ++j)
+      acc[j] = _mm512_fmadd_ps(xv, _mm512_load_ps(wc + static_cast<std::size_t>(j) * d + c), acc[j]);
+  }
+  // 16 -> 8: per 128-bit lane (col 2i, col 2i+1, col 2i, col 2i+1) partials.
+  __m512 t[8];
+  for (int i = 0; i < 8; ++i)
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * i], acc[2 * i + 1]),
+                         _mm512_unpackhi_ps(acc[2 * i], acc[2 * i + 1]));
+  // 8 -> 4: per 128-bit lane columns 4i .. 4i+3.
+  __m512 r[4];
+  for (int i = 0; i < 4; ++i)
+    r[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // 4 -> 2 -> 1: add the four 128-bit lanes, leaving lane block i = columns 4i .. 4i+3.
+  const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(r[0], r[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(r[0], r[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(r[2], r[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(r[2], r[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_f32x4(w0, w1, _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 bound = _mm512_mul_ps(_mm512_loadu_ps(thr), xn);
+  if (_mm512_cmp_ps_mask(_mm512_abs_ps(s), bound, _CMP_GT_OQ) != 0xFFFF) return false;
+  const auto m = static_cast<unsigned>(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GE_OQ));
+  code[0] = static_cast<std::uint8_t>(m);
+  code[1] = static_cast<std::uint8_t>(m >> 8);
+  return true;
+}
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif
 
@@ -305,10 +429,21 @@ KVEVICT_KERNEL_FN SimHashProjection::SimHashProjection(int dim, int bits, std::u
     }
     thr_[static_cast<std::size_t>(j)] = static_cast<float>(2.0 * gamma * std::sqrt(norm2) * 1.01);
   }
+  if (bits == 16 && dim % 16 == 0) wc_.assign(matrix_.data(), matrix_.data() + matrix_.size());
 }
 
 #if KVEVICT_X86
 KVEVICT_KERNEL_FN bool SimHashProjection::fma_one(const float* x, std::uint8_t* code) const noexcept {
+  if (!wc_.empty() && active_isa() == Isa::avx512)
+    return detail::simhash_fma512_cols16(x, static_cast<std::size_t>(dim_), wc_.data(),
+                                         thr_.data(), code);
+  // Other 16-bit shapes stay on the AVX2 kernels: the row-major zmm one measured no faster
+  // there (54 against 49 ns in one run, 75 against 91 in another); 2.4x at 64 bits.
+  if ((bits_ == 32 || bits_ == 64) && active_isa() == Isa::avx512) {
+    const auto d = static_cast<std::size_t>(dim_);
+    return bits_ == 32 ? detail::simhash_fma512<2>(x, d, wt_.data(), thr_.data(), code)
+                       : detail::simhash_fma512<4>(x, d, wt_.data(), thr_.data(), code);
+  }
   return dim_ % 8 == 0 && bits_ <= kColsMaxBits
              ? detail::simhash_fma_cols(x, dim_, bits_, matrix_.data(), thr_.data(), code)
              : detail::simhash_fma(x, dim_, bits_, wt_.data(), thr_.data(), code);

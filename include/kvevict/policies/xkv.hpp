@@ -504,8 +504,7 @@ struct Profile {
   }
 
   [[nodiscard]] std::string to_text() const {
-    // Formatted part by part as kvevict::Error messages are (errors.hpp): the same text as
-    // fmt::format's "{}", without compiling fmt's format engine into every includer.
+    // Formatted part by part as kvevict::Error messages are (errors.hpp).
     std::string out = kvevict::detail::concat(
         "# XKV per-layer budgets (arXiv 2412.05896), tokens per KV head, window excluded\n",
         kMagic, " ", kVersion, "\nlayers ", tokens.size(), "\nwindow ", window, "\nsamples ",
