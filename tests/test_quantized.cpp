@@ -502,6 +502,22 @@ void check_kernel_all(std::size_t d) {
       INFO("d " << d << " G " << G << " n " << n);
       check_kernel<kk::Isa::scalar, S>(d, G, n, 100 + d + G * 7 + n);
       if (kk::attention_isa() != kk::Isa::scalar) check_kernel<kk::Isa::avx2, S>(d, G, n, 200 + d + G + n);
+      if (kk::attention_isa() == kk::Isa::avx512) check_kernel<kk::Isa::avx512, S>(d, G, n, 300 + d + G + n);
+    }
+}
+
+// The AVX-512 level (Q8/Q4, G a multiple of 16) and the levels below it on the same inputs,
+// each against the double reference (1e-5 relative, as the other levels).
+template <class S>
+void check_kernel_512(std::size_t d) {
+  namespace kk = kvevict::kernels;
+  for (std::size_t G : {std::size_t(1), std::size_t(4), std::size_t(5)})
+    for (std::size_t n : {std::size_t(1), std::size_t(2), std::size_t(7), std::size_t(130)}) {
+      INFO("d " << d << " G " << G << " n " << n);
+      const std::uint64_t seed = 400 + d + G * 11 + n;
+      check_kernel<kk::Isa::scalar, S>(d, G, n, seed);
+      if (kk::attention_isa() != kk::Isa::scalar) check_kernel<kk::Isa::avx2, S>(d, G, n, seed);
+      if (kk::attention_isa() == kk::Isa::avx512) check_kernel<kk::Isa::avx512, S>(d, G, n, seed);
     }
 }
 }  // namespace
@@ -524,6 +540,17 @@ TEST_CASE("attention over quantized rows matches the reference over the dequanti
   check_kernel_all<Q4<4>>(8);
   check_kernel_all<Q8<24>>(48);
   check_kernel_all<Q4<24>>(48);
+}
+
+TEST_CASE("the AVX-512 quantized level matches the reference at d 32/96/128/256", "[quantized]") {
+  INFO("attention ISA " << kvevict::kernels::isa_name(kvevict::kernels::attention_isa()));
+  for (std::size_t d : {std::size_t(32), std::size_t(96), std::size_t(128), std::size_t(256)}) {
+    check_kernel_512<Q8<16>>(d);
+    check_kernel_512<Q4<16>>(d);
+    check_kernel_512<KV<Q8<32>, Q4<32>>>(d);
+    if (d % 64 == 0) check_kernel_512<KV<Q4<64>, Q8<64>>>(d);
+  }
+  check_kernel_512<KV<Q8<48>, Q4<48>>>(96);
 }
 
 TEST_CASE("attend over a quantized cache equals attend over the dequantised rows", "[quantized]") {
@@ -618,6 +645,11 @@ void check_qint_exact(std::size_t d, std::size_t G, std::size_t n, std::uint64_t
   if (kk::attention_isa() != kk::Isa::scalar) {
     REQUIRE(kk::quant_attention_probs_at<kk::Isa::avx2, D>(q.data(), d, G, kb.data(), D::row_bytes(d), n, d, scale, pe.data()));
     REQUIRE(kk::quant_attention_probs_qint_at<kk::Isa::avx2, D>(q.data(), d, G, kb.data(), D::row_bytes(d), n, d, scale, pi.data()));
+    REQUIRE(pe == pi);
+  }
+  if (kk::attention_isa() == kk::Isa::avx512) {
+    REQUIRE(kk::quant_attention_probs_at<kk::Isa::avx512, D>(q.data(), d, G, kb.data(), D::row_bytes(d), n, d, scale, pe.data()));
+    REQUIRE(kk::quant_attention_probs_qint_at<kk::Isa::avx512, D>(q.data(), d, G, kb.data(), D::row_bytes(d), n, d, scale, pi.data()));
     REQUIRE(pe == pi);
   }
 }

@@ -15,8 +15,11 @@
 //       fp16 scale; the head's sum by scale * s_q. Q8 / Q4 with G a multiple of 32 only;
 //       any other format or shape (and a non-finite query) runs quant_attention_probs
 //       unchanged. Results differ from the exact path by the query's rounding (docs/quantized.md).
-// Levels: scalar (any format) and AVX2+FMA+F16C (Q8/Q4 with G a multiple of 8, E4M3 with
-// d a multiple of 8; other shapes run the scalar level). AVX-512 CPUs run the AVX2 form.
+// Levels: scalar (any format), AVX2+FMA+F16C (Q8/Q4 with G a multiple of 8, E4M3 with d a
+// multiple of 8; other shapes run the scalar level) and, for the exact path, AVX-512 (Q8/Q4
+// with G a multiple of 16; other shapes run the AVX2 level's choice). The AVX-512 level sums
+// 16 lanes where AVX2 sums 8, so its results differ from AVX2's in the last bits (both are
+// tested against a double reference). The integer q.K path runs AVX2's integer scores on AVX-512.
 #pragma once
 
 #include <cmath>
@@ -26,6 +29,7 @@
 #include <vector>
 
 #include "attention_avx2.hpp"
+#include "attention_avx512.hpp"
 #include "attention_decode.hpp"
 #include "attention_scalar.hpp"
 #include "dispatch.hpp"
@@ -297,71 +301,9 @@ KVEVICT_QATTN_INLINE V q_chunk_scale(const std::uint8_t* row, std::size_t e) noe
   else return q_scale(row + (e / D::group) * D::block_bytes);
 }
 
-// Scores of R rows x GC heads: per block, the chunk dot products of the R rows are scaled
-// by their block scale before accumulating (one multiply per chunk and row).
-template <class D, int GC, int R>
-KVEVICT_ATTN_TARGET_AVX2 inline void q_score_block(const float* q, std::size_t q_stride,
-                                                   const std::uint8_t* rows, std::size_t row_bytes,
-                                                   std::size_t i, std::size_t d, float scale,
-                                                   float* s, std::size_t n) noexcept {
-  V acc[GC][R];
-  for (int g = 0; g < GC; ++g)
-    for (int r = 0; r < R; ++r) acc[g][r] = vzero();
-  const std::uint8_t* rp[R];
-  for (int r = 0; r < R; ++r) rp[r] = rows + (i + static_cast<std::size_t>(r)) * row_bytes;
-  constexpr std::size_t step = D::kind == QKind::e4m3 ? 8 : D::group;
-  for (std::size_t b0 = 0; b0 < d; b0 += step) {
-    V sc[R];
-    for (int r = 0; r < R; ++r) sc[r] = q_chunk_scale<D>(rp[r], b0);
-    for (std::size_t e = b0; e < b0 + step; e += 8) {
-      V kv[R];
-      for (int r = 0; r < R; ++r) kv[r] = q_chunk<D>(rp[r], e);
-      if constexpr (D::kind != QKind::e4m3)
-        for (int r = 0; r < R; ++r) kv[r] = vmul(kv[r], sc[r]);
-      for (int g = 0; g < GC; ++g) {
-        const V qv = vload(q + static_cast<std::size_t>(g) * q_stride + e);
-        for (int r = 0; r < R; ++r) acc[g][r] = vfma(qv, kv[r], acc[g][r]);
-      }
-    }
-  }
-  for (int g = 0; g < GC; ++g) vreduce_store<R>(s + static_cast<std::size_t>(g) * n + i, acc[g], scale);
-}
-
-template <class D, int R>
-KVEVICT_ATTN_TARGET_AVX2 inline void q_score_heads(const float* q, std::size_t q_stride,
-                                                   std::size_t group, const std::uint8_t* rows,
-                                                   std::size_t row_bytes, std::size_t i,
-                                                   std::size_t d, float scale, float* s,
-                                                   std::size_t n) noexcept {
-  for (std::size_t g0 = 0; g0 < group; g0 += kHeads) {
-    const float* qg = q + g0 * q_stride;
-    float* sg = s + g0 * n;
-    switch (group - g0 < static_cast<std::size_t>(kHeads) ? group - g0 : kHeads) {
-      case 1: q_score_block<D, 1, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
-      case 2: q_score_block<D, 2, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
-      case 3: q_score_block<D, 3, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
-      default: q_score_block<D, kHeads, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
-    }
-  }
-}
-
-template <class D>
-KVEVICT_ATTN_TARGET_AVX2 inline bool q_attention_probs(const float* q, std::size_t q_stride,
-                                                       std::size_t group, const std::uint8_t* rows,
-                                                       std::size_t row_bytes, std::size_t n,
-                                                       std::size_t d, float scale,
-                                                       float* probs) noexcept {
-  for (std::size_t i = 0; i < n;) {  // blocks of kRows rows, then single rows
-    if (n - i >= static_cast<std::size_t>(kRows)) {
-      q_score_heads<D, kRows>(q, q_stride, group, rows, row_bytes, i, d, scale, probs, n);
-      i += kRows;
-    } else {
-      q_score_heads<D, 1>(q, q_stride, group, rows, row_bytes, i, d, scale, probs, n);
-      ++i;
-    }
-  }
-  return softmax_rows(probs, group, n);
-}
+#define KVEVICT_QATTN_TARGET KVEVICT_ATTN_TARGET_AVX2
+#include "attention_quant_body.hpp"
+#undef KVEVICT_QATTN_TARGET
 
 // p.V: column blocks of 2 vectors (16 columns) x GC heads in registers over a tile of rows.
 template <class D, int GC>
@@ -537,15 +479,156 @@ KVEVICT_ATTN_TARGET_AVX2 inline bool q_attention_probs_qint(const QuantQuery& qq
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif
 
+#if KVEVICT_X86
+KVEVICT_SUPPRESS_INTRIN_WARNINGS_BEGIN
+namespace attn_avx512 {
+#define KVEVICT_QATTN_INLINE KVEVICT_ATTN_TARGET_AVX512 KVEVICT_ALWAYS_INLINE
+
+/// The AVX-512 level handles this shape (else the AVX2 level's choice runs).
+template <class D>
+constexpr bool q_simd_shape(std::size_t /*d*/) noexcept {
+  return D::kind != QKind::e4m3 && D::group % 16 == 0;
+}
+
+KVEVICT_QATTN_INLINE V q_scale(const std::uint8_t* blk) noexcept {
+  std::uint16_t b;
+  std::memcpy(&b, blk, 2);
+  return _mm512_set1_ps(_cvtsh_ss(b));
+}
+
+/// Elements [e, e + 16) of a row as floats without the block scale (e a multiple of 16,
+/// the 16 inside one block). Q4: chunks of 8 (quantized.hpp's layout), byte j of a chunk
+/// holds element j (low nibble) and j + 4 (high).
+template <class D>
+KVEVICT_QATTN_INLINE V q_chunk(const std::uint8_t* row, std::size_t e) noexcept {
+  if constexpr (D::kind == QKind::q8) {
+    const std::uint8_t* p = row + (e / D::group) * D::block_bytes + 2 + e % D::group;
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  } else {
+    const std::uint8_t* p = row + (e / D::group) * D::block_bytes + 2 + (e % D::group) / 2;
+    const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    const __m128i dup = _mm_shuffle_epi8(x, _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7));
+    const __m512i sh = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4);
+    const __m512i nib = _mm512_and_si512(_mm512_srlv_epi32(_mm512_cvtepu8_epi32(dup), sh), _mm512_set1_epi32(0xF));
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(nib, _mm512_set1_epi32(8)));
+  }
+}
+
+/// The block scale of element e.
+template <class D>
+KVEVICT_QATTN_INLINE V q_chunk_scale(const std::uint8_t* row, std::size_t e) noexcept {
+  return q_scale(row + (e / D::group) * D::block_bytes);
+}
+
+#define KVEVICT_QATTN_TARGET KVEVICT_ATTN_TARGET_AVX512
+#include "attention_quant_body.hpp"
+#undef KVEVICT_QATTN_TARGET
+
+// p.V: column blocks of NV vectors (16 NV columns, NV <= kVecs) x GC heads in registers.
+template <class D, int GC, int NV>
+KVEVICT_ATTN_TARGET_AVX512 inline void q_output_block(const float* probs, std::size_t n,
+                                                      const std::uint8_t* rows, std::size_t row_bytes,
+                                                      std::size_t i0, std::size_t i1, std::size_t c0,
+                                                      float* out, std::size_t out_stride) noexcept {
+  V acc[GC][NV];
+  for (int g = 0; g < GC; ++g)
+    for (int v = 0; v < NV; ++v)
+      acc[g][v] = vload(out + static_cast<std::size_t>(g) * out_stride + c0 + static_cast<std::size_t>(v) * 16);
+  for (std::size_t i = i0; i < i1; ++i) {
+    const std::uint8_t* row = rows + i * row_bytes;
+    V x[NV];
+    for (int v = 0; v < NV; ++v) {
+      const std::size_t e = c0 + static_cast<std::size_t>(v) * 16;
+      x[v] = vmul(q_chunk<D>(row, e), q_scale(row + (e / D::group) * D::block_bytes));
+    }
+    for (int g = 0; g < GC; ++g) {
+      const V pb = vset1(probs[static_cast<std::size_t>(g) * n + i]);
+      for (int v = 0; v < NV; ++v) acc[g][v] = vfma(pb, x[v], acc[g][v]);
+    }
+  }
+  for (int g = 0; g < GC; ++g)
+    for (int v = 0; v < NV; ++v)
+      vstore(out + static_cast<std::size_t>(g) * out_stride + c0 + static_cast<std::size_t>(v) * 16, acc[g][v]);
+}
+
+template <class D, int GC>
+KVEVICT_ATTN_TARGET_AVX512 inline void q_output_nv(std::size_t nv, const float* probs, std::size_t n,
+                                                   const std::uint8_t* rows, std::size_t row_bytes,
+                                                   std::size_t i0, std::size_t i1, std::size_t c0,
+                                                   float* out, std::size_t out_stride) noexcept {
+  switch (nv) {
+    case 1: q_output_block<D, GC, 1>(probs, n, rows, row_bytes, i0, i1, c0, out, out_stride); break;
+    case 2: q_output_block<D, GC, 2>(probs, n, rows, row_bytes, i0, i1, c0, out, out_stride); break;
+    case 3: q_output_block<D, GC, 3>(probs, n, rows, row_bytes, i0, i1, c0, out, out_stride); break;
+    default: q_output_block<D, GC, kVecs>(probs, n, rows, row_bytes, i0, i1, c0, out, out_stride); break;
+  }
+}
+
+template <class D>
+KVEVICT_ATTN_TARGET_AVX512 inline void q_attention_output(const float* probs, std::size_t group,
+                                                          const std::uint8_t* rows,
+                                                          std::size_t row_bytes, std::size_t n,
+                                                          std::size_t d, float* out,
+                                                          std::size_t out_stride) noexcept {
+  for (std::size_t g = 0; g < group; ++g)
+    for (std::size_t j = 0; j < d; ++j) out[g * out_stride + j] = 0.0f;
+  std::size_t tile = 16384 / (row_bytes + 1);
+  if (tile < 8) tile = 8;
+  const std::size_t nvec = d / 16;  // d is a multiple of G, a multiple of 16
+  for (std::size_t i0 = 0; i0 < n; i0 += tile) {
+    const std::size_t i1 = n - i0 < tile ? n : i0 + tile;
+    for (std::size_t g0 = 0; g0 < group; g0 += kHeads) {
+      const std::size_t gc = group - g0 < static_cast<std::size_t>(kHeads) ? group - g0 : kHeads;
+      const float* pg = probs + g0 * n;
+      float* og = out + g0 * out_stride;
+      for (std::size_t cv = 0; cv < nvec; cv += kVecs) {
+        const std::size_t nv = nvec - cv < static_cast<std::size_t>(kVecs) ? nvec - cv : kVecs;
+        const std::size_t c0 = cv * 16;
+        switch (gc) {
+          case 1: q_output_nv<D, 1>(nv, pg, n, rows, row_bytes, i0, i1, c0, og, out_stride); break;
+          case 2: q_output_nv<D, 2>(nv, pg, n, rows, row_bytes, i0, i1, c0, og, out_stride); break;
+          case 3: q_output_nv<D, 3>(nv, pg, n, rows, row_bytes, i0, i1, c0, og, out_stride); break;
+          default: q_output_nv<D, kHeads>(nv, pg, n, rows, row_bytes, i0, i1, c0, og, out_stride); break;
+        }
+      }
+    }
+  }
+}
+
+/// The integer q.K path on AVX-512: the AVX2 level's integer scores, this level's softmax
+/// (so exact inputs give this level's exact-path probabilities bit for bit).
+template <class D>
+KVEVICT_ATTN_TARGET_AVX512 inline bool q_attention_probs_qint(const QuantQuery& qq, std::size_t group,
+                                                              const std::uint8_t* rows,
+                                                              std::size_t row_bytes, std::size_t n,
+                                                              std::size_t d, float scale,
+                                                              float* probs) noexcept {
+  constexpr std::size_t R2 = static_cast<std::size_t>(attn_avx2::kRows);
+  std::size_t i = 0;
+  for (; i + R2 <= n; i += R2)
+    attn_avx2::qint_score_heads<D, attn_avx2::kRows>(qq, group, scale, rows, row_bytes, i, d, probs, n);
+  for (; i < n; ++i) attn_avx2::qint_score_heads<D, 1>(qq, group, scale, rows, row_bytes, i, d, probs, n);
+  return softmax_rows(probs, group, n);
+}
+
+#undef KVEVICT_QATTN_INLINE
+}  // namespace attn_avx512
+KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
+#endif
+
 }  // namespace detail
 
-/// Pinned level (Isa::avx512 runs the AVX2 form); a shape the SIMD level does not handle
-/// runs the scalar level.
+/// Pinned level; a shape the AVX-512 level does not handle runs the AVX2 level, and a shape
+/// the AVX2 level does not handle the scalar level.
 template <Isa I, class D>
 inline bool quant_attention_probs_at(const float* q, std::size_t q_stride, std::size_t group,
                                      const std::uint8_t* rows, std::size_t row_bytes, std::size_t n,
                                      std::size_t d, float scale, float* probs) noexcept {
 #if KVEVICT_X86
+  if constexpr (I == Isa::avx512)
+    if (detail::attn_avx512::q_simd_shape<D>(d))
+      return detail::attn_avx512::q_attention_probs<D>(q, q_stride, group, rows, row_bytes, n, d,
+                                                       scale, probs);
   if constexpr (I != Isa::scalar)
     if (detail::attn_avx2::q_simd_shape<D>(d))
       return detail::attn_avx2::q_attention_probs<D>(q, q_stride, group, rows, row_bytes, n, d,
@@ -560,6 +643,11 @@ inline void quant_attention_output_at(const float* probs, std::size_t group,
                                       std::size_t n, std::size_t d, float* out,
                                       std::size_t out_stride) noexcept {
 #if KVEVICT_X86
+  if constexpr (I == Isa::avx512)
+    if (detail::attn_avx512::q_simd_shape<D>(d)) {
+      detail::attn_avx512::q_attention_output<D>(probs, group, rows, row_bytes, n, d, out, out_stride);
+      return;
+    }
   if constexpr (I != Isa::scalar)
     if (detail::attn_avx2::q_simd_shape<D>(d)) {
       detail::attn_avx2::q_attention_output<D>(probs, group, rows, row_bytes, n, d, out, out_stride);
@@ -574,8 +662,11 @@ template <class D>
 inline bool quant_attention_probs(const float* q, std::size_t q_stride, std::size_t group,
                                   const std::uint8_t* rows, std::size_t row_bytes, std::size_t n,
                                   std::size_t d, float scale, float* probs) noexcept {
-  if (attention_isa() == Isa::scalar)
+  const Isa isa = attention_isa();
+  if (isa == Isa::scalar)
     return quant_attention_probs_at<Isa::scalar, D>(q, q_stride, group, rows, row_bytes, n, d, scale, probs);
+  if (isa == Isa::avx512)
+    return quant_attention_probs_at<Isa::avx512, D>(q, q_stride, group, rows, row_bytes, n, d, scale, probs);
   return quant_attention_probs_at<Isa::avx2, D>(q, q_stride, group, rows, row_bytes, n, d, scale, probs);
 }
 
@@ -583,13 +674,17 @@ template <class D>
 inline void quant_attention_output(const float* probs, std::size_t group, const std::uint8_t* rows,
                                    std::size_t row_bytes, std::size_t n, std::size_t d, float* out,
                                    std::size_t out_stride) noexcept {
-  if (attention_isa() == Isa::scalar)
+  const Isa isa = attention_isa();
+  if (isa == Isa::scalar)
     quant_attention_output_at<Isa::scalar, D>(probs, group, rows, row_bytes, n, d, out, out_stride);
+  else if (isa == Isa::avx512)
+    quant_attention_output_at<Isa::avx512, D>(probs, group, rows, row_bytes, n, d, out, out_stride);
   else
     quant_attention_output_at<Isa::avx2, D>(probs, group, rows, row_bytes, n, d, out, out_stride);
 }
 
-/// The integer q.K path at a pinned level (Isa::avx512 runs the AVX2 form). Formats and
+/// The integer q.K path at a pinned level (Isa::avx512: the AVX2 integer scores, the AVX-512
+/// softmax). Formats and
 /// shapes outside qint_shape, and a non-finite query, run quant_attention_probs_at<I, D>.
 template <Isa I, class D>
 inline bool quant_attention_probs_qint_at(const float* q, std::size_t q_stride, std::size_t group,
@@ -600,6 +695,8 @@ inline bool quant_attention_probs_qint_at(const float* q, std::size_t q_stride, 
       thread_local detail::QuantQuery qq;  // grows to the largest group x d, then reused
       if (detail::quantize_query<D>(q, q_stride, group, d, qq)) {
 #if KVEVICT_X86
+        if constexpr (I == Isa::avx512)
+          return detail::attn_avx512::q_attention_probs_qint<D>(qq, group, rows, row_bytes, n, d, scale, probs);
         if constexpr (I != Isa::scalar)
           return detail::attn_avx2::q_attention_probs_qint<D>(qq, group, rows, row_bytes, n, d, scale, probs);
 #endif
@@ -615,8 +712,11 @@ template <class D>
 inline bool quant_attention_probs_qint(const float* q, std::size_t q_stride, std::size_t group,
                                        const std::uint8_t* rows, std::size_t row_bytes, std::size_t n,
                                        std::size_t d, float scale, float* probs) {
-  if (attention_isa() == Isa::scalar)
+  const Isa isa = attention_isa();
+  if (isa == Isa::scalar)
     return quant_attention_probs_qint_at<Isa::scalar, D>(q, q_stride, group, rows, row_bytes, n, d, scale, probs);
+  if (isa == Isa::avx512)
+    return quant_attention_probs_qint_at<Isa::avx512, D>(q, q_stride, group, rows, row_bytes, n, d, scale, probs);
   return quant_attention_probs_qint_at<Isa::avx2, D>(q, q_stride, group, rows, row_bytes, n, d, scale, probs);
 }
 

@@ -1,0 +1,69 @@
+// The q.K pass of the exact quantized kernels, shared by the SIMD levels. NOT a standalone
+// header: included (without include guard) inside attention_quant.hpp's attn_avx2 and
+// attn_avx512 namespaces after they defined KVEVICT_QATTN_TARGET, q_chunk<D> (W elements
+// without the block scale) and q_chunk_scale<D>; V, W, kRows, kHeads, vzero, vload, vmul,
+// vfma, vreduce_store and softmax_rows come from the level's attention kernel.
+
+#ifndef KVEVICT_QATTN_TARGET
+#error "attention_quant_body.hpp is included by attention_quant.hpp only"
+#endif
+
+// Scores of R rows x GC heads: per block, the chunk dot products of the R rows are scaled
+// by their block scale before accumulating (one multiply per chunk and row).
+template <class D, int GC, int R>
+KVEVICT_QATTN_TARGET inline void q_score_block(const float* q, std::size_t q_stride,
+                                               const std::uint8_t* rows, std::size_t row_bytes,
+                                               std::size_t i, std::size_t d, float scale,
+                                               float* s, std::size_t n) noexcept {
+  V acc[GC][R];
+  for (int g = 0; g < GC; ++g)
+    for (int r = 0; r < R; ++r) acc[g][r] = vzero();
+  const std::uint8_t* rp[R];
+  for (int r = 0; r < R; ++r) rp[r] = rows + (i + static_cast<std::size_t>(r)) * row_bytes;
+  constexpr std::size_t step = D::kind == QKind::e4m3 ? W : D::group;
+  for (std::size_t b0 = 0; b0 < d; b0 += step) {
+    V sc[R];
+    for (int r = 0; r < R; ++r) sc[r] = q_chunk_scale<D>(rp[r], b0);
+    for (std::size_t e = b0; e < b0 + step; e += W) {
+      V kv[R];
+      for (int r = 0; r < R; ++r) kv[r] = q_chunk<D>(rp[r], e);
+      if constexpr (D::kind != QKind::e4m3)
+        for (int r = 0; r < R; ++r) kv[r] = vmul(kv[r], sc[r]);
+      for (int g = 0; g < GC; ++g) {
+        const V qv = vload(q + static_cast<std::size_t>(g) * q_stride + e);
+        for (int r = 0; r < R; ++r) acc[g][r] = vfma(qv, kv[r], acc[g][r]);
+      }
+    }
+  }
+  for (int g = 0; g < GC; ++g) vreduce_store<R>(s + static_cast<std::size_t>(g) * n + i, acc[g], scale);
+}
+
+template <class D, int R>
+KVEVICT_QATTN_TARGET inline void q_score_heads(const float* q, std::size_t q_stride,
+                                               std::size_t group, const std::uint8_t* rows,
+                                               std::size_t row_bytes, std::size_t i,
+                                               std::size_t d, float scale, float* s,
+                                               std::size_t n) noexcept {
+  for (std::size_t g0 = 0; g0 < group; g0 += kHeads) {
+    const float* qg = q + g0 * q_stride;
+    float* sg = s + g0 * n;
+    switch (group - g0 < static_cast<std::size_t>(kHeads) ? group - g0 : kHeads) {
+      case 1: q_score_block<D, 1, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
+      case 2: q_score_block<D, 2, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
+      case 3: q_score_block<D, 3, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
+      default: q_score_block<D, kHeads, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
+    }
+  }
+}
+
+template <class D>
+KVEVICT_QATTN_TARGET inline bool q_attention_probs(const float* q, std::size_t q_stride,
+                                                   std::size_t group, const std::uint8_t* rows,
+                                                   std::size_t row_bytes, std::size_t n,
+                                                   std::size_t d, float scale,
+                                                   float* probs) noexcept {
+  std::size_t i = 0;  // blocks of kRows rows, then single rows
+  for (; i + kRows <= n; i += kRows) q_score_heads<D, kRows>(q, q_stride, group, rows, row_bytes, i, d, scale, probs, n);
+  for (; i < n; ++i) q_score_heads<D, 1>(q, q_stride, group, rows, row_bytes, i, d, scale, probs, n);
+  return softmax_rows(probs, group, n);
+}
