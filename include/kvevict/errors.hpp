@@ -7,9 +7,9 @@
 // parse cost (~1 s of CPU per translation unit with g++ 12, docs/benchmarks.md) nor a link
 // dependency.
 //
-// Numbers are written as fmt's "{}" writes them for the values kvevict reports: integers in
-// decimal, floating point in the shortest text that reads back as the same value
-// (std::to_chars without a format: fixed or scientific, whichever is shorter).
+// Numbers are written as fmt's "{}" writes them: integers in decimal, floating point in the
+// shortest digits that read back as the same value, fixed notation for decimal exponents
+// -4..15 and scientific beyond (format_number below).
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -38,7 +38,24 @@ namespace detail {
 template <class T>
 inline void format_number(std::string& out, T v) {
   char buffer[64];  // 20 digits for 64-bit integers; <= 41 chars for the shortest long double
-  const std::to_chars_result r = std::to_chars(buffer, buffer + sizeof buffer, v);
+  std::to_chars_result r{};
+  if constexpr (std::is_integral_v<T>) {
+    r = std::to_chars(buffer, buffer + sizeof buffer, v);
+  } else {
+    // fmt's "{}" layout: the shortest round-trip digits, fixed notation when the decimal
+    // exponent is in [-4, 16) (500000, 0.0001), scientific otherwise (1e+16, 1e-05).
+    r = std::to_chars(buffer, buffer + sizeof buffer, v, std::chars_format::scientific);
+    if (r.ec == std::errc()) {
+      const std::string_view text(buffer, static_cast<std::size_t>(r.ptr - buffer));
+      const std::size_t e = text.find('e');  // none for inf / nan
+      int exponent = 0;
+      if (e != std::string_view::npos &&
+          std::from_chars(text.data() + e + (text[e + 1] == '+' ? 2 : 1), text.data() + text.size(),
+                          exponent).ec == std::errc() &&
+          exponent >= -4 && exponent < 16)
+        r = std::to_chars(buffer, buffer + sizeof buffer, v, std::chars_format::fixed);
+    }
+  }
   if (r.ec == std::errc()) out.append(buffer, r.ptr);
   else out += "<unformattable number>";
 }
