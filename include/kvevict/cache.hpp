@@ -219,7 +219,22 @@ class KVCache
   /// Sets the hot band to R rows per head. Only on a cache that holds no rows, and R must not
   /// exceed any head's capacity: else kvevict::Error naming R, the cache unchanged.
   void set_hot_rows(std::size_t R)
-    requires mixed;
+    requires mixed
+  {  // defined in the class: clang 14 rejects an out-of-line trailing requires-clause here
+    const auto in_use = this->exclusive("set_hot_rows");
+    for (std::size_t i = 0; i < this->heads_.size(); ++i) {
+      detail::require(this->heads_[i].size() == 0, "set_hot_rows: R = ", R, " on a cache holding ",
+                      this->heads_[i].size(), " rows in head ", i, ", expected an empty cache");
+      detail::require(R <= this->shape_.capacity[i], "set_hot_rows: R = ", R,
+                      " exceeds the capacity ", this->shape_.capacity[i], " of (layer ",
+                      i / static_cast<std::size_t>(this->geometry().n_kv_heads), ", KV head ",
+                      i % static_cast<std::size_t>(this->geometry().n_kv_heads),
+                      "), expected R <= every head's capacity");
+    }
+    detail::require(!this->pooled() || R == 0, "set_hot_rows: R = ", R,
+                    " on a pooled budget, expected a fixed budget (per-head capacities move)");
+    hot_rows_ = R;
+  }
   /// Bytes of one row in the hot / cold band (key + value, scales included).
   [[nodiscard]] std::size_t hot_row_bytes() const
     requires mixed
@@ -575,25 +590,6 @@ KVCache<Policy, Scalar>::KVCache(const Geometry& geometry, const Budget& budget,
   }
 }
 
-template <class Policy, class Scalar>
-  requires EvictionPolicy<Policy, typename detail::StorageOf<Scalar>::view>
-void KVCache<Policy, Scalar>::set_hot_rows(std::size_t R)
-  requires mixed
-{
-  const auto in_use = this->exclusive("set_hot_rows");
-  for (std::size_t i = 0; i < this->heads_.size(); ++i) {
-    detail::require(this->heads_[i].size() == 0, "set_hot_rows: R = ", R, " on a cache holding ",
-                    this->heads_[i].size(), " rows in head ", i, ", expected an empty cache");
-    detail::require(R <= this->shape_.capacity[i], "set_hot_rows: R = ", R,
-                    " exceeds the capacity ", this->shape_.capacity[i], " of (layer ",
-                    i / static_cast<std::size_t>(this->geometry().n_kv_heads), ", KV head ",
-                    i % static_cast<std::size_t>(this->geometry().n_kv_heads),
-                    "), expected R <= every head's capacity");
-  }
-  detail::require(!this->pooled() || R == 0, "set_hot_rows: R = ", R,
-                  " on a pooled budget, expected a fixed budget (per-head capacities move)");
-  hot_rows_ = R;
-}
 
 template <class Policy, class Scalar>
   requires EvictionPolicy<Policy, typename detail::StorageOf<Scalar>::view>
