@@ -184,13 +184,14 @@ TEST_CASE("topk_indices selects the k largest (ties to lower index, NaN last)",
 
 TEST_CASE("topk_indices from 1 to 1100 rows: the small-n path's bracket and its misses",
           "[kernels][select]") {
-  // Every size to 130, then every 37th to 1100 (the float-compare first round and its two
-  // miss recoveries), with ties, NaNs and signed zeros; k = 0, 1, 64, n/2, n-1, n.
+  // Every size to 300 (the threshold search up to 256 rows, the float-compare first round
+  // beyond), then every 37th to 1100 (that round's two miss recoveries), with ties, NaNs and
+  // signed zeros; k = 0, 1, 64, n/2, n-1, n.
   std::mt19937_64 rng(1100);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (Isa isa : levels())
-    for (std::size_t n = 1; n <= 1100; n += n < 130 ? 1 : 37)
-      for (int dist = 0; dist < 5; ++dist) {
+    for (std::size_t n = 1; n <= 1100; n += n < 300 ? 1 : 37)
+      for (int dist = 0; dist < 6; ++dist) {
         std::vector<float> s(n);
         std::normal_distribution<float> g;
         for (auto& v : s) {
@@ -199,7 +200,10 @@ TEST_CASE("topk_indices from 1 to 1100 rows: the small-n path's bracket and its 
             case 1: v = static_cast<float>(rng() % 7) - 3.0f; break;  // ties, +0 only
             case 2: v = rng() % 4 ? g(rng) : nan; break;
             case 3: v = rng() % 2 ? 0.0f : (rng() % 2 ? -0.0f : g(rng)); break;  // -0 == +0
-            default: v = rng() % 8 ? -5.0f - static_cast<float>(rng() % 3) : g(rng); break;
+            case 4: v = rng() % 8 ? -5.0f - static_cast<float>(rng() % 3) : g(rng); break;
+            default:  // equal high 16 key bits, differing low ones (the low-half selection)
+              v = std::bit_cast<float>(0x3F800000u + static_cast<std::uint32_t>(rng() % 90));
+              break;
           }
         }
         for (std::size_t k : {std::size_t{0}, std::size_t{1}, std::size_t{64}, n / 2, n - 1, n}) {

@@ -301,6 +301,16 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
     return;
   }
   constexpr std::size_t kSample = 1024, kMinN = 8192;
+#if KVEVICT_X86
+  // Threshold search (no sample, no sort) up to kThresholdN rows.
+  constexpr std::size_t kThresholdN = 256;
+  static_assert(kThresholdN <= avx2::kThresholdMaxN && kThresholdN <= avx512::kThresholdMaxN);
+  if constexpr (I == Isa::avx512) {
+    if (n <= kThresholdN) return avx512::topk_threshold(s, n, k, out);
+  } else if constexpr (I == Isa::avx2) {
+    if (n <= kThresholdN) return avx2::topk_threshold(s, n, k, out);
+  }
+#endif
   // topk_small up to 2048 rows: faster than topk_bracket at 256 and 1K, slower at 4K
   // (bench_kernels float_topk, old/new binaries interleaved, 2026-12-01).
   constexpr std::size_t kSmallN = 2048;

@@ -630,6 +630,110 @@ KVEVICT_TARGET_AVX2 inline void topk_small(const float* s, std::size_t n, std::s
   topk_bracket_from(BracketState{nullptr, b.keys[0], bi, nm, k - na, na, 1}, out, b);
 }
 
+/// Largest n topk_threshold takes (its key buffers live on the stack).
+inline constexpr std::size_t kThresholdMaxN = 512;
+
+/// Sum of the 16 signed 16-bit lanes of x.
+KVEVICT_TARGET_AVX2 KVEVICT_ALWAYS_INLINE std::size_t hsum16(__m256i x) noexcept {
+  const __m256i w = _mm256_madd_epi16(x, _mm256_set1_epi16(1));
+  __m128i q = _mm_add_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4E));
+  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xB1));
+  return static_cast<std::size_t>(_mm_cvtsi128_si32(q));
+}
+
+/// avx512::topk_threshold's method at AVX2 (0 < k < n <= kThresholdMaxN): the high halves
+/// packed 16 to a register (index order restored by a 64-bit lane permute); per step of two
+/// bits, three running sums of compare results (halves above each candidate; a lane adds at
+/// most nh <= 32) reduced once; the keys sharing the k-th high half found through byte masks;
+/// the final pass left-packs ids through the permutation table into a local buffer. Same set
+/// as topk_exact; ids in index order.
+KVEVICT_TARGET_AVX2 inline void topk_threshold(const float* s, std::size_t n, std::size_t k,
+                                               std::uint32_t* out) noexcept {
+  alignas(32) std::int32_t key[kThresholdMaxN];
+  alignas(32) std::int16_t hi[kThresholdMaxN];
+  alignas(32) std::int32_t cand[kThresholdMaxN];
+  alignas(32) std::uint32_t ids[kThresholdMaxN + 8];
+  constexpr std::int32_t kMax = std::numeric_limits<std::int32_t>::max();
+  const std::size_t full = n & ~std::size_t{7};
+  for (std::size_t i = 0; i < full; i += 8)
+    _mm256_store_si256(reinterpret_cast<__m256i*>(key + i), topk_skey8(_mm256_loadu_ps(s + i)));
+  const std::size_t padded = (n + 15) & ~std::size_t{15};  // whole 16-row registers
+  for (std::size_t i = full; i < padded; ++i) key[i] = i < n ? topk_skey(s[i]) : kMax;
+  const std::size_t nh = padded / 16;
+  for (std::size_t h = 0; h < nh; ++h) {  // hi[j] = key[j] >> 16
+    const __m256i a = _mm256_load_si256(reinterpret_cast<const __m256i*>(key + 16 * h));
+    const __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(key + 16 * h + 8));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(hi + 16 * h),
+                       _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_srai_epi32(a, 16),
+                                                                   _mm256_srai_epi32(b, 16)),
+                                                0xD8));
+  }
+  unsigned tu = 0;
+  std::size_t c_lt = 0;
+  for (int b = 14; b >= 0; b -= 2) {
+    const unsigned ones = (1u << b) - 1;
+    // The three candidates tu | d << b | ones, d = 0, 1, 2, as signed halves.
+    const auto c0 = static_cast<short>((tu | ones) ^ 0x8000u);
+    const __m256i c1 = _mm256_set1_epi16(c0),
+                  c2 = _mm256_set1_epi16(static_cast<short>(c0 + (1 << b))),
+                  c3 = _mm256_set1_epi16(static_cast<short>(c0 + (2 << b)));
+    __m256i g1 = _mm256_setzero_si256(), g2 = g1, g3 = g1;
+    for (std::size_t h = 0; h < nh; ++h) {
+      const __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi + 16 * h));
+      g1 = _mm256_sub_epi16(g1, _mm256_cmpgt_epi16(x, c1));
+      g2 = _mm256_sub_epi16(g2, _mm256_cmpgt_epi16(x, c2));
+      g3 = _mm256_sub_epi16(g3, _mm256_cmpgt_epi16(x, c3));
+    }
+    const std::size_t n1 = padded - hsum16(g1), n2 = padded - hsum16(g2),
+                      n3 = padded - hsum16(g3);  // halves <= each candidate
+    c_lt = n3 < k ? n3 : n2 < k ? n2 : n1 < k ? n1 : c_lt;
+    tu |= (static_cast<unsigned>(n1 < k) + (n2 < k) + (n3 < k)) << b;
+  }
+  const auto t16 = static_cast<std::int16_t>(tu ^ 0x8000u);
+  const __m256i vt16 = _mm256_set1_epi16(t16);
+  std::size_t m = 0;
+  for (std::size_t h = 0; h < nh; ++h)
+    for (auto eq = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi16(
+             _mm256_load_si256(reinterpret_cast<const __m256i*>(hi + 16 * h)), vt16))) &
+                   0x55555555u;
+         eq; eq &= eq - 1) {
+      const std::size_t j = 16 * h + static_cast<std::size_t>(std::countr_zero(eq)) / 2;
+      cand[m] = key[j] & 0xFFFF;
+      m += j < n;
+    }
+  const std::size_t need = k - c_lt;  // 1 <= need <= m
+  const std::int32_t tlo = scalar::select_small(cand, m, need);
+  std::size_t below = c_lt;  // keys < T
+  for (std::size_t j = 0; j < m; ++j) below += cand[j] < tlo;
+  const auto t = static_cast<std::int32_t>((static_cast<std::uint32_t>(t16) << 16) |
+                                           static_cast<std::uint32_t>(tlo));
+  std::size_t take_eq = k - below;  // >= 1
+  const __m256i vt = _mm256_set1_epi32(t);
+  const __m256i step = _mm256_set1_epi32(8);
+  __m256i id = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  std::size_t pos = 0;
+  for (std::size_t i = 0; i < padded; i += 8) {
+    const __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(key + i));
+    auto sel = static_cast<unsigned>(
+        _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(vt, x))));
+    auto eq = static_cast<unsigned>(  // padding only when T is NaN's key: after the real ties
+        _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(x, vt))));
+    if (eq != 0) {
+      const auto c = static_cast<std::size_t>(std::popcount(eq));
+      if (c > take_eq)  // keep the lowest take_eq tie lanes
+        eq = _pdep_u32((1u << take_eq) - 1, eq);
+      take_eq -= c > take_eq ? take_eq : c;
+      sel |= eq;
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ids + pos),
+                        _mm256_permutevar8x32_epi32(id, compress_perm(sel)));
+    pos += static_cast<std::size_t>(std::popcount(sel));
+    id = _mm256_add_epi32(id, step);
+  }
+  std::copy_n(ids, k, out);
+}
+
 /// group_sum compiled for AVX2 (the portable body vectorises 8-wide).
 KVEVICT_TARGET_AVX2 inline bool group_sum(const float* p, std::size_t g, std::size_t n,
                                           float* out) noexcept {

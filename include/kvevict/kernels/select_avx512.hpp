@@ -2,6 +2,7 @@
 // counting-select emit pass and the float top-k partition pass; 16-wide masked min/max.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <bit>
 #include <cstdint>
@@ -154,6 +155,114 @@ KVEVICT_TARGET_AVX512 inline std::size_t find_first_eq(const float* s, std::size
     if (hit) return i + static_cast<std::size_t>(std::countr_zero(static_cast<unsigned>(hit)));
   }
   return m;
+}
+
+/// Largest n topk_threshold takes (its key buffers live on the stack).
+inline constexpr std::size_t kThresholdMaxN = 512;
+
+/// Signed order keys of 16 floats (avx2::topk_skey8's, 16 lanes): ascending = best first,
+/// -0 == +0, every NaN INT32_MAX (below every number).
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512i topk_skey16(__m512 f) noexcept {
+  const __m512i sign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  const __m512i low = _mm512_set1_epi32(0x7FFFFFFF);
+  __m512i u = _mm512_castps_si512(f);
+  u = _mm512_maskz_mov_epi32(_mm512_cmpneq_epi32_mask(u, sign), u);  // -0 -> +0
+  const __m512i neg = _mm512_srai_epi32(u, 31);
+  const __m512i key = _mm512_xor_si512(_mm512_xor_si512(u, _mm512_andnot_si512(neg, low)), sign);
+  const __mmask16 nan =
+      _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, low), _mm512_set1_epi32(0x7F800000));
+  return _mm512_mask_mov_epi32(key, nan, low);
+}
+
+/// Small-n float top-k (0 < k < n <= kThresholdMaxN) by a threshold search, no sampling and
+/// no sort. The signed order keys' high 16 bits are packed 32 to a register (hi[j] = key[j]
+/// >> 16); the k-th smallest high half is found two bits at a time (8 steps, three compares
+/// and popcounts per 32 rows each: the smallest t with at least k halves <= t), which also
+/// gives the count of halves below it. The keys sharing that high half (usually one to
+/// three) are picked out of the equality masks and the wanted rank among their low halves
+/// taken (scalar::select_small): that is the k-th key T. One pass left-packs (VPCOMPRESSD)
+/// the ids of the keys below T and the lowest-index keys equal to T. Same set as topk_exact
+/// (ties to the lower index, NaN last, -0 == +0); ids in index order.
+KVEVICT_TARGET_AVX512 inline void topk_threshold(const float* s, std::size_t n, std::size_t k,
+                                                 std::uint32_t* out) noexcept {
+  alignas(64) std::int32_t key[kThresholdMaxN];
+  alignas(64) std::int16_t hi[kThresholdMaxN];
+  alignas(64) std::int32_t cand[kThresholdMaxN];
+  alignas(64) std::uint32_t ids[kThresholdMaxN + 16];
+  const std::size_t nv = (n + 15) / 16, nh = (n + 31) / 32;
+  const __m512i kmax = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::max());
+  for (std::size_t v = 0; v < nv; ++v) {
+    const std::size_t r = n - 16 * v < 16 ? n - 16 * v : 16;
+    const auto valid = static_cast<__mmask16>((1u << r) - 1);
+    _mm512_store_si512(key + 16 * v,
+                       _mm512_mask_mov_epi32(kmax, valid,
+                                             topk_skey16(_mm512_maskz_loadu_ps(valid, s + 16 * v))));
+  }
+  if (nv & 1) _mm512_store_si512(key + 16 * nv, kmax);  // pad to whole 32-row registers
+  const __m512i odd16 = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37,
+                                         35, 33, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7,
+                                         5, 3, 1);  // the high 16-bit word of each key
+  for (std::size_t h = 0; h < nh; ++h)
+    _mm512_store_si512(hi + 32 * h, _mm512_permutex2var_epi16(_mm512_load_si512(key + 32 * h),
+                                                              odd16,
+                                                              _mm512_load_si512(key + 32 * h + 16)));
+  // Unsigned patterns (sign flipped) of the high halves. Padding rows hold the largest half,
+  // counted only when the candidate is the largest, where the real count is n >= k anyway.
+  unsigned tu = 0;
+  std::size_t c_lt = 0;  // halves below tu: the count of the last candidate that fell short
+  for (int b = 14; b >= 0; b -= 2) {
+    const unsigned ones = (1u << b) - 1;
+    // The three candidates tu | d << b | ones, d = 0, 1, 2, as signed halves.
+    const auto c0 = static_cast<short>((tu | ones) ^ 0x8000u);
+    const __m512i c1 = _mm512_set1_epi16(c0),
+                  c2 = _mm512_set1_epi16(static_cast<short>(c0 + (1 << b))),
+                  c3 = _mm512_set1_epi16(static_cast<short>(c0 + (2 << b)));
+    std::size_t n1 = 0, n2 = 0, n3 = 0;
+    for (std::size_t h = 0; h < nh; ++h) {
+      const __m512i x = _mm512_load_si512(hi + 32 * h);
+      n1 += static_cast<std::size_t>(_mm_popcnt_u32(_mm512_cmple_epi16_mask(x, c1)));
+      n2 += static_cast<std::size_t>(_mm_popcnt_u32(_mm512_cmple_epi16_mask(x, c2)));
+      n3 += static_cast<std::size_t>(_mm_popcnt_u32(_mm512_cmple_epi16_mask(x, c3)));
+    }
+    c_lt = n3 < k ? n3 : n2 < k ? n2 : n1 < k ? n1 : c_lt;
+    tu |= (static_cast<unsigned>(n1 < k) + (n2 < k) + (n3 < k)) << b;
+  }
+  const auto t16 = static_cast<std::int16_t>(tu ^ 0x8000u);
+  const __m512i vt16 = _mm512_set1_epi16(t16);
+  std::size_t m = 0;
+  for (std::size_t h = 0; h < nh; ++h)
+    for (std::uint32_t eq = _mm512_cmpeq_epi16_mask(_mm512_load_si512(hi + 32 * h), vt16); eq;
+         eq &= eq - 1) {
+      const std::size_t j = 32 * h + static_cast<std::size_t>(std::countr_zero(eq));
+      cand[m] = key[j] & 0xFFFF;  // keys with one high half order by the low one
+      m += j < n;
+    }
+  const std::size_t need = k - c_lt;  // 1 <= need <= m
+  const std::int32_t tlo = scalar::select_small(cand, m, need);
+  std::size_t below = c_lt;  // keys < T
+  for (std::size_t j = 0; j < m; ++j) below += cand[j] < tlo;
+  const auto t = static_cast<std::int32_t>((static_cast<std::uint32_t>(t16) << 16) |
+                                           static_cast<std::uint32_t>(tlo));
+  std::size_t take_eq = k - below;  // >= 1
+  const __m512i vt = _mm512_set1_epi32(t);
+  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  std::size_t pos = 0;
+  for (std::size_t v = 0; v < nv; ++v) {
+    const __m512i x = _mm512_load_si512(key + 16 * v);
+    __mmask16 eq = _mm512_cmpeq_epi32_mask(x, vt);  // padding only when T is NaN's key: it
+    if (eq != 0) {                                   // comes last, after take_eq real ties
+      const auto c = static_cast<std::size_t>(_mm_popcnt_u32(eq));
+      if (c > take_eq)  // keep the lowest take_eq tie lanes
+        eq = static_cast<__mmask16>(_pdep_u32((1u << take_eq) - 1, eq));
+      take_eq -= c > take_eq ? take_eq : c;
+    }
+    const auto sel = static_cast<__mmask16>(_mm512_cmplt_epi32_mask(x, vt) | eq);
+    _mm512_storeu_si512(ids + pos, _mm512_maskz_compress_epi32(sel, idx));  // a whole register
+    pos += static_cast<std::size_t>(_mm_popcnt_u32(sel));  // into the local buffer
+    idx = _mm512_add_epi32(idx, step);
+  }
+  std::copy_n(ids, k, out);
 }
 
 }  // namespace kvevict::kernels::detail::avx512

@@ -4,6 +4,7 @@
 
 #include <bit>
 #include <cmath>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -349,6 +350,24 @@ KVEVICT_ALWAYS_INLINE std::size_t gather_open_body(const float* s, std::size_t n
 inline std::size_t gather_open(const float* s, std::size_t n, const std::uint64_t* prot, float lo,
                                float* vals, std::uint32_t* idx) noexcept {
   return gather_open_body(s, n, prot, lo, vals, idx);
+}
+
+/// The need-th smallest (1-based, 0 < need <= m) of m values: the low halves of the order keys
+/// that share the k-th key's high half in the threshold top-k (select_avx2 / select_avx512
+/// topk_threshold). Usually m is 1-3: an insertion sort; many shared high halves (clustered
+/// scores) fall back to std::nth_element. Reorders v.
+inline std::int32_t select_small(std::int32_t* v, std::size_t m, std::size_t need) noexcept {
+  if (m <= 16) {
+    for (std::size_t i = 1; i < m; ++i) {
+      const std::int32_t x = v[i];
+      std::size_t j = i;
+      for (; j > 0 && v[j - 1] > x; --j) v[j] = v[j - 1];
+      v[j] = x;
+    }
+  } else {
+    std::nth_element(v, v + (need - 1), v + m);
+  }
+  return v[need - 1];
 }
 
 }  // namespace scalar
