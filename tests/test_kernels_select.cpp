@@ -184,13 +184,16 @@ TEST_CASE("topk_indices selects the k largest (ties to lower index, NaN last)",
 
 TEST_CASE("topk_indices from 1 to 1100 rows: the small-n path's bracket and its misses",
           "[kernels][select]") {
-  // Every size to 300 (the threshold search up to 256 rows, the float-compare first round
-  // beyond), then every 37th to 1100 (that round's two miss recoveries), with ties, NaNs and
-  // signed zeros; k = 0, 1, 64, n/2, n-1, n.
+  // Every size to 300, then every 37th to 1100 and the sizes around 512 and 1024 (the
+  // threshold search's limits: AVX2 512, AVX-512 1024; beyond, the float-compare first round
+  // and its two miss recoveries), with ties, NaNs and signed zeros; k = 0, 1, 64, n/2, n-1, n.
   std::mt19937_64 rng(1100);
   const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<std::size_t> sizes;
+  for (std::size_t n = 1; n <= 1100; n += n < 300 ? 1 : 37) sizes.push_back(n);
+  for (std::size_t n : {511, 512, 513, 1023, 1024, 1025}) sizes.push_back(n);
   for (Isa isa : levels())
-    for (std::size_t n = 1; n <= 1100; n += n < 300 ? 1 : 37)
+    for (std::size_t n : sizes)
       for (int dist = 0; dist < 6; ++dist) {
         std::vector<float> s(n);
         std::normal_distribution<float> g;

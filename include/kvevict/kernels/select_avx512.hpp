@@ -157,8 +157,8 @@ KVEVICT_TARGET_AVX512 inline std::size_t find_first_eq(const float* s, std::size
   return m;
 }
 
-/// Largest n topk_threshold takes (its key buffers live on the stack).
-inline constexpr std::size_t kThresholdMaxN = 512;
+/// Largest n topk_threshold takes (its buffers live on the stack: about 14 n bytes).
+inline constexpr std::size_t kThresholdMaxN = 1024;
 
 /// Signed order keys of 16 floats (avx2::topk_skey8's, 16 lanes): ascending = best first,
 /// -0 == +0, every NaN INT32_MAX (below every number).
@@ -172,6 +172,13 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512i topk_skey16(__m512 f) noexce
   const __mmask16 nan =
       _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, low), _mm512_set1_epi32(0x7F800000));
   return _mm512_mask_mov_epi32(key, nan, low);
+}
+
+/// Lanes <= c among two registers of signed 16-bit lanes (their masks joined, one popcount).
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE std::size_t count_le2(__m512i x, __m512i y,
+                                                                 __m512i c) noexcept {
+  return static_cast<std::size_t>(_mm_popcnt_u64(_cvtmask64_u64(
+      _mm512_kunpackd(_mm512_cmple_epi16_mask(x, c), _mm512_cmple_epi16_mask(y, c)))));
 }
 
 /// Small-n float top-k (0 < k < n <= kThresholdMaxN) by a threshold search, no sampling and
@@ -218,7 +225,14 @@ KVEVICT_TARGET_AVX512 inline void topk_threshold(const float* s, std::size_t n, 
                   c2 = _mm512_set1_epi16(static_cast<short>(c0 + (1 << b))),
                   c3 = _mm512_set1_epi16(static_cast<short>(c0 + (2 << b)));
     std::size_t n1 = 0, n2 = 0, n3 = 0;
-    for (std::size_t h = 0; h < nh; ++h) {
+    std::size_t h = 0;
+    for (; h + 2 <= nh; h += 2) {
+      const __m512i x = _mm512_load_si512(hi + 32 * h), y = _mm512_load_si512(hi + 32 * h + 32);
+      n1 += count_le2(x, y, c1);
+      n2 += count_le2(x, y, c2);
+      n3 += count_le2(x, y, c3);
+    }
+    if (h < nh) {  // an odd last register (the padding row of hi is never read)
       const __m512i x = _mm512_load_si512(hi + 32 * h);
       n1 += static_cast<std::size_t>(_mm_popcnt_u32(_mm512_cmple_epi16_mask(x, c1)));
       n2 += static_cast<std::size_t>(_mm_popcnt_u32(_mm512_cmple_epi16_mask(x, c2)));
