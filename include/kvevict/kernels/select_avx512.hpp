@@ -195,7 +195,6 @@ KVEVICT_TARGET_AVX512 inline void topk_threshold(const float* s, std::size_t n, 
   alignas(64) std::int32_t key[kThresholdMaxN];
   alignas(64) std::int16_t hi[kThresholdMaxN];
   alignas(64) std::int32_t cand[kThresholdMaxN];
-  alignas(64) std::uint32_t ids[kThresholdMaxN + 16];
   const std::size_t nv = (n + 15) / 16, nh = (n + 31) / 32;
   const __m512i kmax = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::max());
   for (std::size_t v = 0; v < nv; ++v) {
@@ -272,11 +271,15 @@ KVEVICT_TARGET_AVX512 inline void topk_threshold(const float* s, std::size_t n, 
       take_eq -= c > take_eq ? take_eq : c;
     }
     const auto sel = static_cast<__mmask16>(_mm512_cmplt_epi32_mask(x, vt) | eq);
-    _mm512_storeu_si512(ids + pos, _mm512_maskz_compress_epi32(sel, idx));  // a whole register
-    pos += static_cast<std::size_t>(_mm_popcnt_u32(sel));  // into the local buffer
+    const __m512i packed = _mm512_maskz_compress_epi32(sel, idx);
+    const auto c = static_cast<std::size_t>(_mm_popcnt_u32(sel));
+    if (pos + 16 <= k)  // a whole register (the lanes past c are overwritten later)
+      _mm512_storeu_si512(out + pos, packed);
+    else  // near the end of out: its first c lanes only
+      _mm512_mask_storeu_epi32(out + pos, static_cast<__mmask16>((1u << c) - 1), packed);
+    pos += c;
     idx = _mm512_add_epi32(idx, step);
   }
-  std::copy_n(ids, k, out);
 }
 
 }  // namespace kvevict::kernels::detail::avx512
