@@ -185,8 +185,8 @@ TEST_CASE("topk_indices selects the k largest (ties to lower index, NaN last)",
 TEST_CASE("topk_indices from 1 to 1100 rows: the small-n path's bracket and its misses",
           "[kernels][select]") {
   // Every size to 300, then every 37th to 1100 and the sizes around 512 and 1024 (the
-  // threshold search's limits: AVX2 512, AVX-512 1024; beyond, the float-compare first round
-  // and its two miss recoveries), with ties, NaNs and signed zeros; k = 0, 1, 64, n/2, n-1, n.
+  // threshold search up to 512 rows; beyond, the float-compare first round and its two
+  // miss recoveries), with ties, NaNs and signed zeros; k = 0, 1, 64, n/2, n-1, n.
   std::mt19937_64 rng(1100);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<std::size_t> sizes;

@@ -302,15 +302,15 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
   }
   constexpr std::size_t kSample = 1024, kMinN = 8192;
 #if KVEVICT_X86
-  // Threshold search (no sample, no sort) up to 1024 rows at AVX-512 and 512 at AVX2, where
-  // it beat topk_small (256 / 512 / 1024 rows, N(0,1) scores, 16 inputs in turn: AVX-512
-  // 150 / 275 / 475 ns, AVX2 250 / 405 / 690 ns, topk_small 150(*) / 517 / 590-665 ns;
-  // (*) already this path; 2026-12-02).
-  static_assert(1024 <= avx512::kThresholdMaxN && 512 <= avx2::kThresholdMaxN);
-  if constexpr (I == Isa::avx512) {
-    if (n <= 1024) return avx512::topk_threshold(s, n, k, out);
-  } else if constexpr (I == Isa::avx2) {
-    if (n <= 512) return avx2::topk_threshold(s, n, k, out);
+  // Threshold search (no sample, no sort) up to 512 rows, where it beat topk_small (a loop
+  // over 16 N(0,1) inputs, AVX-512 CPU, 2026-12-02: 75 / 256 / 512 rows AVX-512 level 101 /
+  // 141 / 265 ns, AVX2 level 153 / 249 / 385 ns, topk_small 280 / 294-342 / 427-537 ns). At
+  // 1K rows it measured 475 against 590-665 ns there but no faster in bench_kernels
+  // (float_topk k = 64: 611 against 480-500 ns), so topk_small keeps 1K.
+  static_assert(512 <= avx512::kThresholdMaxN && 512 <= avx2::kThresholdMaxN);
+  if (n <= 512) {
+    if constexpr (I == Isa::avx512) return avx512::topk_threshold(s, n, k, out);
+    if constexpr (I == Isa::avx2) return avx2::topk_threshold(s, n, k, out);
   }
 #endif
   // topk_small up to 2048 rows: faster than topk_bracket at 256 and 1K, slower at 4K

@@ -158,7 +158,7 @@ KVEVICT_TARGET_AVX512 inline std::size_t find_first_eq(const float* s, std::size
 }
 
 /// Largest n topk_threshold takes (its buffers live on the stack: about 14 n bytes).
-inline constexpr std::size_t kThresholdMaxN = 1024;
+inline constexpr std::size_t kThresholdMaxN = 512;
 
 /// Signed order keys of 16 floats (avx2::topk_skey8's, 16 lanes): ascending = best first,
 /// -0 == +0, every NaN INT32_MAX (below every number).
