@@ -518,7 +518,10 @@ KVEVICT_KERNEL_FN void counting_bottomk(const std::uint16_t* keys, std::size_t n
 /// Indices of the k largest scores, in unspecified order (but a deterministic set): larger
 /// score first, ties toward the lower index, -0.0 == +0.0, NaN ranks below every number (NaN
 /// rows are chosen only when fewer than k scores are numbers, lowest index first).
-/// Method for n < 8192: at AVX2 (and AVX-512) a sampled-bracket select (avx2::topk_bracket:
+/// Method up to 512 rows at AVX2 and AVX-512: a threshold search on the order keys (the k-th
+/// key's high 16 bits found two bits per step by counting compares, then its low bits among
+/// the few keys sharing them; one left-packing pass emits the ids: topk_threshold).
+/// Method for n < 8192 beyond that: at AVX2 (and AVX-512) a sampled-bracket select (avx2::topk_bracket:
 /// a sorted 64-key sample brackets the k-th key, left-packing passes narrow a band to at most
 /// 128 rows, which are sorted; up to 2048 rows its first pass compares the floats directly,
 /// avx2::topk_small); at the scalar level an MSD radix select on the scores'

@@ -702,13 +702,8 @@ KVEVICT_TARGET_AVX2 inline void topk_threshold(const float* s, std::size_t n, st
       cand[m] = key[j] & 0xFFFF;
       m += j < n;
     }
-  const std::size_t need = k - c_lt;  // 1 <= need <= m
-  const std::int32_t tlo = scalar::select_small(cand, m, need);
-  std::size_t below = c_lt;  // keys < T
-  for (std::size_t j = 0; j < m; ++j) below += cand[j] < tlo;
-  const auto t = static_cast<std::int32_t>((static_cast<std::uint32_t>(t16) << 16) |
-                                           static_cast<std::uint32_t>(tlo));
-  std::size_t take_eq = k - below;  // >= 1
+  std::size_t take_eq = 0;
+  const std::int32_t t = scalar::threshold_key(cand, m, k, c_lt, t16, &take_eq);
   const __m256i vt = _mm256_set1_epi32(t);
   const __m256i step = _mm256_set1_epi32(8);
   __m256i id = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

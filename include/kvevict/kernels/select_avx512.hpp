@@ -187,7 +187,7 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE std::size_t count_le2(__m512i x, __m
 /// and popcounts per 32 rows each: the smallest t with at least k halves <= t), which also
 /// gives the count of halves below it. The keys sharing that high half (usually one to
 /// three) are picked out of the equality masks and the wanted rank among their low halves
-/// taken (scalar::select_small): that is the k-th key T. One pass left-packs (VPCOMPRESSD)
+/// taken (scalar::threshold_key): that is the k-th key T. One pass left-packs (VPCOMPRESSD)
 /// the ids of the keys below T and the lowest-index keys equal to T. Same set as topk_exact
 /// (ties to the lower index, NaN last, -0 == +0); ids in index order.
 KVEVICT_TARGET_AVX512 inline void topk_threshold(const float* s, std::size_t n, std::size_t k,
@@ -250,13 +250,8 @@ KVEVICT_TARGET_AVX512 inline void topk_threshold(const float* s, std::size_t n, 
       cand[m] = key[j] & 0xFFFF;  // keys with one high half order by the low one
       m += j < n;
     }
-  const std::size_t need = k - c_lt;  // 1 <= need <= m
-  const std::int32_t tlo = scalar::select_small(cand, m, need);
-  std::size_t below = c_lt;  // keys < T
-  for (std::size_t j = 0; j < m; ++j) below += cand[j] < tlo;
-  const auto t = static_cast<std::int32_t>((static_cast<std::uint32_t>(t16) << 16) |
-                                           static_cast<std::uint32_t>(tlo));
-  std::size_t take_eq = k - below;  // >= 1
+  std::size_t take_eq = 0;
+  const std::int32_t t = scalar::threshold_key(cand, m, k, c_lt, t16, &take_eq);
   const __m512i vt = _mm512_set1_epi32(t);
   __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i step = _mm512_set1_epi32(16);

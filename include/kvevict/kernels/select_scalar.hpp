@@ -352,22 +352,31 @@ inline std::size_t gather_open(const float* s, std::size_t n, const std::uint64_
   return gather_open_body(s, n, prot, lo, vals, idx);
 }
 
-/// The need-th smallest (1-based, 0 < need <= m) of m values: the low halves of the order keys
-/// that share the k-th key's high half in the threshold top-k (select_avx2 / select_avx512
-/// topk_threshold). Usually m is 1-3: an insertion sort; many shared high halves (clustered
-/// scores) fall back to std::nth_element. Reorders v.
-inline std::int32_t select_small(std::int32_t* v, std::size_t m, std::size_t need) noexcept {
+/// The k-th key T of the threshold top-k (select_avx2 / select_avx512 topk_threshold), from
+/// the low halves cand[0, m) of the keys whose high half is the k-th high half t16, c_lt keys
+/// having a smaller one; *take_eq = how many keys equal to T complete the k (>= 1). Usually
+/// m is 1-3: an insertion sort; many shared high halves (clustered scores) use
+/// std::nth_element. Reorders cand.
+inline std::int32_t threshold_key(std::int32_t* cand, std::size_t m, std::size_t k,
+                                  std::size_t c_lt, std::int32_t t16,
+                                  std::size_t* take_eq) noexcept {
+  const std::size_t need = k - c_lt;  // 1 <= need <= m
   if (m <= 16) {
     for (std::size_t i = 1; i < m; ++i) {
-      const std::int32_t x = v[i];
+      const std::int32_t x = cand[i];
       std::size_t j = i;
-      for (; j > 0 && v[j - 1] > x; --j) v[j] = v[j - 1];
-      v[j] = x;
+      for (; j > 0 && cand[j - 1] > x; --j) cand[j] = cand[j - 1];
+      cand[j] = x;
     }
   } else {
-    std::nth_element(v, v + (need - 1), v + m);
+    std::nth_element(cand, cand + (need - 1), cand + m);
   }
-  return v[need - 1];
+  const std::int32_t tlo = cand[need - 1];
+  std::size_t below = c_lt;  // keys < T
+  for (std::size_t j = 0; j < m; ++j) below += cand[j] < tlo;
+  *take_eq = k - below;
+  return static_cast<std::int32_t>((static_cast<std::uint32_t>(t16) << 16) |
+                                   static_cast<std::uint32_t>(tlo));
 }
 
 }  // namespace scalar
