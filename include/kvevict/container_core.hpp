@@ -40,6 +40,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <new>
 #include <numeric>
 #include <span>
@@ -57,6 +58,37 @@
 #include "policy.hpp"
 
 namespace kvevict::detail {
+
+/// An allocator whose resize leaves new elements default-initialised (for float and byte
+/// units: not written) instead of value-initialised (zeroed): a layout that grows its row
+/// storage and then encodes the new row into it writes each element once. Every other
+/// operation is std::allocator's.
+template <class T>
+struct RowAllocator : std::allocator<T> {
+  using value_type = T;
+  template <class U>
+  struct rebind {
+    using other = RowAllocator<U>;
+  };
+  RowAllocator() noexcept = default;
+  template <class U>
+  RowAllocator(const RowAllocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+};
+template <class T, class U>
+bool operator==(const RowAllocator<T>&, const RowAllocator<U>&) noexcept {
+  return true;
+}
+/// K or V rows of one head, row-major: growing by a row does not zero it first.
+template <class T>
+using RowVector = std::vector<T, RowAllocator<T>>;
 
 /// The live rows of one (layer, KV head), in the order the policy sees them. A layout's
 /// per-head storage derives from it and adds where the rows' K/V live.
