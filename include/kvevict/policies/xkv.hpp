@@ -808,10 +808,10 @@ class CalibratedXkvPrefill {
 ///     each layer n_l; a layer that holds more than n_l + W rows first selects n_l + W rows
 ///     under its current capacity (SnapKV::set_selection_limit), then every layer gets
 ///     capacity n_l + W (nothing is above it) and the other layers select.
-/// The capacities always sum to total + L x W per KV head (the first chunk's split is
-/// uniform, and only layers that hold no more than their new capacity grow before a
-/// shrinking layer has been cut), so the cache never holds more than that, and the staging
-/// holds one chunk: memory <= budget + one chunk (peak_rows(), staged_bytes()). With one
+/// The capacities always sum to at most total + L x W per KV head (before the first chunk
+/// the split is uniform; nothing is held then), so the cache never holds more than that,
+/// and the staging holds one chunk: memory <= budget + one chunk (peak_rows(),
+/// staged_peak_bytes()). With one
 /// chunk of the whole prompt nothing is held: every layer gets its capacity first and
 /// selects once, which is DeferredXkvPrefill's whole-prompt XKV exactly.
 template <class Cache>
@@ -858,12 +858,10 @@ class ChunkedXkvPrefill {
     s.tokens = tokens;
     s.keys.assign(keys.begin(), keys.end());
     s.values.assign(values.begin(), values.end());
-    // The selection reads the last W queries only: stage those, zeros before them.
+    // The selection reads the last W queries only: stage those.
     const std::size_t hq = static_cast<std::size_t>(g.n_heads * g.head_dim);
     const std::size_t w = std::min(tokens, allocator_.config().window);
-    s.queries.assign(tokens * hq, 0.0f);
-    std::copy(queries.end() - static_cast<std::ptrdiff_t>(w * hq), queries.end(),
-              s.queries.end() - static_cast<std::ptrdiff_t>(w * hq));
+    s.queries.assign(queries.end() - static_cast<std::ptrdiff_t>(w * hq), queries.end());
     allocator_.set_layer_scores(layer, pooled);
     staged_peak_ = std::max(staged_peak_, staged_bytes());
     if (++next_layer_ == g.n_layers) apply();
@@ -878,7 +876,8 @@ class ChunkedXkvPrefill {
   [[nodiscard]] std::size_t peak_rows() const { return peak_rows_; }
   /// The largest sum of the cache's capacities at any point: total + L x W per KV head.
   [[nodiscard]] std::size_t peak_capacity() const { return peak_capacity_; }
-  /// The most bytes staged at once (one chunk's K/V for every layer, their W queries).
+  /// The most bytes staged at once (one chunk's K/V for every layer, their last W queries;
+  /// besides, one layer's tokens x n_heads x d query block while it is applied).
   [[nodiscard]] std::size_t staged_peak_bytes() const { return staged_peak_; }
 
  private:
@@ -889,9 +888,8 @@ class ChunkedXkvPrefill {
   };
   std::size_t staged_bytes() const {
     std::size_t b = 0;
-    for (const auto& s : staged_) b += (s.keys.size() + s.values.size()) * sizeof(float);
-    return b + allocator_.config().window * static_cast<std::size_t>(cache_.geometry().n_heads * cache_.geometry().head_dim) *
-                   staged_.size() * sizeof(float);
+    for (const auto& s : staged_) b += (s.keys.size() + s.values.size() + s.queries.size()) * sizeof(float);
+    return b;
   }
   void measure() {
     const Geometry& g = cache_.geometry();
@@ -906,7 +904,11 @@ class ChunkedXkvPrefill {
   }
   void prefill(int l) {
     auto& s = staged_[static_cast<std::size_t>(l)];
-    cache_.prefill(l, s.first_position, s.tokens, s.keys, s.values, s.queries);
+    // The container takes a full query block; SnapKV reads only the window rows (one
+    // layer's block of scratch at a time, as DeferredXkvPrefill's).
+    query_block_.assign(s.tokens * static_cast<std::size_t>(cache_.geometry().n_heads * cache_.geometry().head_dim), 0.0f);
+    std::copy(s.queries.begin(), s.queries.end(), query_block_.end() - static_cast<std::ptrdiff_t>(s.queries.size()));
+    cache_.prefill(l, s.first_position, s.tokens, s.keys, s.values, query_block_);
     s = Staged{};  // this layer's chunk is in (or dropped): its staging is released
     measure();
   }
@@ -945,6 +947,7 @@ class ChunkedXkvPrefill {
   long long total_;
   std::vector<long long> tokens_;
   std::vector<Staged> staged_;
+  std::vector<float> query_block_;
   int next_layer_ = 0;
   std::size_t peak_rows_ = 0, peak_capacity_ = 0, staged_peak_ = 0;
 };
