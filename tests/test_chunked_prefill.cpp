@@ -425,6 +425,17 @@ std::vector<std::uint64_t> reference_decode(const Geometry& g, const Stream& s, 
   std::sort(rows.begin(), rows.end());
   return rows;
 }
+
+// One stream per layer, keys scaled per layer so that the layers' attention differs in
+// sharpness (their retention curves, and so XKV's split, differ).
+std::vector<Stream> layer_streams(const Geometry& g, std::size_t T, std::uint64_t seed) {
+  std::vector<Stream> out;
+  for (int l = 0; l < g.n_layers; ++l) {
+    out.push_back(make_stream(g, T, seed + std::uint64_t(l)));
+    for (float& x : out.back().k) x *= 0.4f + 0.9f * float(l);
+  }
+  return out;
+}
 }  // namespace
 
 TEST_CASE("HashEvict keep-ends reselection: every chunking keeps what the whole prompt keeps", "[chunked]") {
@@ -517,19 +528,6 @@ TEST_CASE("HashEvict decode-rule reselection continues the decode rule from the 
 }
 
 // --- XKV budgets from the chunks -------------------------------------------------------
-
-namespace {
-// One stream per layer, keys scaled per layer so that the layers' attention differs in
-// sharpness (their retention curves, and so XKV's split, differ).
-std::vector<Stream> layer_streams(const Geometry& g, std::size_t T, std::uint64_t seed) {
-  std::vector<Stream> out;
-  for (int l = 0; l < g.n_layers; ++l) {
-    out.push_back(make_stream(g, T, seed + std::uint64_t(l)));
-    for (float& x : out.back().k) x *= 0.4f + 0.9f * float(l);
-  }
-  return out;
-}
-}  // namespace
 
 TEST_CASE("ChunkedXkvPrefill: one chunk of the whole prompt is whole-prompt XKV", "[chunked]") {
   const Geometry g{3, 4, 2, 8};

@@ -674,6 +674,47 @@ class Calibrator {
 
 // --- prefill paths -------------------------------------------------------------------
 
+namespace detail {
+/// One layer's prompt block held back until its selection runs (DeferredXkvPrefill: the
+/// whole prompt; ChunkedXkvPrefill: one chunk): its K/V and only the last W queries, which
+/// are all SnapKV's selection reads.
+struct StagedBlock {
+  std::int64_t first_position = 0;
+  std::size_t tokens = 0;
+  std::vector<float> keys, values, window_queries;
+
+  void stage(std::int64_t first, std::size_t n, std::span<const float> k, std::span<const float> v,
+             std::span<const float> q, std::size_t window, std::size_t hq) {
+    first_position = first;
+    tokens = n;
+    keys.assign(k.begin(), k.end());
+    values.assign(v.begin(), v.end());
+    const std::size_t w = std::min(n, window);
+    window_queries.assign(q.end() - static_cast<std::ptrdiff_t>(w * hq), q.end());
+  }
+  [[nodiscard]] std::size_t bytes() const {
+    return (keys.capacity() + values.capacity() + window_queries.capacity()) * sizeof(float);
+  }
+  /// The tokens x n_heads x d query block the container's prefill takes: zeros, then the
+  /// window's queries.
+  void query_block(std::vector<float>& out, std::size_t hq) const {
+    out.assign(tokens * hq, 0.0f);
+    std::copy(window_queries.begin(), window_queries.end(),
+              out.end() - static_cast<std::ptrdiff_t>(window_queries.size()));
+  }
+  template <class Cache>
+  void prefill_into(Cache& cache, int layer, std::vector<float>& scratch, std::size_t hq) const {
+    query_block(scratch, hq);
+    cache.prefill(layer, first_position, tokens, keys, values, scratch);
+  }
+};
+inline std::size_t staged_bytes(const std::vector<StagedBlock>& staged) {
+  std::size_t b = 0;
+  for (const auto& s : staged) b += s.bytes();
+  return b;
+}
+}  // namespace detail
+
 /// Deferred prefill: every layer's prompt K/V is kept (copied here) until all layers'
 /// statistics are in, then one allocation runs and each layer is compressed. Peak
 /// memory is the whole uncompressed prefill: the price of a per-prompt allocation.
@@ -695,16 +736,10 @@ class DeferredXkvPrefill {
     allocator_.observe_layer(layer, tokens, keys, queries);
     kvevict::detail::require(values.size() == keys.size(), "DeferredXkvPrefill: values has ",
                              values.size(), " floats, expected ", keys.size(), " like keys");
-    auto& s = staged_[static_cast<std::size_t>(layer)];
-    s.first_position = first_position;
-    s.tokens = tokens;
-    s.keys.assign(keys.begin(), keys.end());
-    s.values.assign(values.begin(), values.end());
-    // Only the window's queries are read by the selection: stage those alone.
-    const std::size_t w = std::min(tokens, allocator_.config().window);
-    const std::size_t hq = static_cast<std::size_t>(g.n_heads * g.head_dim);
-    s.window_queries.assign(queries.end() - static_cast<std::ptrdiff_t>(w * hq), queries.end());
-    peak_ = std::max(peak_, staged_bytes());
+    staged_[static_cast<std::size_t>(layer)].stage(first_position, tokens, keys, values, queries,
+                                                   allocator_.config().window,
+                                                   static_cast<std::size_t>(g.n_heads * g.head_dim));
+    peak_ = std::max(peak_, detail::staged_bytes(staged_));
   }
 
   /// Budget mode: allocate `total` tokens over the layers, compress, release staging.
@@ -720,17 +755,6 @@ class DeferredXkvPrefill {
   [[nodiscard]] std::size_t peak_bytes() const { return peak_; }
 
  private:
-  struct Staged {
-    std::int64_t first_position = 0;
-    std::size_t tokens = 0;
-    std::vector<float> keys, values, window_queries;
-  };
-  std::size_t staged_bytes() const {
-    std::size_t b = 0;
-    for (const auto& s : staged_)
-      b += (s.keys.capacity() + s.values.capacity() + s.window_queries.capacity()) * sizeof(float);
-    return b;
-  }
 
   Cache build(Allocation a) {
     kvevict::detail::require(allocator_.ready(), "DeferredXkvPrefill: not every layer was added");
@@ -742,21 +766,17 @@ class DeferredXkvPrefill {
     std::vector<float> queries;
     for (int l = 0; l < g.n_layers; ++l) {
       auto& s = staged_[static_cast<std::size_t>(l)];
-      // The container takes a full query block; SnapKV reads only the window rows.
-      queries.assign(s.tokens * hq, 0.0f);
-      std::copy(s.window_queries.begin(), s.window_queries.end(),
-                queries.end() - static_cast<std::ptrdiff_t>(s.window_queries.size()));
-      cache.prefill(l, s.first_position, s.tokens, s.keys, s.values, queries);
-      peak_ = std::max(
-          peak_, staged_bytes() + cache.allocated_bytes() + queries.capacity() * sizeof(float));
-      s = Staged{};  // this layer's uncompressed rows are released
+      s.prefill_into(cache, l, queries, hq);
+      peak_ = std::max(peak_, detail::staged_bytes(staged_) + cache.allocated_bytes() +
+                                  queries.capacity() * sizeof(float));
+      s = detail::StagedBlock{};  // this layer's uncompressed rows are released
     }
     return cache;
   }
 
   XkvLayerAllocator allocator_;
   std::size_t reserve_;
-  std::vector<Staged> staged_;
+  std::vector<detail::StagedBlock> staged_;
   Allocation allocation_;
   std::size_t peak_ = 0;
 };
@@ -853,17 +873,10 @@ class ChunkedXkvPrefill {
     cache_.prefill_views(layer, first_position, tokens, keys, queries, [&](const PrefillView& v) {
       cache_.policy().prefill_scores(v, pooled[static_cast<std::size_t>(v.kv_head)]);
     });
-    auto& s = staged_[static_cast<std::size_t>(layer)];
-    s.first_position = first_position;
-    s.tokens = tokens;
-    s.keys.assign(keys.begin(), keys.end());
-    s.values.assign(values.begin(), values.end());
-    // The selection reads the last W queries only: stage those.
-    const std::size_t hq = static_cast<std::size_t>(g.n_heads * g.head_dim);
-    const std::size_t w = std::min(tokens, allocator_.config().window);
-    s.queries.assign(queries.end() - static_cast<std::ptrdiff_t>(w * hq), queries.end());
+    staged_[static_cast<std::size_t>(layer)].stage(first_position, tokens, keys, values, queries,
+                                                   allocator_.config().window, hq());
     allocator_.set_layer_scores(layer, pooled);
-    staged_peak_ = std::max(staged_peak_, staged_bytes());
+    staged_peak_ = std::max(staged_peak_, detail::staged_bytes(staged_));
     if (++next_layer_ == g.n_layers) apply();
   }
 
@@ -881,16 +894,7 @@ class ChunkedXkvPrefill {
   [[nodiscard]] std::size_t staged_peak_bytes() const { return staged_peak_; }
 
  private:
-  struct Staged {
-    std::int64_t first_position = 0;
-    std::size_t tokens = 0;
-    std::vector<float> keys, values, queries;
-  };
-  std::size_t staged_bytes() const {
-    std::size_t b = 0;
-    for (const auto& s : staged_) b += (s.keys.size() + s.values.size() + s.queries.size()) * sizeof(float);
-    return b;
-  }
+  std::size_t hq() const { return static_cast<std::size_t>(cache_.geometry().n_heads * cache_.geometry().head_dim); }
   void measure() {
     const Geometry& g = cache_.geometry();
     std::size_t rows = 0, caps = 0;
@@ -904,12 +908,8 @@ class ChunkedXkvPrefill {
   }
   void prefill(int l) {
     auto& s = staged_[static_cast<std::size_t>(l)];
-    // The container takes a full query block; SnapKV reads only the window rows (one
-    // layer's block of scratch at a time, as DeferredXkvPrefill's).
-    query_block_.assign(s.tokens * static_cast<std::size_t>(cache_.geometry().n_heads * cache_.geometry().head_dim), 0.0f);
-    std::copy(s.queries.begin(), s.queries.end(), query_block_.end() - static_cast<std::ptrdiff_t>(s.queries.size()));
-    cache_.prefill(l, s.first_position, s.tokens, s.keys, s.values, query_block_);
-    s = Staged{};  // this layer's chunk is in (or dropped): its staging is released
+    s.prefill_into(cache_, l, query_block_, hq());  // one layer's query block at a time
+    s = detail::StagedBlock{};  // this layer's chunk is in (or dropped): its staging is released
     measure();
   }
   void apply() {
@@ -946,7 +946,7 @@ class ChunkedXkvPrefill {
   XkvLayerAllocator allocator_;
   long long total_;
   std::vector<long long> tokens_;
-  std::vector<Staged> staged_;
+  std::vector<detail::StagedBlock> staged_;
   std::vector<float> query_block_;
   int next_layer_ = 0;
   std::size_t peak_rows_ = 0, peak_capacity_ = 0, staged_peak_ = 0;
