@@ -26,8 +26,9 @@
 //
 // Shared decisions (`shared = true`): one keep/evict decision per token for all KV heads of
 // a layer, as llama.cpp's cells need. ContainerCore asks every head of the layer for its
-// token costs (token_costs), combines them per token (`HeadCombine`: sum, max or mean over
-// the KV heads) and applies the victims chosen from the combined costs (victims_from_costs)
+// token costs (token_costs), combines them per token over the KV heads (`HeadCombine`:
+// sum, max or mean of the raw costs, or of each head's rank- or mass-normalised costs) and
+// applies the victims chosen from the combined costs (victims_from_costs)
 // to every head. Heads then always hold the same tokens in the same row order. The
 // wrapped policy's prompt selection (prefill_keep) is not used: prompts go token by token.
 // block_tokens = 1 with shared = false chooses, per head, the lowest-cost row.
