@@ -29,6 +29,13 @@ enum class RopeLayout {
   halves,       ///< pairs (i, i + d/2), as Hugging Face transformers / GPT-NeoX
 };
 
+/// What a prefill block on a layer that already holds rows does (chunked prefill), for the
+/// policies with a prompt selection (SnapKV and its per-layer forms; HashEvict).
+enum class ChunkedPrefill {
+  reselect,     ///< select again from the held rows plus the block (SnapKV's default)
+  first_chunk,  ///< only a layer's first block is selected; later ones take the decode rule
+};
+
 }  // namespace kvevict::policies
 
 namespace kvevict::policies::detail {
