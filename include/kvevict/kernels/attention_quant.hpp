@@ -19,7 +19,10 @@
 // multiple of 8; other shapes run the scalar level) and, for the exact path, AVX-512 (Q8/Q4
 // with G a multiple of 16; other shapes run the AVX2 level's choice). The AVX-512 level sums
 // 16 lanes where AVX2 sums 8, so its results differ from AVX2's in the last bits (both are
-// tested against a double reference). The integer q.K path runs AVX2's integer scores on AVX-512.
+// tested against a double reference). The integer q.K path at the AVX-512 level runs the
+// VNNI kernel (VPDPBUSD, four query heads per register) when has_avx512_vnni(), else AVX2's
+// integer scores; the int32 block dots are the same at every level, float sums in another
+// order. kvevict::attend selects it with AttendOptions::quant_qk (attention.hpp).
 #pragma once
 
 #include <cmath>
@@ -568,17 +571,17 @@ KVEVICT_QATTN_INLINE V q_chunk_scaled(const std::uint8_t* row, std::size_t e, V 
   }
 }
 
-#define KVEVICT_QATTN_TARGET KVEVICT_ATTN_TARGET_AVX512
-#include "attention_quant_body.hpp"
-#undef KVEVICT_QATTN_TARGET
-
-// p.V: column blocks of NV vectors (16 NV columns, NV <= kVecs) x GC heads in registers.
 /// Asks for bytes [p, p + bytes) to be brought to L2 (reads overlap the arithmetic: the
 /// quantized passes are arithmetic-bound, and without it memory time adds to theirs).
 KVEVICT_QATTN_INLINE void prefetch_l2(const std::uint8_t* p, std::size_t bytes) noexcept {
   for (std::size_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T1);
 }
 
+#define KVEVICT_QATTN_TARGET KVEVICT_ATTN_TARGET_AVX512
+#include "attention_quant_body.hpp"
+#undef KVEVICT_QATTN_TARGET
+
+// p.V: column blocks of NV vectors (16 NV columns, NV <= kVecs) x GC heads in registers.
 template <class D, int GC, int NV>
 KVEVICT_ATTN_TARGET_AVX512 inline void q_output_block(const float* probs, std::size_t n,
                                                       const std::uint8_t* rows, std::size_t row_bytes,
