@@ -89,10 +89,11 @@ TEST_CASE("the registry holds every policy of include/kvevict/policies, recommen
                                        "Oracle",
                                        "FullCache",
                                        "ExpectedAttention",
-                                       "KeyDiff"};
+                                       "KeyDiff",
+                                       "BlockGranular"};
   CHECK(types == expected);
   for (const char* n : {"xkv", "pyramidkv", "uniform-w8", "tova", "expected", "keydiff", "probfree",
-                        "probfree-fast", "decayed-excess", "decayed-distinct"})
+                        "probfree-fast", "decayed-excess", "decayed-distinct", "block-decayed"})
     CHECK(names.count(n) == 1);
   // Every entry configures and hands over its policy (prompt statistics where needed).
   const kvevict::Geometry g{.n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8};

@@ -360,6 +360,41 @@ TEST_CASE("BlockGranular: the block with the lowest summed accumulated attention
   REQUIRE(c.policy().fallbacks() == 0);
 }
 
+TEST_CASE("BlockGranular, shared decisions: a budget shrink keeps every head on the same tokens", "[paged]") {
+  // Per-head H2O costs differ between the heads (random keys), so a shrink decided per head
+  // would leave the heads on different tokens; shared decisions shrink with one victim set,
+  // of whole blocks, and later steps stay shared.
+  const Geometry g{2, 4, 2, 8};
+  const std::uint32_t B = 4;
+  const BG cfg{.block_tokens = B, .sink_blocks = 1, .recent_blocks = 1, .shared = true};
+  KVCache<pol::BlockGranular<pol::H2O>> c(g, Budget::uniform(32), pol::BlockGranular(pol::H2O({.recent = 1}), cfg));
+  kvtest::Rng rng(11);
+  const auto same = [&](int l) {
+    return std::vector<std::uint64_t>(c.seqs(l, 0).begin(), c.seqs(l, 0).end()) ==
+           std::vector<std::uint64_t>(c.seqs(l, 1).begin(), c.seqs(l, 1).end());
+  };
+  const auto step = [&](std::int64_t t) {
+    for (int l = 0; l < 2; ++l) {
+      auto k = rng.normals(16, 2.0f), v = rng.normals(16), q = rng.normals(32, 2.0f);
+      c.append(l, t, k, v, q);
+      kvevict::attend(c, l, q);
+    }
+  };
+  std::int64_t t = 0;
+  for (; t < 40; ++t) step(t);
+  REQUIRE((same(0) && same(1)));
+  c.set_budget(Budget::uniform(17));
+  for (int l = 0; l < 2; ++l) {
+    INFO("layer " << l);
+    CHECK(same(l));
+    CHECK(c.size(l, 0) <= 17);
+    check_blocks(c, l, B, 1, static_cast<std::uint64_t>(t));
+  }
+  for (; t < 60; ++t) step(t);
+  for (int l = 0; l < 2; ++l) CHECK(same(l));
+  CHECK(c.policy().fallbacks() == 0);
+}
+
 TEST_CASE("BlockGranular at block size 1, per head, keeps the wrapped policy's rows", "[paged]") {
   const Geometry g{2, 4, 2, 8};
   const BG one{.block_tokens = 1, .sink_blocks = 0, .recent_blocks = 0};

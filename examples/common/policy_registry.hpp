@@ -21,6 +21,7 @@
 #include "cli.hpp"
 #include "kvevict/errors.hpp"
 #include "kvevict/geometry.hpp"
+#include "kvevict/policies/block_granular.hpp"
 #include "kvevict/policies/buzz.hpp"
 #include "kvevict/policies/decayed_attention.hpp"
 #include "kvevict/policies/expected_attention.hpp"
@@ -326,6 +327,24 @@ void for_each_policy(Fn&& fn) {
       {"keydiff", "KeyDiff: evict the key most similar to the mean unit key (paper settings)",
        Family::seed},
       [](const Args&) { return KeyDiff{}; });
+  // Block-granular eviction for a paged engine (docs/quality.md "Paged, block-granular"):
+  // whole 16-token blocks leave, the one whose tokens drew the least decayed attention
+  // (DecayedAttention h 3, summed per block); the first block and the newest are kept.
+  // A budget under 4 blocks of 16 uses the largest power-of-two block that gives 4.
+  add.template operator()<BlockGranular<DecayedAttention>>(
+      {"block-decayed",
+       "block-granular DecayedAttention: whole 16-token blocks (fewer tokens when the budget "
+       "holds under 4 blocks), lowest summed decayed attention (h 3) leaves; 1 sink block, "
+       "1 recent block",
+       Family::kvevict},
+      [](const Args& a) {
+        std::uint32_t bt = 16;
+        while (bt > 1 && bt * 4 > a.budget) bt /= 2;
+        return BlockGranular<DecayedAttention>(
+            DecayedAttention({.sinks = 1, .recent = 1, .horizon = 3.0f}),
+            BlockGranularConfig{.block_tokens = bt, .sink_blocks = 1, .recent_blocks = 1,
+                                .score = BlockScore::sum});
+      });
   add.template operator()<Random>(
       {"random", "Random eviction, seeded (the floor; --random-sinks, --random-recent[-fraction])",
        Family::baseline},

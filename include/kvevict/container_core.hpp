@@ -426,27 +426,57 @@ class ContainerCore {
   /// Shared decisions (HasSharedDecisions, policy_.shared_decisions()): one victim set for
   /// every KV head of `layer`, from the heads' token costs combined per row, written to
   /// scratch_victims_. Returns false (per-head decisions) for other policies, and while the
-  /// heads do not hold the same tokens in the same rows (only after a budget change, whose
-  /// shrink decides per head).
+  /// heads do not hold the same tokens in the same rows (a budget that gives the heads of
+  /// a layer different capacities makes them diverge).
   bool choose_shared(int layer, std::int64_t position, const float* keys, const float* queries) {
     if constexpr (HasSharedDecisions<Policy, Scalar>) {
-      if (!policy_.shared_decisions()) return false;
+      if (!shared_layer(layer)) return false;
       const int hkv = shape_.geometry.n_kv_heads;
-      const auto& h0 = heads_[index(layer, 0)];
-      const std::size_t n = h0.size();
+      const std::size_t n = heads_[index(layer, 0)].size();
       std::size_t limit = append_limit(policy_, shape_.at(layer, 0), layer, 0);
-      for (int kh = 1; kh < hkv; ++kh) {
-        const auto& h = heads_[index(layer, kh)];
-        if (h.size() != n || !std::equal(h.seq.begin(), h.seq.end(), h0.seq.begin())) return false;
+      for (int kh = 1; kh < hkv; ++kh)
         limit = std::min(limit, append_limit(policy_, shape_.at(layer, kh), layer, kh));
-      }
       for (auto& v : scratch_victims_) v.clear();
       if (n < limit) return true;
+      shared_victims(layer, n - limit + 1, scratch_victims_, [&](int kh) {
+        return incoming_view(layer, kh, n, position, keys, queries);
+      });
+      return true;
+    } else {
+      (void)layer, (void)position, (void)keys, (void)queries;
+      return false;
+    }
+  }
+  /// Whether `layer`'s heads decide together: a shared-decisions policy, and every KV head
+  /// holding the same tokens in the same rows.
+  bool shared_layer(int layer) const {
+    if constexpr (HasSharedDecisions<Policy, Scalar>) {
+      if (!policy_.shared_decisions()) return false;
+      const auto& h0 = heads_[index(layer, 0)];
+      for (int kh = 1; kh < shape_.geometry.n_kv_heads; ++kh) {
+        const auto& h = heads_[index(layer, kh)];
+        if (h.size() != h0.size() || !std::equal(h.seq.begin(), h.seq.end(), h0.seq.begin())) return false;
+      }
+      return true;
+    } else {
+      (void)layer;
+      return false;
+    }
+  }
+  /// One victim set of `need` or more rows for every KV head of `layer` (heads aligned:
+  /// shared_layer), from the heads' token costs combined per row; view(kh) is the HeadView
+  /// each head is asked through (its need is set here). out[kh] receives the victims.
+  template <class MakeView>
+  void shared_victims(int layer, std::size_t need, std::vector<std::vector<std::uint32_t>>& out,
+                      MakeView&& view_of) {
+    if constexpr (HasSharedDecisions<Policy, Scalar>) {
+      const int hkv = shape_.geometry.n_kv_heads;
+      const std::size_t n = heads_[index(layer, 0)].size();
       shared_costs_.resize(static_cast<std::size_t>(hkv));
       for (int kh = 0; kh < hkv; ++kh) {
         self().load_rows(layer, kh, nullptr, nullptr);
-        HeadView<Scalar> view = incoming_view(layer, kh, n, position, keys, queries);
-        view.need = n - limit + 1;
+        HeadView<Scalar> view = view_of(kh);
+        view.need = need;
         auto& c = shared_costs_[static_cast<std::size_t>(kh)];
         policy_.token_costs(view, c);
         if (c.size() != n)
@@ -456,16 +486,15 @@ class ContainerCore {
       }
       policy_.combine_costs(std::span<const std::vector<float>>(shared_costs_), shared_combined_);
       self().load_rows(layer, 0, nullptr, nullptr);
-      HeadView<Scalar> view = incoming_view(layer, 0, n, position, keys, queries);
-      view.need = n - limit + 1;
-      auto& victims = scratch_victims_[0];
+      HeadView<Scalar> view = view_of(0);
+      view.need = need;
+      out.resize(static_cast<std::size_t>(hkv));
+      auto& victims = out[0];
       policy_.victims_from_costs(view, std::span<const float>(shared_combined_), victims);
       validate_victims<Policy>(victims, view.size, view.need);
-      for (int kh = 1; kh < hkv; ++kh) scratch_victims_[static_cast<std::size_t>(kh)] = victims;
-      return true;
+      for (int kh = 1; kh < hkv; ++kh) out[static_cast<std::size_t>(kh)] = victims;
     } else {
-      (void)layer, (void)position, (void)keys, (void)queries;
-      return false;
+      (void)layer, (void)need, (void)out, (void)view_of;
     }
   }
 
@@ -753,7 +782,24 @@ class ContainerCore {
       for (std::size_t i = first; i < last; ++i) victims[i] = pool_victims_[i];
     }
     pool_fresh_.assign(pool_fresh_.size(), 0);
-    for (int l = 0; !pool.on && l < g.n_layers; ++l)
+    for (int l = 0; !pool.on && l < g.n_layers; ++l) {
+      // Shared decisions shrink a layer whose heads share one capacity with one victim set,
+      // so its heads keep holding the same tokens.
+      const std::size_t first = index(l, 0), n0 = heads_[first].size();
+      const bool same_cap = std::all_of(caps.begin() + static_cast<std::ptrdiff_t>(first),
+                                        caps.begin() + static_cast<std::ptrdiff_t>(first) + g.n_kv_heads,
+                                        [&](std::size_t c) { return c == caps[first]; });
+      if (same_cap && n0 > caps[first] && shared_layer(l)) {
+        shared_victims(l, n0 - caps[first], shared_shrink_, [&](int kh) {
+          HeadView<Scalar> view = make_view(l, kh, n0);
+          view.capacity = caps[first];
+          view.incoming_seq = layers_[static_cast<std::size_t>(l)].next_seq;
+          return view;
+        });
+        for (int kh = 0; kh < g.n_kv_heads; ++kh)
+          victims[first + static_cast<std::size_t>(kh)] = std::move(shared_shrink_[static_cast<std::size_t>(kh)]);
+        continue;
+      }
       for (int kh = 0; kh < g.n_kv_heads; ++kh) {
         const std::size_t i = index(l, kh);
         const std::size_t n = heads_[i].size();
@@ -766,6 +812,7 @@ class ContainerCore {
         policy_.choose_victims(view, victims[i]);
         validate_victims<Policy>(victims[i], view.size, view.need);
       }
+    }
     shape_.capacity = std::move(caps);
     pool_ = std::move(pool);
     for (int l = 0; l < g.n_layers; ++l)
@@ -802,6 +849,7 @@ class ContainerCore {
   std::vector<float> sums_;  ///< observe scratch: the group sum of each row
   std::vector<std::vector<float>> shared_costs_;  ///< choose_shared: token costs per KV head
   std::vector<float> shared_combined_;            ///< choose_shared: combined per row
+  std::vector<std::vector<std::uint32_t>> shared_shrink_;  ///< change_budget: shared victims
   /// Budget::pooled() takes effect only for policies that rank rows across heads.
   static constexpr bool kPoolable = HasEvictionCosts<Policy, Scalar>;
   LayerPool pool_;  ///< the pooled budget (pool_.on), else empty

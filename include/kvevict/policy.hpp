@@ -198,7 +198,8 @@ concept HasEvictionCosts = requires(P& p, const HeadView<Scalar>& v, std::vector
 /// `shared_decisions()` is true, ContainerCore asks every KV head of the stepping layer for
 /// `token_costs(view, costs)` (one per row), combines them per row with `combine_costs`
 /// and applies the victims `victims_from_costs(view, combined, out)` chooses to every head
-/// (one decision per token for all KV heads: llama.cpp's cells).
+/// (one decision per token for all KV heads: llama.cpp's cells), on every step and on a
+/// budget shrink that leaves the layer's heads one capacity.
 template <class P, class Scalar = float>
 concept HasSharedDecisions =
     requires(P& p, const P& cp, const HeadView<Scalar>& v, std::vector<float>& c,
