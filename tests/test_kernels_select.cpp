@@ -486,3 +486,78 @@ TEST_CASE("observe and reserve kernels match plain loops at every level", "[kern
     }
   }
 }
+
+// lowest_open / decay_lowest_open (ExpectedAttention's and KeyDiff's step between
+// rescorings): the same scores, bit for bit, and the same row as the four passes they
+// replace (the decay loop, protect_outside, argmin_masked, the equal-score scan for the
+// lowest seq), at every level; ties, NaN, +-0, infinities, empty and full open ranges.
+TEST_CASE("lowest_open is the decay loop, protection bits, masked argmin and tie scan in one pass",
+          "[kernels][select]") {
+  std::mt19937_64 rng(17);
+  const bool avx2 = kk::isa_supported(Isa::avx2);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (std::size_t n : {0u, 1u, 5u, 8u, 9u, 16u, 63u, 64u, 65u, 130u, 1000u}) {
+    std::vector<std::uint64_t> seqs(n);
+    std::iota(seqs.begin(), seqs.end(), std::uint64_t{0});
+    std::shuffle(seqs.begin(), seqs.end(), rng);
+    for (int variant = 0; variant < 4; ++variant) {
+      std::vector<float> s0(n), x(n);
+      for (std::size_t r = 0; r < n; ++r) {
+        // variant 0: distinct-ish values; 1: few values (many ties); 2: specials; 3: all equal
+        s0[r] = variant == 3 ? 0.5f : variant == 1 ? static_cast<float>(rng() % 3) * 0.25f
+                                                   : std::ldexp(static_cast<float>(rng() % 1000), -9);
+        x[r] = variant == 3 ? 0.25f : variant == 1 ? static_cast<float>(rng() % 2) * 0.5f
+                                                   : std::ldexp(static_cast<float>(rng() % 977), -10);
+        if (variant == 2) {
+          const std::uint64_t k = rng() % 8;
+          if (k == 0) s0[r] = std::numeric_limits<float>::quiet_NaN();
+          if (k == 1) s0[r] = -0.0f, x[r] = 0.0f;
+          if (k == 2) s0[r] = 0.0f, x[r] = -0.0f;
+          if (k == 3) s0[r] = inf;
+          if (k == 4) x[r] = -inf;
+        }
+      }
+      for (float decay : {0.0f, 0.75f, 0.99609375f, 1.0f})
+        for (auto [lo, hi] : {std::pair<std::uint64_t, std::uint64_t>{0, n}, {1, n > 3 ? n - 3 : 0},
+                              {4, n / 2}, {n / 2, n / 2}, {n, 0}, {0, ~std::uint64_t{0}}}) {
+          // The four passes, written out.
+          std::vector<float> want = s0;
+          for (std::size_t r = 0; r < n; ++r) {
+            volatile float prod = decay * want[r];  // no contraction into an FMA
+            want[r] = prod + x[r];
+          }
+          std::vector<std::uint64_t> bits((n + 63) / 64 + 1);
+          kk::detail::scalar::protect_outside(seqs.data(), n, lo, hi, bits.data());
+          std::size_t best = kk::argmin_masked<Isa::scalar>(want.data(), n, bits.data());
+          if (best != kk::npos)
+            for (std::size_t j = best;
+                 (j = kk::detail::scalar::find_eq(want.data(), n, j + 1, bits.data(), want[best])) != kk::npos;)
+              if (seqs[j] < seqs[best]) best = j;
+          std::size_t still = kk::argmin_masked<Isa::scalar>(s0.data(), n, bits.data());
+          if (still != kk::npos)
+            for (std::size_t j = still;
+                 (j = kk::detail::scalar::find_eq(s0.data(), n, j + 1, bits.data(), s0[still])) != kk::npos;)
+              if (seqs[j] < seqs[still]) still = j;
+          const auto same = [&](const std::vector<float>& a) {
+            return n == 0 || std::memcmp(a.data(), want.data(), n * sizeof(float)) == 0;
+          };
+          std::vector<float> a = s0;
+          CHECK(kk::detail::scalar::lowest_open<true>(a.data(), x.data(), seqs.data(), n, decay, lo, hi) == best);
+          CHECK(same(a));
+          a = s0;
+          CHECK(kk::decay_lowest_open(a.data(), x.data(), seqs.data(), n, decay, lo, hi) == best);
+          CHECK(same(a));
+          CHECK(kk::lowest_open(s0.data(), seqs.data(), n, lo, hi) == still);
+#if KVEVICT_X86
+          if (avx2) {
+            a = s0;
+            CHECK(kk::detail::avx2::lowest_open<true>(a.data(), x.data(), seqs.data(), n, decay, lo, hi) == best);
+            CHECK(same(a));
+            a = s0;
+            CHECK(kk::detail::avx2::lowest_open<false>(a.data(), nullptr, seqs.data(), n, 0.0f, lo, hi) == still);
+          }
+#endif
+        }
+    }
+  }
+}

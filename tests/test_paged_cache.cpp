@@ -304,7 +304,8 @@ TEST_CASE("BlockGranular: the block with the lowest summed accumulated attention
   // block's = the sum over its tokens. Reference: per (layer, head) token scores kept here.
   const Geometry g{1, 4, 2, 8};
   const std::uint32_t B = 4;
-  const pol::HeadCombine comb = GENERATE(pol::HeadCombine::sum, pol::HeadCombine::max);
+  const pol::HeadCombine comb = GENERATE(pol::HeadCombine::sum, pol::HeadCombine::max, pol::HeadCombine::rank_sum,
+                                         pol::HeadCombine::rank_max, pol::HeadCombine::mass_sum, pol::HeadCombine::quota);
   const bool shared = GENERATE(false, true);
   CAPTURE(shared, pol::to_string(comb));
   const BG cfg{.block_tokens = B, .sink_blocks = 1, .recent_blocks = 1, .shared = shared, .combine = comb};
@@ -329,11 +330,36 @@ TEST_CASE("BlockGranular: the block with the lowest summed accumulated attention
       std::map<std::uint64_t, double> agg;
       std::uint64_t newest = 0;
       for (auto s : before[h]) newest = std::max<std::uint64_t>(newest, s / B);
+      // Normalised modes: per head, each open row's rank among the open rows (H2O protects the
+      // newest row: +inf), equal scores sharing the lower rank, over open - 1; or its share
+      // of the head's open total; quota: the top ceil(open / 2) ranks of a head.
+      std::vector<std::map<std::uint64_t, double>> norm(2);
+      std::vector<double> cut(2, 2.0);
+      for (int hh = 0; hh < 2; ++hh) {
+        std::vector<std::uint64_t> open;
+        double total = 0.0;
+        for (auto s : before[hh])
+          if (s + 1 != std::uint64_t(t)) open.push_back(s), total += score[hh][s];
+        for (auto s : open) {
+          std::size_t below = 0;
+          for (auto o : open) below += float(score[hh][o]) < float(score[hh][s]);
+          norm[hh][s] = comb == pol::HeadCombine::mass_sum ? score[hh][s] / total : double(below) / double(open.size() - 1);
+        }
+        std::vector<double> ranks;
+        for (auto s : open) ranks.push_back(norm[hh][s]);
+        std::sort(ranks.begin(), ranks.end());
+        cut[hh] = ranks[ranks.size() - (ranks.size() + 1) / 2];
+      }
       for (auto s : before[h]) {
         const std::uint64_t blk = s / B;
         if (blk < 1 || blk + 1 > newest) continue;
         double x = score[h][s];
-        if (shared) x = comb == pol::HeadCombine::sum ? score[0][s] + score[1][s] : std::max(score[0][s], score[1][s]);
+        if (shared) {
+          const bool normalised = comb != pol::HeadCombine::sum && comb != pol::HeadCombine::max;
+          const double a = normalised ? norm[0][s] : score[0][s], b = normalised ? norm[1][s] : score[1][s];
+          x = comb == pol::HeadCombine::max || comb == pol::HeadCombine::rank_max ? std::max(a, b) : a + b;
+          if (comb == pol::HeadCombine::quota && (a >= cut[0] || b >= cut[1])) x += 2.0;
+        }
         agg[blk] += x;
       }
       REQUIRE(!agg.empty());

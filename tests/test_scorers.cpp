@@ -559,6 +559,29 @@ TEST_CASE("ExpectedAttention rescore_all_up_to: R 1 for small heads, the fractio
   CHECK(p.every(Budget::kUnbounded) == 1);
 }
 
+TEST_CASE("The one-pass step between rescorings keeps the brute-force rule's rows on larger heads",
+          "[scorers]") {
+  // Between rescorings ExpectedAttention (decay and victim: kernels::decay_lowest_open; no
+  // horizon: kernels::lowest_open) and KeyDiff (kernels::lowest_open) take their victim in
+  // one pass over the kept scores and seqs. Heads of 70 rows (eight 8-row blocks and a
+  // tail, the recent band and sinks inside blocks) against the brute-force rules, which
+  // decay and pick in plain loops: a fused pass that diverged (value, open range, tie rule)
+  // would keep other rows.
+  using C = ExpectedAttention::Covariance;
+  for (int G : {1, 4}) {
+    compare_expected({.sinks = 1, .recent_fraction = 0.375f, .query_window = 1,
+                      .future_positions = 16, .covariance = C::none, .horizon = 3.0f,
+                      .float_logits = true, .rescore_fraction = 1.0f / 8},
+                     G, 70, 1100 + G);
+    compare_expected({.sinks = 3, .recent = 5, .query_window = 2, .future_positions = 4,
+                      .covariance = C::none, .rope = RopeLayout::none, .rescore_every = 3},
+                     G, 70, 1200 + G);
+  }
+  const KeyDiff::Config c{.sinks = 2, .recent_fraction = 0.375f, .rescore_every = 5};
+  compare(Geometry{2, 4, 2, 16}, 70, KeyDiff(c), [&] { return brute_keydiff(c, 70); },
+          RopeLayout::none, 10000.0f, 1300);
+}
+
 TEST_CASE("ExpectedAttention float_logits keeps the brute-force rule's decisions", "[scorers]") {
   using C = ExpectedAttention::Covariance;
   for (int G : {1, 4}) {

@@ -38,6 +38,8 @@ struct Args {
   std::vector<std::size_t> budgets{16, 32, 64, 128};
   bool paged = false;     ///< --paged: block-granular eviction through PagedKV
   bool block_policies = false;  ///< --block-policies: BlockGranular<P> rows (every policy)
+  bool shared_cells = false;    ///< --shared-cells: per-head vs shared-cell rows, every combiner
+  bool chunked_rows = false;    ///< --chunked-rows: XKV budgets from chunks, HashEvict's chunk rules
   bool scorers = false;  ///< --tune-scorers: the probability-free grid instead of the table
   bool rescore = false;  ///< --rescore: the probability-free variant at rescore_every 1..64
   bool haystack = false;  ///< --haystack: the repeated-filler retrieval measure
@@ -112,6 +114,15 @@ std::optional<Args> parse(int argc, char** argv) {
          "block-granular and shared-cell rows of every policy through BlockGranular<P> "
          "(--budgets; default 64,128,256)",
          a.block_policies);
+  p.flag("--chunked-rows",
+         "with --prompt and --prefill-select: XKV budgets from the chunks against uniform "
+         "budgets (same SnapKV selection, w 8, pool 7), and HashEvict's prompt rules with and "
+         "without per-chunk reselection",
+         a.chunked_rows);
+  p.flag("--shared-cells",
+         "per-head decisions against shared cells (one decision per token for all KV heads) "
+         "with every way of combining the heads' costs (--budgets; default 64,128,256)",
+         a.shared_cells);
   kvevict::registry::add_selection_options(
       p, a.policies, a.budgets,
       "registry policies (labels = names) instead of the headline rows; StreamingLLM 1 sink, "
@@ -665,6 +676,81 @@ void block_policy_rows(Runner& r, const std::vector<std::size_t>& budgets, const
   }
 }
 
+// --chunked-rows: chunked prefill of the policies whose prompt selection issue 14 extends.
+// XKV from chunks shares L x (B - 8) selected rows per KV head over the layers (windows of 8
+// besides), the memory of uniform-w8's B rows per layer and KV head.
+void chunked_rows(Runner& r, const std::vector<std::size_t>& budgets, const Config& mc) {
+  using policies::ChunkedPrefill;
+  using policies::HashEvictKey;
+  using policies::PrefillRule;
+  const policies::XkvLayerAllocator::Config xc{};
+  for (std::size_t B : budgets) {
+    const policies::SnapKV w8(policies::SnapKV::Config{.window = xc.window, .kernel = xc.kernel});
+    r.row(B, "uniform-w8 (SnapKV w 8, pool 7, B rows per layer)", w8);
+    if (B > xc.window + 1) {
+      r.protocol.xkv_chunked_total = static_cast<long long>((B - xc.window) * static_cast<std::size_t>(mc.n_layers));
+      r.row(B, "xkv, budgets from the chunks (same total)", w8);
+      r.protocol.xkv_chunked_total = 0;
+    }
+    for (PrefillRule rule : {PrefillRule::keep_ends, PrefillRule::decode})
+      for (ChunkedPrefill ch : {ChunkedPrefill::first_chunk, ChunkedPrefill::reselect}) {
+        HashEvictKey::Config hc;
+        hc.prefill = rule;
+        hc.chunked = ch;
+        r.row(B, fmt::format("hashevict ({} prompt rule, {})", rule == PrefillRule::keep_ends ? "keep-ends" : "decode",
+                             ch == ChunkedPrefill::reselect ? "reselect per chunk" : "later chunks token by token").c_str(),
+              HashEvictKey(hc));
+      }
+  }
+}
+
+// --shared-cells: token-level per-head decisions against shared cells at equal memory (B
+// rows per layer and KV head either way), every HeadCombine; the first row of a budget is
+// the per-head one, so "groups below" counts the groups where shared cells beat it.
+void shared_cell_rows(Runner& r, const std::vector<std::size_t>& budgets) {
+  using policies::BlockGranular;
+  using policies::BlockGranularConfig;
+  using policies::HeadCombine;
+  const auto shared = [](HeadCombine h) {
+    return BlockGranularConfig{.block_tokens = 1, .sink_blocks = 0, .recent_blocks = 0,
+                               .score = BlockScore::sum, .shared = true, .combine = h};
+  };
+  constexpr HeadCombine kAll[] = {HeadCombine::sum,      HeadCombine::max,      HeadCombine::mean,
+                                  HeadCombine::rank_sum, HeadCombine::rank_max, HeadCombine::mass_sum,
+                                  HeadCombine::quota};
+  const auto rec = policies::DecayedAttention::recommended();
+  for (std::size_t B : budgets) {
+    r.row(B, "per-head token-level recommended()", rec);
+    for (HeadCombine h : kAll)
+      r.row(B, fmt::format("shared cells, token-level recommended() (heads {})", to_string(h)).c_str(),
+            BlockGranular(rec, shared(h)));
+    // Without the recall reserve (its rows, per head, are kept in every head's cells).
+    policies::DecayedAttention::Config nr = rec.config();
+    nr.recall_fraction = 0.0f;
+    for (HeadCombine h : {HeadCombine::sum, HeadCombine::max})
+      r.row(B, fmt::format("shared cells, token-level recommended() without its recall reserve (heads {})", to_string(h)).c_str(),
+            BlockGranular(policies::DecayedAttention(nr), shared(h)));
+    // The recall reserve shared: a quarter of the per-head fraction (four KV heads' reserves
+    // together hold about what one head's did).
+    policies::DecayedAttention::Config qr = rec.config();
+    qr.recall_fraction = rec.config().recall_fraction / 4.0f;
+    for (HeadCombine h : {HeadCombine::sum, HeadCombine::max})
+      r.row(B, fmt::format("shared cells, token-level recommended() with a quarter of its recall reserve (heads {})", to_string(h)).c_str(),
+            BlockGranular(policies::DecayedAttention(qr), shared(h)));
+    // The memory shared cells need: the same policy at more rows per layer and KV head.
+    for (double f : {1.25, 1.5, 2.0}) {
+      const auto more = static_cast<long long>(f * static_cast<double>(B));
+      r.row(B, fmt::format("shared cells, token-level recommended() (heads max) at {} rows ({}x)", more, f).c_str(),
+            BlockGranular(rec, shared(HeadCombine::max)), Budget::uniform(more));
+    }
+    const policies::H2O h2o({.recent = B / 4});
+    r.row(B, "per-head token-level H2O (recent B/4)", h2o);
+    for (HeadCombine h : kAll)
+      r.row(B, fmt::format("shared cells, token-level H2O (recent B/4; heads {})", to_string(h)).c_str(),
+            BlockGranular(h2o, shared(h)));
+  }
+}
+
 constexpr HeadAllocation kHalfPerHead{.floor = 4, .uniform_share = 0.5};
 
 // --- per-head budget splits at equal memory (--adaptive) -----------------------------
@@ -762,7 +848,8 @@ int main(int argc, char** argv) {
     if (a.first_chunk) knobs.snapkv_chunked = policies::ChunkedPrefill::first_chunk;
     // The per-head rows need the calibration pass; --policies, --tune and --paged rows do not.
     const AttentionAgeProfile profile =
-        (a.policies.empty() && !a.tune && !a.paged && !a.block_policies && !a.haystack && !a.reserve) ||
+        (a.policies.empty() && !a.tune && !a.paged && !a.block_policies && !a.shared_cells && !a.chunked_rows && !a.haystack &&
+         !a.reserve) ||
                 a.adaptive
             ? calibrate(r.model)
             : AttentionAgeProfile(r.model->config().geometry(), 1);
@@ -914,10 +1001,21 @@ int main(int argc, char** argv) {
                              : std::string());
     fmt::print("| budget | policy | mean KL | range over 4-stream groups | groups below {} | "
                "top-1 |\n",
-               a.paged             ? std::string("block StreamingLLM")
+               a.shared_cells      ? std::string("the per-head row")
+               : a.chunked_rows    ? std::string("uniform-w8")
+               : a.paged           ? std::string("block StreamingLLM")
                : a.policies.empty() ? std::string("StreamingLLM (1 sink)")
                                     : a.policies.front());
     fmt::print("|---|---|---|---|---|---|\n");
+    if (a.chunked_rows) {
+      chunked_rows(r, a.budgets, r.model->config());
+      return 0;
+    }
+    if (a.shared_cells) {
+      const bool dflt = a.budgets == std::vector<std::size_t>{16, 32, 64, 128};
+      shared_cell_rows(r, dflt ? std::vector<std::size_t>{64, 128, 256} : a.budgets);
+      return 0;
+    }
     if (a.block_policies) {
       const bool dflt = a.budgets == std::vector<std::size_t>{16, 32, 64, 128};
       block_policy_rows(r, dflt ? std::vector<std::size_t>{64, 128, 256} : a.budgets, r.model->config());

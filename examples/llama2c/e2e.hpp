@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -21,6 +22,7 @@
 #include "kvevict/metrics.hpp"
 #include "kvevict/policies/expected_attention.hpp"
 #include "kvevict/policies/full_cache.hpp"
+#include "kvevict/policies/xkv.hpp"
 #include "llama2c.hpp"
 
 namespace kvevict::llama2c {
@@ -230,6 +232,10 @@ struct ProtocolOptions {
   /// With prefill: each block attends at full attention (held rows + the block) and goes to
   /// the cache in one prefill, the policy's prompt selection (Transformer::set_prefill_select).
   bool prefill_select = false;
+  /// With prefill_select and a SnapKV cache: XKV budgets from the chunks
+  /// (policies::ChunkedXkvPrefill) sharing this many selected tokens per KV head over the
+  /// layers (windows excluded; the cache's own budget is replaced). 0: off.
+  long long xkv_chunked_total = 0;
   /// A Mixed<Hot, Cold> cache (kvevict/mixed.hpp): rows per head in the hot band
   /// (KVCache::set_hot_rows); ignored by other storage types.
   std::size_t hot_rows = 0;
@@ -277,6 +283,19 @@ StreamResult run_stream(const std::shared_ptr<const Model>& model, const Stream&
   if constexpr (requires { tf.cache().set_hot_rows(options.hot_rows); })
     tf.cache().set_hot_rows(options.hot_rows);
   if (options.prefill_select) tf.set_prefill_select(true);
+  constexpr bool kSnapKV = std::is_same_v<Policy, policies::SnapKV> && std::is_same_v<Scalar, float>;
+  using Xkv = std::conditional_t<kSnapKV, policies::ChunkedXkvPrefill<typename Transformer<Policy, Scalar>::Cache>, int>;
+  std::optional<Xkv> xkv;
+  if (options.xkv_chunked_total > 0) {
+    if constexpr (kSnapKV) {
+      kvevict::detail::require(options.prefill_select, "run_stream: xkv_chunked_total needs prefill_select");
+      xkv.emplace(tf.cache(), options.xkv_chunked_total, policies::XkvLayerAllocator::Config{});
+      tf.set_prefill_sink([&](int l, std::int64_t p0, std::size_t n, std::span<const float> k,
+                              std::span<const float> v, std::span<const float> q) { xkv->add_layer(l, p0, n, k, v, q); });
+    } else {
+      kvevict::detail::fail("run_stream: xkv_chunked_total needs a float SnapKV cache");
+    }
+  }
   StreamResult r;
   r.skip = options.skip;
   auto score = [&](std::size_t t, std::span<const float> q) {

@@ -564,6 +564,13 @@ class Transformer {
     }
     prefill_select_ = on;
   }
+  /// With set_prefill_select: layer l's block goes to `sink` instead of the cache's prefill
+  /// (sink(layer, first_position, tokens, keys, values, queries), the layouts of
+  /// KVCache::prefill): for a caller that stages the block across layers before it goes in
+  /// (policies::ChunkedXkvPrefill). An empty function restores the cache's prefill.
+  using PrefillSink = std::function<void(int, std::int64_t, std::size_t, std::span<const float>,
+                                         std::span<const float>, std::span<const float>)>;
+  void set_prefill_sink(PrefillSink sink) { prefill_sink_ = std::move(sink); }
 
   /// Feeds `token` at position `pos` (positions must increase) and returns the logits
   /// of the next token; the span is valid until the next call.
@@ -739,9 +746,10 @@ class Transformer {
         }
     }
     const auto un = static_cast<std::size_t>(n);
-    cache_.prefill(l, pos0, un, std::span<const float>(K_.data(), un * static_cast<std::size_t>(c.kv_dim())),
-                   std::span<const float>(V_.data(), un * static_cast<std::size_t>(c.kv_dim())),
-                   std::span<const float>(Q_.data(), un * static_cast<std::size_t>(c.q_dim())));
+    const std::span<const float> ks(K_.data(), un * static_cast<std::size_t>(c.kv_dim())),
+        vs(V_.data(), un * static_cast<std::size_t>(c.kv_dim())), qs(Q_.data(), un * static_cast<std::size_t>(c.q_dim()));
+    if (prefill_sink_) prefill_sink_(l, pos0, un, ks, vs, qs);
+    else cache_.prefill(l, pos0, un, ks, vs, qs);
   }
 
   // One token's attention in layer l: the projections q (q_dim floats), k and v (kv_dim)
@@ -884,6 +892,7 @@ class Transformer {
   Positions positions_ = Positions::keep;
   bool bounded_ = false;
   bool prefill_select_ = false;
+  PrefillSink prefill_sink_;
   std::vector<float> rank_cos_, rank_sin_, rotated_, group_q_;
   std::vector<std::uint32_t> order_;
   Eigen::VectorXf x_, xb_, q_, k_, v_, h1_, h3_, logits_, att_;

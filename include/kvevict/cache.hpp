@@ -95,7 +95,7 @@ namespace detail {
 /// beside the core's positions and arrival indices.
 template <class Scalar>
 struct DenseHead : HeadRows {
-  std::vector<Scalar> k, v;
+  RowVector<Scalar> k, v;  ///< a new row is encoded into storage that was not zeroed first
 };
 /// The head type of KVCache<P, S>: dense rows, or a mixed layout's two bands.
 template <class S>

@@ -40,6 +40,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <new>
 #include <numeric>
 #include <span>
@@ -57,6 +58,37 @@
 #include "policy.hpp"
 
 namespace kvevict::detail {
+
+/// An allocator whose resize leaves new elements default-initialised (for float and byte
+/// units: not written) instead of value-initialised (zeroed): a layout that grows its row
+/// storage and then encodes the new row into it writes each element once. Every other
+/// operation is std::allocator's.
+template <class T>
+struct RowAllocator : std::allocator<T> {
+  using value_type = T;
+  template <class U>
+  struct rebind {
+    using other = RowAllocator<U>;
+  };
+  RowAllocator() noexcept = default;
+  template <class U>
+  RowAllocator(const RowAllocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+};
+template <class T, class U>
+bool operator==(const RowAllocator<T>&, const RowAllocator<U>&) noexcept {
+  return true;
+}
+/// K or V rows of one head, row-major: growing by a row does not zero it first.
+template <class T>
+using RowVector = std::vector<T, RowAllocator<T>>;
 
 /// The live rows of one (layer, KV head), in the order the policy sees them. A layout's
 /// per-head storage derives from it and adds where the rows' K/V live.
@@ -89,6 +121,27 @@ class ContainerCore {
   [[nodiscard]] Policy& policy() { return policy_; }
   [[nodiscard]] const Policy& policy() const { return policy_; }
   [[nodiscard]] std::size_t size(int layer, int kv_head) const { return head(layer, kv_head).size(); }
+  /// What a reselecting policy's prefill_keep would be handed for a block on `layer`, per
+  /// KV head, without changing anything: fn(const PrefillView&) once per head (the rows the
+  /// head holds first, then the block; an empty layer: the block alone). The block is
+  /// checked as prefill checks it. For a caller that decides budgets from a chunk before
+  /// the chunk goes in (policies::ChunkedXkvPrefill).
+  template <class Fn>
+  void prefill_views(int layer, std::int64_t first_position, std::size_t tokens,
+                     std::span<const float> keys, std::span<const float> queries, Fn&& fn) {
+    static_assert(HasPrefillReselect<Policy, Scalar>, "prefill_views: a policy that reselects at chunked prefill");
+    check_block(layer, first_position, tokens, keys, {}, queries, false);
+    std::vector<std::uint32_t> order;
+    std::vector<float> held_keys;
+    std::vector<std::uint64_t> held_seqs;
+    for (int kh = 0; kh < shape_.geometry.n_kv_heads; ++kh) {
+      const bool reselect = layers_[static_cast<std::size_t>(layer)].next_seq != 0 && policy_.reselects_prefill();
+      const std::size_t held = reselect ? heads_[index(layer, kh)].size() : 0;
+      fn(static_cast<const PrefillView&>(prompt_view(layer, kh, first_position, tokens, keys.data(),
+                                                     queries.empty() ? nullptr : queries.data(), held,
+                                                     order, held_keys, held_seqs)));
+    }
+  }
   /// The nominal capacity of (layer, kv_head): what the policy sees. Under a pooled budget
   /// a head may hold more or fewer rows (max_rows, layer_total).
   [[nodiscard]] std::size_t capacity(int layer, int kv_head) const {
@@ -645,6 +698,49 @@ class ContainerCore {
     }
   }
 
+  /// The view prefill_keep selects from on (layer, kv_head): the head's first `held` rows
+  /// in arrival order (their row indices; their stored keys widened to float when the
+  /// policy reads stored rows), then the block. The view points into the caller's buffers.
+  PrefillView prompt_view(int layer, int kh, std::int64_t first_position, std::size_t tokens,
+                          const float* keys, const float* queries, std::size_t held,
+                          std::vector<std::uint32_t>& order, std::vector<float>& held_keys,
+                          std::vector<std::uint64_t>& held_seqs) {
+    const Geometry& g = shape_.geometry;
+    const auto& h = heads_[index(layer, kh)];
+    const std::size_t d = udim();
+    require(tokens < (std::size_t{1} << 32) - held, "prefill: ", tokens, " tokens after ", held,
+            " held rows, expected fewer than 2^32 in one selection");
+    PrefillView pv{layer, kh, g.head_dim, group(), g.n_kv_heads, g.n_heads, held + tokens,
+                   shape_.at(layer, kh), first_position,
+                   layers_[static_cast<std::size_t>(layer)].next_seq, keys, queries};
+    if constexpr (HasPrefillReselect<Policy, Scalar>) {
+      if (held > 0) {  // the held rows in arrival order
+        order.resize(held);
+        std::iota(order.begin(), order.end(), 0u);
+        std::sort(order.begin(), order.end(),
+                  [&](std::uint32_t a, std::uint32_t b) { return h.seq[a] < h.seq[b]; });
+        held_seqs.resize(held);
+        for (std::size_t j = 0; j < held; ++j) held_seqs[j] = h.seq[order[j]];
+        pv.held = held;
+        pv.held_rows = order.data();
+        pv.held_seqs = held_seqs.data();
+        if constexpr (reads_stored_rows<Policy>()) {  // keys widened to float
+          self().load_rows(layer, kh, nullptr, nullptr);
+          const RowsData<Scalar> rows = self().rows_data(layer, kh);
+          held_keys.resize(held * d);
+          for (std::size_t j = 0; j < held; ++j) {
+            const Scalar* src = rows.keys + static_cast<std::size_t>(order[j]) * d;
+            for (std::size_t c = 0; c < d; ++c) held_keys[j * d + c] = static_cast<float>(src[c]);
+          }
+          pv.held_keys = held_keys.data();
+        }
+      }
+    } else {
+      (void)order, (void)held_keys, (void)held_seqs, (void)d, (void)h;
+    }
+    return pv;
+  }
+
   /// prefill_keep selection per head. On an empty layer (`reselect` false) the policy
   /// selects from the block alone. With `reselect` (chunked prefill, HasPrefillReselect)
   /// the view holds the head's rows first (arrival order, stored keys) and then the block;
@@ -666,34 +762,9 @@ class ContainerCore {
     std::vector<std::uint64_t> held_seqs;
     for (int kh = 0; kh < g.n_kv_heads; ++kh) {
       const std::size_t i = index(layer, kh);
-      const auto& h = heads_[i];
-      const std::size_t held = reselect ? h.size() : 0;
-      require(tokens < (std::size_t{1} << 32) - held, "prefill: ", tokens, " tokens after ", held,
-              " held rows, expected fewer than 2^32 in one selection");
-      PrefillView pv{layer, kh, g.head_dim, group(), g.n_kv_heads, g.n_heads, held + tokens,
-                     shape_.at(layer, kh), first_position, ls.next_seq, keys, queries};
-      if constexpr (HasPrefillReselect<Policy, Scalar>) {
-        static_assert(reads_stored_rows<Policy>(),
-                      "a policy that reselects at chunked prefill reads the held rows' keys");
-        if (held > 0) {  // the held rows in arrival order, keys widened to float
-          self().load_rows(layer, kh, nullptr, nullptr);
-          const RowsData<Scalar> rows = self().rows_data(layer, kh);
-          order.resize(held);
-          std::iota(order.begin(), order.end(), 0u);
-          std::sort(order.begin(), order.end(),
-                    [&](std::uint32_t a, std::uint32_t b) { return h.seq[a] < h.seq[b]; });
-          held_keys.resize(held * d);
-          held_seqs.resize(held);
-          for (std::size_t j = 0; j < held; ++j) {
-            const Scalar* src = rows.keys + static_cast<std::size_t>(order[j]) * d;
-            for (std::size_t c = 0; c < d; ++c) held_keys[j * d + c] = static_cast<float>(src[c]);
-            held_seqs[j] = h.seq[order[j]];
-          }
-          pv.held = held;
-          pv.held_keys = held_keys.data();
-          pv.held_seqs = held_seqs.data();
-        }
-      }
+      const std::size_t held = reselect ? heads_[i].size() : 0;
+      const PrefillView pv = prompt_view(layer, kh, first_position, tokens, keys, queries, held,
+                                         order, held_keys, held_seqs);
       chosen.clear();
       policy_.prefill_keep(pv, chosen);
       validate_prefill_keep<Policy>(chosen, pv.tokens, pv.capacity);

@@ -101,6 +101,10 @@ struct PrefillView {
   std::size_t held = 0;                      ///< rows held before the chunk
   const float* held_keys = nullptr;          ///< held x head_dim, arrival order
   const std::uint64_t* held_seqs = nullptr;  ///< their arrival indices, ascending
+  /// Their rows in the head (the index the policy's per-row columns use), same order. The
+  /// keys of held rows are given only to a policy that reads stored rows; one that does not
+  /// (HashEvict) finds what it needs in its own columns through these.
+  const std::uint32_t* held_rows = nullptr;
 
   [[nodiscard]] const float* key(std::size_t t) const {
     if (t < held) return held_keys + t * static_cast<std::size_t>(head_dim);

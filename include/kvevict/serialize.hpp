@@ -204,8 +204,8 @@ struct CacheAccess {
   }
 
   // A stored K or V element that is not finite (a row the cache could never have accepted).
-  template <class Unit>
-  static void check_rows_finite(const std::vector<Unit>& x, std::size_t head, const char* what) {
+  template <class Unit, class Alloc>
+  static void check_rows_finite(const std::vector<Unit, Alloc>& x, std::size_t head, const char* what) {
     for (std::size_t j = 0; j < x.size(); ++j)
       require(std::isfinite(static_cast<float>(x[j])), "saved state: head ", head, " ", what,
               " element ", j, " = ", static_cast<float>(x[j]), ", expected a finite value");

@@ -85,6 +85,11 @@ KVEVICT_KERNEL_FN void decay_spike(float* score, float* spike, const float* x,
 KVEVICT_KERNEL_FN std::size_t gather_open(const float* s, std::size_t n,
                                           const std::uint64_t* protected_bits, float lo,
                                           float* vals, std::uint32_t* idx);
+KVEVICT_KERNEL_FN std::size_t lowest_open(const float* s, const std::uint64_t* seqs, std::size_t n,
+                                          std::uint64_t lo, std::uint64_t hi);
+KVEVICT_KERNEL_FN std::size_t decay_lowest_open(float* s, const float* x, const std::uint64_t* seqs,
+                                                std::size_t n, float decay, std::uint64_t lo,
+                                                std::uint64_t hi);
 }  // namespace kvevict::kernels
 
 #if !KVEVICT_KERNELS_DECLARE_ONLY
@@ -638,6 +643,40 @@ KVEVICT_KERNEL_FN std::size_t gather_open(const float* s, std::size_t n,
     return detail::avx2::gather_open(s, n, protected_bits, lo, vals, idx);
 #endif
   return detail::scalar::gather_open(s, n, protected_bits, lo, vals, idx);
+}
+
+/// The row with the lowest (s[r], seqs[r]) among the open rows, those with lo <= seqs[r] <
+/// hi: the lowest score, the oldest (lowest seq) among equal scores (-0.0 == +0.0); NaN
+/// scores are never chosen; npos when no row is open. In one pass over s and seqs: the
+/// same row as protect_outside(seqs, n, lo, hi) + argmin_masked + the equal-score scan for
+/// the lowest seq (policies::detail::lowest_masked). (AVX-512 CPUs run the AVX2 form.)
+KVEVICT_KERNEL_FN std::size_t lowest_open(const float* s, const std::uint64_t* seqs, std::size_t n,
+                                          std::uint64_t lo, std::uint64_t hi) {
+  detail::require_nonnull(s, n, "scores");
+  detail::require_nonnull(seqs, n, "seqs");
+  // The no-decay form only reads s.
+  float* w = const_cast<float*>(s);
+#if KVEVICT_X86
+  if (active_isa() != Isa::scalar)
+    return detail::avx2::lowest_open<false>(w, nullptr, seqs, n, 0.0f, lo, hi);
+#endif
+  return detail::scalar::lowest_open<false>(w, nullptr, seqs, n, 0.0f, lo, hi);
+}
+
+/// s[r] = decay * s[r] + x[r] for every row (a multiply, then an add: never fused; the
+/// values of that scalar loop, bit for bit), then lowest_open over the new s: one pass
+/// where a decay loop, protection bits, masked argmin and tie scan would take four.
+KVEVICT_KERNEL_FN std::size_t decay_lowest_open(float* s, const float* x, const std::uint64_t* seqs,
+                                                std::size_t n, float decay, std::uint64_t lo,
+                                                std::uint64_t hi) {
+  detail::require_nonnull(s, n, "scores");
+  detail::require_nonnull(x, n, "x");
+  detail::require_nonnull(seqs, n, "seqs");
+#if KVEVICT_X86
+  if (active_isa() != Isa::scalar)
+    return detail::avx2::lowest_open<true>(s, x, seqs, n, decay, lo, hi);
+#endif
+  return detail::scalar::lowest_open<true>(s, x, seqs, n, decay, lo, hi);
 }
 
 }  // namespace kvevict::kernels

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 #include "dispatch.hpp"
 
@@ -349,6 +350,48 @@ KVEVICT_ALWAYS_INLINE std::size_t gather_open_body(const float* s, std::size_t n
 inline std::size_t gather_open(const float* s, std::size_t n, const std::uint64_t* prot, float lo,
                                float* vals, std::uint32_t* idx) noexcept {
   return gather_open_body(s, n, prot, lo, vals, idx);
+}
+
+/// The running best of lowest_open: the lowest (value, seq) seen among open rows.
+struct LowestOpen {
+  float value = std::numeric_limits<float>::infinity();
+  std::uint64_t seq = ~std::uint64_t{0};
+  std::size_t index = npos;
+  /// Takes row r (value v, arrival seq q) when it is lower: a lower value, or an equal
+  /// value (-0.0 == +0.0) and an older seq. NaN never compares lower.
+  KVEVICT_ALWAYS_INLINE void offer(float v, std::uint64_t q, std::size_t r) noexcept {
+    if (v < value || (v == value && q < seq)) {
+      value = v;
+      seq = q;
+      index = r;
+    }
+  }
+};
+
+/// lowest_open / decay_lowest_open over rows [from, n): with Decay, s[r] = decay * s[r] +
+/// x[r] (a multiply then an add, never fused) first; then every row with seqs[r] - lo <
+/// span (unsigned: lo <= seq < lo + span) is offered to `best`.
+template <bool Decay>
+KVEVICT_ALWAYS_INLINE void lowest_open_body(float* s, const float* x, const std::uint64_t* seqs,
+                                            std::size_t n, float decay, std::uint64_t lo,
+                                            std::uint64_t span, LowestOpen& best,
+                                            std::size_t from = 0) noexcept {
+  for (std::size_t r = from; r < n; ++r) {
+    float v = s[r];
+    if constexpr (Decay) {
+      const float prod = decay * v;
+      v = prod + x[r];
+      s[r] = v;
+    }
+    if (seqs[r] - lo < span) best.offer(v, seqs[r], r);
+  }
+}
+template <bool Decay>
+inline std::size_t lowest_open(float* s, const float* x, const std::uint64_t* seqs, std::size_t n,
+                               float decay, std::uint64_t lo, std::uint64_t hi) noexcept {
+  LowestOpen best;
+  lowest_open_body<Decay>(s, x, seqs, n, decay, lo, hi > lo ? hi - lo : 0, best);
+  return best.index;
 }
 
 }  // namespace scalar

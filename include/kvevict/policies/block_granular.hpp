@@ -26,8 +26,9 @@
 //
 // Shared decisions (`shared = true`): one keep/evict decision per token for all KV heads of
 // a layer, as llama.cpp's cells need. ContainerCore asks every head of the layer for its
-// token costs (token_costs), combines them per token (`HeadCombine`: sum, max or mean over
-// the KV heads) and applies the victims chosen from the combined costs (victims_from_costs)
+// token costs (token_costs), combines them per token over the KV heads (`HeadCombine`:
+// sum, max or mean of the raw costs, or of each head's rank- or mass-normalised costs) and
+// applies the victims chosen from the combined costs (victims_from_costs)
 // to every head. Heads then always hold the same tokens in the same row order. The
 // wrapped policy's prompt selection (prefill_keep) is not used: prompts go token by token.
 // block_tokens = 1 with shared = false chooses, per head, the lowest-cost row.
@@ -47,13 +48,30 @@ namespace kvevict::policies {
 /// Where BlockGranular's per-token costs come from.
 enum class BlockSource : std::uint8_t { automatic, costs, votes };
 /// How shared decisions combine one token's costs over the KV heads of a layer.
-enum class HeadCombine : std::uint8_t { sum, max, mean };
+///   sum, max, mean  the raw costs (heads whose costs run larger weigh more)
+///   rank_sum        each head's open costs replaced by their rank among that head's open
+///                   rows, scaled to [0, 1] (0: the head's cheapest), then summed: every
+///                   head weighs the same whatever the scale of its costs
+///   rank_max        the largest scaled rank over the heads: a token is cheap only when it
+///                   is cheap in every head (each head's most valued tokens survive)
+///   mass_sum        each head's open costs divided by their sum over the head's open rows,
+///                   then summed (heads equalised by their total, not their order)
+///   quota           rank_sum, but a token among the top ceil(open / heads) of any head
+///                   (its quota of the shared cells) ranks above every token in none
+/// The normalised modes (rank_sum .. quota) count a row one head keeps last (FLT_MAX:
+/// DecayedAttention's recall reserve) as that head's highest open cost instead of keeping
+/// it in every head; a row a head will not evict now (+inf) stays protected in all modes.
+enum class HeadCombine : std::uint8_t { sum, max, mean, rank_sum, rank_max, mass_sum, quota };
 
 inline const char* to_string(HeadCombine c) {
   switch (c) {
     case HeadCombine::sum: return "sum";
     case HeadCombine::max: return "max";
     case HeadCombine::mean: return "mean";
+    case HeadCombine::rank_sum: return "rank sum";
+    case HeadCombine::rank_max: return "rank max";
+    case HeadCombine::mass_sum: return "mass sum";
+    case HeadCombine::quota: return "quota";
   }
   return "?";
 }
@@ -143,24 +161,33 @@ class BlockGranular {
   /// Combines the KV heads' token costs (rows aligned: shared decisions keep every head's
   /// rows in the same order) into one cost per row.
   /// A row one head will not evict now (+inf) stays +inf; else a row some head keeps last
-  /// (FLT_MAX) stays FLT_MAX; else the open costs combine (sum, max or mean).
+  /// (FLT_MAX) stays FLT_MAX; else the open costs combine (HeadCombine: raw, or each head's
+  /// open costs normalised first).
   void combine_costs(std::span<const std::vector<float>> heads, std::vector<float>& out) const {
     constexpr float kLast = std::numeric_limits<float>::max();
     const std::size_t n = heads.empty() ? 0 : heads[0].size();
+    const HeadCombine mode = config_.combine;
+    const bool normalised = mode != HeadCombine::sum && mode != HeadCombine::max && mode != HeadCombine::mean;
+    if (normalised) normalise_heads(heads, mode);
     out.assign(n, 0.0f);
     for (std::size_t r = 0; r < n; ++r) {
       float acc = 0.0f;
-      bool inf = false, last = false;
-      for (const auto& h : heads) {
-        const float c = h[r];
-        if (!(c < kLast)) {
+      bool inf = false, last = false, quota = false;
+      for (std::size_t h = 0; h < heads.size(); ++h) {
+        const float c = heads[h][r];
+        // Normalised modes rank a row the head keeps last (FLT_MAX) as its highest, so one
+        // head's reserve does not pin the row in every head's cells.
+        if (!(c < kLast) && !(normalised && c == kLast)) {
           inf |= !(c == kLast);
           last = true;
           continue;
         }
-        acc = config_.combine == HeadCombine::max ? std::max(acc, c) : acc + c;
+        const float x = normalised ? norm_[h][r] : c;
+        if (mode == HeadCombine::quota) quota |= x >= quota_cut_[h];
+        acc = mode == HeadCombine::max || mode == HeadCombine::rank_max ? std::max(acc, x) : acc + x;
       }
-      if (config_.combine == HeadCombine::mean) acc /= static_cast<float>(heads.size());
+      if (mode == HeadCombine::mean) acc /= static_cast<float>(heads.size());
+      if (quota) acc += static_cast<float>(heads.size());  // above every sum of ranks <= 1
       out[r] = inf ? std::numeric_limits<float>::infinity() : last ? kLast : std::min(acc, std::nextafter(kLast, 0.0f));
     }
   }
@@ -222,6 +249,48 @@ class BlockGranular {
   }
 
  private:
+  // norm_[h][r]: head h's open cost of row r normalised (rank in [0, 1], or share of the
+  // head's open total); quota_cut_[h]: the smallest normalised rank inside head h's quota.
+  void normalise_heads(std::span<const std::vector<float>> heads, HeadCombine mode) const {
+    constexpr float kLast = std::numeric_limits<float>::max();
+    norm_.resize(heads.size());
+    quota_cut_.assign(heads.size(), 2.0f);
+    for (std::size_t h = 0; h < heads.size(); ++h) {
+      const auto& c = heads[h];
+      auto& x = norm_[h];
+      x.assign(c.size(), 0.0f);
+      rank_order_.clear();
+      double total = 0.0;
+      for (std::size_t r = 0; r < c.size(); ++r)
+        if (c[r] <= kLast) {  // open, or kept last (ranked highest; mass: the head's top open cost)
+          rank_order_.push_back(static_cast<std::uint32_t>(r));
+          if (c[r] < kLast) total += c[r];
+        }
+      const std::size_t open = rank_order_.size();
+      if (open == 0) continue;
+      if (mode == HeadCombine::mass_sum) {
+        float top = 0.0f;
+        for (std::uint32_t r : rank_order_)
+          if (c[r] < kLast) top = std::max(top, c[r]);
+        for (std::uint32_t r : rank_order_)
+          x[r] = total > 0.0 ? static_cast<float>(std::min(c[r], top) / total) : 0.0f;
+        continue;
+      }
+      // Rank among the head's open rows (equal costs share the lower rank), scaled to [0, 1].
+      std::stable_sort(rank_order_.begin(), rank_order_.end(),
+                       [&](std::uint32_t a, std::uint32_t b) { return c[a] < c[b]; });
+      const float scale = open > 1 ? 1.0f / static_cast<float>(open - 1) : 0.0f;
+      std::size_t rank = 0;
+      for (std::size_t i = 0; i < open; ++i) {
+        if (i > 0 && c[rank_order_[i]] != c[rank_order_[i - 1]]) rank = i;
+        x[rank_order_[i]] = static_cast<float>(rank) * scale;
+      }
+      if (mode == HeadCombine::quota) {
+        const std::size_t q = (open + heads.size() - 1) / heads.size();  // the head's top q rows
+        quota_cut_[h] = x[rank_order_[open - q]];
+      }
+    }
+  }
   struct Acc {
     float agg = 0.0f;
     std::uint32_t present = 0;
@@ -233,6 +302,9 @@ class BlockGranular {
   std::vector<std::uint32_t> votes_, order_;
   std::vector<Acc> acc_;
   std::vector<std::uint8_t> chosen_;
+  mutable std::vector<std::vector<float>> norm_;  // combine_costs scratch (const: the core's hook)
+  mutable std::vector<float> quota_cut_;
+  mutable std::vector<std::uint32_t> rank_order_;
   std::uint64_t fallbacks_ = 0;
 };
 

@@ -29,6 +29,13 @@ enum class RopeLayout {
   halves,       ///< pairs (i, i + d/2), as Hugging Face transformers / GPT-NeoX
 };
 
+/// What a prefill block on a layer that already holds rows does (chunked prefill), for the
+/// policies with a prompt selection (SnapKV and its per-layer forms; HashEvict).
+enum class ChunkedPrefill {
+  reselect,     ///< select again from the held rows plus the block (SnapKV's default)
+  first_chunk,  ///< only a layer's first block is selected; later ones take the decode rule
+};
+
 }  // namespace kvevict::policies
 
 namespace kvevict::policies::detail {
@@ -272,15 +279,28 @@ void evict_lowest_protected(const HeadView<Scalar>& view, const Scores& score, s
       policy);
 }
 
+/// The end of the open arrival range [sinks, open_below) under Protection's rule: the rows
+/// that arrived before the recent band of `recent` rows (0 when the band covers them all).
+template <class Scalar>
+std::uint64_t open_below(const HeadView<Scalar>& view, std::size_t recent) {
+  return view.incoming_seq >= recent ? view.incoming_seq - recent : 0;
+}
+
 /// Sets `bits` (protect_outside's layout, set = never evicted) for the rows of `view`
 /// outside [sinks, incoming - recent): the sinks and the recent band (Protection's rule).
 template <class Scalar>
 const std::uint64_t* protection_bits(const HeadView<Scalar>& view, std::size_t sinks,
                                      std::size_t recent, std::vector<std::uint64_t>& bits) {
-  const std::uint64_t hi = view.incoming_seq >= recent ? view.incoming_seq - recent : 0;
   bits.resize((view.size + 63) / 64);
-  kernels::protect_outside(view.seqs, view.size, sinks, hi, bits.data());
+  kernels::protect_outside(view.seqs, view.size, sinks, open_below(view, recent), bits.data());
   return bits.data();
+}
+
+/// One victim from a kernels::lowest_open / decay_lowest_open result (npos: no open row).
+inline std::uint32_t open_victim(std::size_t best, const char* policy) {
+  if (best == kernels::npos)
+    throw std::logic_error(std::string("kvevict: ") + policy + ": no evictable row");
+  return static_cast<std::uint32_t>(best);
 }
 
 /// evict_lowest over float scores with the protected rows given as bits (protect_outside's

@@ -257,6 +257,15 @@ class ExpectedAttention {
       count = next = 0;
     }
     void add(const float* q, std::size_t d) {
+      if (window == 1 && outer.empty()) {
+        // One query in the window (the registry's probfree): taking the old query out
+        // leaves exactly +0.0 in every sum (x + (-x)), so the sum is 0.0 + q, the values of
+        // the general path below, in one write and without the ring.
+        double* s = sum.data();
+        for (std::size_t i = 0; i < d; ++i) s[i] = 0.0 + static_cast<double>(q[i]);
+        count = 1;
+        return;
+      }
       float* slot = ring.data() + next * d;
       if (count == window) accumulate(slot, d, -1.0);
       std::copy(q, q + d, slot);
@@ -414,6 +423,8 @@ class ExpectedAttention {
       for (std::size_t r = 0; r < n; ++r) kept[r] = static_cast<float>(score_[r]);
     }
     const float* rank = kept.data();
+    const std::size_t recent = recent_for(v.capacity);
+    const std::uint64_t lo = config_.sinks, hi = detail::open_below(v, recent);
     if (config_.horizon > 0.0f) {
       auto& acc = accf_.of(v.layer, v.kv_head);
       const float decay =
@@ -422,8 +433,15 @@ class ExpectedAttention {
               : static_cast<float>(std::clamp(1.0 - static_cast<double>(config_.horizon) /
                                                          static_cast<double>(v.capacity),
                                               0.0, 1.0));
-      // acc = decay x acc + kept, a multiply then an add as kernels::decay_spike computes
-      // it (the same values), without its spike band: no read of the seqs, no spike write.
+      // acc = decay x acc + kept (a multiply then an add, the values of kernels::decay_spike
+      // without its spike band) and, for one victim, the lowest (acc, seq) among the open
+      // rows in the same pass (kernels::decay_lowest_open: the row that the decay loop,
+      // protection bits, masked argmin and tie scan below would find).
+      if (v.need == 1) {
+        out.push_back(detail::open_victim(
+            kernels::decay_lowest_open(acc.data(), kept.data(), v.seqs, n, decay, lo, hi), name()));
+        return;
+      }
       float* a = acc.data();
       const float* k = kept.data();
       for (std::size_t r = 0; r < n; ++r) {
@@ -431,10 +449,12 @@ class ExpectedAttention {
         a[r] = prod + k[r];
       }
       rank = acc.data();
+    } else if (v.need == 1) {
+      out.push_back(detail::open_victim(kernels::lowest_open(rank, v.seqs, n, lo, hi), name()));
+      return;
     }
     detail::evict_lowest_masked(
-        v, rank, detail::protection_bits(v, config_.sinks, recent_for(v.capacity), bits_), out,
-        name());
+        v, rank, detail::protection_bits(v, config_.sinks, recent, bits_), out, name());
   }
 
   // Keeps query head g's moved statistics (mean_, cov_) and log-normaliser for arrivals.

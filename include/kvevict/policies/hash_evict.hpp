@@ -58,6 +58,14 @@ class HashEvictSimHash {
     /// Query mode only. Mean measured better on the synthetic stream (docs/policies/hashevict.md).
     QueryCombine combine = QueryCombine::mean;
     PrefillRule prefill = PrefillRule::keep_ends;
+    /// A prefill chunk on a layer that already holds rows (chunked prefill). first_chunk
+    /// (the default): the chunk goes token by token through the decode rule. reselect: the
+    /// prefill rule runs again over the held rows (oldest first, their stored codes) plus
+    /// the chunk, and the held rows it drops leave before any chunk row is written, so a head
+    /// never holds more than its capacity. keep_ends then keeps exactly what keep_ends keeps
+    /// of the whole prompt, for any chunking; decode continues the decode rule's simulation
+    /// from the held rows. Not with reference_slots.
+    ChunkedPrefill chunked = ChunkedPrefill::first_chunk;
     /// Pin the Hamming/selection kernels to one ISA level (tests, benchmarks); default: the
     /// process-wide active_isa().
     std::optional<kernels::Isa> isa;
@@ -90,6 +98,9 @@ class HashEvictSimHash {
                              " x ", c.bits, " = ", static_cast<long long>(c.ensemble) * c.bits,
                              ", expected <= 256");
     (void)min_capacity();  // sinks + recent + 1 must fit: a kvevict::Error now, not at bind
+    kvevict::detail::require(!(c.reference_slots && c.chunked == ChunkedPrefill::reselect), name(),
+                             ": chunked = reselect with reference_slots, expected one of them "
+                             "(the reference's slot order has no prompt reselection)");
     if (c.isa)
       kvevict::detail::require(
           kernels::isa_supported(*c.isa), name(), ": isa = ", kernels::isa_name(*c.isa),
@@ -176,12 +187,19 @@ class HashEvictSimHash {
       if (g.row == from) g.row = static_cast<std::uint32_t>(to);
   }
 
-  /// Prefill of an empty layer. keep_ends: first `sinks` and last C - sinks tokens (the
-  /// reference's StreamingLLM-style prompt compression). decode: the set the decode rule
-  /// leaves after feeding the tokens one at a time (the container then stores them in token
-  /// order, so later ties may break differently than a token-by-token feed would).
+  /// Chunked prefill (detail::HasPrefillReselect): whether a chunk on a layer that holds
+  /// rows is selected again (Config::chunked).
+  [[nodiscard]] bool reselects_prefill() const { return cfg_.chunked == ChunkedPrefill::reselect; }
+
+  /// Prefill selection over the view's tokens: on an empty layer the prompt block; with
+  /// chunked reselection the held rows (oldest first) then the chunk. keep_ends: the first
+  /// `sinks` and the last C - sinks tokens (the reference's StreamingLLM-style prompt
+  /// compression). decode: the set the decode rule leaves after feeding the tokens one at a
+  /// time, starting from the held rows and their stored codes (the container then stores
+  /// the chunk's kept rows in token order, so later ties may break differently than a
+  /// token-by-token feed would).
   KVEVICT_LAZY void prefill_keep(const PrefillView& pv, std::vector<std::uint32_t>& keep) {
-    const std::size_t T = pv.tokens, C = pv.capacity;
+    const std::size_t T = pv.tokens, C = pv.capacity, H = pv.held;
     if (T <= C) {
       for (std::size_t t = 0; t < T; ++t) keep.push_back(static_cast<std::uint32_t>(t));
       return;
@@ -196,8 +214,15 @@ class HashEvictSimHash {
     HeadState sim;
     std::vector<std::uint32_t> tokens, victim;
     const std::size_t w = code_bytes();
-    for (std::size_t t = 0; t < T; ++t) {
-      const std::uint64_t seq = pv.first_seq + t;
+    const HeadState& hs = head(pv.layer, pv.kv_head);
+    for (std::size_t j = 0; j < H; ++j) {  // the held rows, oldest first, with their codes
+      tokens.push_back(static_cast<std::uint32_t>(j));
+      sim.codes.resize((j + 1) * w);
+      std::memcpy(sim.codes.data() + j * w, hs.codes.data() + std::size_t{pv.held_rows[j]} * w, w);
+      sim.add(pv.seq(j), static_cast<std::uint32_t>(j), prot());
+    }
+    for (std::size_t t = H; t < T; ++t) {
+      const std::uint64_t seq = pv.seq(t);
       if (tokens.size() >= C) {
         sim.prune(seq, prot());
         int ncodes = 1;
@@ -231,6 +256,18 @@ class HashEvictSimHash {
       sim.add(seq, static_cast<std::uint32_t>(row), prot());
     }
     keep.insert(keep.end(), tokens.begin(), tokens.end());
+  }
+
+  /// After a chunk's selection dropped held rows (their codes followed the moved rows
+  /// through on_move): the codes beyond the live rows go, and the protected-row list is
+  /// rebuilt from the survivors (a dropped row's entry would otherwise linger).
+  template <class S>
+  void on_prefill_selected(const HeadView<S>& v) {
+    HeadState& hs = head(v.layer, v.kv_head);
+    hs.codes.resize(v.size * code_bytes());
+    hs.guarded.clear();
+    for (std::size_t r = 0; r < v.size; ++r)
+      if (prot().is_protected(v.seqs[r], v.incoming_seq)) hs.guarded.push_back({v.seqs[r], static_cast<std::uint32_t>(r)});
   }
 
   /// reference_slots: the reference slot of each live row of (layer, kv_head), in row order.
@@ -367,13 +404,17 @@ class HashEvictSimHash {
   }
   [[nodiscard]] detail::Protection prot() const { return {cfg_.sinks, cfg_.recent}; }
   [[nodiscard]] std::vector<detail::Field> saved_config() const {
-    return {{"bits", static_cast<std::uint64_t>(cfg_.bits)},
+    std::vector<detail::Field> f{{"bits", static_cast<std::uint64_t>(cfg_.bits)},
             {"ensemble", static_cast<std::uint64_t>(cfg_.ensemble)},
             {"sinks", cfg_.sinks},
             {"recent", cfg_.recent},
             {"seed", cfg_.seed},
             {"combine", static_cast<std::uint64_t>(cfg_.combine)},
             {"prefill", static_cast<std::uint64_t>(cfg_.prefill)}};
+    // The chunked rule only when not the default, so saves made before it existed load.
+    if (cfg_.chunked != ChunkedPrefill::first_chunk)
+      f.push_back({"chunked", static_cast<std::uint64_t>(cfg_.chunked)});
+    return f;
   }
   std::size_t index(int layer, int kv_head) const {
     return static_cast<std::size_t>(layer) * static_cast<std::size_t>(n_kv_heads_) +

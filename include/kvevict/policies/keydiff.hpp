@@ -77,9 +77,17 @@ class KeyDiff {
                   frozen_anchor_.begin() + static_cast<std::ptrdiff_t>(h * d_));
         frozen_[h] = 1;
       }
-      detail::evict_lowest_masked(
-          v, kept.data(),
-          detail::protection_bits(v, config_.sinks, recent_for(v.capacity), bits_), out, name());
+      const std::size_t recent = recent_for(v.capacity);
+      if (v.need == 1) {  // one pass (kernels::lowest_open): the row evict_lowest_masked finds
+        out.push_back(detail::open_victim(
+            kernels::lowest_open(kept.data(), v.seqs, v.size, config_.sinks,
+                                 detail::open_below(v, recent)),
+            name()));
+        return;
+      }
+      detail::evict_lowest_masked(v, kept.data(),
+                                  detail::protection_bits(v, config_.sinks, recent, bits_), out,
+                                  name());
       return;
     }
     score_rows(v);

@@ -30,12 +30,6 @@
 
 namespace kvevict::policies {
 
-/// What a prefill block on a layer that already holds rows does (chunked prefill).
-enum class ChunkedPrefill {
-  reselect,     ///< select again from the held rows plus the block (the default)
-  first_chunk,  ///< only a layer's first block is selected; later ones take the decode rule
-};
-
 class SnapKV {
  public:
   struct Config {
@@ -67,6 +61,7 @@ class SnapKV {
     live_window_.assign(shape.capacity.size(), {});
     staged_window_.assign(shape.capacity.size(), {});
     n_kv_heads_ = shape.geometry.n_kv_heads;
+    limit_.assign(static_cast<std::size_t>(shape.geometry.n_layers), Budget::kUnbounded);
     window_floats_ = static_cast<std::size_t>(shape.geometry.group()) * static_cast<std::size_t>(shape.geometry.head_dim);
   }
 
@@ -82,7 +77,8 @@ class SnapKV {
     auto& p = pending_[idx];
     p = Pending{};
     stage_window(v, idx);
-    const std::size_t budget = v.capacity - config_.decode_reserve;
+    const std::size_t budget = std::min(v.capacity - config_.decode_reserve,
+                                        limit_.empty() ? v.capacity : limit_[static_cast<std::size_t>(v.layer)]);
     keep.clear();
     if (v.tokens <= budget) {
       keep.resize(v.tokens);
@@ -91,17 +87,7 @@ class SnapKV {
       p.scores.assign(v.tokens, kUnscored);
     } else {
       std::vector<float> pooled;
-      if (v.held == 0) {
-        observation_scores(v, observation(), pooled);
-      } else {
-        kvevict::detail::require(v.queries != nullptr,
-                                 "SnapKV: a prefill chunk has no queries, expected T x n_heads x "
-                                 "head_dim (the observation window needs them)");
-        const auto& w = staged_window_[idx];
-        std::vector<float> raw;
-        detail::held_window_importance(v, config_.window, w.q.data(), w.rows, raw);
-        detail::pool1d_by_seq(raw, v, config_.kernel, config_.pooling, pooled);
-      }
+      pool_scores(v, staged_window_[idx], pooled);
       keep = top_n_indices(pooled, budget - config_.window);
       for (std::uint32_t t : keep) p.scores.push_back(pooled[t]);
       for (std::size_t t = v.tokens - config_.window; t < v.tokens; ++t) {
@@ -113,6 +99,30 @@ class SnapKV {
     for (std::uint32_t t : keep) p.seqs.push_back(v.seq(t));
     p.held = static_cast<std::size_t>(
         std::lower_bound(keep.begin(), keep.end(), static_cast<std::uint32_t>(v.held)) - keep.begin());
+  }
+
+  /// The pooled importance prefill_keep ranks the view's first tokens - W tokens by (the
+  /// held rows, then the chunk's prefix), computed whatever the capacity; nothing changes.
+  /// Empty when the view has no more than W tokens. XKV's per-layer statistics under
+  /// chunked prefill (ChunkedXkvPrefill) are these, before the selection runs.
+  KVEVICT_LAZY void prefill_scores(const PrefillView& v, std::vector<float>& pooled) const {
+    pooled.clear();
+    if (v.tokens <= config_.window) return;
+    WindowQueries w;
+    build_window(v, index(v.layer, v.kv_head), w);
+    pool_scores(v, w, pooled);
+  }
+
+  /// Caps the rows a prompt selection on `layer` keeps below its capacity (window
+  /// included), until set back with rows = Budget::kUnbounded: ChunkedXkvPrefill selects a
+  /// layer whose budget is about to shrink under its current capacity with its new size.
+  void set_selection_limit(int layer, std::size_t rows) {
+    kvevict::detail::require(layer >= 0 && static_cast<std::size_t>(layer) < limit_.size(),
+                             "SnapKV::set_selection_limit: layer = ", layer, ", expected 0 <= layer < ",
+                             limit_.size());
+    kvevict::detail::require(rows > config_.window, "SnapKV::set_selection_limit: rows = ", rows,
+                             ", expected more than the window ", config_.window);
+    limit_[static_cast<std::size_t>(layer)] = rows;
   }
 
   /// After a selection's dropped held rows left: the held rows kept get this selection's
@@ -252,8 +262,8 @@ class SnapKV {
   /// staged_window_[idx] = the last min(W, ...) queries of what has arrived at this
   /// block's end: the live stash's tail when it ends right before the block and its tokens
   /// are the last held rows, then the block's own. Becomes live in on_prefill_selected.
-  void stage_window(const PrefillView& v, std::size_t idx) {
-    auto& st = staged_window_[idx];
+  void stage_window(const PrefillView& v, std::size_t idx) { build_window(v, idx, staged_window_[idx]); }
+  void build_window(const PrefillView& v, std::size_t idx, WindowQueries& st) const {
     const std::size_t chunk = v.tokens - v.held;
     st.q.clear();
     st.rows = 0;
@@ -277,6 +287,18 @@ class SnapKV {
       }
     st.rows = prev + own;
   }
+  KVEVICT_LAZY void pool_scores(const PrefillView& v, const WindowQueries& w, std::vector<float>& pooled) const {
+    if (v.held == 0) {
+      observation_scores(v, observation(), pooled);
+      return;
+    }
+    kvevict::detail::require(v.queries != nullptr,
+                             "SnapKV: a prefill chunk has no queries, expected T x n_heads x "
+                             "head_dim (the observation window needs them)");
+    std::vector<float> raw;
+    detail::held_window_importance(v, config_.window, w.q.data(), w.rows, raw);
+    detail::pool1d_by_seq(raw, v, config_.kernel, config_.pooling, pooled);
+  }
   std::size_t index(int layer, int kv_head) const {
     return static_cast<std::size_t>(layer) * static_cast<std::size_t>(n_kv_heads_) +
            static_cast<std::size_t>(kv_head);
@@ -287,6 +309,7 @@ class SnapKV {
   std::vector<Pending> pending_;
   std::vector<WindowQueries> live_window_, staged_window_;
   int n_kv_heads_ = 1;
+  std::vector<std::size_t> limit_;  ///< per layer: set_selection_limit (kUnbounded: none)
   std::size_t window_floats_ = 1;  ///< group x head_dim: one window row's queries
 };
 

@@ -674,6 +674,47 @@ class Calibrator {
 
 // --- prefill paths -------------------------------------------------------------------
 
+namespace detail {
+/// One layer's prompt block held back until its selection runs (DeferredXkvPrefill: the
+/// whole prompt; ChunkedXkvPrefill: one chunk): its K/V and only the last W queries, which
+/// are all SnapKV's selection reads.
+struct StagedBlock {
+  std::int64_t first_position = 0;
+  std::size_t tokens = 0;
+  std::vector<float> keys, values, window_queries;
+
+  void stage(std::int64_t first, std::size_t n, std::span<const float> k, std::span<const float> v,
+             std::span<const float> q, std::size_t window, std::size_t hq) {
+    first_position = first;
+    tokens = n;
+    keys.assign(k.begin(), k.end());
+    values.assign(v.begin(), v.end());
+    const std::size_t w = std::min(n, window);
+    window_queries.assign(q.end() - static_cast<std::ptrdiff_t>(w * hq), q.end());
+  }
+  [[nodiscard]] std::size_t bytes() const {
+    return (keys.capacity() + values.capacity() + window_queries.capacity()) * sizeof(float);
+  }
+  /// The tokens x n_heads x d query block the container's prefill takes: zeros, then the
+  /// window's queries.
+  void query_block(std::vector<float>& out, std::size_t hq) const {
+    out.assign(tokens * hq, 0.0f);
+    std::copy(window_queries.begin(), window_queries.end(),
+              out.end() - static_cast<std::ptrdiff_t>(window_queries.size()));
+  }
+  template <class Cache>
+  void prefill_into(Cache& cache, int layer, std::vector<float>& scratch, std::size_t hq) const {
+    query_block(scratch, hq);
+    cache.prefill(layer, first_position, tokens, keys, values, scratch);
+  }
+};
+inline std::size_t staged_bytes(const std::vector<StagedBlock>& staged) {
+  std::size_t b = 0;
+  for (const auto& s : staged) b += s.bytes();
+  return b;
+}
+}  // namespace detail
+
 /// Deferred prefill: every layer's prompt K/V is kept (copied here) until all layers'
 /// statistics are in, then one allocation runs and each layer is compressed. Peak
 /// memory is the whole uncompressed prefill: the price of a per-prompt allocation.
@@ -695,16 +736,10 @@ class DeferredXkvPrefill {
     allocator_.observe_layer(layer, tokens, keys, queries);
     kvevict::detail::require(values.size() == keys.size(), "DeferredXkvPrefill: values has ",
                              values.size(), " floats, expected ", keys.size(), " like keys");
-    auto& s = staged_[static_cast<std::size_t>(layer)];
-    s.first_position = first_position;
-    s.tokens = tokens;
-    s.keys.assign(keys.begin(), keys.end());
-    s.values.assign(values.begin(), values.end());
-    // Only the window's queries are read by the selection: stage those alone.
-    const std::size_t w = std::min(tokens, allocator_.config().window);
-    const std::size_t hq = static_cast<std::size_t>(g.n_heads * g.head_dim);
-    s.window_queries.assign(queries.end() - static_cast<std::ptrdiff_t>(w * hq), queries.end());
-    peak_ = std::max(peak_, staged_bytes());
+    staged_[static_cast<std::size_t>(layer)].stage(first_position, tokens, keys, values, queries,
+                                                   allocator_.config().window,
+                                                   static_cast<std::size_t>(g.n_heads * g.head_dim));
+    peak_ = std::max(peak_, detail::staged_bytes(staged_));
   }
 
   /// Budget mode: allocate `total` tokens over the layers, compress, release staging.
@@ -720,17 +755,6 @@ class DeferredXkvPrefill {
   [[nodiscard]] std::size_t peak_bytes() const { return peak_; }
 
  private:
-  struct Staged {
-    std::int64_t first_position = 0;
-    std::size_t tokens = 0;
-    std::vector<float> keys, values, window_queries;
-  };
-  std::size_t staged_bytes() const {
-    std::size_t b = 0;
-    for (const auto& s : staged_)
-      b += (s.keys.capacity() + s.values.capacity() + s.window_queries.capacity()) * sizeof(float);
-    return b;
-  }
 
   Cache build(Allocation a) {
     kvevict::detail::require(allocator_.ready(), "DeferredXkvPrefill: not every layer was added");
@@ -742,21 +766,17 @@ class DeferredXkvPrefill {
     std::vector<float> queries;
     for (int l = 0; l < g.n_layers; ++l) {
       auto& s = staged_[static_cast<std::size_t>(l)];
-      // The container takes a full query block; SnapKV reads only the window rows.
-      queries.assign(s.tokens * hq, 0.0f);
-      std::copy(s.window_queries.begin(), s.window_queries.end(),
-                queries.end() - static_cast<std::ptrdiff_t>(s.window_queries.size()));
-      cache.prefill(l, s.first_position, s.tokens, s.keys, s.values, queries);
-      peak_ = std::max(
-          peak_, staged_bytes() + cache.allocated_bytes() + queries.capacity() * sizeof(float));
-      s = Staged{};  // this layer's uncompressed rows are released
+      s.prefill_into(cache, l, queries, hq);
+      peak_ = std::max(peak_, detail::staged_bytes(staged_) + cache.allocated_bytes() +
+                                  queries.capacity() * sizeof(float));
+      s = detail::StagedBlock{};  // this layer's uncompressed rows are released
     }
     return cache;
   }
 
   XkvLayerAllocator allocator_;
   std::size_t reserve_;
-  std::vector<Staged> staged_;
+  std::vector<detail::StagedBlock> staged_;
   Allocation allocation_;
   std::size_t peak_ = 0;
 };
@@ -792,6 +812,144 @@ class CalibratedXkvPrefill {
   }
   Cache cache_;
   std::size_t peak_ = 0;
+};
+
+/// Chunked prefill with XKV budgets from the chunks (issue 14): the prompt arrives in
+/// chunks, each passing every layer in order (an engine's forward pass), and neither the
+/// whole prompt nor a calibration profile is at hand. A fixed total of `total` selected
+/// tokens per KV head (observation windows excluded) is shared by the layers of `cache` (a
+/// KVCache<SnapKV> or another layout over SnapKV with set_budget, empty, with XKV's window
+/// and no decode reserve). For each chunk:
+///  1. add_layer(l, ...) for l = 0 .. L-1: layer l's statistics come from what its
+///     reselection would rank (SnapKV::prefill_scores over the rows the layer holds plus
+///     the chunk: XKV's pooled window importance, restricted to those candidates), and the
+///     chunk's K/V and last W queries are staged (the engine may free its copy);
+///  2. after the last layer: XkvLayerAllocator::allocate(total) over those statistics gives
+///     each layer n_l; a layer that holds more than n_l + W rows first selects n_l + W rows
+///     under its current capacity (SnapKV::set_selection_limit), then every layer gets
+///     capacity n_l + W (nothing is above it) and the other layers select.
+/// The capacities always sum to at most total + L x W per KV head (before the first chunk
+/// the split is uniform; nothing is held then), so the cache never holds more than that,
+/// and the staging holds one chunk: memory <= budget + one chunk (peak_rows(),
+/// staged_peak_bytes()). With one
+/// chunk of the whole prompt nothing is held: every layer gets its capacity first and
+/// selects once, which is DeferredXkvPrefill's whole-prompt XKV exactly.
+template <class Cache>
+class ChunkedXkvPrefill {
+ public:
+  ChunkedXkvPrefill(Cache& cache, long long total, XkvLayerAllocator::Config c = {})
+      : cache_(cache), allocator_(cache.geometry(), c), total_(total),
+        staged_(static_cast<std::size_t>(cache.geometry().n_layers)) {
+    const Geometry& g = cache.geometry();
+    const SnapKV::Config& sc = cache.policy().config();
+    kvevict::detail::require(sc.window == c.window && sc.kernel == c.kernel && sc.pooling == c.pooling &&
+                                 sc.decode_reserve == 0 && sc.chunked == ChunkedPrefill::reselect,
+                             "ChunkedXkvPrefill: the cache's SnapKV has window ", sc.window, ", kernel ",
+                             sc.kernel, ", decode_reserve ", sc.decode_reserve,
+                             "; expected the allocator's window ", c.window, " and kernel ", c.kernel,
+                             ", no decode reserve, chunked = reselect");
+    for (int l = 0; l < g.n_layers; ++l)
+      kvevict::detail::require(cache.tokens_seen(l) == 0, "ChunkedXkvPrefill: layer ", l, " holds ",
+                               cache.tokens_seen(l), " tokens, expected an empty cache");
+    tokens_ = uniform_budgets(g.n_layers, total);  // the first chunk's split: no statistics yet
+    cache_.set_budget(selection_budget(tokens_, c.window));
+  }
+
+  /// Layer `layer` of the current chunk (layers in order 0 .. L-1, every layer the same
+  /// positions): keys/values tokens x n_kv_heads x d, queries tokens x n_heads x d.
+  void add_layer(int layer, std::int64_t first_position, std::size_t tokens,
+                 std::span<const float> keys, std::span<const float> values,
+                 std::span<const float> queries) {
+    const Geometry& g = cache_.geometry();
+    kvevict::detail::require(layer == next_layer_, "ChunkedXkvPrefill::add_layer: layer ", layer,
+                             ", expected ", next_layer_, " (each chunk passes the layers in order)");
+    kvevict::detail::require(layer == 0 || (first_position == staged_[0].first_position && tokens == staged_[0].tokens),
+                             "ChunkedXkvPrefill::add_layer: layer ", layer, " gets ", tokens,
+                             " tokens at position ", first_position, ", expected layer 0's ",
+                             staged_[0].tokens, " at ", staged_[0].first_position);
+    kvevict::detail::require(values.size() == keys.size(), "ChunkedXkvPrefill: values has ",
+                             values.size(), " floats, expected ", keys.size(), " like keys");
+    std::vector<std::vector<float>> pooled(static_cast<std::size_t>(g.n_kv_heads));
+    cache_.prefill_views(layer, first_position, tokens, keys, queries, [&](const PrefillView& v) {
+      cache_.policy().prefill_scores(v, pooled[static_cast<std::size_t>(v.kv_head)]);
+    });
+    staged_[static_cast<std::size_t>(layer)].stage(first_position, tokens, keys, values, queries,
+                                                   allocator_.config().window, hq());
+    allocator_.set_layer_scores(layer, pooled);
+    staged_peak_ = std::max(staged_peak_, detail::staged_bytes(staged_));
+    if (++next_layer_ == g.n_layers) apply();
+  }
+
+  [[nodiscard]] Cache& cache() { return cache_; }
+  [[nodiscard]] const XkvLayerAllocator& allocator() const { return allocator_; }
+  /// Selected tokens per layer (per KV head, windows excluded) after the last chunk.
+  [[nodiscard]] const std::vector<long long>& tokens() const { return tokens_; }
+  /// The most rows the cache held, summed over every layer and KV head, at any point
+  /// between two calls of the cache (each call keeps every head within its capacity).
+  [[nodiscard]] std::size_t peak_rows() const { return peak_rows_; }
+  /// The largest sum of the cache's capacities at any point: total + L x W per KV head.
+  [[nodiscard]] std::size_t peak_capacity() const { return peak_capacity_; }
+  /// The most bytes staged at once (one chunk's K/V for every layer, their last W queries;
+  /// besides, one layer's tokens x n_heads x d query block while it is applied).
+  [[nodiscard]] std::size_t staged_peak_bytes() const { return staged_peak_; }
+
+ private:
+  std::size_t hq() const { return static_cast<std::size_t>(cache_.geometry().n_heads * cache_.geometry().head_dim); }
+  void measure() {
+    const Geometry& g = cache_.geometry();
+    std::size_t rows = 0, caps = 0;
+    for (int l = 0; l < g.n_layers; ++l)
+      for (int h = 0; h < g.n_kv_heads; ++h) {
+        rows += cache_.size(l, h);
+        caps += cache_.capacity(l, h);
+      }
+    peak_rows_ = std::max(peak_rows_, rows);
+    peak_capacity_ = std::max(peak_capacity_, caps);
+  }
+  void prefill(int l) {
+    auto& s = staged_[static_cast<std::size_t>(l)];
+    s.prefill_into(cache_, l, query_block_, hq());  // one layer's query block at a time
+    s = detail::StagedBlock{};  // this layer's chunk is in (or dropped): its staging is released
+    measure();
+  }
+  void apply() {
+    next_layer_ = 0;
+    const Geometry& g = cache_.geometry();
+    const std::size_t W = allocator_.config().window;
+    const auto fresh = allocator_.allocate(total_).tokens;
+    // Layers holding more than their new capacity select first under their current one.
+    std::vector<char> first(static_cast<std::size_t>(g.n_layers), 0);
+    for (int l = 0; l < g.n_layers; ++l) {
+      const auto cap = static_cast<std::size_t>(fresh[static_cast<std::size_t>(l)]) + W;
+      for (int h = 0; h < g.n_kv_heads; ++h) first[static_cast<std::size_t>(l)] |= cache_.size(l, h) > cap;
+    }
+    measure();
+    for (int l = 0; l < g.n_layers; ++l)
+      if (first[static_cast<std::size_t>(l)]) {  // keeps n_l + W rows under its current capacity
+        cache_.policy().set_selection_limit(l, static_cast<std::size_t>(fresh[static_cast<std::size_t>(l)]) + W);
+        try {
+          prefill(l);
+        } catch (...) {
+          cache_.policy().set_selection_limit(l, Budget::kUnbounded);
+          throw;
+        }
+        cache_.policy().set_selection_limit(l, Budget::kUnbounded);
+      }
+    tokens_ = fresh;
+    cache_.set_budget(selection_budget(tokens_, W));  // no row above a new capacity: no eviction
+    measure();
+    for (int l = 0; l < g.n_layers; ++l)
+      if (!first[static_cast<std::size_t>(l)]) prefill(l);
+  }
+
+  Cache& cache_;
+  XkvLayerAllocator allocator_;
+  long long total_;
+  std::vector<long long> tokens_;
+  std::vector<detail::StagedBlock> staged_;
+  std::vector<float> query_block_;
+  int next_layer_ = 0;
+  std::size_t peak_rows_ = 0, peak_capacity_ = 0, staged_peak_ = 0;
 };
 
 }  // namespace kvevict::policies
