@@ -20,6 +20,7 @@ for b in data["benchmarks"]:
     hkv = int(name[2].split(":")[1])
     med[(fmt, n, hkv)] = b["cpu_time"]
 fmts = ["f32", "f16", "q8", "q4", "e4m3"]
+qint_fmts = ["q8_qint", "q4_qint"]  # attend with QuantQK::integer_query (when the run has them)
 print(f"- CPU: {ctx.get('cpu_model', '?')}; kvevict attention ISA: "
       f"{ctx.get('kvevict_attention_isa', '?')}; run {ctx.get('date', '?')}; "
       f"medians of {data['benchmarks'][0].get('repetitions', '?')} repetitions, CPU time (µs).")
@@ -36,6 +37,21 @@ for hkv in sorted({k[2] for k in med}):
         cells = " | ".join("-" if x is None else f"{x:.1f}" for x in row)
         ratio = lambda f: "-" if t[f] is None else f"{t['f16'] / t[f]:.2f}"
         print(f"| {hkv} | {nn} | {cells} | {ratio('q8')} | {ratio('q4')} | {ratio('e4m3')} |")
+
+# kvevict::attend with AttendOptions::quant_qk = integer_query, same run.
+if any(k[0] in qint_fmts for k in med):
+    print()
+    print("| Hkv | n | f16 | q8 exact | q8 int-query | q4 exact | q4 int-query | f16 / q8 exact | "
+          "f16 / q8 int-query | f16 / q4 exact | f16 / q4 int-query |")
+    print("|---:|---:|" + "---:|" * 9)
+    for hkv in sorted({k[2] for k in med}):
+        for n in sorted({k[1] for k in med if k[2] == hkv}):
+            t = {f: med.get((f, n, hkv)) for f in ["f16", "q8", "q8_qint", "q4", "q4_qint"]}
+            if None in t.values():
+                continue
+            r = [t["f16"] / t[f] for f in ["q8", "q8_qint", "q4", "q4_qint"]]
+            print(f"| {hkv} | {n // 1024}K | {t['f16']:.1f} | {t['q8']:.1f} | {t['q8_qint']:.1f} | "
+                  f"{t['q4']:.1f} | {t['q4_qint']:.1f} | " + " | ".join(f"{x:.2f}" for x in r) + " |")
 
 # Issue 15's integer q.K (bench_decode qstep_* / pass_* rows, when the run has them).
 q = {}

@@ -708,6 +708,10 @@ void check_qint_reference(std::size_t d, std::size_t G, std::size_t n, std::uint
     REQUIRE(kk::quant_attention_probs_qint_at<kk::Isa::avx2, D>(q.data(), d, G, kb.data(), rb, n, d, scale, p.data()));
     for (std::size_t i = 0; i < G * n; ++i) REQUIRE(std::abs(p[i] - pr[i]) <= 1e-5 * (1 + pr[i]));
   }
+  if (kk::attention_isa() == kk::Isa::avx512) {  // VNNI when the CPU has it
+    REQUIRE(kk::quant_attention_probs_qint_at<kk::Isa::avx512, D>(q.data(), d, G, kb.data(), rb, n, d, scale, p.data()));
+    for (std::size_t i = 0; i < G * n; ++i) REQUIRE(std::abs(p[i] - pr[i]) <= 1e-5 * (1 + pr[i]));
+  }
 }
 
 // Shapes outside the integer path run the exact kernel: the same probabilities bit for bit.
@@ -742,13 +746,15 @@ TEST_CASE("integer q.K: exact inputs give the exact kernel's probabilities bit f
 }
 
 TEST_CASE("integer q.K matches a double transcription of its arithmetic", "[quantized]") {
-  for (std::size_t G : {std::size_t(1), std::size_t(3), std::size_t(4)})
+  INFO("attention ISA " << kk::isa_name(kk::attention_isa()) << ", VNNI " << kk::has_avx512_vnni());
+  for (std::size_t G : {std::size_t(1), std::size_t(3), std::size_t(4), std::size_t(9)})
     for (std::size_t n : {std::size_t(1), std::size_t(9), std::size_t(200)}) {
       INFO("G " << G << " n " << n);
       check_qint_reference<Q8<32>>(128, G, n, 11 + G + n);
       check_qint_reference<Q4<32>>(96, G, n, 12 + G + n);
       check_qint_reference<Q8<64>>(64, G, n, 13 + G + n);
       check_qint_reference<Q4<64>>(128, G, n, 14 + G + n);
+      check_qint_reference<Q8<96>>(192, G, n, 15 + G + n);
     }
 }
 
@@ -771,6 +777,77 @@ TEST_CASE("integer q.K: other formats and shapes run the exact kernel; bad queri
     REQUIRE_FALSE(kk::quant_attention_probs_qint<D>(q.data(), 64, 1, kb.data(), D::row_bytes(64), 4, 64, 0.1f, p.data()));
   }
 }
+namespace {
+// attend's integer q.K (AttendOptions::quant_qk) on a K/V-quantized cache: the kernel's
+// probabilities and p.V bit for bit, and the output within a stated distance of the exact path.
+template <class S>
+void check_attend_qint(float tol) {
+  const Geometry g{1, 8, 2, 128};
+  KVCache<pol::FullCache, S> c(g, Budget::unbounded());
+  kvtest::Rng rng(77);
+  for (std::int64_t t = 0; t < 300; ++t) c.append(0, t, rng.normals(256, 1.5f), rng.normals(256));
+  const auto q = rng.normals(8 * 128);
+  kvevict::AttendOptions qint{false};
+  qint.quant_qk = kvevict::QuantQK::integer_query;
+  const auto a = kvevict::attend(c, 0, q, qint), e = kvevict::attend(c, 0, q, kvevict::AttendOptions{false});
+  using St = kd::StorageOf<S>;
+  using DK = typename St::key_codec::desc;
+  using DV = typename St::value_codec::desc;
+  for (int h = 0; h < 2; ++h) {
+    std::vector<float> p(4 * 300), o(4 * 128);
+    REQUIRE(kk::quant_attention_probs_qint<DK>(q.data() + h * 512, 128, 4, c.stored_keys(0, h).data(),
+                                               c.key_row_bytes(), 300, 128, 1.0f / std::sqrt(128.0f), p.data()));
+    kk::quant_attention_output<DV>(p.data(), 4, c.stored_values(0, h).data(), c.value_row_bytes(), 300, 128, o.data(), 128);
+    REQUIRE(std::memcmp(p.data(), a.probs[std::size_t(h)].data(), p.size() * 4) == 0);
+    REQUIRE(std::memcmp(o.data(), a.out.data() + h * 512, o.size() * 4) == 0);
+  }
+  const float rel = (a.out - e.out).norm() / e.out.norm();
+  INFO("relative L2 distance to the exact path " << rel);
+  REQUIRE(rel <= tol);
+  REQUIRE(rel > 0.0f);  // the query's rounding shows
+}
+}  // namespace
+
+TEST_CASE("attend with QuantQK::integer_query: the integer kernel, close to exact; bad options refused",
+          "[quantized]") {
+  // Stated bound: relative L2 distance of the output to the exact path <= 1e-2 (this data,
+  // keys 1.5x the query's spread, d 128: 6.7e-3 for each format; the query's int8 rounding).
+  check_attend_qint<Q8<32>>(1e-2f);
+  check_attend_qint<KV<Q4<32>, Q8<32>>>(1e-2f);
+  check_attend_qint<KV<Q8<64>, Q4<32>>>(1e-2f);
+
+  kvevict::AttendOptions bad{false};
+  bad.quant_qk = kvevict::QuantQK::integer_query;
+  const Geometry g{1, 4, 2, 64};
+  kvtest::Rng rng(3);
+  const auto q = rng.normals(4 * 64);
+  auto refuse = [&](auto& c, const char* what) {
+    for (std::int64_t t = 0; t < 20; ++t) c.append(0, t, rng.normals(128), rng.normals(128));
+    const auto before = kvevict::save_bytes(c);
+    REQUIRE_THROWS_AS(kvevict::attend(c, 0, q, bad), kvevict::Error);
+    REQUIRE_THROWS_WITH(kvevict::attend(c, 0, q, bad), Catch::Contains(what) && Catch::Contains("integer_query"));
+    REQUIRE(kvevict::save_bytes(c) == before);  // H2O observed nothing
+  };
+  KVCache<pol::H2O, float> f(g, Budget::uniform(16));
+  refuse(f, "keys are float");
+  KVCache<pol::H2O, Q8<16>> q16(g, Budget::uniform(16));
+  refuse(q16, "keys are Q8<16>");
+  KVCache<pol::H2O, E4M3> e4(g, Budget::uniform(16));
+  refuse(e4, "keys are E4M3");
+  KVCache<pol::H2O, kvevict::Mixed<Eigen::half, Q8<32>>> mx(g, Budget::uniform(16));
+  mx.set_hot_rows(4);
+  refuse(mx, "Mixed");
+  KVCache<pol::H2O, Q8<32>> ok(g, Budget::uniform(16));
+  for (std::int64_t t = 0; t < 20; ++t) ok.append(0, t, rng.normals(128), rng.normals(128));
+  kvevict::AttendOptions odd{true};
+  odd.quant_qk = static_cast<kvevict::QuantQK>(7);
+  const auto before = kvevict::save_bytes(ok);
+  REQUIRE_THROWS_WITH(kvevict::attend(ok, 0, q, odd), Catch::Contains("quant_qk = 7"));
+  REQUIRE(kvevict::save_bytes(ok) == before);
+  bad.observe = true;
+  REQUIRE_NOTHROW(kvevict::attend(ok, 0, q, bad));
+}
+
 // --- Mixed<Hot, Cold> (mixed.hpp): a recent band in Hot, older rows in Cold -------------
 namespace {
 

@@ -12,6 +12,7 @@
 #include <limits>
 #include <numeric>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "attention_core.hpp"
@@ -30,9 +31,21 @@ struct AttentionResult {
   std::vector<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> probs;
 };
 
+/// How q.K is computed over quantized keys (KVCache<P, Q8<G> | Q4<G> | KV<..>>).
+enum class QuantQK : int {
+  /// Keys dequantised in registers, float products (the default).
+  exact = 0,
+  /// The query quantized to int8 per head, exact integer block dots, one float multiply per
+  /// block (kernels::quant_attention_probs_qint; AVX512_VNNI where the CPU has it). Faster,
+  /// not exact: Q8<32> keys' output error grows by about a quarter (docs/quantized.md).
+  /// Needs Q8 / Q4 keys with a group size that is a multiple of 32 (not Mixed layouts).
+  integer_query = 1,
+};
+
 struct AttendOptions {
   bool observe = true;  ///< hand the probabilities to the policy (if it declares attention)
   float scale = 0.0f;   ///< 0: 1 / sqrt(head_dim); else finite and > 0
+  QuantQK quant_qk = QuantQK::exact;  ///< quantized keys only; else must stay exact
 };
 
 /// Scratch an engine keeps across steps so that attend / decode_attention allocate nothing
@@ -153,7 +166,7 @@ void group_output(const float* probs, std::size_t group, const Scalar* values, s
 /// (quantized.hpp) run the quantized kernel over the stored bytes.
 template <class Cache>
 bool head_probabilities(const Cache& cache, int layer, int kh, const float* q, std::size_t G,
-                        float* p, float scale) {
+                        float* p, float scale, QuantQK qk = QuantQK::exact) {
   const auto d = static_cast<std::size_t>(cache.geometry().head_dim);
   const std::size_t n = cache.size(layer, kh);
   using S = typename Cache::scalar_type;
@@ -162,11 +175,38 @@ bool head_probabilities(const Cache& cache, int layer, int kh, const float* q, s
   } else if constexpr (QuantizedStorage<S>) {
     if (n == 0) return true;
     using D = typename StorageOf<S>::key_codec::desc;
+    if (qk == QuantQK::integer_query)
+      return kernels::quant_attention_probs_qint<D>(q, d, G, cache.stored_keys(layer, kh).data(),
+                                                    cache.key_row_bytes(), n, d, scale, p);
     return kernels::quant_attention_probs<D>(q, d, G, cache.stored_keys(layer, kh).data(),
                                              cache.key_row_bytes(), n, d, scale, p);
   } else {
     return group_probabilities_checked(cache.keys(layer, kh).data(), n, d, q, G, p, scale);
   }
+}
+
+/// AttendOptions::quant_qk against the cache's key storage: integer_query needs Q8 / Q4 keys
+/// whose group size is a multiple of 32 (the integer kernel's shape).
+template <class Cache>
+void check_quant_qk(const Cache& cache, QuantQK qk) {
+  const auto v = static_cast<int>(qk);
+  require(v == 0 || v == 1, "attend: quant_qk = ", v,
+          ", expected QuantQK::exact (0) or QuantQK::integer_query (1)");
+  if (qk == QuantQK::exact) return;
+  using S = typename Cache::scalar_type;
+  bool ok = false;
+  std::string keys;
+  if constexpr (MixedStorage<S>) {
+    keys = "a Mixed layout";
+  } else if constexpr (QuantizedStorage<S>) {
+    using C = typename StorageOf<S>::key_codec;
+    ok = kernels::detail::qint_shape<typename C::desc>(static_cast<std::size_t>(cache.geometry().head_dim));
+    keys = C::name();
+  } else {
+    keys = storage_name<S>();
+  }
+  require(ok, "attend: quant_qk = QuantQK::integer_query needs Q8 or Q4 keys with a group size ",
+          "that is a multiple of 32; this cache's keys are ", keys, " (use QuantQK::exact)");
 }
 
 /// p.V of one KV head's group into o (G x head_dim).
@@ -194,6 +234,7 @@ void attend_step(Cache& cache, int layer, std::span<const float> queries, float*
                  const AttendOptions& options, ProbsOf&& probs_of) {
   const Geometry& g = cache.geometry();
   const float scale = check_attend_args(g, layer, queries, options);
+  check_quant_qk(cache, options.quant_qk);
   const auto G = static_cast<std::size_t>(g.group());
   const auto d = static_cast<std::size_t>(g.head_dim);
   const auto hkv = static_cast<std::size_t>(g.n_kv_heads);
@@ -202,7 +243,7 @@ void attend_step(Cache& cache, int layer, std::span<const float> queries, float*
     float* p = probs_of(kh, n);
     float* o = out + kh * G * d;
     const float* q = queries.data() + kh * G * d;
-    require(head_probabilities(cache, layer, static_cast<int>(kh), q, G, p, scale), "attend: layer ", layer,
+    require(head_probabilities(cache, layer, static_cast<int>(kh), q, G, p, scale, options.quant_qk), "attend: layer ", layer,
             " KV head ", kh, ": a score q.k x scale (scale ", scale,
             ") is not finite (query or key magnitudes overflow float); no policy observed "
             "this step");

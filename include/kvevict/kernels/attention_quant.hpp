@@ -19,7 +19,10 @@
 // multiple of 8; other shapes run the scalar level) and, for the exact path, AVX-512 (Q8/Q4
 // with G a multiple of 16; other shapes run the AVX2 level's choice). The AVX-512 level sums
 // 16 lanes where AVX2 sums 8, so its results differ from AVX2's in the last bits (both are
-// tested against a double reference). The integer q.K path runs AVX2's integer scores on AVX-512.
+// tested against a double reference). The integer q.K path at the AVX-512 level runs the
+// VNNI kernel (VPDPBUSD, four query heads per register) when has_avx512_vnni(), else AVX2's
+// integer scores; the int32 block dots are the same at every level, float sums in another
+// order. kvevict::attend selects it with AttendOptions::quant_qk (attention.hpp).
 #pragma once
 
 #include <cmath>
@@ -165,6 +168,11 @@ struct QuantQuery {
   std::vector<std::int8_t> codes;   // group x d
   std::vector<float> scale;         // group
   std::vector<std::int32_t> bsum;   // group x (d / G)
+  // The VNNI kernel's layout (widen_query): per group of 4 heads and per 16 codes of kernel
+  // order, 64 bytes = the 4 heads' 16 codes side by side (absent heads zero); per group of 4
+  // heads and per block, 16 int32 holding head h's offset correction at lane 4h.
+  std::vector<std::int8_t> wide;
+  std::vector<std::int32_t> init;
 };
 
 /// Element of span position t (0..31) in Q4's unpacked order.
@@ -202,6 +210,23 @@ inline bool quantize_query(const float* q, std::size_t q_stride, std::size_t gro
     }
   }
   return true;
+}
+
+/// QuantQuery::wide / init for the AVX-512 VNNI kernel: Q8 keys enter VPDPBUSD as unsigned
+/// bytes (code + 128, so the correction is -128 x the block's query-code sum), Q4 nibbles as
+/// they are (0..15: -8 x the sum).
+template <class D>
+inline void widen_query(QuantQuery& qq, std::size_t group, std::size_t d) {
+  const std::size_t hgs = (group + 3) / 4, nh = d / 16, nb = d / D::group;
+  qq.wide.assign(hgs * nh * 64, 0);
+  qq.init.assign(hgs * nb * 16, 0);
+  const std::int32_t off = D::kind == QKind::q8 ? -128 : -8;
+  for (std::size_t g = 0; g < group; ++g) {
+    const std::size_t hg = g / 4, h = g % 4;
+    for (std::size_t k = 0; k < nh; ++k)
+      std::memcpy(qq.wide.data() + (hg * nh + k) * 64 + h * 16, qq.codes.data() + g * d + k * 16, 16);
+    for (std::size_t b = 0; b < nb; ++b) qq.init[(hg * nb + b) * 16 + h * 4] = off * qq.bsum[g * nb + b];
+  }
 }
 
 /// Exact int32 dot product of block b of a stored row with head g's codes (Q4: the stored
@@ -299,6 +324,11 @@ template <class D>
 KVEVICT_QATTN_INLINE V q_chunk_scale(const std::uint8_t* row, std::size_t e) noexcept {
   if constexpr (D::kind == QKind::e4m3) return _mm256_set1_ps(1.0f);
   else return q_scale(row + (e / D::group) * D::block_bytes);
+}
+/// Q8/Q4: the chunk at e times its block's q_chunk_scale sc.
+template <class D>
+KVEVICT_QATTN_INLINE V q_chunk_scaled(const std::uint8_t* row, std::size_t e, V sc) noexcept {
+  return vmul(q_chunk<D>(row, e), sc);
 }
 
 #define KVEVICT_QATTN_TARGET KVEVICT_ATTN_TARGET_AVX2
@@ -514,10 +544,37 @@ KVEVICT_QATTN_INLINE V q_chunk(const std::uint8_t* row, std::size_t e) noexcept 
   }
 }
 
-/// The block scale of element e.
+/// The block scale of element e; for Q4 the block's 16 values instead, (v - 8) x scale for
+/// v = 0..15 (q_chunk_scaled looks the nibbles up: one VPERMPS per 16 elements, the same
+/// floats as converting and multiplying).
 template <class D>
 KVEVICT_QATTN_INLINE V q_chunk_scale(const std::uint8_t* row, std::size_t e) noexcept {
-  return q_scale(row + (e / D::group) * D::block_bytes);
+  if constexpr (D::kind == QKind::q4)
+    return vmul(_mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7),
+                q_scale(row + (e / D::group) * D::block_bytes));
+  else
+    return q_scale(row + (e / D::group) * D::block_bytes);
+}
+/// The chunk at e times its block's scale (sc = q_chunk_scale<D>(row, e)). Q4: the 8
+/// stored bytes, each twice (low nibble for elements j, high for j + 4 of each chunk of 8),
+/// shifted so that the nibble is in bits 0-3: VPERMPS reads only those.
+template <class D>
+KVEVICT_QATTN_INLINE V q_chunk_scaled(const std::uint8_t* row, std::size_t e, V sc) noexcept {
+  if constexpr (D::kind == QKind::q4) {
+    const std::uint8_t* p = row + (e / D::group) * D::block_bytes + 2 + (e % D::group) / 2;
+    const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    const __m128i dup = _mm_shuffle_epi8(x, _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7));
+    const __m512i sh = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4);
+    return _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_cvtepu8_epi32(dup), sh), sc);
+  } else {
+    return vmul(q_chunk<D>(row, e), sc);
+  }
+}
+
+/// Asks for bytes [p, p + bytes) to be brought to L2 (reads overlap the arithmetic: the
+/// quantized passes are arithmetic-bound, and without it memory time adds to theirs).
+KVEVICT_QATTN_INLINE void prefetch_l2(const std::uint8_t* p, std::size_t bytes) noexcept {
+  for (std::size_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T1);
 }
 
 #define KVEVICT_QATTN_TARGET KVEVICT_ATTN_TARGET_AVX512
@@ -529,17 +586,19 @@ template <class D, int GC, int NV>
 KVEVICT_ATTN_TARGET_AVX512 inline void q_output_block(const float* probs, std::size_t n,
                                                       const std::uint8_t* rows, std::size_t row_bytes,
                                                       std::size_t i0, std::size_t i1, std::size_t c0,
-                                                      float* out, std::size_t out_stride) noexcept {
+                                                      float* out, std::size_t out_stride,
+                                                      std::size_t pf_rows) noexcept {
   V acc[GC][NV];
   for (int g = 0; g < GC; ++g)
     for (int v = 0; v < NV; ++v)
       acc[g][v] = vload(out + static_cast<std::size_t>(g) * out_stride + c0 + static_cast<std::size_t>(v) * 16);
   for (std::size_t i = i0; i < i1; ++i) {
     const std::uint8_t* row = rows + i * row_bytes;
+    if (i + pf_rows < n && pf_rows != 0) prefetch_l2(row + pf_rows * row_bytes, row_bytes);
     V x[NV];
     for (int v = 0; v < NV; ++v) {
       const std::size_t e = c0 + static_cast<std::size_t>(v) * 16;
-      x[v] = vmul(q_chunk<D>(row, e), q_scale(row + (e / D::group) * D::block_bytes));
+      x[v] = q_chunk_scaled<D>(row, e, q_chunk_scale<D>(row, e));
     }
     for (int g = 0; g < GC; ++g) {
       const V pb = vset1(probs[static_cast<std::size_t>(g) * n + i]);
@@ -555,12 +614,13 @@ template <class D, int GC>
 KVEVICT_ATTN_TARGET_AVX512 inline void q_output_nv(std::size_t nv, const float* probs, std::size_t n,
                                                    const std::uint8_t* rows, std::size_t row_bytes,
                                                    std::size_t i0, std::size_t i1, std::size_t c0,
-                                                   float* out, std::size_t out_stride) noexcept {
+                                                   float* out, std::size_t out_stride,
+                                                   std::size_t pf) noexcept {
   switch (nv) {
-    case 1: q_output_block<D, GC, 1>(probs, n, rows, row_bytes, i0, i1, c0, out, out_stride); break;
-    case 2: q_output_block<D, GC, 2>(probs, n, rows, row_bytes, i0, i1, c0, out, out_stride); break;
-    case 3: q_output_block<D, GC, 3>(probs, n, rows, row_bytes, i0, i1, c0, out, out_stride); break;
-    default: q_output_block<D, GC, kVecs>(probs, n, rows, row_bytes, i0, i1, c0, out, out_stride); break;
+    case 1: q_output_block<D, GC, 1>(probs, n, rows, row_bytes, i0, i1, c0, out, out_stride, pf); break;
+    case 2: q_output_block<D, GC, 2>(probs, n, rows, row_bytes, i0, i1, c0, out, out_stride, pf); break;
+    case 3: q_output_block<D, GC, 3>(probs, n, rows, row_bytes, i0, i1, c0, out, out_stride, pf); break;
+    default: q_output_block<D, GC, kVecs>(probs, n, rows, row_bytes, i0, i1, c0, out, out_stride, pf); break;
   }
 }
 
@@ -584,19 +644,20 @@ KVEVICT_ATTN_TARGET_AVX512 inline void q_attention_output(const float* probs, st
       for (std::size_t cv = 0; cv < nvec; cv += kVecs) {
         const std::size_t nv = nvec - cv < static_cast<std::size_t>(kVecs) ? nvec - cv : kVecs;
         const std::size_t c0 = cv * 16;
+        const std::size_t pf = g0 == 0 && cv == 0 ? tile : 0;  // the next tile, once
         switch (gc) {
-          case 1: q_output_nv<D, 1>(nv, pg, n, rows, row_bytes, i0, i1, c0, og, out_stride); break;
-          case 2: q_output_nv<D, 2>(nv, pg, n, rows, row_bytes, i0, i1, c0, og, out_stride); break;
-          case 3: q_output_nv<D, 3>(nv, pg, n, rows, row_bytes, i0, i1, c0, og, out_stride); break;
-          default: q_output_nv<D, kHeads>(nv, pg, n, rows, row_bytes, i0, i1, c0, og, out_stride); break;
+          case 1: q_output_nv<D, 1>(nv, pg, n, rows, row_bytes, i0, i1, c0, og, out_stride, pf); break;
+          case 2: q_output_nv<D, 2>(nv, pg, n, rows, row_bytes, i0, i1, c0, og, out_stride, pf); break;
+          case 3: q_output_nv<D, 3>(nv, pg, n, rows, row_bytes, i0, i1, c0, og, out_stride, pf); break;
+          default: q_output_nv<D, kHeads>(nv, pg, n, rows, row_bytes, i0, i1, c0, og, out_stride, pf); break;
         }
       }
     }
   }
 }
 
-/// The integer q.K path on AVX-512: the AVX2 level's integer scores, this level's softmax
-/// (so exact inputs give this level's exact-path probabilities bit for bit).
+/// The integer q.K path on AVX-512 without VNNI: the AVX2 level's integer scores, this
+/// level's softmax (so exact inputs give this level's exact-path probabilities bit for bit).
 template <class D>
 KVEVICT_ATTN_TARGET_AVX512 inline bool q_attention_probs_qint(const QuantQuery& qq, std::size_t group,
                                                               const std::uint8_t* rows,
@@ -610,6 +671,113 @@ KVEVICT_ATTN_TARGET_AVX512 inline bool q_attention_probs_qint(const QuantQuery& 
   for (; i < n; ++i) attn_avx2::qint_score_heads<D, 1>(qq, group, scale, rows, row_bytes, i, d, probs, n);
   return softmax_rows(probs, group, n);
 }
+
+// --- the integer q.K path with AVX512_VNNI (VPDPBUSD) ---------------------------------------
+// Four query heads share one register: 16 key bytes are broadcast to the four 128-bit lanes
+// and multiplied with the 4 heads' 16 query codes (QuantQuery::wide) by one VPDPBUSD (u8 x
+// s8, four products per int32 lane, exact). A block's int32 lanes start at QuantQuery::init
+// (the unsigned offset's correction), are converted once and accumulated with the row's
+// block scale by one FMA for all four heads. Q4: one AND (low nibbles) and one shift + AND
+// (high nibbles) per 16 stored bytes. Lanes 4h..4h+3 of a row's accumulator are head h's
+// partial sums, added as (l0 + l2) + (l1 + l3).
+#define KVEVICT_ATTN_TARGET_AVX512_VNNI                                                     \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx512bitalg," \
+                        "avx2,fma,f16c,popcnt,bmi,bmi2")))
+
+/// Scores of R rows (R a multiple of 4, or 1) x the 4 heads of head group hg (gc of them real).
+template <class D, int R>
+KVEVICT_ATTN_TARGET_AVX512_VNNI inline void qint_vnni_block(const QuantQuery& qq, std::size_t hg,
+                                                            std::size_t gc, __m512 fsv,
+                                                            const std::uint8_t* rows,
+                                                            std::size_t row_bytes, std::size_t i,
+                                                            std::size_t d, float* s,
+                                                            std::size_t n) noexcept {
+  const std::size_t nb = d / D::group, nh = d / 16;
+  const std::int8_t* qw = qq.wide.data() + hg * nh * 64;
+  const std::int32_t* init = qq.init.data() + hg * nb * 16;
+  const std::uint8_t* rp[R];
+  for (int r = 0; r < R; ++r) rp[r] = rows + (i + static_cast<std::size_t>(r)) * row_bytes;
+  V acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = vzero();
+  const __m512i lo4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (std::size_t b = 0; b < nb; ++b) {
+    const __m512i iv = _mm512_loadu_si512(init + b * 16);
+    __m512i dot[R];
+    for (int r = 0; r < R; ++r) dot[r] = iv;
+    for (std::size_t e = b * D::group; e < (b + 1) * D::group; e += 32) {
+      const __m512i qa = _mm512_loadu_si512(qw + (e / 16) * 64);
+      const __m512i qb = _mm512_loadu_si512(qw + (e / 16 + 1) * 64);
+      for (int r = 0; r < R; ++r) {
+        const std::uint8_t* blk = rp[r] + b * D::block_bytes + 2;
+        __m512i ka, kb;
+        if constexpr (D::kind == QKind::q8) {
+          const std::uint8_t* p = blk + e % D::group;
+          ka = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), flip);
+          kb = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16))), flip);
+        } else {
+          const __m512i x = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (e % D::group) / 2)));
+          ka = _mm512_and_si512(x, lo4);
+          kb = _mm512_and_si512(_mm512_srli_epi16(x, 4), lo4);
+        }
+        dot[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(dot[r], ka, qa), kb, qb);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const std::uint8_t* sb = rp[r] + b * D::block_bytes;
+      std::uint16_t h;
+      std::memcpy(&h, sb, 2);
+      const V sk = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(h)));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), sk, acc[r]);
+    }
+  }
+  alignas(64) float t[16];
+  if constexpr (R == 1) {
+    alignas(64) float f[16];
+    _mm512_store_ps(t, acc[0]);
+    _mm512_store_ps(f, fsv);
+    for (std::size_t h = 0; h < gc; ++h)
+      s[h * n + i] = ((t[4 * h] + t[4 * h + 2]) + (t[4 * h + 1] + t[4 * h + 3])) * f[4 * h];
+  } else {
+    for (int r0 = 0; r0 < R; r0 += 4) {
+      const V s01 = _mm512_add_ps(_mm512_unpacklo_ps(acc[r0], acc[r0 + 1]), _mm512_unpackhi_ps(acc[r0], acc[r0 + 1]));
+      const V s23 = _mm512_add_ps(_mm512_unpacklo_ps(acc[r0 + 2], acc[r0 + 3]), _mm512_unpackhi_ps(acc[r0 + 2], acc[r0 + 3]));
+      const __m512d a = _mm512_castps_pd(s01), c = _mm512_castps_pd(s23);
+      const V sum = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, c)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, c)));
+      _mm512_store_ps(t, _mm512_mul_ps(sum, fsv));
+      for (std::size_t h = 0; h < gc; ++h) std::memcpy(s + h * n + i + static_cast<std::size_t>(r0), t + 4 * h, 16);
+    }
+  }
+}
+
+inline constexpr int kVnniRows = 8;
+
+/// The integer q.K path with VNNI (qq already widened by widen_query<D>), this level's softmax.
+template <class D>
+KVEVICT_ATTN_TARGET_AVX512_VNNI inline bool q_attention_probs_qint_vnni(const QuantQuery& qq,
+                                                                        std::size_t group,
+                                                                        const std::uint8_t* rows,
+                                                                        std::size_t row_bytes,
+                                                                        std::size_t n, std::size_t d,
+                                                                        float scale, float* probs) noexcept {
+  for (std::size_t hg = 0; hg * 4 < group; ++hg) {
+    const std::size_t gc = group - hg * 4 < 4 ? group - hg * 4 : 4;
+    alignas(64) float f[16] = {};
+    for (std::size_t h = 0; h < gc; ++h)
+      for (std::size_t l = 0; l < 4; ++l) f[4 * h + l] = scale * qq.scale[hg * 4 + h];
+    const V fsv = _mm512_load_ps(f);
+    float* sg = probs + hg * 4 * n;
+    std::size_t i = 0;
+    constexpr std::size_t ahead = 4 * kVnniRows;  // rows
+    for (; i + kVnniRows <= n; i += kVnniRows) {
+      if (hg == 0 && i + ahead + kVnniRows <= n) prefetch_l2(rows + (i + ahead) * row_bytes, kVnniRows * row_bytes);
+      qint_vnni_block<D, kVnniRows>(qq, hg, gc, fsv, rows, row_bytes, i, d, sg, n);
+    }
+    for (; i + 4 <= n; i += 4) qint_vnni_block<D, 4>(qq, hg, gc, fsv, rows, row_bytes, i, d, sg, n);
+    for (; i < n; ++i) qint_vnni_block<D, 1>(qq, hg, gc, fsv, rows, row_bytes, i, d, sg, n);
+  }
+  return softmax_rows(probs, group, n);
+}
+#undef KVEVICT_ATTN_TARGET_AVX512_VNNI
 
 #undef KVEVICT_QATTN_INLINE
 }  // namespace attn_avx512
@@ -695,8 +863,13 @@ inline bool quant_attention_probs_qint_at(const float* q, std::size_t q_stride, 
       thread_local detail::QuantQuery qq;  // grows to the largest group x d, then reused
       if (detail::quantize_query<D>(q, q_stride, group, d, qq)) {
 #if KVEVICT_X86
-        if constexpr (I == Isa::avx512)
+        if constexpr (I == Isa::avx512) {
+          if (has_avx512_vnni()) {
+            detail::widen_query<D>(qq, group, d);
+            return detail::attn_avx512::q_attention_probs_qint_vnni<D>(qq, group, rows, row_bytes, n, d, scale, probs);
+          }
           return detail::attn_avx512::q_attention_probs_qint<D>(qq, group, rows, row_bytes, n, d, scale, probs);
+        }
         if constexpr (I != Isa::scalar)
           return detail::attn_avx2::q_attention_probs_qint<D>(qq, group, rows, row_bytes, n, d, scale, probs);
 #endif

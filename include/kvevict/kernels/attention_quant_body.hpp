@@ -1,7 +1,7 @@
 // The q.K pass of the exact quantized kernels, shared by the SIMD levels. NOT a standalone
 // header: included (without include guard) inside attention_quant.hpp's attn_avx2 and
 // attn_avx512 namespaces after they defined KVEVICT_QATTN_TARGET, q_chunk<D> (W elements
-// without the block scale) and q_chunk_scale<D>; V, W, kRows, kHeads, vzero, vload, vmul,
+// without the block scale), q_chunk_scale<D> and q_chunk_scaled<D> (the chunk times it); V, W, kRows, kHeads, vzero, vload, vmul,
 // vfma, vreduce_store and softmax_rows come from the level's attention kernel.
 
 #ifndef KVEVICT_QATTN_TARGET
@@ -26,9 +26,10 @@ KVEVICT_QATTN_TARGET inline void q_score_block(const float* q, std::size_t q_str
     for (int r = 0; r < R; ++r) sc[r] = q_chunk_scale<D>(rp[r], b0);
     for (std::size_t e = b0; e < b0 + step; e += W) {
       V kv[R];
-      for (int r = 0; r < R; ++r) kv[r] = q_chunk<D>(rp[r], e);
-      if constexpr (D::kind != QKind::e4m3)
-        for (int r = 0; r < R; ++r) kv[r] = vmul(kv[r], sc[r]);
+      for (int r = 0; r < R; ++r) {
+        if constexpr (D::kind == QKind::e4m3) kv[r] = q_chunk<D>(rp[r], e);
+        else kv[r] = q_chunk_scaled<D>(rp[r], e, sc[r]);
+      }
       for (int g = 0; g < GC; ++g) {
         const V qv = vload(q + static_cast<std::size_t>(g) * q_stride + e);
         for (int r = 0; r < R; ++r) acc[g][r] = vfma(qv, kv[r], acc[g][r]);

@@ -158,6 +158,26 @@ inline Isa active_isa() {
   return isa;
 }
 
+/// True when the CPU runs the AVX-512 level and has AVX512_VNNI (VPDPBUSD), used by the
+/// integer q.K of the quantized attention kernels (attention_quant.hpp); read once per
+/// process (compiled in when the flags guarantee it). Not capped by KVEVICT_ISA: callers ask
+/// only after choosing the avx512 level.
+inline bool has_avx512_vnni() noexcept {
+#if KVEVICT_COMPILED_AVX512 && defined(__AVX512VNNI__)
+  return true;
+#elif KVEVICT_X86
+  static const bool vnni = [] {
+    if (detected_isa() != Isa::avx512) return false;
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    return ((c >> 11) & 1) != 0;
+  }();
+  return vnni;
+#else
+  return false;
+#endif
+}
+
 /// True when kernels pinned to `isa` may run on this CPU.
 inline bool isa_supported(Isa isa) noexcept {
   return static_cast<int>(isa) <= static_cast<int>(detected_isa());
