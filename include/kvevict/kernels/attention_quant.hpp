@@ -96,6 +96,19 @@ inline void qdecode_row(const std::uint8_t* row, std::size_t d, float* out) noex
   for (std::size_t b = 0; b < d / D::group; ++b) qdecode_block<D>(row + b * D::block_bytes, out + b * D::group);
 }
 
+/// Where element e of a row of format D (Q8 / Q4) lives: its block (the fp16 scale first).
+template <class D>
+KVEVICT_ALWAYS_INLINE const std::uint8_t* q_block_of(const std::uint8_t* row, std::size_t e) noexcept {
+  return row + (e / D::group) * D::block_bytes;
+}
+/// The code bytes from element e on: Q8 its byte; Q4 the byte of its chunk of 8 holding it
+/// (e a multiple of 8: the chunk's first byte).
+template <class D>
+KVEVICT_ALWAYS_INLINE const std::uint8_t* q_codes_at(const std::uint8_t* row, std::size_t e) noexcept {
+  if constexpr (D::kind == QKind::q8) return q_block_of<D>(row, e) + 2 + e % D::group;
+  else return q_block_of<D>(row, e) + 2 + (e % D::group) / 2;
+}
+
 namespace qscalar {
 
 template <class D>
@@ -291,21 +304,23 @@ constexpr bool q_simd_shape(std::size_t d) noexcept {
   else return D::group % 8 == 0;
 }
 
-KVEVICT_QATTN_INLINE V q_scale(const std::uint8_t* blk) noexcept {
+/// A block's fp16 scale as a float (F16C; the AVX-512 level calls it too).
+KVEVICT_QATTN_INLINE float q_scale_value(const std::uint8_t* blk) noexcept {
   std::uint16_t b;
   std::memcpy(&b, blk, 2);
-  return _mm256_set1_ps(_cvtsh_ss(b));
+  return _cvtsh_ss(b);
 }
+KVEVICT_QATTN_INLINE V q_scale(const std::uint8_t* blk) noexcept { return _mm256_set1_ps(q_scale_value(blk)); }
 
 /// Elements [e, e + 8) of a row as floats, without the block scale (integers for Q8/Q4;
 /// E4M3 decoded fully). e is a multiple of 8; for Q8/Q4 the 8 lie in one block.
 template <class D>
 KVEVICT_QATTN_INLINE V q_chunk(const std::uint8_t* row, std::size_t e) noexcept {
   if constexpr (D::kind == QKind::q8) {
-    const std::uint8_t* p = row + (e / D::group) * D::block_bytes + 2 + e % D::group;
+    const std::uint8_t* p = q_codes_at<D>(row, e);
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   } else if constexpr (D::kind == QKind::q4) {
-    const std::uint8_t* p = row + (e / D::group) * D::block_bytes + 2 + (e % D::group) / 2;
+    const std::uint8_t* p = q_codes_at<D>(row, e);
     std::int32_t w;
     std::memcpy(&w, p, 4);
     const __m256i sh = _mm256_setr_epi32(0, 8, 16, 24, 4, 12, 20, 28);
@@ -323,7 +338,7 @@ KVEVICT_QATTN_INLINE V q_chunk(const std::uint8_t* row, std::size_t e) noexcept 
 template <class D>
 KVEVICT_QATTN_INLINE V q_chunk_scale(const std::uint8_t* row, std::size_t e) noexcept {
   if constexpr (D::kind == QKind::e4m3) return _mm256_set1_ps(1.0f);
-  else return q_scale(row + (e / D::group) * D::block_bytes);
+  else return q_scale(q_block_of<D>(row, e));
 }
 /// Q8/Q4: the chunk at e times its block's q_chunk_scale sc.
 template <class D>
@@ -409,7 +424,7 @@ KVEVICT_ATTN_TARGET_AVX2 inline void q_attention_output(const float* probs, std:
 /// Q4's nibbles as unsigned bytes in kernel order (low nibbles, then high nibbles).
 template <class D>
 KVEVICT_QATTN_INLINE __m256i qint_span(const std::uint8_t* row, std::size_t e) noexcept {
-  const std::uint8_t* blk = row + (e / D::group) * D::block_bytes + 2;
+  const std::uint8_t* blk = q_block_of<D>(row, e) + 2;
   if constexpr (D::kind == QKind::q8) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + e % D::group));
   } else {
@@ -521,9 +536,7 @@ constexpr bool q_simd_shape(std::size_t /*d*/) noexcept {
 }
 
 KVEVICT_QATTN_INLINE V q_scale(const std::uint8_t* blk) noexcept {
-  std::uint16_t b;
-  std::memcpy(&b, blk, 2);
-  return _mm512_set1_ps(_cvtsh_ss(b));
+  return _mm512_set1_ps(attn_avx2::q_scale_value(blk));
 }
 
 /// Elements [e, e + 16) of a row as floats without the block scale (e a multiple of 16,
@@ -532,10 +545,10 @@ KVEVICT_QATTN_INLINE V q_scale(const std::uint8_t* blk) noexcept {
 template <class D>
 KVEVICT_QATTN_INLINE V q_chunk(const std::uint8_t* row, std::size_t e) noexcept {
   if constexpr (D::kind == QKind::q8) {
-    const std::uint8_t* p = row + (e / D::group) * D::block_bytes + 2 + e % D::group;
+    const std::uint8_t* p = q_codes_at<D>(row, e);
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   } else {
-    const std::uint8_t* p = row + (e / D::group) * D::block_bytes + 2 + (e % D::group) / 2;
+    const std::uint8_t* p = q_codes_at<D>(row, e);
     const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
     const __m128i dup = _mm_shuffle_epi8(x, _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7));
     const __m512i sh = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4);
@@ -551,9 +564,9 @@ template <class D>
 KVEVICT_QATTN_INLINE V q_chunk_scale(const std::uint8_t* row, std::size_t e) noexcept {
   if constexpr (D::kind == QKind::q4)
     return vmul(_mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7),
-                q_scale(row + (e / D::group) * D::block_bytes));
+                q_scale(q_block_of<D>(row, e)));
   else
-    return q_scale(row + (e / D::group) * D::block_bytes);
+    return q_scale(q_block_of<D>(row, e));
 }
 /// The chunk at e times its block's scale (sc = q_chunk_scale<D>(row, e)). Q4: the 8
 /// stored bytes, each twice (low nibble for elements j, high for j + 4 of each chunk of 8),
@@ -561,7 +574,7 @@ KVEVICT_QATTN_INLINE V q_chunk_scale(const std::uint8_t* row, std::size_t e) noe
 template <class D>
 KVEVICT_QATTN_INLINE V q_chunk_scaled(const std::uint8_t* row, std::size_t e, V sc) noexcept {
   if constexpr (D::kind == QKind::q4) {
-    const std::uint8_t* p = row + (e / D::group) * D::block_bytes + 2 + (e % D::group) / 2;
+    const std::uint8_t* p = q_codes_at<D>(row, e);
     const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
     const __m128i dup = _mm_shuffle_epi8(x, _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7));
     const __m512i sh = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4);
