@@ -1,12 +1,14 @@
 // The kvevict_kernels library (CMake target kvevict::kernels): compiles, once, what a
 // separate-kernels translation unit only declares (config.hpp): the dispatched kernels at
-// every ISA level, SimHashProjection's members, the SnapKV observation-window product and
-// the number formatting of kvevict::Error messages. The definitions are the headers' own.
+// every ISA level, SimHashProjection's members, the SnapKV observation-window product,
+// the number formatting of kvevict::Error messages and the file reads and writes
+// (detail::read_file, XKV's Profile::save / load). The definitions are the headers' own.
 #ifndef KVEVICT_SEPARATE_KERNELS
 #error "src/kernels.cpp is compiled with KVEVICT_SEPARATE_KERNELS (the kvevict::kernels target)"
 #endif
 #define KVEVICT_KERNELS_DEFINE 1
 
+#include <kvevict/file.hpp>
 #include <kvevict/kvevict.hpp>
 
 namespace kvevict::kernels {

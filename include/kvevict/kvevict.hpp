@@ -1,5 +1,8 @@
 #pragma once
-// kvevict: KV-cache eviction policies for LLM inference on the CPU. Includes everything.
+// kvevict: KV-cache eviction policies for LLM inference on the CPU. Includes every
+// container, policy and kernel; not saving and loading a cache to and from bytes or files,
+// which is <kvevict/serialize.hpp> (kept out for its include cost, issue 19: <fstream> and
+// the saved-state templates of every container).
 #include "attention.hpp"
 #include "cache.hpp"
 #include "checked.hpp"
@@ -27,4 +30,3 @@
 #include "policies/xkv.hpp"
 #include "policy.hpp"
 #include "quantized.hpp"
-#include "serialize.hpp"

@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <fstream>
 #include <iterator>
 #include <memory>
 #include <optional>
@@ -29,9 +28,14 @@
 #include <vector>
 
 #include "../cache.hpp"
-#include "../file.hpp"
+#include "../config.hpp"
 #include "observation.hpp"
 #include "snapkv.hpp"
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+#include <fstream>
+
+#include "../file.hpp"
+#endif
 
 namespace kvevict::policies {
 
@@ -617,23 +621,30 @@ struct Profile {
     return p;
   }
 
-  void save(const std::string& path) const {
-    std::ofstream out(path);
-    kvevict::detail::require(static_cast<bool>(out), "XKV profile: cannot open '", path,
-                             "' for writing");
-    out << to_text();
-    out.flush();
-    kvevict::detail::require(static_cast<bool>(out), "XKV profile: writing '", path, "' failed");
-  }
-  static Profile load(const std::string& path) {
-    const std::vector<char> bytes = kvevict::detail::read_file(path, "XKV profile");
-    try {
-      return from_text(std::string(bytes.begin(), bytes.end()));
-    } catch (const Error& e) {
-      throw Error(std::string(e.what()) + " (file '" + path + "')");
-    }
-  }
+  // The file forms: defined below (in kvevict_kernels in separate-kernels mode, config.hpp,
+  // so that a consumer of xkv.hpp includes no <fstream>).
+  void save(const std::string& path) const;
+  static Profile load(const std::string& path);
 };
+
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+KVEVICT_KERNEL_FN void Profile::save(const std::string& path) const {
+  std::ofstream out(path);
+  kvevict::detail::require(static_cast<bool>(out), "XKV profile: cannot open '", path,
+                           "' for writing");
+  out << to_text();
+  out.flush();
+  kvevict::detail::require(static_cast<bool>(out), "XKV profile: writing '", path, "' failed");
+}
+KVEVICT_KERNEL_FN Profile Profile::load(const std::string& path) {
+  const std::vector<char> bytes = kvevict::detail::read_file(path, "XKV profile");
+  try {
+    return from_text(std::string(bytes.begin(), bytes.end()));
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (file '" + path + "')");
+  }
+}
+#endif  // !KVEVICT_KERNELS_DECLARE_ONLY
 
 /// The reference's sampling: the first ceil(fraction x requests) prompts of a task each
 /// get their own allocation; their element-wise mean (rounded) becomes the profile.
