@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <numeric>
 #include <memory>
 #include <string>

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include <kvevict/paged_cache.hpp>
+#include <kvevict/serialize.hpp>
 
 #include "support/test_support.hpp"
 

@@ -11,6 +11,7 @@
 //    over the dequantised rows.
 #include <Eigen/Core>
 #include <cstring>
+#include <kvevict/serialize.hpp>
 
 #include "support/test_support.hpp"
 

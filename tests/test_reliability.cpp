@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <limits>
 #include <thread>
+#include <kvevict/serialize.hpp>
 
 #include "support/test_support.hpp"
 
