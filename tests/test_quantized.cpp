@@ -10,7 +10,9 @@
 //  - attention over quantized rows (scalar and AVX2 kernels) against the float reference
 //    over the dequantised rows.
 #include <Eigen/Core>
+#include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "support/test_support.hpp"
 
@@ -743,6 +745,39 @@ TEST_CASE("integer q.K: exact inputs give the exact kernel's probabilities bit f
       check_qint_exact<Q8<128>>(128, G, n, 5 + G + n);
       check_qint_exact<Q4<128>>(256, G, n, 6 + G + n);
     }
+}
+
+TEST_CASE("the query's codes round half to even like std::nearbyint, ties included", "[quantized]") {
+  // max |q| = 127: s_q = 1, so q / s_q is q itself and the halves are exact ties.
+  const std::size_t d = 64, G = 2;
+  std::vector<float> q(G * d);
+  kvtest::Rng rng(77);
+  const auto r = rng.normals(q.size(), 40.0f);
+  for (std::size_t i = 0; i < q.size(); ++i)
+    q[i] = i % 5 == 0 ? float(int(i % 41) - 20) + 0.5f : std::clamp(r[i], -126.9f, 126.9f);
+  q[3] = 127.0f;
+  q[d + 7] = -127.0f;
+  q[9] = -0.5f;
+  q[11] = 1e-7f;
+  auto check = [&](auto desc) {
+    using D = decltype(desc);
+    kk::detail::QuantQuery qq;
+    REQUIRE(kk::detail::quantize_query<D>(q.data(), d, G, d, qq));
+    for (std::size_t g = 0; g < G; ++g) {
+      REQUIRE(qq.scale[g] == 1.0f);
+      for (std::size_t j = 0; j < d; ++j) {
+        const std::size_t src = D::kind == kk::QKind::q4 ? (j / 32) * 32 + kk::detail::q4_span_element(j % 32) : j;
+        REQUIRE(int(qq.codes[g * d + j]) == int(std::nearbyint(q[g * d + src])));
+      }
+    }
+    std::vector<float> bad = q;
+    bad[d + 5] = std::numeric_limits<float>::infinity();
+    REQUIRE_FALSE(kk::detail::quantize_query<D>(bad.data(), d, G, d, qq));
+    bad[d + 5] = std::numeric_limits<float>::quiet_NaN();
+    REQUIRE_FALSE(kk::detail::quantize_query<D>(bad.data(), d, G, d, qq));
+  };
+  check(kk::QDesc<kk::QKind::q8, 32>{});
+  check(kk::QDesc<kk::QKind::q4, 32>{});
 }
 
 TEST_CASE("integer q.K matches a double transcription of its arithmetic", "[quantized]") {
