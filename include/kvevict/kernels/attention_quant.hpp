@@ -19,10 +19,13 @@
 // multiple of 8; other shapes run the scalar level) and, for the exact path, AVX-512 (Q8/Q4
 // with G a multiple of 16; other shapes run the AVX2 level's choice). The AVX-512 level sums
 // 16 lanes where AVX2 sums 8, so its results differ from AVX2's in the last bits (both are
-// tested against a double reference). The integer q.K path at the AVX-512 level runs the
-// VNNI kernel (VPDPBUSD, four query heads per register) when has_avx512_vnni(), else AVX2's
-// integer scores; the int32 block dots are the same at every level, float sums in another
-// order. kvevict::attend selects it with AttendOptions::quant_qk (attention.hpp).
+// tested against a double reference). Q4 with G a multiple of 32 runs at the AVX-512 level
+// in span order (q4_span_order: the nibble lookup's order, the query permuted to it for q.K,
+// the p.V output put back in element order), so its sums are in another order again. The
+// exact q.K prefetches rows to L2 ahead of the arithmetic at both SIMD levels. The integer
+// q.K path at the AVX-512 level runs the VNNI kernel (VPDPBUSD, four query heads per
+// register) when has_avx512_vnni(), else AVX2's integer scores; the int32 block dots are the
+// same at every level, float sums in another order. kvevict::attend selects it with AttendOptions::quant_qk (attention.hpp).
 #pragma once
 
 #include <cmath>
