@@ -555,6 +555,23 @@ TEST_CASE("the AVX-512 quantized level matches the reference at d 32/96/128/256"
   check_kernel_512<KV<Q8<48>, Q4<48>>>(96);
 }
 
+TEST_CASE("the AVX-512 p.V across tile boundaries (Q4 span order put back per call)",
+          "[quantized]") {
+  // 600 rows: several tiles for every format (Q8<32> at d 128: 119 rows per tile, Q4<32>
+  // 224), a partial last tile; G 5 leaves a head group of one.
+  namespace kk = kvevict::kernels;
+  for (std::size_t G : {std::size_t(4), std::size_t(5)}) {
+    INFO("G " << G);
+    check_kernel<kk::Isa::scalar, KV<Q8<32>, Q4<32>>>(128, G, 600, 900 + G);
+    if (kk::attention_isa() != kk::Isa::avx512) continue;
+    check_kernel<kk::Isa::avx512, KV<Q4<32>, Q8<32>>>(128, G, 600, 901 + G);
+    check_kernel<kk::Isa::avx512, KV<Q8<32>, Q4<32>>>(128, G, 600, 902 + G);
+    check_kernel<kk::Isa::avx512, KV<Q8<16>, Q4<16>>>(32, G, 600, 903 + G);
+    check_kernel<kk::Isa::avx512, KV<Q4<16>, Q8<16>>>(32, G, 600, 904 + G);
+    check_kernel<kk::Isa::avx512, KV<Q8<48>, Q8<48>>>(96, G, 600, 905 + G);
+  }
+}
+
 TEST_CASE("attend over a quantized cache equals attend over the dequantised rows", "[quantized]") {
   const Geometry g{1, 8, 2, 64};
   KVCache<pol::FullCache, KV<Q8<32>, Q4<32>>> qc(g, Budget::unbounded());

@@ -22,8 +22,7 @@
 // tested against a double reference). Q4 with G a multiple of 32 runs at the AVX-512 level
 // in span order (q4_span_order: the nibble lookup's order, the query permuted to it for q.K,
 // the p.V output put back in element order), so its sums are in another order again. The
-// exact q.K prefetches rows to L2 ahead of the arithmetic at both SIMD levels. The integer
-// q.K path at the AVX-512 level runs the VNNI kernel (VPDPBUSD, four query heads per
+// integer q.K path at the AVX-512 level runs the VNNI kernel (VPDPBUSD, four query heads per
 // register) when has_avx512_vnni(), else AVX2's integer scores; the int32 block dots are the
 // same at every level, float sums in another order. kvevict::attend selects it with AttendOptions::quant_qk (attention.hpp).
 #pragma once
@@ -368,12 +367,6 @@ KVEVICT_QATTN_INLINE V q_chunk_scaled(const std::uint8_t* row, std::size_t e, V 
   return vmul(q_chunk<D>(row, e), sc);
 }
 
-/// Asks for bytes [p, p + bytes) to be brought to L2 (reads overlap the arithmetic: the
-/// quantized passes are arithmetic-bound, and without it memory time adds to theirs).
-KVEVICT_QATTN_INLINE void prefetch_l2(const std::uint8_t* p, std::size_t bytes) noexcept {
-  for (std::size_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T1);
-}
-
 #define KVEVICT_QATTN_TARGET KVEVICT_ATTN_TARGET_AVX2
 #include "attention_quant_body.hpp"
 #undef KVEVICT_QATTN_TARGET
@@ -622,7 +615,11 @@ KVEVICT_QATTN_INLINE V q_chunk_scaled(const std::uint8_t* row, std::size_t e, V 
   }
 }
 
-using attn_avx2::prefetch_l2;
+/// Asks for bytes [p, p + bytes) to be brought to L2 (reads overlap the arithmetic: the
+/// quantized passes are arithmetic-bound, and without it memory time adds to theirs).
+KVEVICT_QATTN_INLINE void prefetch_l2(const std::uint8_t* p, std::size_t bytes) noexcept {
+  for (std::size_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T1);
+}
 
 #define KVEVICT_QATTN_TARGET KVEVICT_ATTN_TARGET_AVX512
 #include "attention_quant_body.hpp"

@@ -1,7 +1,7 @@
 // The q.K pass of the exact quantized kernels, shared by the SIMD levels. NOT a standalone
 // header: included (without include guard) inside attention_quant.hpp's attn_avx2 and
 // attn_avx512 namespaces after they defined KVEVICT_QATTN_TARGET, q_chunk<D> (W elements
-// without the block scale), q_chunk_scale<D> and q_chunk_scaled<D> (the chunk times it) and prefetch_l2; V, W, kRows, kHeads, vzero, vload, vmul,
+// without the block scale), q_chunk_scale<D> and q_chunk_scaled<D> (the chunk times it); V, W, kRows, kHeads, vzero, vload, vmul,
 // vfma, vreduce_store and softmax_rows come from the level's attention kernel.
 
 #ifndef KVEVICT_QATTN_TARGET
@@ -64,11 +64,7 @@ KVEVICT_QATTN_TARGET inline bool q_attention_probs(const float* q, std::size_t q
                                                    std::size_t d, float scale,
                                                    float* probs) noexcept {
   std::size_t i = 0;  // blocks of kRows rows, then single rows
-  constexpr std::size_t ahead = 16 * kRows;  // rows brought to L2 ahead of the arithmetic
-  for (; i + kRows <= n; i += kRows) {
-    if (i + ahead + kRows <= n) prefetch_l2(rows + (i + ahead) * row_bytes, kRows * row_bytes);
-    q_score_heads<D, kRows>(q, q_stride, group, rows, row_bytes, i, d, scale, probs, n);
-  }
+  for (; i + kRows <= n; i += kRows) q_score_heads<D, kRows>(q, q_stride, group, rows, row_bytes, i, d, scale, probs, n);
   for (; i < n; ++i) q_score_heads<D, 1>(q, q_stride, group, rows, row_bytes, i, d, scale, probs, n);
   return softmax_rows(probs, group, n);
 }
