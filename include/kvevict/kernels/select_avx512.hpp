@@ -174,6 +174,55 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512i topk_skey16(__m512 f) noexce
   return _mm512_mask_mov_epi32(key, nan, low);
 }
 
+/// Largest n topk_rank takes.
+inline constexpr std::size_t kRankMaxN = 32;
+
+/// Tiny-n float top-k (0 < k < n <= kRankMaxN) by ranks: each row's rank is the number of rows
+/// before it in the order (a smaller key, or an equal key at a lower index), counted in
+/// registers by one broadcast and two masked compares per row (no search, no branch on the
+/// data); the rows of rank < k are left-packed in index order. Same set as topk_exact (ties
+/// to the lower index, NaN last, -0 == +0). Below ~48 rows std::nth_element beat
+/// topk_threshold's fixed cost (its dependent count steps).
+KVEVICT_TARGET_AVX512 inline void topk_rank(const float* s, std::size_t n, std::size_t k,
+                                            std::uint32_t* out) noexcept {
+  alignas(64) std::int32_t key[kRankMaxN];
+  const __m512i kmax = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::max());
+  const auto v0 = static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1u);
+  const auto v1 = static_cast<__mmask16>(n >= 32 ? 0xFFFFu : n > 16 ? (1u << (n - 16)) - 1u : 0u);
+  // Rows past n hold the largest key and come after every row: never counted, rank >= n.
+  const __m512i r0 = _mm512_mask_mov_epi32(kmax, v0, topk_skey16(_mm512_maskz_loadu_ps(v0, s)));
+  const __m512i r1 =
+      _mm512_mask_mov_epi32(kmax, v1, topk_skey16(_mm512_maskz_loadu_ps(v1, s + 16)));
+  _mm512_store_si512(key, r0);
+  _mm512_store_si512(key + 16, r1);
+  const __m512i one = _mm512_set1_epi32(1);
+  __m512i rank0 = _mm512_setzero_si512(), rank1 = rank0;
+  for (std::size_t j = 0; j < n; ++j) {
+    const __m512i b = _mm512_set1_epi32(key[j]);
+    // Lanes i after row j count it when key_j <= key_i, the others when key_j < key_i.
+    const auto after0 = static_cast<__mmask16>(j < 15 ? 0xFFFFu << (j + 1) : 0u);
+    const auto after1 = static_cast<__mmask16>(j < 16 ? 0xFFFFu : j < 31 ? 0xFFFFu << (j - 15) : 0u);
+    rank0 = _mm512_mask_add_epi32(
+        rank0,
+        static_cast<__mmask16>(_mm512_mask_cmple_epi32_mask(after0, b, r0) |
+                               _mm512_mask_cmplt_epi32_mask(static_cast<__mmask16>(~after0), b, r0)),
+        rank0, one);
+    if (n > 16)
+      rank1 = _mm512_mask_add_epi32(
+          rank1,
+          static_cast<__mmask16>(_mm512_mask_cmple_epi32_mask(after1, b, r1) |
+                                 _mm512_mask_cmplt_epi32_mask(static_cast<__mmask16>(~after1), b, r1)),
+          rank1, one);
+  }
+  const __m512i vk = _mm512_set1_epi32(static_cast<int>(k));
+  const __mmask16 sel0 = _mm512_mask_cmplt_epi32_mask(v0, rank0, vk);
+  const std::size_t c0 =
+      compress_store(out, sel0, _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  if (n > 16)
+    compress_store(out + c0, _mm512_mask_cmplt_epi32_mask(v1, rank1, vk),
+                   _mm512_setr_epi32(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31));
+}
+
 /// One step of topk_threshold's byte search, W bits at b..b+W-1: the counts of lanes <= each
 /// of the 2^W - 1 candidates t | d << b | (2^b - 1), d = 0 .. 2^W - 2 (byte patterns;
 /// Signed: lanes and candidates compare as signed bytes, their patterns offset by 0x80), over
