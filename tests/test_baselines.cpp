@@ -464,3 +464,67 @@ TEST_CASE("Oracle restricts attention to the top rows by group-summed mass (brut
     }
   }
 }
+
+TEST_CASE("Oracle ceilings of the paged layouts: whole blocks, shared cells (brute force)",
+          "[baselines][oracle]") {
+  Rng rng(91);
+  // (G, rows, limit, block, shared)
+  for (const auto& [G, rows, limit, block, shared] :
+       {std::tuple{2, 37, 16, 4, false}, std::tuple{4, 40, 19, 8, false}, std::tuple{1, 23, 6, 1, true},
+        std::tuple{2, 50, 16, 4, true}, std::tuple{4, 12, 12, 3, true}, std::tuple{2, 9, 8, 8, false}}) {
+    INFO("G " << G << " rows " << rows << " limit " << limit << " block " << block << " shared " << shared);
+    const int hkv = 3, d = 8;
+    const Geometry g{1, G * hkv, hkv, d};
+    const policies::Oracle oracle{.rows = std::size_t(limit), .block_tokens = std::size_t(block), .shared = shared};
+    KVCache<policies::Oracle> cache(g, Budget::unbounded(), oracle);
+    for (int t = 0; t < rows; ++t)
+      cache.append(0, t, rng.normals(std::size_t(hkv * d), 2.0f), rng.normals(std::size_t(hkv * d)));
+    const auto q = rng.normals(std::size_t(G * hkv * d), 2.0f);
+    const auto r = attend(cache, 0, q);
+    const auto ref = kvevict::detail::attend_reference(cache, 0, q);
+    std::vector<std::vector<std::vector<double>>> p;  // [head][query][row]
+    for (int h = 0; h < hkv; ++h)
+      p.push_back(kvtest::naive_probs(cache.keys(0, h).data(), std::size_t(rows), d, q.data() + h * G * d,
+                                      G, 1.0 / std::sqrt(double(d))));
+    const int units = (rows + block - 1) / block, kept = limit / block;
+    for (int h = 0; h < hkv; ++h) {
+      // Units of `block` rows by mass summed over the group (and over every head when
+      // shared); the top limit / block units kept, ties to the lower unit.
+      std::vector<std::pair<double, int>> mass;
+      for (int u = 0; u < units; ++u) {
+        double m = 0;
+        for (int hh = 0; hh < hkv; ++hh) {
+          if (!shared && hh != h) continue;
+          for (int i = u * block; i < std::min(rows, (u + 1) * block); ++i)
+            for (int gq = 0; gq < G; ++gq) m += p[std::size_t(hh)][std::size_t(gq)][std::size_t(i)];
+        }
+        mass.push_back({-m, u});
+      }
+      std::sort(mass.begin(), mass.end());
+      std::vector<bool> keep(std::size_t(rows), kept >= units);
+      for (int k = 0; k < std::min(kept, units); ++k)
+        for (int i = mass[std::size_t(k)].second * block; i < std::min(rows, (mass[std::size_t(k)].second + 1) * block); ++i)
+          keep[std::size_t(i)] = true;
+      const auto v = cache.values(0, h);
+      for (int gq = 0; gq < G; ++gq) {
+        const auto& pg = p[std::size_t(h)][std::size_t(gq)];
+        double z = 0;
+        for (int i = 0; i < rows; ++i) z += keep[std::size_t(i)] ? pg[std::size_t(i)] : 0.0;
+        for (int i = 0; i < rows; ++i) {
+          const double expect = keep[std::size_t(i)] ? pg[std::size_t(i)] / z : 0.0;
+          REQUIRE(r.probs[std::size_t(h)](gq, i) == Approx(expect).margin(1e-6));
+          REQUIRE(ref.probs[std::size_t(h)](gq, i) == Approx(expect).margin(1e-6));
+        }
+        for (int j = 0; j < d; ++j) {
+          double o = 0;
+          for (int i = 0; i < rows; ++i) o += (keep[std::size_t(i)] ? pg[std::size_t(i)] / z : 0.0) * v(i, j);
+          REQUIRE(r.out(h * G + gq, j) == Approx(o).margin(1e-5));
+          REQUIRE(ref.out(h * G + gq, j) == Approx(o).margin(1e-5));
+        }
+      }
+    }
+  }
+  const Geometry g{1, 2, 2, 4};
+  CHECK_THROWS_WITH(KVCache<policies::Oracle>(g, Budget::unbounded(), policies::Oracle{.rows = 4, .block_tokens = 5}),
+                    Catch::Contains("Oracle: block_tokens = 5, expected 1..rows (4)"));
+}

@@ -634,3 +634,37 @@ TEST_CASE("ChunkedXkvPrefill: budgets from the chunks seen, bounded memory (brut
   REQUIRE_THROWS_AS(xkv.add_layer(0, 100, 5, k, v, q), kvevict::Error);  // overlaps the prompt
   REQUIRE(kvtest::snapshot(cache) == snap);
 }
+
+TEST_CASE("ChunkedXkvPrefill: bad values on a later layer are refused before the chunk applies", "[chunked]") {
+  const Geometry g{2, 4, 2, 8};
+  const std::size_t T = 24, chunk = 12;
+  const auto ls = layer_streams(g, T, 61);
+  const pol::XkvLayerAllocator::Config xc{.window = 4, .kernel = 3};
+  const std::size_t kv = std::size_t(g.n_kv_heads * g.head_dim), qn = std::size_t(g.n_heads * g.head_dim);
+  const auto feed = [&](pol::ChunkedXkvPrefill<KVCache<pol::SnapKV>>& x, int l, std::size_t first,
+                        const std::vector<float>& values) {
+    const Stream& s = ls[std::size_t(l)];
+    x.add_layer(l, std::int64_t(first), chunk, std::span<const float>(s.k.data() + first * kv, chunk * kv),
+                std::span<const float>(values.data() + first * kv, chunk * kv),
+                std::span<const float>(s.q.data() + first * qn, chunk * qn));
+  };
+  KVCache<pol::SnapKV> a(g, Budget::uniform(16), pol::SnapKV({.window = 4, .kernel = 3}));
+  KVCache<pol::SnapKV> b(g, Budget::uniform(16), pol::SnapKV({.window = 4, .kernel = 3}));
+  pol::ChunkedXkvPrefill<KVCache<pol::SnapKV>> xa(a, 2 * 8, xc), xb(b, 2 * 8, xc);
+  for (int l = 0; l < g.n_layers; ++l) {
+    feed(xa, l, 0, ls[std::size_t(l)].v);
+    feed(xb, l, 0, ls[std::size_t(l)].v);
+  }
+  // Second chunk: layer 0 staged, then layer 1 with a NaN value (apply would have run).
+  feed(xb, 0, chunk, ls[0].v);
+  const auto snap = kvtest::snapshot(b);
+  std::vector<float> bad = ls[1].v;
+  bad[(chunk + 3) * kv + 5] = std::numeric_limits<float>::quiet_NaN();
+  REQUIRE_THROWS_WITH(feed(xb, 1, chunk, bad), Catch::Contains("prefill: values"));
+  REQUIRE(kvtest::snapshot(b) == snap);
+  // The layer again with good values: the same cache as a run that never saw the NaN.
+  feed(xb, 1, chunk, ls[1].v);
+  for (int l = 0; l < g.n_layers; ++l) feed(xa, l, chunk, ls[std::size_t(l)].v);
+  REQUIRE(kvtest::snapshot(b) == kvtest::snapshot(a));
+  REQUIRE(xb.tokens() == xa.tokens());
+}

@@ -39,6 +39,7 @@ struct Args {
   bool paged = false;     ///< --paged: block-granular eviction through PagedKV
   bool block_policies = false;  ///< --block-policies: BlockGranular<P> rows (every policy)
   bool shared_cells = false;    ///< --shared-cells: per-head vs shared-cell rows, every combiner
+  bool ceilings = false;        ///< --ceilings: the Oracle per token, per block, shared cells
   bool chunked_rows = false;    ///< --chunked-rows: XKV budgets from chunks, HashEvict's chunk rules
   bool scorers = false;  ///< --tune-scorers: the probability-free grid instead of the table
   bool rescore = false;  ///< --rescore: the probability-free variant at rescore_every 1..64
@@ -123,6 +124,10 @@ std::optional<Args> parse(int argc, char** argv) {
          "per-head decisions against shared cells (one decision per token for all KV heads) "
          "with every way of combining the heads' costs (--budgets; default 64,128,256)",
          a.shared_cells);
+  p.flag("--ceilings",
+         "the non-causal Oracle's ceiling per token, per 16- and 8-token block and for shared "
+         "cells, beside the best causal rows of each layout (--budgets; default 64,128,256)",
+         a.ceilings);
   kvevict::registry::add_selection_options(
       p, a.policies, a.budgets,
       "registry policies (labels = names) instead of the headline rows; StreamingLLM 1 sink, "
@@ -751,6 +756,37 @@ void shared_cell_rows(Runner& r, const std::vector<std::size_t>& budgets) {
   }
 }
 
+// --ceilings: what whole blocks and shared cells cost even a policy that knows each step's
+// attention (the Oracle attends the top rows, blocks or cells of this step's own mass, and
+// may take back what it dropped: no causal eviction policy does better in that mass),
+// beside the best causal row of each layout (docs/quality.md). Equal memory: B slots per
+// (layer, KV head).
+void ceiling_rows(Runner& r, const std::vector<std::size_t>& budgets) {
+  using policies::BlockGranular;
+  using policies::BlockGranularConfig;
+  using policies::HeadCombine;
+  using policies::Oracle;
+  const auto rec = policies::DecayedAttention::recommended();
+  const policies::DecayedAttention plain({.sinks = 1, .recent = 1, .horizon = 3.0f});
+  policies::DecayedAttention::Config qr = rec.config();
+  qr.recall_fraction = rec.config().recall_fraction / 4.0f;
+  for (std::size_t B : budgets) {
+    r.row(B, "token-level recommended() (per head)", rec);
+    r.row(B, "Oracle, per head, rows", Oracle{.rows = B}, true);
+    for (std::size_t bt : {std::size_t{16}, std::size_t{8}}) {
+      r.row(B, fmt::format("Oracle, per head, {}-token blocks", bt).c_str(), Oracle{.rows = B, .block_tokens = bt}, true);
+      r.row(B, fmt::format("block DecayedAttention h 3 ({}, 1 sink block, 1 recent block; sum)", bt).c_str(),
+            BlockGranular(plain, BlockGranularConfig{.block_tokens = static_cast<std::uint32_t>(bt)}));
+    }
+    r.row(B, "Oracle, shared cells, rows", Oracle{.rows = B, .shared = true}, true);
+    r.row(B, "shared cells, token-level recommended() with a quarter of its recall reserve (heads max)",
+          BlockGranular(policies::DecayedAttention(qr),
+                        BlockGranularConfig{.block_tokens = 1, .sink_blocks = 0, .recent_blocks = 0,
+                                            .shared = true, .combine = HeadCombine::max}));
+    r.row(B, "Oracle, shared cells, 16-token blocks", Oracle{.rows = B, .block_tokens = 16, .shared = true}, true);
+  }
+}
+
 constexpr HeadAllocation kHalfPerHead{.floor = 4, .uniform_share = 0.5};
 
 // --- per-head budget splits at equal memory (--adaptive) -----------------------------
@@ -848,7 +884,7 @@ int main(int argc, char** argv) {
     if (a.first_chunk) knobs.snapkv_chunked = policies::ChunkedPrefill::first_chunk;
     // The per-head rows need the calibration pass; --policies, --tune and --paged rows do not.
     const AttentionAgeProfile profile =
-        (a.policies.empty() && !a.tune && !a.paged && !a.block_policies && !a.shared_cells && !a.chunked_rows && !a.haystack &&
+        (a.policies.empty() && !a.tune && !a.paged && !a.block_policies && !a.shared_cells && !a.ceilings && !a.chunked_rows && !a.haystack &&
          !a.reserve) ||
                 a.adaptive
             ? calibrate(r.model)
@@ -1001,7 +1037,7 @@ int main(int argc, char** argv) {
                              : std::string());
     fmt::print("| budget | policy | mean KL | range over 4-stream groups | groups below {} | "
                "top-1 |\n",
-               a.shared_cells      ? std::string("the per-head row")
+               a.shared_cells || a.ceilings ? std::string("the per-head row")
                : a.chunked_rows    ? std::string("uniform-w8")
                : a.paged           ? std::string("block StreamingLLM")
                : a.policies.empty() ? std::string("StreamingLLM (1 sink)")
@@ -1014,6 +1050,11 @@ int main(int argc, char** argv) {
     if (a.shared_cells) {
       const bool dflt = a.budgets == std::vector<std::size_t>{16, 32, 64, 128};
       shared_cell_rows(r, dflt ? std::vector<std::size_t>{64, 128, 256} : a.budgets);
+      return 0;
+    }
+    if (a.ceilings) {
+      const bool dflt = a.budgets == std::vector<std::size_t>{16, 32, 64, 128};
+      ceiling_rows(r, dflt ? std::vector<std::size_t>{64, 128, 256} : a.budgets);
       return 0;
     }
     if (a.block_policies) {

@@ -860,7 +860,6 @@ class Transformer {
     r.probs.resize(static_cast<std::size_t>(c.n_kv_heads));
     for (int kh = 0; kh < c.n_kv_heads; ++kh) {
       const auto k = cache_.keys(l, kh);
-      const auto v = cache_.values(l, kh);
       const auto pos = cache_.positions(l, kh);
       const auto n = static_cast<std::size_t>(k.rows());
       auto& p = r.probs[static_cast<std::size_t>(kh)];
@@ -879,9 +878,15 @@ class Transformer {
       group_q_.assign(q + std::size_t(kh * G) * d, q + std::size_t(kh * G + G) * d);
       for (int g = 0; g < G; ++g) rope_rank(group_q_.data() + std::size_t(g) * d, n - 1);
       kvevict::detail::group_probabilities(rotated_.data(), n, d, group_q_.data(), G, p.data());
-      if constexpr (kvevict::detail::RestrictsAttention<Policy>)
-        kvevict::detail::restrict_to_top(p, cache_.policy().attention_limit(l, kh));
-      r.out.middleRows(kh * G, G).noalias() = p * v;
+    }
+    if constexpr (kvevict::detail::RestrictsAttention<Policy>)
+      kvevict::detail::restrict_attention(cache_.policy(), l, r.probs.size(), [&](std::size_t kh) {
+        return Eigen::Ref<kvevict::detail::RowMajorF>(r.probs[kh]);
+      });
+    for (int kh = 0; kh < c.n_kv_heads; ++kh) {
+      const auto& p = r.probs[static_cast<std::size_t>(kh)];
+      if (p.cols() == 0) continue;
+      r.out.middleRows(kh * G, G).noalias() = p * cache_.values(l, kh);
       cache_.observe(l, kh, std::span<const float>(p.data(), static_cast<std::size_t>(p.size())));
     }
     return r;

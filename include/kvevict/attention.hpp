@@ -92,23 +92,32 @@ concept RestrictsAttention = requires(const P& p, int layer, int head) {
 
 using RowMajorF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-// Keeps, per KV head, the `limit` rows of largest group-summed mass and renormalises
-// each query head over them (the Oracle's per-step ceiling). Ties: lowest row first.
-// A template (unused parameter) in both build modes: only the Oracle calls it, and an
-// inline non-template function would instantiate its Eigen reduction in every includer.
+// The Oracle's per-step ceiling. Units are `block` consecutive rows (row r in unit r /
+// block; 1 = single rows); the `limit / block` units of largest summed mass are kept
+// (ties: lowest unit first) and every query head is renormalised over them. Templates
+// (unused parameter) in both build modes: only the Oracle calls them, and an inline
+// non-template function would instantiate its Eigen reduction in every includer.
 template <class KvevictLazy = void>
-void restrict_to_top(Eigen::Ref<RowMajorF> p, std::size_t limit) {
-  const auto n = static_cast<std::size_t>(p.cols());
-  if (limit >= n) return;
-  Eigen::RowVectorXf mass = p.colwise().sum();
-  std::vector<std::uint32_t> idx(n);
+void top_mass_units(const float* mass, std::size_t n, std::size_t limit, std::size_t block,
+                    std::vector<char>& keep) {
+  keep.assign(n, 1);
+  const std::size_t units = (n + block - 1) / block, kept = limit / block;
+  if (kept >= units) return;
+  std::vector<double> unit_mass(units, 0.0);
+  for (std::size_t i = 0; i < n; ++i) unit_mass[i / block] += mass[i];
+  std::vector<std::uint32_t> idx(units);
   std::iota(idx.begin(), idx.end(), 0u);
-  std::nth_element(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(limit), idx.end(),
+  std::nth_element(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(kept), idx.end(),
                    [&](std::uint32_t a, std::uint32_t b) {
-                     return mass[a] > mass[b] || (mass[a] == mass[b] && a < b);
+                     return unit_mass[a] > unit_mass[b] || (unit_mass[a] == unit_mass[b] && a < b);
                    });
-  std::vector<char> keep(n, 0);
-  for (std::size_t i = 0; i < limit; ++i) keep[idx[i]] = 1;
+  std::vector<char> unit_keep(units, 0);
+  for (std::size_t u = 0; u < kept; ++u) unit_keep[idx[u]] = 1;
+  for (std::size_t i = 0; i < n; ++i) keep[i] = unit_keep[i / block];
+}
+template <class KvevictLazy = void>
+void keep_only(Eigen::Ref<RowMajorF> p, const std::vector<char>& keep) {
+  const auto n = static_cast<std::size_t>(p.cols());
   for (Eigen::Index g = 0; g < p.rows(); ++g) {
     float s = 0.0f;
     for (std::size_t i = 0; i < n; ++i) {
@@ -117,6 +126,44 @@ void restrict_to_top(Eigen::Ref<RowMajorF> p, std::size_t limit) {
     }
     if (s > 0.0f) p.row(g) /= s;
   }
+}
+template <class KvevictLazy = void>
+void restrict_to_top(Eigen::Ref<RowMajorF> p, std::size_t limit, std::size_t block = 1) {
+  const auto n = static_cast<std::size_t>(p.cols());
+  if (limit >= n) return;
+  const Eigen::RowVectorXf mass = p.colwise().sum();
+  std::vector<char> keep;
+  top_mass_units(mass.data(), n, limit, block, keep);
+  keep_only(p, keep);
+}
+/// The restriction of a RestrictsAttention policy over the hkv KV heads of `layer`:
+/// prob_of(kh) is head kh's group x n probabilities (an Eigen map). Per head, or, when the
+/// policy's attention_shared() is true (shared cells: one set for all KV heads of a layer),
+/// one set from the mass summed over every query head of the layer.
+template <class Policy, class ProbOf>
+void restrict_attention(const Policy& policy, int layer, std::size_t hkv, ProbOf&& prob_of) {
+  std::size_t block = 1;
+  bool shared = false;
+  if constexpr (requires { policy.attention_block(); }) block = policy.attention_block();
+  if constexpr (requires { policy.attention_shared(); }) shared = policy.attention_shared();
+  if (!shared) {
+    for (std::size_t kh = 0; kh < hkv; ++kh)
+      restrict_to_top(prob_of(kh), policy.attention_limit(layer, static_cast<int>(kh)), block);
+    return;
+  }
+  const auto n = static_cast<std::size_t>(prob_of(0).cols());
+  const std::size_t limit = policy.attention_limit(layer, 0);
+  if (limit >= n) return;
+  Eigen::RowVectorXf mass = Eigen::RowVectorXf::Zero(static_cast<Eigen::Index>(n));
+  for (std::size_t kh = 0; kh < hkv; ++kh) {
+    auto p = prob_of(kh);
+    require(static_cast<std::size_t>(p.cols()) == n, "attend: shared attention restriction: KV head ",
+            kh, " holds ", p.cols(), " rows, expected ", n, " (every KV head of the layer the same)");
+    mass += p.colwise().sum();
+  }
+  std::vector<char> keep;
+  top_mass_units(mass.data(), n, limit, block, keep);
+  for (std::size_t kh = 0; kh < hkv; ++kh) keep_only(prob_of(kh), keep);
 }
 
 /// AttendOptions::scale: finite and > 0, or 0 for 1 / sqrt(d). Returns the scale to use.
@@ -238,28 +285,43 @@ void attend_step(Cache& cache, int layer, std::span<const float> queries, float*
   const auto G = static_cast<std::size_t>(g.group());
   const auto d = static_cast<std::size_t>(g.head_dim);
   const auto hkv = static_cast<std::size_t>(g.n_kv_heads);
-  for (std::size_t kh = 0; kh < hkv; ++kh) {
-    const auto n = cache.size(layer, static_cast<int>(kh));
-    float* p = probs_of(kh, n);
-    float* o = out + kh * G * d;
+  const auto probabilities = [&](std::size_t kh) {
     const float* q = queries.data() + kh * G * d;
-    require(head_probabilities(cache, layer, static_cast<int>(kh), q, G, p, scale, options.quant_qk), "attend: layer ", layer,
-            " KV head ", kh, ": a score q.k x scale (scale ", scale,
+    require(head_probabilities(cache, layer, static_cast<int>(kh), q, G,
+                               probs_of(kh, cache.size(layer, static_cast<int>(kh))), scale,
+                               options.quant_qk),
+            "attend: layer ", layer, " KV head ", kh, ": a score q.k x scale (scale ", scale,
             ") is not finite (query or key magnitudes overflow float); no policy observed "
             "this step");
-    using Policy = typename Cache::policy_type;
-    if constexpr (RestrictsAttention<Policy>) {
-      Eigen::Map<RowMajorF> pm(p, static_cast<Eigen::Index>(G), static_cast<Eigen::Index>(n));
-      restrict_to_top(pm, cache.policy().attention_limit(layer, static_cast<int>(kh)));
-    }
-    head_output(cache, layer, static_cast<int>(kh), p, G, o);
-  }
-  if (options.observe)
-    for (std::size_t kh = 0; kh < hkv; ++kh) {
+  };
+  const auto output = [&](std::size_t kh) {
+    head_output(cache, layer, static_cast<int>(kh), probs_of(kh, cache.size(layer, static_cast<int>(kh))),
+                G, out + kh * G * d);
+  };
+  using Policy = typename Cache::policy_type;
+  if constexpr (RestrictsAttention<Policy>) {  // the Oracle: every head's mass first
+    for (std::size_t kh = 0; kh < hkv; ++kh) probabilities(kh);
+    restrict_attention(cache.policy(), layer, hkv, [&](std::size_t kh) {
       const auto n = cache.size(layer, static_cast<int>(kh));
-      if (n == 0) continue;  // an empty head has nothing to observe
-      cache.observe(layer, static_cast<int>(kh), std::span<const float>(probs_of(kh, n), G * n));
+      return Eigen::Map<RowMajorF>(probs_of(kh, n), static_cast<Eigen::Index>(G), static_cast<Eigen::Index>(n));
+    });
+    for (std::size_t kh = 0; kh < hkv; ++kh) output(kh);
+  } else {
+    for (std::size_t kh = 0; kh < hkv; ++kh) {
+      probabilities(kh);
+      output(kh);
     }
+  }
+  // Only a policy that reads attention is handed the step: for the others observe() would
+  // only check probabilities this kernel computed (in range by construction: ~2% of a
+  // StreamingLLM decode step of the llama2c engine at 128 rows, measured).
+  if constexpr (has(Policy::signals, Signals::attention))
+    if (options.observe)
+      for (std::size_t kh = 0; kh < hkv; ++kh) {
+        const auto n = cache.size(layer, static_cast<int>(kh));
+        if (n == 0) continue;  // an empty head has nothing to observe
+        cache.observe(layer, static_cast<int>(kh), std::span<const float>(probs_of(kh, n), G * n));
+      }
 }
 
 /// The Eigen attention this kernel replaced (q K^T GEMM, Eigen exp, p V GEMM), kept as the
@@ -276,7 +338,6 @@ AttentionResult attend_reference(Cache& cache, int layer, std::span<const float>
   const int G = g.group();
   for (int kh = 0; kh < g.n_kv_heads; ++kh) {
     const auto k = cache.keys(layer, kh);
-    const auto v = cache.values(layer, kh);
     const auto n = static_cast<std::size_t>(k.rows());
     auto& p = r.probs[static_cast<std::size_t>(kh)];
     p.resize(G, static_cast<Eigen::Index>(n));
@@ -284,9 +345,15 @@ AttentionResult attend_reference(Cache& cache, int layer, std::span<const float>
     group_probabilities_reference(k.data(), n, d,
                                   queries.data() + static_cast<std::size_t>(kh) * std::size_t(G) * d,
                                   G, p.data(), scale);
-    using Policy = typename Cache::policy_type;
-    if constexpr (RestrictsAttention<Policy>)
-      restrict_to_top(p, cache.policy().attention_limit(layer, kh));
+  }
+  using Policy = typename Cache::policy_type;
+  if constexpr (RestrictsAttention<Policy>)
+    restrict_attention(cache.policy(), layer, r.probs.size(),
+                       [&](std::size_t kh) { return Eigen::Ref<RowMajorF>(r.probs[kh]); });
+  for (int kh = 0; kh < g.n_kv_heads; ++kh) {
+    const auto v = cache.values(layer, kh);
+    const auto& p = r.probs[static_cast<std::size_t>(kh)];
+    if (p.cols() == 0) continue;
     if constexpr (std::is_same_v<typename Cache::scalar_type, float>)
       r.out.middleRows(kh * G, G).noalias() = p * v;
     else

@@ -123,14 +123,16 @@ class ContainerCore {
   [[nodiscard]] std::size_t size(int layer, int kv_head) const { return head(layer, kv_head).size(); }
   /// What a reselecting policy's prefill_keep would be handed for a block on `layer`, per
   /// KV head, without changing anything: fn(const PrefillView&) once per head (the rows the
-  /// head holds first, then the block; an empty layer: the block alone). The block is
-  /// checked as prefill checks it. For a caller that decides budgets from a chunk before
-  /// the chunk goes in (policies::ChunkedXkvPrefill).
+  /// head holds first, then the block; an empty layer: the block alone). The block (keys,
+  /// values, queries) is checked as prefill checks it, so a prefill of it later cannot fail
+  /// on its input. For a caller that decides budgets from a chunk before the chunk goes in
+  /// (policies::ChunkedXkvPrefill).
   template <class Fn>
   void prefill_views(int layer, std::int64_t first_position, std::size_t tokens,
-                     std::span<const float> keys, std::span<const float> queries, Fn&& fn) {
+                     std::span<const float> keys, std::span<const float> values,
+                     std::span<const float> queries, Fn&& fn) {
     static_assert(HasPrefillReselect<Policy, Scalar>, "prefill_views: a policy that reselects at chunked prefill");
-    check_block(layer, first_position, tokens, keys, {}, queries, false);
+    check_block(layer, first_position, tokens, keys, values, queries, true);
     std::vector<std::uint32_t> order;
     std::vector<float> held_keys;
     std::vector<std::uint64_t> held_seqs;

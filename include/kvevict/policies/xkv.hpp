@@ -867,10 +867,10 @@ class ChunkedXkvPrefill {
                              "ChunkedXkvPrefill::add_layer: layer ", layer, " gets ", tokens,
                              " tokens at position ", first_position, ", expected layer 0's ",
                              staged_[0].tokens, " at ", staged_[0].first_position);
-    kvevict::detail::require(values.size() == keys.size(), "ChunkedXkvPrefill: values has ",
-                             values.size(), " floats, expected ", keys.size(), " like keys");
+    // Every input check of the prefill apply() will run on this layer happens here, before
+    // anything is staged: once a chunk's last layer arrives, only allocation can fail.
     std::vector<std::vector<float>> pooled(static_cast<std::size_t>(g.n_kv_heads));
-    cache_.prefill_views(layer, first_position, tokens, keys, queries, [&](const PrefillView& v) {
+    cache_.prefill_views(layer, first_position, tokens, keys, values, queries, [&](const PrefillView& v) {
       cache_.policy().prefill_scores(v, pooled[static_cast<std::size_t>(v.kv_head)]);
     });
     staged_[static_cast<std::size_t>(layer)].stage(first_position, tokens, keys, values, queries,
