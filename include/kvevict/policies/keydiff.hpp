@@ -219,27 +219,16 @@ class KeyDiff {
     bool based = false;              // a0 and base_ are set
   };
 
-  // Sum of a dot product in double with eight independent partial sums (any order: the
-  // bounds below hold for every summation order).
-  template <class S>
-  static double dot8(const S* k, const double* a, std::size_t d) {
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  // A dot product accumulated in T (double for the exact candidate scores, float for the
+  // bases) with eight independent partial sums: the bounds below hold for any order.
+  template <class T, class S>
+  static T dot8(const S* k, const T* a, std::size_t d) {
+    T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     std::size_t j = 0;
     for (; j + 8 <= d; j += 8)
-      for (std::size_t t = 0; t < 8; ++t) acc[t] += static_cast<double>(k[j + t]) * a[j + t];
-    double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; j < d; ++j) s += static_cast<double>(k[j]) * a[j];
-    return s;
-  }
-  // The same in float (the bases: the rounding bound below covers it).
-  template <class S>
-  static float dot8f(const S* k, const float* a, std::size_t d) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    std::size_t j = 0;
-    for (; j + 8 <= d; j += 8)
-      for (std::size_t t = 0; t < 8; ++t) acc[t] += static_cast<float>(k[j + t]) * a[j + t];
-    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; j < d; ++j) s += static_cast<float>(k[j]) * a[j];
+      for (std::size_t t = 0; t < 8; ++t) acc[t] += static_cast<T>(k[j + t]) * a[j + t];
+    T s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; j < d; ++j) s += static_cast<T>(k[j]) * a[j];
     return s;
   }
   // Anchor `a` (fixed point) of a rebase into t.a0i / a0 / a0f.
@@ -286,7 +275,7 @@ class KeyDiff {
       const std::uint64_t seq = v.seqs[row], lo = seq & 0xffffffffu;
       t.sum += seq;
       t.sq += lo * lo;
-      if (t.based) base = dot8f(k.data(), t.a0f.data(), d_) * static_cast<float>(in);
+      if (t.based) base = dot8<float>(k.data(), t.a0f.data(), d_) * static_cast<float>(in);
     }
     base_.set(v.layer, v.kv_head, row, base);
   }
@@ -362,7 +351,7 @@ class KeyDiff {
         ++counts_.rebases;
         set_anchor(t, a_dec_.data());
         for (std::size_t r = 0; r < n; ++r)
-          base[r] = dot8f(v.key(r).data(), t.a0f.data(), d) * static_cast<float>(inv[r]);
+          base[r] = dot8<float>(v.key(r).data(), t.a0f.data(), d) * static_cast<float>(inv[r]);
         t.n0 = n;
         t.based = true;
         limit = n;  // the window is the rounding bound alone: no second rebase
@@ -402,7 +391,7 @@ class KeyDiff {
       std::size_t bi = 0;
       for (std::size_t i = 0; i < cand_.size(); ++i) {
         const std::uint32_t r = cand_[i];
-        cand_score_[i] = dot8(v.key(r).data(), anchor_now_.data(), d) * inv[r];
+        cand_score_[i] = dot8<double>(v.key(r).data(), anchor_now_.data(), d) * inv[r];
         if (cand_score_[i] > cand_score_[bi]) bi = i;
       }
       // Taken when every candidate with another key is beaten by the rounding bounds of
