@@ -120,8 +120,8 @@ TEST_CASE("SimHash hash_one allocates nothing", "[kernels][simhash]") {
 TEST_CASE("SimHash FMA path agrees with the reference product", "[kernels][simhash]") {
   std::mt19937_64 rng(17);
   std::normal_distribution<float> g;
-  // At AVX-512, 16 bits at dims 64/128 run the zmm column kernel and bits 32/64 the zmm
-  // row-major one; otherwise (or at AVX2: KVEVICT_ISA=avx2) dim % 8 == 0 with bits <= 32
+  // At AVX-512, 16 bits run the zmm blocked kernel at every dim (masked tail block at 8, 12,
+  // 37, 136) and bits 32/64 the zmm row-major one; otherwise (or at AVX2: KVEVICT_ISA=avx2) dim % 8 == 0 with bits <= 32
   // runs the column-major kernel (8 columns per pass, hadd tree), the rest the row-major one.
   for (int dim : {8, 12, 37, 64, 128, 136}) {
     for (int bits : {8, 16, 32, 64, 128, 256}) {

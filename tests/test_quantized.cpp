@@ -10,8 +10,10 @@
 //  - attention over quantized rows (scalar and AVX2 kernels) against the float reference
 //    over the dequantised rows.
 #include <Eigen/Core>
+#include <algorithm>
 #include <cstring>
 #include <kvevict/serialize.hpp>
+#include <limits>
 
 #include "support/test_support.hpp"
 
@@ -554,6 +556,23 @@ TEST_CASE("the AVX-512 quantized level matches the reference at d 32/96/128/256"
   check_kernel_512<KV<Q8<48>, Q4<48>>>(96);
 }
 
+TEST_CASE("the AVX-512 p.V across tile boundaries (Q4 span order put back per call)",
+          "[quantized]") {
+  // 600 rows: several tiles for every format (Q8<32> at d 128: 119 rows per tile, Q4<32>
+  // 224), a partial last tile; G 5 leaves a head group of one.
+  namespace kk = kvevict::kernels;
+  for (std::size_t G : {std::size_t(4), std::size_t(5)}) {
+    INFO("G " << G);
+    check_kernel<kk::Isa::scalar, KV<Q8<32>, Q4<32>>>(128, G, 600, 900 + G);
+    if (kk::attention_isa() != kk::Isa::avx512) continue;
+    check_kernel<kk::Isa::avx512, KV<Q4<32>, Q8<32>>>(128, G, 600, 901 + G);
+    check_kernel<kk::Isa::avx512, KV<Q8<32>, Q4<32>>>(128, G, 600, 902 + G);
+    check_kernel<kk::Isa::avx512, KV<Q8<16>, Q4<16>>>(32, G, 600, 903 + G);
+    check_kernel<kk::Isa::avx512, KV<Q4<16>, Q8<16>>>(32, G, 600, 904 + G);
+    check_kernel<kk::Isa::avx512, KV<Q8<48>, Q8<48>>>(96, G, 600, 905 + G);
+  }
+}
+
 TEST_CASE("attend over a quantized cache equals attend over the dequantised rows", "[quantized]") {
   const Geometry g{1, 8, 2, 64};
   KVCache<pol::FullCache, KV<Q8<32>, Q4<32>>> qc(g, Budget::unbounded());
@@ -744,6 +763,39 @@ TEST_CASE("integer q.K: exact inputs give the exact kernel's probabilities bit f
       check_qint_exact<Q8<128>>(128, G, n, 5 + G + n);
       check_qint_exact<Q4<128>>(256, G, n, 6 + G + n);
     }
+}
+
+TEST_CASE("the query's codes round half to even like std::nearbyint, ties included", "[quantized]") {
+  // max |q| = 127: s_q = 1, so q / s_q is q itself and the halves are exact ties.
+  const std::size_t d = 64, G = 2;
+  std::vector<float> q(G * d);
+  kvtest::Rng rng(77);
+  const auto r = rng.normals(q.size(), 40.0f);
+  for (std::size_t i = 0; i < q.size(); ++i)
+    q[i] = i % 5 == 0 ? float(int(i % 41) - 20) + 0.5f : std::clamp(r[i], -126.9f, 126.9f);
+  q[3] = 127.0f;
+  q[d + 7] = -127.0f;
+  q[9] = -0.5f;
+  q[11] = 1e-7f;
+  auto check = [&](auto desc) {
+    using D = decltype(desc);
+    kk::detail::QuantQuery qq;
+    REQUIRE(kk::detail::quantize_query<D>(q.data(), d, G, d, qq));
+    for (std::size_t g = 0; g < G; ++g) {
+      REQUIRE(qq.scale[g] == 1.0f);
+      for (std::size_t j = 0; j < d; ++j) {
+        const std::size_t src = D::kind == kk::QKind::q4 ? (j / 32) * 32 + kk::detail::q4_span_element(j % 32) : j;
+        REQUIRE(int(qq.codes[g * d + j]) == int(std::nearbyint(q[g * d + src])));
+      }
+    }
+    std::vector<float> bad = q;
+    bad[d + 5] = std::numeric_limits<float>::infinity();
+    REQUIRE_FALSE(kk::detail::quantize_query<D>(bad.data(), d, G, d, qq));
+    bad[d + 5] = std::numeric_limits<float>::quiet_NaN();
+    REQUIRE_FALSE(kk::detail::quantize_query<D>(bad.data(), d, G, d, qq));
+  };
+  check(kk::QDesc<kk::QKind::q8, 32>{});
+  check(kk::QDesc<kk::QKind::q4, 32>{});
 }
 
 TEST_CASE("integer q.K matches a double transcription of its arithmetic", "[quantized]") {

@@ -388,6 +388,86 @@ TEST_CASE("KeyDiff agrees with a brute-force rule", "[scorers]") {
   }
 }
 
+namespace {
+// Keys of one kind per stream, to push the bounded candidate search (KeyDiff's default with
+// rescore_every 1) where it could go wrong: near-ties, exact ties, zero keys, few
+// directions (d 2: rows parallel to the anchor's drift, where the |A - A0| bound is tight),
+// key norms out of the bounded search's range.
+enum class KeyKind { gaussian, near_ties, zeros_and_copies };
+std::vector<float> keydiff_key(kvtest::Rng& rng, KeyKind kind, std::size_t n,
+                               std::vector<std::vector<float>>& seen) {
+  std::vector<float> k = rng.normals(n);
+  if (kind == KeyKind::near_ties) {  // four directions, perturbed at 1e-7
+    const auto dir = static_cast<float>(rng.uniform(0, 3));
+    for (std::size_t j = 0; j < n; ++j)
+      k[j] = (j % 4 == static_cast<std::size_t>(dir) ? 1.0f : 0.25f) * (1.0f + 1e-7f * k[j]);
+  } else if (kind == KeyKind::zeros_and_copies) {
+    if (rng.chance(0.15)) std::fill(k.begin(), k.end(), 0.0f);
+    else if (rng.chance(0.05))  // norms outside [2^-40, 2^40]: the exhaustive search's
+      for (float& x : k) x *= rng.chance(0.5) ? 1e-13f : 1e13f;
+    else if (!seen.empty() && rng.chance(0.3))
+      k = seen[static_cast<std::size_t>(rng.uniform(0, static_cast<long long>(seen.size()) - 1))];
+  }
+  seen.push_back(k);
+  return k;
+}
+
+// The bounded search against the exhaustive one (KeyDiff::Config::exhaustive), stepped on
+// the same stream: the same rows in the same order at every step, one budget shrink
+// (need > 1) midway.
+KeyDiff::SearchCounts keydiff_bounded_vs_exhaustive(KeyDiff::Config c, int d, std::size_t cap,
+                                                    KeyKind kind, std::uint64_t seed,
+                                                    int steps) {
+  INFO("seed " << seed << " d " << d << " kind " << static_cast<int>(kind));
+  const Geometry g{1, 2, 2, d};
+  KeyDiff::Config ce = c;
+  ce.exhaustive = true;
+  KVCache<KeyDiff> fast(g, Budget::uniform(static_cast<long long>(cap)), KeyDiff(c));
+  KVCache<KeyDiff> ref(g, Budget::uniform(static_cast<long long>(cap)), KeyDiff(ce));
+  kvtest::Rng rng(seed);
+  std::vector<std::vector<float>> seen;
+  for (int t = 0; t < steps; ++t) {
+    if (t == steps / 2) {
+      fast.set_budget(Budget::uniform(static_cast<long long>(cap - 5)));
+      ref.set_budget(Budget::uniform(static_cast<long long>(cap - 5)));
+    }
+    const auto k = keydiff_key(rng, kind, static_cast<std::size_t>(2 * d), seen);
+    fast.append(0, t, k, k);
+    ref.append(0, t, k, k);
+    for (int h = 0; h < 2; ++h) {
+      INFO("step " << t << " head " << h);
+      const auto a = fast.positions(0, h), b = ref.positions(0, h);
+      REQUIRE(std::vector<std::int64_t>(a.begin(), a.end()) ==
+              std::vector<std::int64_t>(b.begin(), b.end()));
+    }
+  }
+  return fast.policy().search_counts();
+}
+}  // namespace
+
+TEST_CASE("KeyDiff's bounded candidate search evicts the exhaustive search's rows", "[scorers]") {
+  const KeyDiff::Config configs[] = {KeyDiff::Config{}, KeyDiff::Config{.sinks = 2, .recent = 3},
+                                     KeyDiff::Config{.sinks = 1, .recent_fraction = 0.375f}};
+  KeyDiff::SearchCounts total{};
+  auto add = [&](const KeyDiff::SearchCounts& s) {
+    total.bounded += s.bounded;
+    total.rebases += s.rebases;
+    total.exhaustive += s.exhaustive;
+  };
+  std::uint64_t seed = 40;
+  for (const auto& c : configs) {
+    add(keydiff_bounded_vs_exhaustive(c, 2, 48, KeyKind::gaussian, ++seed, 500));
+    add(keydiff_bounded_vs_exhaustive(c, 3, 64, KeyKind::gaussian, ++seed, 400));
+    add(keydiff_bounded_vs_exhaustive(c, 16, 40, KeyKind::gaussian, ++seed, 300));
+    add(keydiff_bounded_vs_exhaustive(c, 8, 30, KeyKind::near_ties, ++seed, 200));
+    add(keydiff_bounded_vs_exhaustive(c, 4, 30, KeyKind::zeros_and_copies, ++seed, 300));
+  }
+  // Both paths ran: most decisions bounded, the close calls and the shrink exhaustive.
+  CHECK(total.bounded > 10 * total.exhaustive);
+  CHECK(total.exhaustive > 0);
+  CHECK(total.rebases > 0);
+}
+
 TEST_CASE("KeyDiff by hand: the key most like the others leaves, not the odd one", "[scorers]") {
   // Capacity 3, d 2: keys e1, e1 (scaled), e2; incoming e1. The anchor points mostly along
   // e1, so an e1 row goes (the older one on the tie: both have cosine exactly equal).

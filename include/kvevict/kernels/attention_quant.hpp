@@ -19,10 +19,12 @@
 // multiple of 8; other shapes run the scalar level) and, for the exact path, AVX-512 (Q8/Q4
 // with G a multiple of 16; other shapes run the AVX2 level's choice). The AVX-512 level sums
 // 16 lanes where AVX2 sums 8, so its results differ from AVX2's in the last bits (both are
-// tested against a double reference). The integer q.K path at the AVX-512 level runs the
-// VNNI kernel (VPDPBUSD, four query heads per register) when has_avx512_vnni(), else AVX2's
-// integer scores; the int32 block dots are the same at every level, float sums in another
-// order. kvevict::attend selects it with AttendOptions::quant_qk (attention.hpp).
+// tested against a double reference). Q4 with G a multiple of 32 runs at the AVX-512 level
+// in span order (q4_span_order: the nibble lookup's order, the query permuted to it for q.K,
+// the p.V output put back in element order), so its sums are in another order again. The
+// integer q.K path at the AVX-512 level runs the VNNI kernel (VPDPBUSD, four query heads per
+// register) when has_avx512_vnni(), else AVX2's integer scores; the int32 block dots are the
+// same at every level, float sums in another order. kvevict::attend selects it with AttendOptions::quant_qk (attention.hpp).
 #pragma once
 
 #include <cmath>
@@ -193,6 +195,17 @@ constexpr std::size_t q4_span_element(std::size_t t) noexcept {
   return t < 16 ? (t / 4) * 8 + t % 4 : ((t - 16) / 4) * 8 + 4 + (t - 16) % 4;
 }
 
+/// Q4 at the AVX-512 level with G a multiple of 32 works in "span order": kernel position
+/// t (0..31) of each 32-element span holds element q4_span512_element(t) (the nibble
+/// lookup's natural order, attn_avx512::q_chunk_scaled). Its exact q.K reads the query
+/// permuted the same way; its p.V accumulates in that order and puts the output back.
+template <class D>
+inline constexpr bool q4_span_order = D::kind == QKind::q4 && D::group % 32 == 0;
+constexpr std::size_t q4_span512_element(std::size_t t) noexcept {
+  const std::size_t u = t % 16;  // lane u / 4, dword u % 4: byte 4 (u % 4) + u / 4 of the span
+  return 8 * (u % 4) + u / 4 + (t >= 16 ? 4 : 0);
+}
+
 /// Quantizes the group's queries (false: a query element is not finite; qq is then partial).
 template <class D>
 inline bool quantize_query(const float* q, std::size_t q_stride, std::size_t group, std::size_t d,
@@ -202,17 +215,25 @@ inline bool quantize_query(const float* q, std::size_t q_stride, std::size_t gro
   qq.bsum.resize(group * (d / D::group));
   for (std::size_t g = 0; g < group; ++g) {
     const float* x = q + g * q_stride;
+    // Branch-free loops the compiler vectorises (this header is built without -march, where
+    // std::nearbyint is a libm call per element: ~5 us per KV head at d 128, G 4).
     float amax = 0.0f;
+    bool finite = true;
     for (std::size_t j = 0; j < d; ++j) {
-      if (!std::isfinite(x[j])) return false;
-      amax = std::fabs(x[j]) > amax ? std::fabs(x[j]) : amax;
+      const float a = std::fabs(x[j]);
+      finite &= a <= 3.40282347e+38f;  // false for inf and NaN
+      amax = a > amax ? a : amax;
     }
+    if (!finite) return false;
     const float s = amax / 127.0f;
     qq.scale[g] = s;
     std::int8_t* c = qq.codes.data() + g * d;
+    // Round half to even as std::nearbyint does in the default rounding mode: |x / s| <= 127,
+    // so adding and taking off 1.5 x 2^23 leaves the nearest integer (ties to even).
+    constexpr float kRound = 12582912.0f;
     for (std::size_t j = 0; j < d; ++j) {
       const std::size_t src = D::kind == QKind::q4 ? (j / 32) * 32 + q4_span_element(j % 32) : j;
-      float r = s > 0.0f ? std::nearbyint(x[src] / s) : 0.0f;
+      float r = s > 0.0f ? (x[src] / s + kRound) - kRound : 0.0f;
       r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
       c[j] = static_cast<std::int8_t>(r);
     }
@@ -568,12 +589,22 @@ KVEVICT_QATTN_INLINE V q_chunk_scale(const std::uint8_t* row, std::size_t e) noe
   else
     return q_scale(q_block_of<D>(row, e));
 }
-/// The chunk at e times its block's scale (sc = q_chunk_scale<D>(row, e)). Q4: the 8
-/// stored bytes, each twice (low nibble for elements j, high for j + 4 of each chunk of 8),
-/// shifted so that the nibble is in bits 0-3: VPERMPS reads only those.
+/// The chunk at e times its block's scale (sc = q_chunk_scale<D>(row, e)). Q4 with G a
+/// multiple of 32 (q4_span_order): in kernel order, the span's 16 bytes broadcast to the
+/// four 128-bit lanes, lane l shifted right by 8l (the first 16 of the span: low nibbles)
+/// or 8l + 4 (the last 16: high nibbles), so that VPERMPS (which reads bits 0-3 only) looks
+/// up byte 4k + l's nibble at position 4l + k: one load, one shift, one VPERMPS per 16
+/// elements. Q4 with G = 16: element order, the 8 stored bytes, each twice (low nibble for
+/// elements j, high for j + 4 of each chunk of 8), shifted so that the nibble is in bits 0-3.
 template <class D>
 KVEVICT_QATTN_INLINE V q_chunk_scaled(const std::uint8_t* row, std::size_t e, V sc) noexcept {
-  if constexpr (D::kind == QKind::q4) {
+  if constexpr (q4_span_order<D>) {
+    const std::uint8_t* p = q_codes_at<D>(row, e & ~std::size_t(31));
+    const __m512i x = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m512i sh = (e & 16) ? _mm512_setr_epi32(4, 4, 4, 4, 12, 12, 12, 12, 20, 20, 20, 20, 28, 28, 28, 28)
+                                : _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24);
+    return _mm512_permutexvar_ps(_mm512_srlv_epi32(x, sh), sc);
+  } else if constexpr (D::kind == QKind::q4) {
     const std::uint8_t* p = q_codes_at<D>(row, e);
     const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
     const __m128i dup = _mm_shuffle_epi8(x, _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7));
@@ -666,6 +697,15 @@ KVEVICT_ATTN_TARGET_AVX512 inline void q_attention_output(const float* probs, st
         }
       }
     }
+  }
+  if constexpr (q4_span_order<D>) {  // span order -> element order
+    for (std::size_t g = 0; g < group; ++g)
+      for (std::size_t s0 = 0; s0 < d; s0 += 32) {
+        float* o = out + g * out_stride + s0;
+        alignas(64) float t[32];
+        std::memcpy(t, o, sizeof t);
+        for (std::size_t k = 0; k < 32; ++k) o[q4_span512_element(k)] = t[k];
+      }
   }
 }
 
@@ -807,9 +847,27 @@ inline bool quant_attention_probs_at(const float* q, std::size_t q_stride, std::
                                      std::size_t d, float scale, float* probs) noexcept {
 #if KVEVICT_X86
   if constexpr (I == Isa::avx512)
-    if (detail::attn_avx512::q_simd_shape<D>(d))
-      return detail::attn_avx512::q_attention_probs<D>(q, q_stride, group, rows, row_bytes, n, d,
-                                                       scale, probs);
+    if (detail::attn_avx512::q_simd_shape<D>(d)) {
+      if constexpr (detail::q4_span_order<D>) {  // the query in span order (else AVX2's level)
+        thread_local std::vector<float> qs;  // grows to the largest group x d, then reused
+        bool have = true;
+        try {
+          qs.resize(group * d);
+        } catch (...) {
+          have = false;
+        }
+        if (have) {
+          for (std::size_t g = 0; g < group; ++g)
+            for (std::size_t j = 0; j < d; ++j)
+              qs[g * d + j] = q[g * q_stride + (j & ~std::size_t(31)) + detail::q4_span512_element(j % 32)];
+          return detail::attn_avx512::q_attention_probs<D>(qs.data(), d, group, rows, row_bytes, n, d,
+                                                           scale, probs);
+        }
+      } else {
+        return detail::attn_avx512::q_attention_probs<D>(q, q_stride, group, rows, row_bytes, n, d,
+                                                         scale, probs);
+      }
+    }
   if constexpr (I != Isa::scalar)
     if (detail::attn_avx2::q_simd_shape<D>(d))
       return detail::attn_avx2::q_attention_probs<D>(q, q_stride, group, rows, row_bytes, n, d,

@@ -314,7 +314,9 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
   // (float_topk k = 64: 611 against 480-500 ns), so topk_small keeps 1K.
   static_assert(512 <= avx512::kThresholdMaxN && 512 <= avx2::kThresholdMaxN);
   if (n <= 512) {
-    if constexpr (I == Isa::avx512) return avx512::topk_threshold(s, n, k, out);
+    if constexpr (I == Isa::avx512)
+      return n <= avx512::kRankMaxN ? avx512::topk_rank(s, n, k, out)
+                                    : avx512::topk_threshold(s, n, k, out);
     if constexpr (I == Isa::avx2) return avx2::topk_threshold(s, n, k, out);
   }
 #endif
@@ -524,8 +526,10 @@ KVEVICT_KERNEL_FN void counting_bottomk(const std::uint16_t* keys, std::size_t n
 /// score first, ties toward the lower index, -0.0 == +0.0, NaN ranks below every number (NaN
 /// rows are chosen only when fewer than k scores are numbers, lowest index first).
 /// Method up to 512 rows at AVX2 and AVX-512: a threshold search on the order keys (the k-th
-/// key's high 16 bits found two bits per step by counting compares, then its low bits among
-/// the few keys sharing them; one left-packing pass emits the ids: topk_threshold).
+/// key's high 16 bits found two or three bits per step by counting compares, then its low
+/// bits among the few keys sharing them; one left-packing pass emits the ids:
+/// topk_threshold); at AVX-512 up to 32 rows each row's rank counted in registers
+/// (topk_rank).
 /// Method for n < 8192 beyond that: at AVX2 (and AVX-512) a sampled-bracket select (avx2::topk_bracket:
 /// a sorted 64-key sample brackets the k-th key, left-packing passes narrow a band to at most
 /// 128 rows, which are sorted; up to 2048 rows its first pass compares the floats directly,

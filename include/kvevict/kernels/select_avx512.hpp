@@ -174,28 +174,143 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512i topk_skey16(__m512 f) noexce
   return _mm512_mask_mov_epi32(key, nan, low);
 }
 
-/// Lanes <= c among two registers of signed 16-bit lanes (their masks joined, one popcount).
-KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE std::size_t count_le2(__m512i x, __m512i y,
-                                                                 __m512i c) noexcept {
-  return static_cast<std::size_t>(_mm_popcnt_u64(_cvtmask64_u64(
-      _mm512_kunpackd(_mm512_cmple_epi16_mask(x, c), _mm512_cmple_epi16_mask(y, c)))));
+/// Largest n topk_rank takes.
+inline constexpr std::size_t kRankMaxN = 32;
+
+/// Tiny-n float top-k (0 < k < n <= kRankMaxN) by ranks: each row's rank is the number of rows
+/// before it in the order (a smaller key, or an equal key at a lower index), counted in
+/// registers by one broadcast and two masked compares per row (no search, no branch on the
+/// data); the rows of rank < k are left-packed in index order. Same set as topk_exact (ties
+/// to the lower index, NaN last, -0 == +0). Below ~48 rows std::nth_element beat
+/// topk_threshold's fixed cost (its dependent count steps).
+KVEVICT_TARGET_AVX512 inline void topk_rank(const float* s, std::size_t n, std::size_t k,
+                                            std::uint32_t* out) noexcept {
+  alignas(64) std::int32_t key[kRankMaxN];
+  const __m512i kmax = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::max());
+  const auto v0 = static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1u);
+  const auto v1 = static_cast<__mmask16>(n >= 32 ? 0xFFFFu : n > 16 ? (1u << (n - 16)) - 1u : 0u);
+  // Rows past n hold the largest key and come after every row: never counted, rank >= n.
+  const __m512i r0 = _mm512_mask_mov_epi32(kmax, v0, topk_skey16(_mm512_maskz_loadu_ps(v0, s)));
+  const __m512i r1 =
+      _mm512_mask_mov_epi32(kmax, v1, topk_skey16(_mm512_maskz_loadu_ps(v1, s + 16)));
+  _mm512_store_si512(key, r0);
+  _mm512_store_si512(key + 16, r1);
+  const __m512i one = _mm512_set1_epi32(1);
+  __m512i rank0 = _mm512_setzero_si512(), rank1 = rank0;
+  for (std::size_t j = 0; j < n; ++j) {
+    const __m512i b = _mm512_set1_epi32(key[j]);
+    // Lanes i after row j count it when key_j <= key_i, the others when key_j < key_i.
+    const auto after0 = static_cast<__mmask16>(j < 15 ? 0xFFFFu << (j + 1) : 0u);
+    const auto after1 = static_cast<__mmask16>(j < 16 ? 0xFFFFu : j < 31 ? 0xFFFFu << (j - 15) : 0u);
+    rank0 = _mm512_mask_add_epi32(
+        rank0,
+        static_cast<__mmask16>(_mm512_mask_cmple_epi32_mask(after0, b, r0) |
+                               _mm512_mask_cmplt_epi32_mask(static_cast<__mmask16>(~after0), b, r0)),
+        rank0, one);
+    if (n > 16)
+      rank1 = _mm512_mask_add_epi32(
+          rank1,
+          static_cast<__mmask16>(_mm512_mask_cmple_epi32_mask(after1, b, r1) |
+                                 _mm512_mask_cmplt_epi32_mask(static_cast<__mmask16>(~after1), b, r1)),
+          rank1, one);
+  }
+  const __m512i vk = _mm512_set1_epi32(static_cast<int>(k));
+  const __mmask16 sel0 = _mm512_mask_cmplt_epi32_mask(v0, rank0, vk);
+  const std::size_t c0 =
+      compress_store(out, sel0, _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  if (n > 16)
+    compress_store(out + c0, _mm512_mask_cmplt_epi32_mask(v1, rank1, vk),
+                   _mm512_setr_epi32(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31));
+}
+
+/// One step of topk_threshold's byte search, W bits at b..b+W-1: the counts of lanes <= each
+/// of the 2^W - 1 candidates t | d << b | (2^b - 1), d = 0 .. 2^W - 2 (byte patterns;
+/// Signed: lanes and candidates compare as signed bytes, their patterns offset by 0x80), over
+/// nb registers of 64 bytes, plus `base`. The digit (how many candidates count fewer than k)
+/// goes into *t, and the count of the largest such candidate into *c_lt (unchanged when the
+/// digit is 0): at the end, t is the k-th smallest byte and c_lt the count below it.
+template <int W, bool Signed>
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE void byte_step(const std::uint8_t* v, std::size_t nb,
+                                                          int b, std::size_t k, std::size_t base,
+                                                          unsigned* t, std::size_t* c_lt) noexcept {
+  constexpr int C = (1 << W) - 1;
+  const unsigned first = *t | ((1u << b) - 1), flip = Signed ? 0x80u : 0u;
+  __m512i c[C];
+  std::size_t cnt[C];
+  for (int d = 0; d < C; ++d) {
+    c[d] = _mm512_set1_epi8(static_cast<char>((first + (static_cast<unsigned>(d) << b)) ^ flip));
+    cnt[d] = base;
+  }
+  // Two registers per iteration into two sums each: short add chains (the steps wait on them).
+  std::size_t cnt2[C];
+  for (int d = 0; d < C; ++d) cnt2[d] = 0;
+  auto count = [&](const std::uint8_t* p, std::size_t* into)
+                   KVEVICT_TARGET_AVX512 __attribute__((always_inline)) {
+    const __m512i x = _mm512_load_si512(p);
+    for (int d = 0; d < C; ++d) {
+      const __mmask64 le = Signed ? _mm512_cmple_epi8_mask(x, c[d]) : _mm512_cmple_epu8_mask(x, c[d]);
+      into[d] += static_cast<std::size_t>(_mm_popcnt_u64(_cvtmask64_u64(le)));
+    }
+  };
+  std::size_t r = 0;
+  for (; r + 2 <= nb; r += 2) {
+    count(v + 64 * r, cnt);
+    count(v + 64 * r + 64, cnt2);
+  }
+  if (r < nb) count(v + 64 * r, cnt);
+  // The digit and the count below it without a serial chain: the counts grow with d, so the
+  // ones short of k are a prefix and the largest of them is the last.
+  unsigned digit = 0;
+  std::size_t below = 0;
+  for (int d = 0; d < C; ++d) {
+    const std::size_t n_d = cnt[d] + cnt2[d];
+    const bool short_of_k = n_d < k;
+    digit += short_of_k;
+    below = std::max(below, short_of_k ? n_d : 0);
+  }
+  *c_lt = digit != 0 ? below : *c_lt;
+  *t |= digit << b;
+}
+
+/// The k-th smallest byte of nb registers (plus `base` lanes below every byte) and the count
+/// below it, W bits per step: 3 + 3 + 2 up to 4 registers (the steps wait on their counts'
+/// latency, so 7 candidates cost about what 3 do), 2 bits per step above (the compares and
+/// mask moves bind).
+template <bool Signed>
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE unsigned byte_select(const std::uint8_t* v,
+                                                                std::size_t nb, std::size_t k,
+                                                                std::size_t base,
+                                                                std::size_t* c_lt) noexcept {
+  unsigned t = 0;
+  if (nb <= 4) {
+    byte_step<3, Signed>(v, nb, 5, k, base, &t, c_lt);
+    byte_step<3, Signed>(v, nb, 2, k, base, &t, c_lt);
+    byte_step<2, Signed>(v, nb, 0, k, base, &t, c_lt);
+  } else {
+    for (int b = 6; b >= 0; b -= 2) byte_step<2, Signed>(v, nb, b, k, base, &t, c_lt);
+  }
+  return t;
 }
 
 /// Small-n float top-k (0 < k < n <= kThresholdMaxN) by a threshold search, no sampling and
-/// no sort. The signed order keys' high 16 bits are packed 32 to a register (hi[j] = key[j]
-/// >> 16); the k-th smallest high half is found two bits at a time (8 steps, three compares
-/// and popcounts per 32 rows each: the smallest t with at least k halves <= t), which also
-/// gives the count of halves below it. The keys sharing that high half (usually one to
-/// three) are picked out of the equality masks and the wanted rank among their low halves
-/// taken (scalar::threshold_key): that is the k-th key T. One pass left-packs (VPCOMPRESSD)
-/// the ids of the keys below T and the lowest-index keys equal to T. Same set as topk_exact
+/// no sort. The signed order keys' high 16 bits T16 of the k-th key are found a byte at a
+/// time (byte_select: 3 + 3 + 2 bits per byte up to 256 rows, 2 bits per step above; per
+/// step one byte compare and one 64-bit popcount per candidate and 64 rows): first the high byte among the keys' high bytes (signed, packed 64 to a register),
+/// then the low byte among the second bytes of the keys sharing that high byte (the others
+/// set to 0xFF, above every candidate: their count below is known). This also gives the
+/// count of keys whose high half is below T16. The keys sharing T16 (usually one to three)
+/// are picked out and the wanted rank among their low halves taken
+/// (scalar::threshold_key): that is the k-th key T. One pass left-packs (VPCOMPRESSD) the
+/// ids of the keys below T and the lowest-index keys equal to T. Same set as topk_exact
 /// (ties to the lower index, NaN last, -0 == +0); ids in index order.
 KVEVICT_TARGET_AVX512 inline void topk_threshold(const float* s, std::size_t n, std::size_t k,
                                                  std::uint32_t* out) noexcept {
+  static_assert(kThresholdMaxN % 64 == 0);
   alignas(64) std::int32_t key[kThresholdMaxN];
-  alignas(64) std::int16_t hi[kThresholdMaxN];
+  alignas(64) std::uint8_t hb[kThresholdMaxN];  // key >> 24, in packing order (not row order)
+  alignas(64) std::uint8_t lb[kThresholdMaxN];  // (key >> 16) & 0xFF, same order as hb
   alignas(64) std::int32_t cand[kThresholdMaxN];
-  const std::size_t nv = (n + 15) / 16, nh = (n + 31) / 32;
+  const std::size_t nv = (n + 15) / 16, nb = (n + 63) / 64;
   const __m512i kmax = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::max());
   for (std::size_t v = 0; v < nv; ++v) {
     const std::size_t r = n - 16 * v < 16 ? n - 16 * v : 16;
@@ -204,58 +319,92 @@ KVEVICT_TARGET_AVX512 inline void topk_threshold(const float* s, std::size_t n, 
                        _mm512_mask_mov_epi32(kmax, valid,
                                              topk_skey16(_mm512_maskz_loadu_ps(valid, s + 16 * v))));
   }
-  if (nv & 1) _mm512_store_si512(key + 16 * nv, kmax);  // pad to whole 32-row registers
-  const __m512i odd16 = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37,
-                                         35, 33, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7,
-                                         5, 3, 1);  // the high 16-bit word of each key
-  for (std::size_t h = 0; h < nh; ++h)
-    _mm512_store_si512(hi + 32 * h, _mm512_permutex2var_epi16(_mm512_load_si512(key + 32 * h),
-                                                              odd16,
-                                                              _mm512_load_si512(key + 32 * h + 16)));
-  // Unsigned patterns (sign flipped) of the high halves. Padding rows hold the largest half,
-  // counted only when the candidate is the largest, where the real count is n >= k anyway.
-  unsigned tu = 0;
-  std::size_t c_lt = 0;  // halves below tu: the count of the last candidate that fell short
-  for (int b = 14; b >= 0; b -= 2) {
-    const unsigned ones = (1u << b) - 1;
-    // The three candidates tu | d << b | ones, d = 0, 1, 2, as signed halves.
-    const auto c0 = static_cast<short>((tu | ones) ^ 0x8000u);
-    const __m512i c1 = _mm512_set1_epi16(c0),
-                  c2 = _mm512_set1_epi16(static_cast<short>(c0 + (1 << b))),
-                  c3 = _mm512_set1_epi16(static_cast<short>(c0 + (2 << b)));
-    std::size_t n1 = 0, n2 = 0, n3 = 0;
-    std::size_t h = 0;
-    for (; h + 2 <= nh; h += 2) {
-      const __m512i x = _mm512_load_si512(hi + 32 * h), y = _mm512_load_si512(hi + 32 * h + 32);
-      n1 += count_le2(x, y, c1);
-      n2 += count_le2(x, y, c2);
-      n3 += count_le2(x, y, c3);
-    }
-    if (h < nh) {  // an odd last register (the padding row of hi is never read)
-      const __m512i x = _mm512_load_si512(hi + 32 * h);
-      n1 += static_cast<std::size_t>(_mm_popcnt_u32(_mm512_cmple_epi16_mask(x, c1)));
-      n2 += static_cast<std::size_t>(_mm_popcnt_u32(_mm512_cmple_epi16_mask(x, c2)));
-      n3 += static_cast<std::size_t>(_mm_popcnt_u32(_mm512_cmple_epi16_mask(x, c3)));
-    }
-    c_lt = n3 < k ? n3 : n2 < k ? n2 : n1 < k ? n1 : c_lt;
-    tu |= (static_cast<unsigned>(n1 < k) + (n2 < k) + (n3 < k)) << b;
+  // Pad to whole 64-row registers with the largest key (high byte 0x7F, second byte 0xFF):
+  // counted only when a candidate is the largest, where the real count is n >= k anyway.
+  for (std::size_t v = nv; v < 4 * nb; ++v) _mm512_store_si512(key + 16 * v, kmax);
+  // The high halves of 4 key registers, packed (VPACKSSDW: in range, no saturation; the lane
+  // order changes, which counting ignores), split into high and second bytes.
+  const __m512i low8 = _mm512_set1_epi16(0xFF);
+  for (std::size_t r = 0; r < nb; ++r) {
+    const std::int32_t* kp = key + 64 * r;
+    const __m512i h0 = _mm512_packs_epi32(_mm512_srai_epi32(_mm512_load_si512(kp), 16),
+                                          _mm512_srai_epi32(_mm512_load_si512(kp + 16), 16));
+    const __m512i h1 = _mm512_packs_epi32(_mm512_srai_epi32(_mm512_load_si512(kp + 32), 16),
+                                          _mm512_srai_epi32(_mm512_load_si512(kp + 48), 16));
+    _mm512_store_si512(hb + 64 * r, _mm512_packs_epi16(_mm512_srai_epi16(h0, 8),
+                                                       _mm512_srai_epi16(h1, 8)));
+    _mm512_store_si512(lb + 64 * r, _mm512_packus_epi16(_mm512_and_si512(h0, low8),
+                                                        _mm512_and_si512(h1, low8)));
   }
-  const auto t16 = static_cast<std::int16_t>(tu ^ 0x8000u);
-  const __m512i vt16 = _mm512_set1_epi16(t16);
-  std::size_t m = 0;
-  for (std::size_t h = 0; h < nh; ++h)
-    for (std::uint32_t eq = _mm512_cmpeq_epi16_mask(_mm512_load_si512(hi + 32 * h), vt16); eq;
-         eq &= eq - 1) {
-      const std::size_t j = 32 * h + static_cast<std::size_t>(std::countr_zero(eq));
-      cand[m] = key[j] & 0xFFFF;  // keys with one high half order by the low one
-      m += j < n;
+  // The high byte tb (unsigned pattern, sign flipped) and the count of keys below it.
+  std::size_t c_lt = 0;
+  const unsigned tb = byte_select<true>(hb, nb, k, 0, &c_lt);
+  // The keys with high byte tb (m_tb, padding rows included when tb is their byte).
+  const __m512i vtb = _mm512_set1_epi8(static_cast<char>(tb ^ 0x80u));
+  std::size_t m_tb = 0;
+  for (std::size_t r = 0; r < nb; ++r)
+    m_tb += static_cast<std::size_t>(_mm_popcnt_u64(
+        _cvtmask64_u64(_mm512_cmpeq_epi8_mask(_mm512_load_si512(hb + 64 * r), vtb))));
+  std::size_t m = 0, take_eq = 0;
+  std::int32_t t = 0, t_cand = 0;  // T, and T as cand holds it
+  if (m_tb <= 16) {
+    // Few keys share the high byte (the usual case at k = n/2 on spread scores): T is among
+    // their full keys, no search of the second byte.
+    const __m512i vtb32 = _mm512_set1_epi32(static_cast<std::int8_t>(tb ^ 0x80u));
+    for (std::size_t v = 0; v < nv; ++v) {
+      const __m512i x = _mm512_load_si512(key + 16 * v);
+      const std::size_t r = n - 16 * v < 16 ? n - 16 * v : 16;
+      const auto sel = _mm512_mask_cmpeq_epi32_mask(static_cast<__mmask16>((1u << r) - 1),
+                                                    _mm512_srai_epi32(x, 24), vtb32);
+      m += compress_store(reinterpret_cast<std::uint32_t*>(cand) + m, sel, x);
     }
-  std::size_t take_eq = 0;
-  const std::int32_t t = scalar::threshold_key(cand, m, k, c_lt, t16, &take_eq);
+    t = t_cand = scalar::kth_of(cand, m, k, c_lt, &take_eq);
+  } else {
+    // Second bytes of the keys with high byte tb; 0xFF elsewhere (candidates stay below
+    // 0xFF: the bits of each step's digit are never all ones).
+    const __m512i ff = _mm512_set1_epi8(-1);
+    for (std::size_t r = 0; r < nb; ++r)
+      _mm512_store_si512(lb + 64 * r, _mm512_mask_blend_epi8(
+                                          _mm512_cmpeq_epi8_mask(_mm512_load_si512(hb + 64 * r), vtb),
+                                          ff, _mm512_load_si512(lb + 64 * r)));
+    const unsigned tl = byte_select<false>(lb, nb, k, c_lt, &c_lt);
+    const auto t16 = static_cast<std::int16_t>(((tb << 8) | tl) ^ 0x8000u);
+    const __m512i vt16 = _mm512_set1_epi32(t16);
+    for (std::size_t v = 0; v < nv; ++v)
+      for (unsigned eq = _mm512_cmpeq_epi32_mask(
+               _mm512_srai_epi32(_mm512_load_si512(key + 16 * v), 16), vt16);
+           eq; eq &= eq - 1) {
+        const std::size_t j = 16 * v + static_cast<std::size_t>(std::countr_zero(eq));
+        cand[m] = key[j] & 0xFFFF;  // keys with one high half order by the low one
+        m += j < n;
+      }
+    t = scalar::threshold_key(cand, m, k, c_lt, t16, &take_eq);
+    t_cand = t & 0xFFFF;
+  }
   const __m512i vt = _mm512_set1_epi32(t);
   __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i step = _mm512_set1_epi32(16);
   std::size_t pos = 0;
+  // Left-packs the ids of the lanes in sel.
+  auto emit = [&](__mmask16 sel) KVEVICT_TARGET_AVX512 __attribute__((always_inline)) {
+    const __m512i packed = _mm512_maskz_compress_epi32(sel, idx);
+    const auto c = static_cast<std::size_t>(_mm_popcnt_u32(sel));
+    if (pos + 16 <= k)  // a whole register (the lanes past c are overwritten later)
+      _mm512_storeu_si512(out + pos, packed);
+    else  // near the end of out: its first c lanes only
+      _mm512_mask_storeu_epi32(out + pos, static_cast<__mmask16>((1u << c) - 1), packed);
+    pos += c;
+    idx = _mm512_add_epi32(idx, step);
+  };
+  std::size_t eq_total = 0;  // keys equal to T (all among cand)
+  for (std::size_t j = 0; j < m; ++j) eq_total += cand[j] == t_cand;
+  if (take_eq == eq_total && t != std::numeric_limits<std::int32_t>::max()) {
+    // Every key equal to T is taken (the usual case): the keys <= T, one compare per
+    // register (padding, INT32_MAX, is above T).
+    for (std::size_t v = 0; v < nv; ++v)
+      emit(_mm512_cmple_epi32_mask(_mm512_load_si512(key + 16 * v), vt));
+    return;
+  }
   for (std::size_t v = 0; v < nv; ++v) {
     const __m512i x = _mm512_load_si512(key + 16 * v);
     __mmask16 eq = _mm512_cmpeq_epi32_mask(x, vt);  // padding only when T is NaN's key: it
@@ -265,15 +414,7 @@ KVEVICT_TARGET_AVX512 inline void topk_threshold(const float* s, std::size_t n, 
         eq = static_cast<__mmask16>(_pdep_u32((1u << take_eq) - 1, eq));
       take_eq -= c > take_eq ? take_eq : c;
     }
-    const auto sel = static_cast<__mmask16>(_mm512_cmplt_epi32_mask(x, vt) | eq);
-    const __m512i packed = _mm512_maskz_compress_epi32(sel, idx);
-    const auto c = static_cast<std::size_t>(_mm_popcnt_u32(sel));
-    if (pos + 16 <= k)  // a whole register (the lanes past c are overwritten later)
-      _mm512_storeu_si512(out + pos, packed);
-    else  // near the end of out: its first c lanes only
-      _mm512_mask_storeu_epi32(out + pos, static_cast<__mmask16>((1u << c) - 1), packed);
-    pos += c;
-    idx = _mm512_add_epi32(idx, step);
+    emit(static_cast<__mmask16>(_mm512_cmplt_epi32_mask(x, vt) | eq));
   }
 }
 

@@ -353,14 +353,12 @@ inline std::size_t gather_open(const float* s, std::size_t n, const std::uint64_
   return gather_open_body(s, n, prot, lo, vals, idx);
 }
 
-/// The k-th key T of the threshold top-k (select_avx2 / select_avx512 topk_threshold), from
-/// the low halves cand[0, m) of the keys whose high half is the k-th high half t16, c_lt keys
-/// having a smaller one; *take_eq = how many keys equal to T complete the k (>= 1). Usually
-/// m is 1-3: an insertion sort; many shared high halves (clustered scores) use
-/// std::nth_element. Reorders cand.
-inline std::int32_t threshold_key(std::int32_t* cand, std::size_t m, std::size_t k,
-                                  std::size_t c_lt, std::int32_t t16,
-                                  std::size_t* take_eq) noexcept {
+/// The k-th smallest key overall from the keys cand[0, m) that hold it, c_lt keys being
+/// smaller than all of them; *take_eq = how many keys equal to it complete the k (>= 1).
+/// Usually m is small: an insertion sort; many (clustered scores) use std::nth_element.
+/// Reorders cand.
+inline std::int32_t kth_of(std::int32_t* cand, std::size_t m, std::size_t k, std::size_t c_lt,
+                           std::size_t* take_eq) noexcept {
   const std::size_t need = k - c_lt;  // 1 <= need <= m
   if (m <= 16) {
     for (std::size_t i = 1; i < m; ++i) {
@@ -372,10 +370,21 @@ inline std::int32_t threshold_key(std::int32_t* cand, std::size_t m, std::size_t
   } else {
     std::nth_element(cand, cand + (need - 1), cand + m);
   }
-  const std::int32_t tlo = cand[need - 1];
-  std::size_t below = c_lt;  // keys < T
-  for (std::size_t j = 0; j < m; ++j) below += cand[j] < tlo;
+  const std::int32_t t = cand[need - 1];
+  std::size_t below = c_lt;  // keys < t
+  for (std::size_t j = 0; j < m; ++j) below += cand[j] < t;
   *take_eq = k - below;
+  return t;
+}
+
+/// The k-th key T of the threshold top-k (select_avx2 / select_avx512 topk_threshold), from
+/// the low halves cand[0, m) of the keys whose high half is the k-th high half t16, c_lt keys
+/// having a smaller one (kth_of on the low halves); *take_eq as kth_of's. Usually m is 1-3.
+/// Reorders cand.
+inline std::int32_t threshold_key(std::int32_t* cand, std::size_t m, std::size_t k,
+                                  std::size_t c_lt, std::int32_t t16,
+                                  std::size_t* take_eq) noexcept {
+  const std::int32_t tlo = kth_of(cand, m, k, c_lt, take_eq);
   return static_cast<std::int32_t>((static_cast<std::uint32_t>(t16) << 16) |
                                    static_cast<std::uint32_t>(tlo));
 }

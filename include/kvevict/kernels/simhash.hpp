@@ -67,9 +67,9 @@ class SimHashProjection {
   static constexpr int kColsMaxBits = 32;
 #if KVEVICT_X86
   /// The FMA projection of one vector (AVX2 + FMA; the caller checks the level): at AVX-512
-  /// with 16 bits and dim % 16 == 0 the column-major zmm kernel, with bits 32 or 64 the
-  /// row-major zmm kernel (simhash_fma512), else the
-  /// column-major kernel when dim % 8 == 0 and bits <= kColsMaxBits, else the row-major one. False: the caller runs
+  /// with 16 bits the blocked zmm kernel (simhash_fma512_b16, any dim), with bits 32 or 64
+  /// the row-major zmm kernel (simhash_fma512), else the column-major kernel when
+  /// dim % 8 == 0 and bits <= kColsMaxBits, else the row-major one. False: the caller runs
   /// the reference (some projection too near zero for its sign to be certain).
   bool fma_one(const float* x, std::uint8_t* code) const noexcept;
 #endif
@@ -85,7 +85,9 @@ class SimHashProjection {
   int bits_;
   Eigen::MatrixXf matrix_;
   std::vector<float, detail::Align64Allocator<float>> wt_;  ///< matrix_ row-major (dim x bits), 64-byte aligned, for the FMA paths
-  std::vector<float, detail::Align64Allocator<float>> wc_;  ///< 16 bits, dim % 16 == 0: matrix_ column-major, 64-byte aligned
+  /// 16 bits: per block of 16 dims the 16 columns' weights in turn (16 floats each, zero past
+  /// dim), 64-byte aligned, for the AVX-512 kernel (simhash_fma512_b16)
+  std::vector<float, detail::Align64Allocator<float>> wb_;
   std::vector<float> thr_;  ///< per column: 2 gamma |w_j|, the sign-certainty bound / |x|
 };
 
@@ -348,48 +350,75 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) inline bool simhas
   return true;
 }
 
-/// simhash_fma for 16 bits and dim % 16 == 0 at AVX-512, from a 64-byte aligned column-major
-/// copy of the matrix (column j = the dim weights of bit j): per 16 dims one load of x and 16
-/// FMAs with the columns' weights as memory operands into 16 accumulators (16 independent
-/// chains, no broadcasts), then the 16 accumulators reduced into one vector in bit order by
-/// four levels of shuffles and adds; the norm is computed first. Same contract and bound as
-/// simhash_fma (any order of the products and sums is within it).
-__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) inline bool simhash_fma512_cols16(
-    const float* x, std::size_t d, const float* wc, const float* thr,
+/// One level of simhash_fma512_b16's reduction: a and b seen as pairs of S-lane halves
+/// (each 2 S lanes aligned); the result holds a's pair sums in the lower half of each pair
+/// and b's in the upper (a blend, a swap of the halves, an add). After S = 1, 2, 4, 8 on 16
+/// accumulators, lane l holds the sum of accumulator l's lanes.
+template <int S>
+__attribute__((target("avx512f"), always_inline)) inline __m512 simhash_fold(__m512 a,
+                                                                             __m512 b) noexcept {
+  constexpr __mmask16 hi = S == 1 ? 0xAAAA : S == 2 ? 0xCCCC : S == 4 ? 0xF0F0 : 0xFF00;
+  const __m512 lo_a = _mm512_mask_blend_ps(hi, a, b);  // a in the lower halves, b in the upper
+  const __m512 rest = _mm512_mask_blend_ps(hi, b, a);  // the other half of each pair
+  __m512 swapped;
+  if constexpr (S == 1)
+    swapped = _mm512_permute_ps(rest, _MM_SHUFFLE(2, 3, 0, 1));
+  else if constexpr (S == 2)
+    swapped = _mm512_permute_ps(rest, _MM_SHUFFLE(1, 0, 3, 2));
+  else if constexpr (S == 4)
+    swapped = _mm512_shuffle_f32x4(rest, rest, _MM_SHUFFLE(2, 3, 0, 1));
+  else
+    swapped = _mm512_shuffle_f32x4(rest, rest, _MM_SHUFFLE(1, 0, 3, 2));
+  return _mm512_add_ps(lo_a, swapped);
+}
+
+/// simhash_fma for 16 bits at AVX-512, from the blocked copy wb (SimHashProjection::wb_: per
+/// 16 dims, the 16 columns' 16 weights in turn, column j at offset 16 j; zero past dim): per
+/// block one (masked) load of x, its square into the norm and 16 FMAs with the weights as
+/// memory operands at fixed offsets from one pointer, into 16 independent accumulators
+/// (chains of dim / 16 FMAs); then the 16 accumulators folded into one vector in bit order
+/// by four levels of simhash_fold (15 shuffles in all), one compare mask giving
+/// both code bytes. Same contract and bound as simhash_fma (any order of the products and
+/// sums is within it), so the codes it returns are the reference's.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) inline bool simhash_fma512_b16(
+    const float* x, std::size_t d, const float* wb, const float* thr,
     std::uint8_t* code) noexcept {
   __m512 q = _mm512_setzero_ps();
-  for (std::size_t c = 0; c < d; c += 16) {
-    const __m512 xv = _mm512_loadu_ps(x + c);
+  __m512 a0 = q, a1 = q, a2 = q, a3 = q, a4 = q, a5 = q, a6 = q, a7 = q;
+  __m512 a8 = q, a9 = q, a10 = q, a11 = q, a12 = q, a13 = q, a14 = q, a15 = q;
+  for (std::size_t c = 0; c < d; c += 16, wb += 256) {
+    const __mmask16 m = d - c >= 16 ? __mmask16{0xFFFF}
+                                    : static_cast<__mmask16>((1u << (d - c)) - 1u);
+    const __m512 xv = _mm512_maskz_loadu_ps(m, x + c);
     q = _mm512_fmadd_ps(xv, xv, q);
+    a0 = _mm512_fmadd_ps(xv, _mm512_load_ps(wb), a0);
+    a1 = _mm512_fmadd_ps(xv, _mm512_load_ps(wb + 16), a1);
+    a2 = _mm512_fmadd_ps(xv, _mm512_load_ps(wb + 32), a2);
+    a3 = _mm512_fmadd_ps(xv, _mm512_load_ps(wb + 48), a3);
+    a4 = _mm512_fmadd_ps(xv, _mm512_load_ps(wb + 64), a4);
+    a5 = _mm512_fmadd_ps(xv, _mm512_load_ps(wb + 80), a5);
+    a6 = _mm512_fmadd_ps(xv, _mm512_load_ps(wb + 96), a6);
+    a7 = _mm512_fmadd_ps(xv, _mm512_load_ps(wb + 112), a7);
+    a8 = _mm512_fmadd_ps(xv, _mm512_load_ps(wb + 128), a8);
+    a9 = _mm512_fmadd_ps(xv, _mm512_load_ps(wb + 144), a9);
+    a10 = _mm512_fmadd_ps(xv, _mm512_load_ps(wb + 160), a10);
+    a11 = _mm512_fmadd_ps(xv, _mm512_load_ps(wb + 176), a11);
+    a12 = _mm512_fmadd_ps(xv, _mm512_load_ps(wb + 192), a12);
+    a13 = _mm512_fmadd_ps(xv, _mm512_load_ps(wb + 208), a13);
+    a14 = _mm512_fmadd_ps(xv, _mm512_load_ps(wb + 224), a14);
+    a15 = _mm512_fmadd_ps(xv, _mm512_load_ps(wb + 240), a15);
   }
   const float norm2 = _mm512_reduce_add_ps(q);
+  // Tiny (or non-finite) vectors: underflow breaks the relative bound; use the reference.
   if (!(norm2 >= 0x1p-100f) || !(norm2 <= 0x1p+100f)) return false;
-  const __m512 xn = _mm512_set1_ps(std::sqrt(norm2));
-  __m512 acc[16];
-  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-  for (std::size_t c = 0; c < d; c += 16) {
-    const __m512 xv = _mm512_loadu_ps(x + c);
-    for (int j = 0; j < 16; ++j)
-      acc[j] = _mm512_fmadd_ps(xv, _mm512_load_ps(wc + static_cast<std::size_t>(j) * d + c), acc[j]);
-  }
-  // 16 -> 8: per 128-bit lane (col 2i, col 2i+1, col 2i, col 2i+1) partials.
-  __m512 t[8];
-  for (int i = 0; i < 8; ++i)
-    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * i], acc[2 * i + 1]),
-                         _mm512_unpackhi_ps(acc[2 * i], acc[2 * i + 1]));
-  // 8 -> 4: per 128-bit lane columns 4i .. 4i+3.
-  __m512 r[4];
-  for (int i = 0; i < 4; ++i)
-    r[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  // 4 -> 2 -> 1: add the four 128-bit lanes, leaving lane block i = columns 4i .. 4i+3.
-  const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(r[0], r[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                  _mm512_shuffle_f32x4(r[0], r[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(r[2], r[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                  _mm512_shuffle_f32x4(r[2], r[3], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm512_shuffle_f32x4(w0, w1, _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512 bound = _mm512_mul_ps(_mm512_loadu_ps(thr), xn);
+  const __m512 t0 = simhash_fold<1>(a0, a1), t1 = simhash_fold<1>(a2, a3);
+  const __m512 t2 = simhash_fold<1>(a4, a5), t3 = simhash_fold<1>(a6, a7);
+  const __m512 t4 = simhash_fold<1>(a8, a9), t5 = simhash_fold<1>(a10, a11);
+  const __m512 t6 = simhash_fold<1>(a12, a13), t7 = simhash_fold<1>(a14, a15);
+  const __m512 r0 = simhash_fold<2>(t0, t1), r1 = simhash_fold<2>(t2, t3);
+  const __m512 r2 = simhash_fold<2>(t4, t5), r3 = simhash_fold<2>(t6, t7);
+  const __m512 s = simhash_fold<8>(simhash_fold<4>(r0, r1), simhash_fold<4>(r2, r3));
+  const __m512 bound = _mm512_mul_ps(_mm512_loadu_ps(thr), _mm512_set1_ps(std::sqrt(norm2)));
   if (_mm512_cmp_ps_mask(_mm512_abs_ps(s), bound, _CMP_GT_OQ) != 0xFFFF) return false;
   const auto m = static_cast<unsigned>(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GE_OQ));
   code[0] = static_cast<std::uint8_t>(m);
@@ -429,14 +458,21 @@ KVEVICT_KERNEL_FN SimHashProjection::SimHashProjection(int dim, int bits, std::u
     }
     thr_[static_cast<std::size_t>(j)] = static_cast<float>(2.0 * gamma * std::sqrt(norm2) * 1.01);
   }
-  if (bits == 16 && dim % 16 == 0) wc_.assign(matrix_.data(), matrix_.data() + matrix_.size());
+  if (bits == 16) {
+    const std::size_t blocks = (static_cast<std::size_t>(dim) + 15) / 16;
+    wb_.assign(blocks * 256, 0.0f);
+    for (int i = 0; i < dim; ++i)
+      for (int j = 0; j < 16; ++j)
+        wb_[static_cast<std::size_t>(i / 16) * 256 + static_cast<std::size_t>(j) * 16 +
+            static_cast<std::size_t>(i % 16)] = matrix_(i, j);
+  }
 }
 
 #if KVEVICT_X86
 KVEVICT_KERNEL_FN bool SimHashProjection::fma_one(const float* x, std::uint8_t* code) const noexcept {
-  if (!wc_.empty() && active_isa() == Isa::avx512)
-    return detail::simhash_fma512_cols16(x, static_cast<std::size_t>(dim_), wc_.data(),
-                                         thr_.data(), code);
+  if (!wb_.empty() && active_isa() == Isa::avx512)
+    return detail::simhash_fma512_b16(x, static_cast<std::size_t>(dim_), wb_.data(),
+                                      thr_.data(), code);
   // Other 16-bit shapes stay on the AVX2 kernels: the row-major zmm one measured no faster
   // there (54 against 49 ns in one run, 75 against 91 in another); 2.4x at 64 bits.
   if ((bits_ == 32 || bits_ == 64) && active_isa() == Isa::avx512) {

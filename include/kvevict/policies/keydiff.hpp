@@ -15,10 +15,34 @@
 // and every row's score are recomputed on every R-th decision of a head only; a row
 // appended in between is scored on arrival against the last anchor, and a decision is the
 // victim search over the kept scores, O(n).
+//
+// rescore_every = 1 without `exhaustive` (the default) evicts the row the exhaustive
+// search evicts (the same row for every input, ties included: tested against it) by a
+// bounded candidate search. Per head the anchor is kept as exact fixed-point integers (each
+// unit key truncated to 2^-40, added on arrival, subtracted when the row leaves: no
+// drift), and each row keeps base_r, its similarity to the anchor A0 of the last rebase
+// (in float). As |k_hat_r| <= 1, k_hat_r . A is within |A - A0| of k_hat_r . A0, so with
+// the rounding bounds of the float bases, of the fixed point and of the exhaustive
+// search's own double sums, only the open rows with base_r within 2 |A - A0| (+ those
+// bounds) of the best open base can be the exhaustive search's victim. They are scored in
+// double against A; the best is taken when it beats every candidate with another key by
+// twice the bounds of both computations (rows with the same key bit for bit score the same
+// in the exhaustive search too: the oldest of them goes). Otherwise, and for need > 1, a
+// budget shrink, 2^22 rows, or a key norm outside [2^-40, 2^40], the exhaustive search
+// decides (its similarities become the bases). All rows are rebased (O(n d), float) when
+// the candidates exceed n / 4 + 8 or outweigh a rebase since the last one. The tracked
+// anchor is checked each decision against the live rows (count and two sums of their
+// arrival indices) and rebuilt when rows left another way. Cost: O(n) scans + the
+// candidates' O(c d) + the rebases; for random keys in high dimension the window
+// (Cauchy-Schwarz, tight only for rows along A - A0) holds many rows and rebases are
+// frequent (docs/benchmarks.md).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
 #include <vector>
 
 #include "../errors.hpp"
@@ -33,6 +57,9 @@ class KeyDiff {
     std::size_t recent = 0;        ///< rows that arrived last, never evicted
     float recent_fraction = 0.0f;  ///< protect max(recent, floor(fraction x capacity)) rows
     std::size_t rescore_every = 1;  ///< rescore all rows every R-th decision (1..2^20)
+    /// rescore_every = 1: score every row at every decision (the reference the bounded
+    /// candidate search reproduces; same victims, O(n d) per decision).
+    bool exhaustive = false;
   };
   KeyDiff() = default;
   explicit KeyDiff(Config c) : config_(c) {
@@ -60,6 +87,17 @@ class KeyDiff {
       decisions_.assign(heads, 0);
       frozen_.assign(heads, 0);
       frozen_anchor_.assign(heads * d_, 0.0);
+    } else if (!config_.exhaustive) {
+      const std::size_t heads = static_cast<std::size_t>(shape.geometry.n_layers) * hkv_;
+      base_.bind(shape);
+      track_.assign(heads, Track{});
+      anchor_now_.assign(d_, 0.0);
+      for (auto& t : track_) {
+        t.live.assign(d_, 0);
+        t.a0i.assign(d_, 0);
+        t.a0.assign(d_, 0.0);
+        t.a0f.assign(d_, 0.0f);
+      }
     }
   }
 
@@ -90,6 +128,10 @@ class KeyDiff {
                                   name());
       return;
     }
+    if (!config_.exhaustive) {
+      bounded_victim(v, out);
+      return;
+    }
     score_rows(v);
     detail::evict_lowest_protected(v, score_, config_.sinks, recent_for(v.capacity), out, name());
   }
@@ -97,7 +139,10 @@ class KeyDiff {
   void on_append(const HeadView<S>& v, std::size_t row) {
     const double in = inverse_norm(v.key(row));
     inv_norms_.set(v.layer, v.kv_head, row, in);
-    if (config_.rescore_every == 1) return;
+    if (config_.rescore_every == 1) {
+      if (!config_.exhaustive) track_append(v, row, in);
+      return;
+    }
     // Arrival between rescorings: the negated similarity to the last anchor.
     const std::size_t h = head_index(v.layer, v.kv_head);
     double s = 0.0;
@@ -113,10 +158,19 @@ class KeyDiff {
   void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     inv_norms_.move(layer, kv_head, from, to);
     if (config_.rescore_every > 1) stale_.move(layer, kv_head, from, to);
+    else if (!config_.exhaustive) base_.move(layer, kv_head, from, to);
   }
 
-  /// Negated anchor similarities of the last choose_victims call, one per live row (with
-  /// rescore_every > 1: of the last rescoring).
+  /// Bounded candidate search (rescore_every = 1, not exhaustive): decisions taken by it,
+  /// full rebases of the bases, and decisions left to the exhaustive search.
+  struct SearchCounts {
+    std::uint64_t bounded = 0, rebases = 0, exhaustive = 0, rebuilds = 0;
+  };
+  [[nodiscard]] const SearchCounts& search_counts() const { return counts_; }
+
+  /// Negated anchor similarities of the last exhaustive scoring, one per live row (with
+  /// rescore_every > 1: of the last rescoring; with the bounded search: of its last
+  /// exhaustive decision).
   [[nodiscard]] const std::vector<double>& last_scores() const { return score_; }
 
  private:
@@ -148,6 +202,242 @@ class KeyDiff {
     }
   }
 
+  // --- bounded candidate search (rescore_every = 1) ---------------------------------------
+  static constexpr int kShift = 40;                            // fixed point: 2^-40 per unit
+  static constexpr std::size_t kMaxRows = std::size_t{1} << 22;  // |anchor| < 2^62
+  static constexpr double kU = 0x1p-53;                         // double unit roundoff
+
+  struct Track {
+    std::vector<std::int64_t> live;  // sum of the fixed-point unit keys of the tracked rows
+    std::vector<std::int64_t> a0i;   // the anchor of the last rebase (fixed point)
+    std::vector<double> a0;          // the same in double
+    std::vector<float> a0f;          // and in float (what base_ was computed against)
+    std::size_t work = 0;            // candidates scored since the last rebase
+    std::size_t count = 0, n0 = 0;   // tracked rows; rows at the last rebase
+    std::uint64_t sum = 0, sq = 0;   // sums of the tracked rows' seqs and squared low halves
+    bool valid = false;              // live/count/sums describe the head's rows
+    bool based = false;              // a0 and base_ are set
+  };
+
+  // A dot product accumulated in T (double for the exact candidate scores, float for the
+  // bases) with eight independent partial sums: the bounds below hold for any order.
+  template <class T, class S>
+  static T dot8(const S* k, const T* a, std::size_t d) {
+    T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::size_t j = 0;
+    for (; j + 8 <= d; j += 8)
+      for (std::size_t t = 0; t < 8; ++t) acc[t] += static_cast<T>(k[j + t]) * a[j + t];
+    T s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; j < d; ++j) s += static_cast<T>(k[j]) * a[j];
+    return s;
+  }
+  // Anchor `a` (fixed point) of a rebase into t.a0i / a0 / a0f.
+  void set_anchor(Track& t, const std::int64_t* a) const {
+    std::copy(a, a + d_, t.a0i.begin());
+    for (std::size_t j = 0; j < d_; ++j) {
+      t.a0[j] = static_cast<double>(a[j]) * 0x1p-40;
+      t.a0f[j] = static_cast<float>(t.a0[j]);
+    }
+    t.work = 0;
+  }
+  // Adds (sign +1) or subtracts (-1) the fixed-point unit key of `k` (inverse norm `in`).
+  // Each component is truncated: below 2^-40 + one rounding of k x in from the real unit key.
+  template <class S>
+  void accumulate(std::int64_t* acc, const S* k, double in, std::int64_t sign) const {
+    for (std::size_t j = 0; j < d_; ++j)
+      acc[j] += sign * static_cast<std::int64_t>(static_cast<double>(k[j]) * in * 0x1p40);
+  }
+  // A key with a norm outside [2^-40, 2^40] (inverse norm `in`; 0 for a zero key): its
+  // float base could overflow or lose digits to underflow; such heads use the exhaustive
+  // search while they hold one.
+  static bool extreme(double in) { return in != 0.0 && (in > 0x1p40 || in < 0x1p-40); }
+  static void fingerprint(const std::uint64_t* seqs, std::size_t n, std::uint64_t& sum,
+                          std::uint64_t& sq) {
+    std::uint64_t a = 0, b = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      const std::uint64_t lo = seqs[r] & 0xffffffffu;
+      a += seqs[r];
+      b += lo * lo;
+    }
+    sum = a;
+    sq = b;
+  }
+
+  template <class S>
+  void track_append(const HeadView<S>& v, std::size_t row, double in) {
+    Track& t = track_[head_index(v.layer, v.kv_head)];
+    const auto k = v.key(row);
+    float base = 0.0f;
+    if (t.valid && extreme(in)) t.valid = false;  // rebuilt (and refused) at the next decision
+    if (t.valid) {
+      accumulate(t.live.data(), k.data(), in, 1);
+      ++t.count;
+      const std::uint64_t seq = v.seqs[row], lo = seq & 0xffffffffu;
+      t.sum += seq;
+      t.sq += lo * lo;
+      if (t.based) base = dot8<float>(k.data(), t.a0f.data(), d_) * static_cast<float>(in);
+    }
+    base_.set(v.layer, v.kv_head, row, base);
+  }
+
+  // The exhaustive decision; its similarities (-score_) become the bases, against the
+  // anchor `a_dec` (fixed point) of this decision when the tracked state is valid.
+  template <class S>
+  void exhaustive_victims(const HeadView<S>& v, Track& t, const std::int64_t* a_dec,
+                          std::vector<std::uint32_t>& out) {
+    ++counts_.exhaustive;
+    score_rows(v);
+    detail::evict_lowest_protected(v, score_, config_.sinks, recent_for(v.capacity), out, name());
+    if (!t.valid || a_dec == nullptr) {
+      t.based = false;
+      return;
+    }
+    auto& base = base_.of(v.layer, v.kv_head);
+    for (std::size_t r = 0; r < v.size; ++r) base[r] = static_cast<float>(-score_[r]);
+    set_anchor(t, a_dec);
+    t.n0 = v.size;
+    t.based = true;
+  }
+
+  template <class S>
+  void bounded_victim(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
+    Track& t = track_[head_index(v.layer, v.kv_head)];
+    const std::size_t n = v.size, d = d_, first = out.size();
+    const auto& inv = inv_norms_.of(v.layer, v.kv_head);
+    auto& base = base_.of(v.layer, v.kv_head);
+    // Is the tracked anchor still the sum over the live rows?
+    if (t.valid) {
+      std::uint64_t sum = 0, sq = 0;
+      fingerprint(v.seqs, n, sum, sq);
+      if (t.count != n || sum != t.sum || sq != t.sq) t.valid = false;
+    }
+    if (!t.valid && n + 2 < kMaxRows &&
+        std::none_of(inv.begin(), inv.begin() + static_cast<std::ptrdiff_t>(n), extreme)) {
+      ++counts_.rebuilds;  // rebuild from the rows
+      std::fill(t.live.begin(), t.live.end(), 0);
+      for (std::size_t r = 0; r < n; ++r) accumulate(t.live.data(), v.key(r).data(), inv[r], 1);
+      t.count = n;
+      fingerprint(v.seqs, n, t.sum, t.sq);
+      t.valid = true;
+      t.based = false;
+    }
+    const double in_inv =
+        v.incoming_key != nullptr ? inverse_norm(std::span<const float>(v.incoming_key, d)) : 0.0;
+    if (!t.valid || v.need != 1 || v.incoming_key == nullptr || extreme(in_inv)) {
+      exhaustive_victims(v, t, nullptr, out);  // not tracked: rebuilt at the next decision
+      t.valid = false;
+      return;
+    }
+    // The anchor of this decision: the live rows and the incoming key.
+    a_dec_.assign(t.live.begin(), t.live.end());
+    accumulate(a_dec_.data(), v.incoming_key, in_inv, 1);
+    const std::size_t recent = recent_for(v.capacity);
+    const std::uint64_t lo = config_.sinks, hi = detail::open_below(v, recent);
+    // Rounding bounds (similarities are at most N in size; u = 2^-53; see the header).
+    const double N = static_cast<double>(std::max(n, t.n0) + 2);
+    const double dq = std::sqrt(static_cast<double>(d)) * N * (0x1p-40 + kU);  // |a - A|
+    const double et = (N + static_cast<double>(d) + 8.0) * kU * N * 1.1;  // exhaustive's error
+    const double es = (static_cast<double>(d) + 8.0) * kU * N * 1.1 + 1.01 * dq;  // exact scores
+    // bases: in float (dot, anchor and inverse norm in float, stored as float), or the
+    // exhaustive search's similarities rounded to float
+    // (+ 1e-20 for float underflow: keys have norms in [2^-40, 2^40], see extreme()).
+    const double eb =
+        et + 1.01 * dq + (static_cast<double>(d) + 12.0) * 0x1p-24 * N * 1.1 + 1e-20;
+    // Rebase when the candidates exceed n / 4 + 8, or when the candidates scored since the
+    // last rebase (weighted 4: double, rows out of order) would exceed its cost.
+    std::size_t limit = 8 + n / 4;
+    for (int pass = 0; pass < 2; ++pass) {
+      if (!t.based) {  // rebase: every row against this decision's anchor
+        ++counts_.rebases;
+        set_anchor(t, a_dec_.data());
+        for (std::size_t r = 0; r < n; ++r)
+          base[r] = dot8<float>(v.key(r).data(), t.a0f.data(), d) * static_cast<float>(inv[r]);
+        t.n0 = n;
+        t.based = true;
+        limit = n;  // the window is the rounding bound alone: no second rebase
+      }
+      double dd = 0.0;  // |A - A0|^2
+      for (std::size_t j = 0; j < d; ++j) {
+        const double x = static_cast<double>(a_dec_[j] - t.a0i[j]) * 0x1p-40;
+        dd += x * x;
+      }
+      const double mb = 1.01 * (std::sqrt(dd) * (1.0 + 1e-9) + dq) + eb;
+      const double window = (2.0 * mb + 2.0 * (et + es)) * 1.001;
+      // The best open base, then the open rows within the window of it.
+      float best = -std::numeric_limits<float>::infinity();
+      bool any = false;
+      for (std::size_t r = 0; r < n; ++r)
+        if (v.seqs[r] >= lo && v.seqs[r] < hi) {
+          any = true;
+          best = std::max(best, base[r]);
+        }
+      if (!any) {  // no open row: it throws
+        exhaustive_victims(v, t, a_dec_.data(), out);
+        return;
+      }
+      const double floor = static_cast<double>(best) - window;
+      cand_.clear();
+      for (std::size_t r = 0; r < n; ++r)
+        if (static_cast<double>(base[r]) >= floor && v.seqs[r] >= lo && v.seqs[r] < hi)
+          cand_.push_back(static_cast<std::uint32_t>(r));
+      if (pass == 0 && (cand_.size() > limit || t.work + 4 * cand_.size() > n)) {
+        t.based = false;
+        continue;
+      }
+      t.work += 4 * cand_.size();
+      // Exact similarities of the candidates against this decision's anchor.
+      for (std::size_t j = 0; j < d; ++j) anchor_now_[j] = static_cast<double>(a_dec_[j]) * 0x1p-40;
+      cand_score_.resize(cand_.size());
+      std::size_t bi = 0;
+      for (std::size_t i = 0; i < cand_.size(); ++i) {
+        const std::uint32_t r = cand_[i];
+        cand_score_[i] = dot8<double>(v.key(r).data(), anchor_now_.data(), d) * inv[r];
+        if (cand_score_[i] > cand_score_[bi]) bi = i;
+      }
+      // Taken when every candidate with another key is beaten by the rounding bounds of
+      // both searches; rows with the very same key (bit for bit) score the same in the
+      // exhaustive search too, and its tie rule takes the oldest of them.
+      std::size_t b = cand_[bi];
+      const auto kb = v.key(b);
+      const double gap = 2.0 * (es + et) * 1.001;
+      bool clear = true;
+      for (std::size_t i = 0; i < cand_.size() && clear; ++i) {
+        if (i == bi) continue;
+        const std::uint32_t r = cand_[i];
+        if (cand_score_[bi] - cand_score_[i] > gap) continue;
+        const auto kr = v.key(r);
+        if (std::equal(kb.begin(), kb.end(), kr.begin(), [](const S& x, const S& y) {
+              return std::memcmp(&x, &y, sizeof(S)) == 0;
+            })) {
+          if (v.seqs[r] < v.seqs[b]) b = r;
+        } else {
+          clear = false;
+        }
+      }
+      if (!clear) {  // too close to call: exhaustive
+        exhaustive_victims(v, t, a_dec_.data(), out);
+        subtract_victims(v, t, inv, out, first);
+        return;
+      }
+      ++counts_.bounded;
+      out.push_back(static_cast<std::uint32_t>(b));
+      subtract_victims(v, t, inv, out, first);
+      return;
+    }
+  }
+  template <class S>
+  void subtract_victims(const HeadView<S>& v, Track& t, const std::vector<double>& inv,
+                        const std::vector<std::uint32_t>& out, std::size_t first) {
+    for (std::size_t i = first; i < out.size(); ++i) {
+      const std::uint32_t r = out[i];
+      accumulate(t.live.data(), v.key(r).data(), inv[r], -1);
+      --t.count;
+      const std::uint64_t seq = v.seqs[r], lo = seq & 0xffffffffu;
+      t.sum -= seq;
+      t.sq -= lo * lo;
+    }
+  }
+
   template <class S>
   static double inverse_norm(std::span<const S> key) {
     double s = 0.0;
@@ -165,6 +455,14 @@ class KeyDiff {
   std::vector<unsigned char> frozen_;
   std::vector<double> frozen_anchor_;
   std::vector<double> anchor_, score_;
+  // Bounded candidate search: per row its base; per (layer, KV head) the tracked anchor.
+  detail::RowColumn<float> base_;
+  std::vector<Track> track_;
+  std::vector<std::int64_t> a_dec_;
+  std::vector<double> anchor_now_;
+  std::vector<std::uint32_t> cand_;
+  std::vector<double> cand_score_;
+  SearchCounts counts_{};
 };
 
 }  // namespace kvevict::policies
