@@ -1,9 +1,9 @@
 #pragma once
 // Random eviction: the floor every policy must beat. Seeded, one independent stream per
 // (layer, KV head), so results do not depend on the order heads are visited.
-#include <random>
 #include <sstream>
 
+#include "../random_engine.hpp"
 #include "common.hpp"
 
 namespace kvevict::policies {
@@ -60,10 +60,13 @@ class Random {
   void save_state(std::vector<std::uint8_t>& out) const {
     kvevict::detail::ByteWriter w(out);
     for (std::uint64_t x : {seed, std::uint64_t(sinks), std::uint64_t(recent)}) w.put(x);
-    // The one stream left in include/ (docs/ARCHITECTURE.md): the standard defines a
-    // generator's state only as the text its operator<< writes and operator>> reads.
+    // The one stream left in include/ (docs/ARCHITECTURE.md): the generator's state as the
+    // text std::mt19937_64's operator<< writes (random_engine.hpp).
     std::ostringstream os;
-    for (const auto& g : rngs_) os << g << ' ';
+    for (const auto& g : rngs_) {
+      g.save(os);
+      os << ' ';
+    }
     w.put_string(os.str());
   }
   void load_state(std::span<const std::uint8_t> in) {
@@ -76,8 +79,8 @@ class Random {
                              ", recent = ", rc, ", expected seed = ", seed, ", sinks = ", sinks,
                              ", recent = ", recent);
     std::istringstream is(r.get_string("Random generators", in.size()));
-    std::vector<std::mt19937_64> fresh(rngs_.size());
-    for (auto& g : fresh) is >> g;
+    std::vector<kvevict::detail::Mt19937_64> fresh(rngs_.size());
+    for (auto& g : fresh) g.load(is);
     kvevict::detail::require(!is.fail() && r.remaining() == 0,
                              "Random state: malformed generator state (", rngs_.size(),
                              " generators expected)");
@@ -94,7 +97,7 @@ class Random {
 
  private:
   std::size_t hkv_ = 1;
-  std::vector<std::mt19937_64> rngs_;
+  std::vector<kvevict::detail::Mt19937_64> rngs_;  ///< std::mt19937_64's sequence
 };
 
 }  // namespace kvevict::policies
