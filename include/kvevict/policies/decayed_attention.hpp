@@ -462,11 +462,7 @@ class DecayedAttention {
     // start the reads of its scores (read last, by the victim search) and of the next KV
     // head's columns (decided next) so that their latency overlaps this decision.
     if (v.kv_head == 0) prefetch_rows(scores_.of(v.layer, v.kv_head));
-    if (static_cast<std::size_t>(v.kv_head) + 1 < hkv_) {
-      prefetch_rows(scores_.of(v.layer, v.kv_head + 1));
-      prefetch_rows(spikes_.of(v.layer, v.kv_head + 1));
-      prefetch_rows(seqs_.of(v.layer, v.kv_head + 1));
-    }
+    if (static_cast<std::size_t>(v.kv_head) + 1 < hkv_) prefetch_columns(v.layer, v.kv_head + 1);
     const std::size_t words = (v.size + 63) / 64;
     if (bits_.size() != words) bits_.resize(words);
     reserve_candidates(v.size);
@@ -485,6 +481,12 @@ class DecayedAttention {
     const char* p = reinterpret_cast<const char*>(c.data());
     const std::size_t bytes = c.size() * sizeof(T);
     for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
+  }
+  /// prefetch_rows over the columns a decision and an observe read (recalls() only).
+  void prefetch_columns(int layer, int kv_head) const {
+    prefetch_rows(scores_.of(layer, kv_head));
+    prefetch_rows(spikes_.of(layer, kv_head));
+    prefetch_rows(seqs_.of(layer, kv_head));
   }
   /// keep_recalled's candidate buffers hold at least n entries (they only grow).
   void reserve_candidates(std::size_t n) {
