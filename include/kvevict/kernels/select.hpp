@@ -319,6 +319,12 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
                                     : avx512::topk_threshold(s, n, k, out);
     if constexpr (I == Isa::avx2) return avx2::topk_threshold(s, n, k, out);
   }
+  // k <= 64 above 512 rows at AVX-512: a bound from 32 groups' two best rows leaves about
+  // 150-400 candidates (N(0,1) scores, 1K-16K rows), which topk_threshold finishes (loop over
+  // 16 N(0,1) inputs, 2026-12-02: 1K / 4K / 8K / 16K rows 316-341 / 693-746 / 1314-1448 /
+  // 3150-3229 ns against 527-536 / 1836-1856 / 6886-14938 / 8492-21438 ns before).
+  if constexpr (I == Isa::avx512)
+    if (n > 512 && k <= 64 && avx512::topk_filter(s, n, k, out)) return;
 #endif
   // topk_small up to 2048 rows: faster than topk_bracket at 256 and 1K, slower at 4K
   // (bench_kernels float_topk, old/new binaries interleaved, 2026-12-01).

@@ -418,6 +418,70 @@ KVEVICT_TARGET_AVX512 inline void topk_threshold(const float* s, std::size_t n, 
   }
 }
 
+/// Most candidates topk_filter keeps before it gives up (its buffers live on the stack).
+inline constexpr std::size_t kFilterMaxM = kThresholdMaxN;
+
+/// Float top-k for k <= 64 (0 < k < n) by a lower bound: the rows fall in 32 groups (row i
+/// in group (i / 16) % 2 * 16 + i % 16: two registers of running maxima and second maxima),
+/// and the smallest of the 32 second maxima, L, is at most the k-th largest score (each
+/// group has two rows >= L: 64 rows). One pass left-packs the scores >= L and their ids
+/// (float compares: NaN never, -0 == +0); topk_threshold (topk_rank up to 32) takes the k
+/// best among them, ids mapped back (the candidates keep index order, so ties still go to
+/// the lower index). Same set as topk_exact. Returns false, having written nothing, when the
+/// candidates are fewer than k (NaN among the k best) or more than kFilterMaxM.
+KVEVICT_TARGET_AVX512 inline bool topk_filter(const float* s, std::size_t n, std::size_t k,
+                                              std::uint32_t* out) noexcept {
+  alignas(64) float cf[kFilterMaxM + 16];
+  alignas(64) std::uint32_t ci[kFilterMaxM + 16];
+  alignas(64) std::uint32_t local[kFilterMaxM];
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 m1[2] = {ninf, ninf}, m2[2] = {ninf, ninf};
+  // MAXPS / MINPS return their second operand when either is NaN: max(x, m1) keeps m1 and
+  // min(m1, x) gives NaN, which max(., m2) drops: a NaN score never enters a group's two.
+  auto add = [&](int g, __m512 x) KVEVICT_TARGET_AVX512 __attribute__((always_inline)) {
+    m2[g] = _mm512_max_ps(_mm512_min_ps(m1[g], x), m2[g]);
+    m1[g] = _mm512_max_ps(x, m1[g]);
+  };
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    add(0, _mm512_loadu_ps(s + i));
+    add(1, _mm512_loadu_ps(s + i + 16));
+  }
+  for (int g = 0; i + 16 * static_cast<std::size_t>(g) < n; ++g) {  // the last 1-31 rows
+    const std::size_t r = std::min<std::size_t>(n - i - 16 * static_cast<std::size_t>(g), 16);
+    add(g, _mm512_mask_loadu_ps(ninf, static_cast<__mmask16>((1u << r) - 1),
+                                s + i + 16 * static_cast<std::size_t>(g)));
+  }
+  // A group with fewer than two numbers keeps -inf: L = -inf, every number a candidate.
+  const float lb = _mm512_reduce_min_ps(_mm512_min_ps(m2[0], m2[1]));
+  const __m512 vl = _mm512_set1_ps(lb);
+  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  std::size_t m = 0;
+  for (i = 0; i < n; i += 16) {
+    const std::size_t r = n - i < 16 ? n - i : 16;
+    const auto valid = static_cast<__mmask16>((1u << r) - 1);
+    const __m512 x = _mm512_maskz_loadu_ps(valid, s + i);
+    const __mmask16 sel = _mm512_mask_cmp_ps_mask(valid, x, vl, _CMP_GE_OQ);
+    _mm512_storeu_ps(cf + m, _mm512_maskz_compress_ps(sel, x));  // 16 spare entries
+    _mm512_storeu_si512(ci + m, _mm512_maskz_compress_epi32(sel, idx));
+    m += static_cast<std::size_t>(_mm_popcnt_u32(sel));
+    if (m > kFilterMaxM) return false;
+    idx = _mm512_add_epi32(idx, step);
+  }
+  if (m < k) return false;
+  if (m == k) {
+    std::copy_n(ci, k, out);
+    return true;
+  }
+  if (m <= kRankMaxN)
+    topk_rank(cf, m, k, local);
+  else
+    topk_threshold(cf, m, k, local);
+  for (std::size_t j = 0; j < k; ++j) out[j] = ci[local[j]];
+  return true;
+}
+
 }  // namespace kvevict::kernels::detail::avx512
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif
