@@ -217,7 +217,7 @@ TEST_CASE("topk_indices from 1 to 1100 rows: the small-n path's bracket and its 
       }
 }
 
-TEST_CASE("topk_indices with k <= 64 above 512 rows: the group bound and its fallbacks",
+TEST_CASE("topk_indices above 512 rows: the group bound (k <= 64), the band, their fallbacks",
           "[kernels][select]") {
   // At AVX-512 (avx512::topk_filter) the 32 groups' second-best scores bound the k-th from
   // below; shapes put the bound on ties, NaN and infinities, leave fewer than k numbers (the
@@ -252,6 +252,34 @@ TEST_CASE("topk_indices with k <= 64 above 512 rows: the group bound and its fal
           check_topk(isa, s, k);
         }
       }
+  for (Isa isa : levels())  // k > 64 up to 4096 rows (avx512::topk_band) on the same shapes
+    for (std::size_t n : {600, 1024, 3000, 4096})
+      for (int dist = 0; dist < 9; ++dist) {
+        std::vector<float> s(n);
+        std::normal_distribution<float> g;
+        for (std::size_t i = 0; i < n; ++i)
+          s[i] = dist == 0 ? g(rng)
+               : dist == 1 ? static_cast<float>(rng() % 3)
+               : dist == 2 ? static_cast<float>(i)
+               : dist == 3 ? (i % 5 == 0 ? nan : g(rng))
+               : dist == 4 ? (rng() % 2 ? 0.0f : -0.0f)
+               : dist == 5 ? (i % 3 == 0 ? inf : (i % 3 == 1 ? -inf : g(rng)))
+               : dist == 6 ? (((2 * (i / (n / 64)) + 1) * n) >> 7 == i ? 1e6f : g(rng))
+               : dist == 7 ? g(rng) * 1e-3f + (i < n / 2 ? 5.0f : 0.0f)
+                           : static_cast<float>(n - i) + (i % 2 ? 0.5f : 0.0f);
+        for (std::size_t k : {std::size_t{65}, std::size_t{100}, n / 3, n / 2, n - 65, n - 1}) {
+          INFO("isa " << kk::isa_name(isa) << " n " << n << " k " << k << " dist " << dist);
+          check_topk(isa, s, k);
+        }
+      }
+  for (Isa isa : levels())  // k = the numbers: the sample's lower key is NaN's, the band all
+    for (std::size_t n : {1024, 4096}) {  // numbers not above hi (every band row taken)
+      std::vector<float> s(n, nan);
+      std::normal_distribution<float> g;
+      for (std::size_t i = 0; i < n / 2; ++i) s[i] = g(rng);
+      INFO("isa " << kk::isa_name(isa) << " n " << n);
+      check_topk(isa, s, n / 2);
+    }
   for (Isa isa : levels())  // exactly k - 1, k or k + 1 numbers, the rest NaN
     for (std::size_t k : {32, 64})
       for (std::size_t cnt : {k - 1, k, k + 1})

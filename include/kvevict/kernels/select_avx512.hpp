@@ -13,6 +13,7 @@
 #if KVEVICT_X86
 #include <immintrin.h>
 #endif
+#include "select_avx2.hpp"
 #include "select_scalar.hpp"
 
 #if KVEVICT_X86
@@ -303,13 +304,15 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE unsigned byte_select(const std::uint
 /// (scalar::threshold_key): that is the k-th key T. One pass left-packs (VPCOMPRESSD) the
 /// ids of the keys below T and the lowest-index keys equal to T. Same set as topk_exact
 /// (ties to the lower index, NaN last, -0 == +0); ids in index order.
+/// MaxN: the largest n (the stack buffers' size; topk_band passes a larger one).
+template <std::size_t MaxN = kThresholdMaxN>
 KVEVICT_TARGET_AVX512 inline void topk_threshold(const float* s, std::size_t n, std::size_t k,
                                                  std::uint32_t* out) noexcept {
-  static_assert(kThresholdMaxN % 64 == 0);
-  alignas(64) std::int32_t key[kThresholdMaxN];
-  alignas(64) std::uint8_t hb[kThresholdMaxN];  // key >> 24, in packing order (not row order)
-  alignas(64) std::uint8_t lb[kThresholdMaxN];  // (key >> 16) & 0xFF, same order as hb
-  alignas(64) std::int32_t cand[kThresholdMaxN];
+  static_assert(MaxN % 64 == 0);
+  alignas(64) std::int32_t key[MaxN];
+  alignas(64) std::uint8_t hb[MaxN];  // key >> 24, in packing order (not row order)
+  alignas(64) std::uint8_t lb[MaxN];  // (key >> 16) & 0xFF, same order as hb
+  alignas(64) std::int32_t cand[MaxN];
   const std::size_t nv = (n + 15) / 16, nb = (n + 63) / 64;
   const __m512i kmax = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::max());
   for (std::size_t v = 0; v < nv; ++v) {
@@ -479,6 +482,64 @@ KVEVICT_TARGET_AVX512 inline bool topk_filter(const float* s, std::size_t n, std
   else
     topk_threshold(cf, m, k, local);
   for (std::size_t j = 0; j < k; ++j) out[j] = ci[local[j]];
+  return true;
+}
+
+/// Most band rows topk_band hands to topk_threshold.
+inline constexpr std::size_t kBandMaxM = 1536;
+
+/// Float top-k for 0 < k < n, n > 64 (select.hpp: 513 to 8191 rows, k > 64) by one bracket
+/// round: avx2::topk_small_bracket's floats lo <= hi around the k-th (a sorted 64-row
+/// sample), then one pass 16 rows at a time (float compares: NaN in neither class, -0 == +0)
+/// left-packs the ids of the rows > hi straight into out and the floats and ids of the rows
+/// in [lo, hi] (the band, index order) into bf / bi (n + 16 entries each); the k - (rows >
+/// hi) best of the band are topk_threshold's (topk_rank up to 32 rows), ids mapped back
+/// (index order kept: ties still go to the lower index). Same set as topk_exact. Returns
+/// false when the bracket misses the k-th or the band has more than kBandMaxM rows; out is
+/// then to be written again.
+KVEVICT_TARGET_AVX512 inline bool topk_band(const float* s, std::size_t n, std::size_t k,
+                                            std::uint32_t* out, float* bf,
+                                            std::uint32_t* bi) noexcept {
+  float hi, lo;
+  avx2::topk_small_bracket(s, n, k, &hi, &lo);
+  const __m512 vhi = _mm512_set1_ps(hi), vlo = _mm512_set1_ps(lo);
+  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  std::size_t na = 0, nm = 0;
+  for (std::size_t i = 0; i < n; i += 16) {
+    const std::size_t r = n - i < 16 ? n - i : 16;
+    const auto valid = static_cast<__mmask16>((1u << r) - 1);
+    const __m512 x = _mm512_maskz_loadu_ps(valid, s + i);
+    const __mmask16 ma = _mm512_mask_cmp_ps_mask(valid, x, vhi, _CMP_GT_OQ);
+    const __mmask16 mm =
+        _mm512_mask_cmp_ps_mask(static_cast<__mmask16>(valid & ~ma), x, vlo, _CMP_GE_OQ);
+    const auto ca = static_cast<std::size_t>(_mm_popcnt_u32(ma));
+    const __m512i pa = _mm512_maskz_compress_epi32(ma, idx);
+    if (na + 16 <= k)  // a whole register (the lanes past ca are overwritten later)
+      _mm512_storeu_si512(out + na, pa);
+    else if (na + ca <= k)
+      _mm512_mask_storeu_epi32(out + na, static_cast<__mmask16>((1u << ca) - 1), pa);
+    else
+      return false;  // more than k rows above hi
+    na += ca;
+    _mm512_storeu_ps(bf + nm, _mm512_maskz_compress_ps(mm, x));  // 16 spare entries
+    _mm512_storeu_si512(bi + nm, _mm512_maskz_compress_epi32(mm, idx));
+    nm += static_cast<std::size_t>(_mm_popcnt_u32(mm));
+    idx = _mm512_add_epi32(idx, step);
+  }
+  if (na == k) return true;
+  if (na + nm < k || nm > kBandMaxM) return false;
+  const std::size_t need = k - na;
+  if (need == nm) {
+    std::copy_n(bi, nm, out + na);
+    return true;
+  }
+  alignas(64) std::uint32_t local[kBandMaxM];
+  if (nm <= kRankMaxN)
+    topk_rank(bf, nm, need, local);
+  else
+    topk_threshold<kBandMaxM>(bf, nm, need, local);
+  for (std::size_t j = 0; j < need; ++j) out[na + j] = bi[local[j]];
   return true;
 }
 
