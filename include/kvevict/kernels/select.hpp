@@ -318,8 +318,11 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
   static_assert(512 <= avx512::kThresholdMaxN && 512 <= avx2::kThresholdMaxN);
   if (n <= 512) {
     if constexpr (I == Isa::avx512)
-      return n <= avx512::kRankMaxN ? avx512::topk_rank(s, n, k, out)
-                                    : avx512::topk_threshold(s, n, k, out);
+    {
+      if (n <= avx512::kRankMaxN) return avx512::topk_rank(s, n, k, out);
+      avx512::topk_threshold(s, n, k, out);
+      return;
+    }
     if constexpr (I == Isa::avx2) return avx2::topk_threshold(s, n, k, out);
   }
   // k <= 64 above 512 rows at AVX-512: a bound from 32 groups' two best rows leaves about
@@ -341,8 +344,7 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
   // 1664-2257 ns); larger bands fall back to topk_small.
   if constexpr (I == Isa::avx512)
     if (n > 512 && n <= 4096 &&
-        avx512::topk_band(s, n, k, out, reinterpret_cast<float*>(grow(sc.band_keys[0], n + 16)),
-                          grow(sc.band_ids[0], n + 16)))
+        avx512::topk_band(s, n, k, out, reinterpret_cast<float*>(grow(sc.band_keys[0], n + 16))))
       return;
 #endif
   // topk_small below kMinN: up to 2048 rows faster than topk_bracket (bench_kernels

@@ -304,10 +304,12 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE unsigned byte_select(const std::uint
 /// (scalar::threshold_key): that is the k-th key T. One pass left-packs (VPCOMPRESSD) the
 /// ids of the keys below T and the lowest-index keys equal to T. Same set as topk_exact
 /// (ties to the lower index, NaN last, -0 == +0); ids in index order.
-/// MaxN: the largest n (the stack buffers' size; topk_band passes a larger one).
-template <std::size_t MaxN = kThresholdMaxN>
-KVEVICT_TARGET_AVX512 inline void topk_threshold(const float* s, std::size_t n, std::size_t k,
-                                                 std::uint32_t* out) noexcept {
+/// MaxN: the largest n (the stack buffers' size). Emit false (topk_band): no pass, out
+/// unused; returns T with *take_eq, the number of keys equal to T taken (lowest index first).
+template <std::size_t MaxN = kThresholdMaxN, bool Emit = true>
+KVEVICT_TARGET_AVX512 inline std::int32_t topk_threshold(const float* s, std::size_t n,
+                                                         std::size_t k, std::uint32_t* out,
+                                                         std::size_t* take_eq_out = nullptr) noexcept {
   static_assert(MaxN % 64 == 0);
   alignas(64) std::int32_t key[MaxN];
   alignas(64) std::uint8_t hb[MaxN];  // key >> 24, in packing order (not row order)
@@ -384,6 +386,10 @@ KVEVICT_TARGET_AVX512 inline void topk_threshold(const float* s, std::size_t n, 
     t = scalar::threshold_key(cand, m, k, c_lt, t16, &take_eq);
     t_cand = t & 0xFFFF;
   }
+  if constexpr (!Emit) {
+    *take_eq_out = take_eq;
+    return t;
+  }
   const __m512i vt = _mm512_set1_epi32(t);
   __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i step = _mm512_set1_epi32(16);
@@ -406,7 +412,7 @@ KVEVICT_TARGET_AVX512 inline void topk_threshold(const float* s, std::size_t n, 
     // register (padding, INT32_MAX, is above T).
     for (std::size_t v = 0; v < nv; ++v)
       emit(_mm512_cmple_epi32_mask(_mm512_load_si512(key + 16 * v), vt));
-    return;
+    return t;
   }
   for (std::size_t v = 0; v < nv; ++v) {
     const __m512i x = _mm512_load_si512(key + 16 * v);
@@ -419,6 +425,7 @@ KVEVICT_TARGET_AVX512 inline void topk_threshold(const float* s, std::size_t n, 
     }
     emit(static_cast<__mmask16>(_mm512_cmplt_epi32_mask(x, vt) | eq));
   }
+  return t;
 }
 
 /// Most candidates topk_filter keeps before it gives up (its buffers live on the stack).
@@ -488,23 +495,22 @@ KVEVICT_TARGET_AVX512 inline bool topk_filter(const float* s, std::size_t n, std
 /// Most band rows topk_band hands to topk_threshold.
 inline constexpr std::size_t kBandMaxM = 1536;
 
-/// Float top-k for 0 < k < n, n > 64 (select.hpp: 513 to 8191 rows, k > 64) by one bracket
+/// Float top-k for 0 < k < n, n > 64 (select.hpp: 513 to 4096 rows, k > 64) by one bracket
 /// round: avx2::topk_small_bracket's floats lo <= hi around the k-th (a sorted 64-row
-/// sample), then one pass 16 rows at a time (float compares: NaN in neither class, -0 == +0)
-/// left-packs the ids of the rows > hi straight into out and the floats and ids of the rows
-/// in [lo, hi] (the band, index order) into bf / bi (n + 16 entries each); the k - (rows >
-/// hi) best of the band are topk_threshold's (topk_rank up to 32 rows), ids mapped back
-/// (index order kept: ties still go to the lower index). Same set as topk_exact. Returns
-/// false when the bracket misses the k-th or the band has more than kBandMaxM rows; out is
-/// then to be written again.
+/// sample); one pass 16 rows at a time (float compares: NaN in neither class, -0 == +0)
+/// counts the rows > hi and left-packs the floats in [lo, hi] (the band, index order) into
+/// bf (n + 16 entries); topk_threshold finds the band's (k - rows above)-th key T and how
+/// many rows equal to T are taken; a second pass left-packs the ids of the rows > T and the
+/// first such rows equal to T (every row equal to T is in the band, so that count holds for
+/// all rows). Two compresses per 16 rows (VPCOMPRESSD binds: a third, the ids of the rows
+/// above hi in the first pass, cost more than the second pass). Same set as topk_exact.
+/// Returns false, out unwritten, when the bracket misses the k-th or the band has more than
+/// kBandMaxM rows.
 KVEVICT_TARGET_AVX512 inline bool topk_band(const float* s, std::size_t n, std::size_t k,
-                                            std::uint32_t* out, float* bf,
-                                            std::uint32_t* bi) noexcept {
+                                            std::uint32_t* out, float* bf) noexcept {
   float hi, lo;
   avx2::topk_small_bracket(s, n, k, &hi, &lo);
   const __m512 vhi = _mm512_set1_ps(hi), vlo = _mm512_set1_ps(lo);
-  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i step = _mm512_set1_epi32(16);
   std::size_t na = 0, nm = 0;
   for (std::size_t i = 0; i < n; i += 16) {
     const std::size_t r = n - i < 16 ? n - i : 16;
@@ -513,33 +519,42 @@ KVEVICT_TARGET_AVX512 inline bool topk_band(const float* s, std::size_t n, std::
     const __mmask16 ma = _mm512_mask_cmp_ps_mask(valid, x, vhi, _CMP_GT_OQ);
     const __mmask16 mm =
         _mm512_mask_cmp_ps_mask(static_cast<__mmask16>(valid & ~ma), x, vlo, _CMP_GE_OQ);
-    const auto ca = static_cast<std::size_t>(_mm_popcnt_u32(ma));
-    const __m512i pa = _mm512_maskz_compress_epi32(ma, idx);
-    if (na + 16 <= k)  // a whole register (the lanes past ca are overwritten later)
-      _mm512_storeu_si512(out + na, pa);
-    else if (na + ca <= k)
-      _mm512_mask_storeu_epi32(out + na, static_cast<__mmask16>((1u << ca) - 1), pa);
-    else
-      return false;  // more than k rows above hi
-    na += ca;
     _mm512_storeu_ps(bf + nm, _mm512_maskz_compress_ps(mm, x));  // 16 spare entries
-    _mm512_storeu_si512(bi + nm, _mm512_maskz_compress_epi32(mm, idx));
+    na += static_cast<std::size_t>(_mm_popcnt_u32(ma));
     nm += static_cast<std::size_t>(_mm_popcnt_u32(mm));
+  }
+  if (na >= k || na + nm < k || nm > kBandMaxM) return false;
+  const std::size_t need = k - na;
+  float tf = lo;     // need == nm: every row >= lo
+  std::size_t take_eq = n;
+  if (need < nm)  // T is a number's key (the band has no NaN)
+    tf = avx2::topk_skey_float(topk_threshold<kBandMaxM, false>(bf, nm, need, nullptr, &take_eq));
+  const __m512 vt = _mm512_set1_ps(tf);
+  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  std::size_t pos = 0;
+  for (std::size_t i = 0; i < n; i += 16) {
+    const std::size_t r = n - i < 16 ? n - i : 16;
+    const auto valid = static_cast<__mmask16>((1u << r) - 1);
+    const __m512 x = _mm512_maskz_loadu_ps(valid, s + i);
+    const __mmask16 gt = _mm512_mask_cmp_ps_mask(valid, x, vt, _CMP_GT_OQ);
+    __mmask16 eq = _mm512_mask_cmp_ps_mask(valid, x, vt, _CMP_EQ_OQ);
+    if (eq != 0) {
+      const auto c = static_cast<std::size_t>(_mm_popcnt_u32(eq));
+      if (c > take_eq)  // keep the lowest take_eq tie lanes
+        eq = static_cast<__mmask16>(_pdep_u32((1u << take_eq) - 1, eq));
+      take_eq -= c > take_eq ? take_eq : c;
+    }
+    const auto sel = static_cast<__mmask16>(gt | eq);
+    const __m512i packed = _mm512_maskz_compress_epi32(sel, idx);
+    const auto c = static_cast<std::size_t>(_mm_popcnt_u32(sel));
+    if (pos + 16 <= k)  // a whole register (the lanes past c are overwritten later)
+      _mm512_storeu_si512(out + pos, packed);
+    else  // near the end of out: its first c lanes only
+      _mm512_mask_storeu_epi32(out + pos, static_cast<__mmask16>((1u << c) - 1), packed);
+    pos += c;
     idx = _mm512_add_epi32(idx, step);
   }
-  if (na == k) return true;
-  if (na + nm < k || nm > kBandMaxM) return false;
-  const std::size_t need = k - na;
-  if (need == nm) {
-    std::copy_n(bi, nm, out + na);
-    return true;
-  }
-  alignas(64) std::uint32_t local[kBandMaxM];
-  if (nm <= kRankMaxN)
-    topk_rank(bf, nm, need, local);
-  else
-    topk_threshold<kBandMaxM>(bf, nm, need, local);
-  for (std::size_t j = 0; j < need; ++j) out[na + j] = bi[local[j]];
   return true;
 }
 
