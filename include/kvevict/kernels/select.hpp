@@ -339,9 +339,9 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
   };
 #if KVEVICT_X86
   // Other k at AVX-512 up to 4096 rows: one bracket round whose band (about 13n/64 rows)
-  // topk_threshold finishes (loop over 16 N(0,1) inputs, 2026-12-02: 1K / 4K rows, k = n/2,
-  // 503-519 / 1452-1625 ns against topk_small's 563-575 / 1361-1968 and topk_bracket's
-  // 1664-2257 ns); larger bands fall back to topk_small.
+  // topk_threshold finishes (bench_kernels float_topk/half, main / branch alternating,
+  // 2026-12-02, load 5-6: 1K 463-633 against 548-596 ns, 4K 1307-1953 against 1925-2048 ns
+  // by topk_bracket); larger bands (8K rows: ~1660) fall back to topk_small.
   if constexpr (I == Isa::avx512)
     if (n > 512 && n <= 4096 &&
         avx512::topk_band(s, n, k, out, reinterpret_cast<float*>(grow(sc.band_keys[0], n + 16))))
