@@ -293,6 +293,32 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE unsigned byte_select(const std::uint
   return t;
 }
 
+/// The lowest *take_eq lanes of eq (all of them when fewer); *take_eq less those kept.
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __mmask16 keep_ties(__mmask16 eq,
+                                                               std::size_t* take_eq) noexcept {
+  if (eq == 0) return eq;
+  const auto c = static_cast<std::size_t>(_mm_popcnt_u32(eq));
+  if (c > *take_eq) eq = static_cast<__mmask16>(_pdep_u32((1u << *take_eq) - 1, eq));
+  *take_eq -= c > *take_eq ? *take_eq : c;
+  return eq;
+}
+
+/// Left-packs the ids idx of the lanes in sel at out + pos (out holds k entries: a whole
+/// register while it fits, the lanes past the count overwritten later; near the end only
+/// the selected lanes); returns the position past them.
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE std::size_t emit_ids(std::uint32_t* out,
+                                                                std::size_t pos, std::size_t k,
+                                                                __mmask16 sel,
+                                                                __m512i idx) noexcept {
+  const __m512i packed = _mm512_maskz_compress_epi32(sel, idx);
+  const auto c = static_cast<std::size_t>(_mm_popcnt_u32(sel));
+  if (pos + 16 <= k)
+    _mm512_storeu_si512(out + pos, packed);
+  else
+    _mm512_mask_storeu_epi32(out + pos, static_cast<__mmask16>((1u << c) - 1), packed);
+  return pos + c;
+}
+
 /// Small-n float top-k (0 < k < n <= kThresholdMaxN) by a threshold search, no sampling and
 /// no sort. The signed order keys' high 16 bits T16 of the k-th key are found a byte at a
 /// time (byte_select: 3 + 3 + 2 bits per byte up to 256 rows, 2 bits per step above; per
@@ -396,13 +422,7 @@ KVEVICT_TARGET_AVX512 inline std::int32_t topk_threshold(const float* s, std::si
   std::size_t pos = 0;
   // Left-packs the ids of the lanes in sel.
   auto emit = [&](__mmask16 sel) KVEVICT_TARGET_AVX512 __attribute__((always_inline)) {
-    const __m512i packed = _mm512_maskz_compress_epi32(sel, idx);
-    const auto c = static_cast<std::size_t>(_mm_popcnt_u32(sel));
-    if (pos + 16 <= k)  // a whole register (the lanes past c are overwritten later)
-      _mm512_storeu_si512(out + pos, packed);
-    else  // near the end of out: its first c lanes only
-      _mm512_mask_storeu_epi32(out + pos, static_cast<__mmask16>((1u << c) - 1), packed);
-    pos += c;
+    pos = emit_ids(out, pos, k, sel, idx);
     idx = _mm512_add_epi32(idx, step);
   };
   std::size_t eq_total = 0;  // keys equal to T (all among cand)
@@ -416,13 +436,8 @@ KVEVICT_TARGET_AVX512 inline std::int32_t topk_threshold(const float* s, std::si
   }
   for (std::size_t v = 0; v < nv; ++v) {
     const __m512i x = _mm512_load_si512(key + 16 * v);
-    __mmask16 eq = _mm512_cmpeq_epi32_mask(x, vt);  // padding only when T is NaN's key: it
-    if (eq != 0) {                                   // comes last, after take_eq real ties
-      const auto c = static_cast<std::size_t>(_mm_popcnt_u32(eq));
-      if (c > take_eq)  // keep the lowest take_eq tie lanes
-        eq = static_cast<__mmask16>(_pdep_u32((1u << take_eq) - 1, eq));
-      take_eq -= c > take_eq ? take_eq : c;
-    }
+    // Padding equals T only when T is NaN's key: it comes last, after take_eq real ties.
+    const __mmask16 eq = keep_ties(_mm512_cmpeq_epi32_mask(x, vt), &take_eq);
     emit(static_cast<__mmask16>(_mm512_cmplt_epi32_mask(x, vt) | eq));
   }
   return t;
@@ -538,21 +553,8 @@ KVEVICT_TARGET_AVX512 inline bool topk_band(const float* s, std::size_t n, std::
     const auto valid = static_cast<__mmask16>((1u << r) - 1);
     const __m512 x = _mm512_maskz_loadu_ps(valid, s + i);
     const __mmask16 gt = _mm512_mask_cmp_ps_mask(valid, x, vt, _CMP_GT_OQ);
-    __mmask16 eq = _mm512_mask_cmp_ps_mask(valid, x, vt, _CMP_EQ_OQ);
-    if (eq != 0) {
-      const auto c = static_cast<std::size_t>(_mm_popcnt_u32(eq));
-      if (c > take_eq)  // keep the lowest take_eq tie lanes
-        eq = static_cast<__mmask16>(_pdep_u32((1u << take_eq) - 1, eq));
-      take_eq -= c > take_eq ? take_eq : c;
-    }
-    const auto sel = static_cast<__mmask16>(gt | eq);
-    const __m512i packed = _mm512_maskz_compress_epi32(sel, idx);
-    const auto c = static_cast<std::size_t>(_mm_popcnt_u32(sel));
-    if (pos + 16 <= k)  // a whole register (the lanes past c are overwritten later)
-      _mm512_storeu_si512(out + pos, packed);
-    else  // near the end of out: its first c lanes only
-      _mm512_mask_storeu_epi32(out + pos, static_cast<__mmask16>((1u << c) - 1), packed);
-    pos += c;
+    const __mmask16 eq = keep_ties(_mm512_mask_cmp_ps_mask(valid, x, vt, _CMP_EQ_OQ), &take_eq);
+    pos = emit_ids(out, pos, k, static_cast<__mmask16>(gt | eq), idx);
     idx = _mm512_add_epi32(idx, step);
   }
   return true;
