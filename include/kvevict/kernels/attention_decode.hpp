@@ -117,25 +117,48 @@ inline void require_attention_isa(Isa isa) {
 #endif
 }
 
-/// fn(first row, element offset of the run's first row, rows) for the rows [0, n) of a
-/// block table, as maximal runs of rows that lie back to back in memory (consecutive pool
-/// blocks when block_stride is block_rows x row_stride).
+/// fn(first row, element offset of the run's first row, rows, the next run's element
+/// offset, its rows (0 after the last run)) for the rows [0, n) of a block table, as
+/// maximal runs of rows that lie back to back in memory (consecutive pool blocks when
+/// block_stride is block_rows x row_stride).
 template <class Fn>
 inline void for_each_run(const BlockTable& t, std::size_t row_stride, std::size_t n,
                          Fn&& fn) noexcept {
   if (n == 0) return;
   const bool packed = t.block_stride == t.block_rows * row_stride;
-  std::size_t i = 0, b = 0;
-  while (i < n) {
-    std::size_t rows = n - i < t.block_rows ? n - i : t.block_rows;
+  // The run starting at row i, block b: its rows, and the block after it.
+  auto run = [&](std::size_t i, std::size_t b, std::size_t& rows) {
+    rows = n - i < t.block_rows ? n - i : t.block_rows;
     std::size_t e = b + 1;
     if (packed)
       for (; i + rows < n && t.blocks[e] == t.blocks[e - 1] + 1; ++e)
         rows += n - i - rows < t.block_rows ? n - i - rows : t.block_rows;
-    fn(i, static_cast<std::size_t>(t.blocks[b]) * t.block_stride, rows);
+    return e;
+  };
+  std::size_t i = 0, b = 0, rows = 0;
+  std::size_t e = run(i, b, rows);
+  while (i < n) {
+    std::size_t next_rows = 0, next_e = e;
+    if (i + rows < n) next_e = run(i + rows, e, next_rows);
+    fn(i, static_cast<std::size_t>(t.blocks[b]) * t.block_stride, rows,
+       next_rows ? static_cast<std::size_t>(t.blocks[e]) * t.block_stride : 0, next_rows);
     i += rows;
     b = e;
+    e = next_e;
+    rows = next_rows;
   }
+}
+
+/// Prefetches the first `rows` rows (up to 64) of the next run into the cache: a pool's
+/// blocks are scattered, and the hardware prefetcher restarts at every block.
+template <KvFormat F>
+inline void prefetch_rows(const void* base, std::size_t offset, std::size_t rows,
+                          std::size_t row_stride, std::size_t d) noexcept {
+  const char* p = static_cast<const char*>(base) + offset * kv_format_bytes(F);
+  const std::size_t bytes = d * kv_format_bytes(F), step = row_stride * kv_format_bytes(F);
+  if (rows > 64) rows = 64;
+  for (std::size_t r = 0; r < rows; ++r, p += step)
+    for (std::size_t c = 0; c < bytes; c += 64) __builtin_prefetch(p + c);
 }
 
 template <KvFormat F>
@@ -147,7 +170,9 @@ template <Isa I, KvFormat F>
 inline bool attention_probs_at(const float* q, std::size_t q_stride, std::size_t group,
                                const void* keys, std::size_t k_stride, const BlockTable& t,
                                std::size_t n, std::size_t d, float scale, float* probs) noexcept {
-  for_each_run(t, k_stride, n, [&](std::size_t i, std::size_t offset, std::size_t rows) {
+  for_each_run(t, k_stride, n, [&](std::size_t i, std::size_t offset, std::size_t rows,
+                                   std::size_t next, std::size_t next_rows) {
+    prefetch_rows<F>(keys, next, next_rows, k_stride, d);
     const void* k = element_at<F>(keys, offset);
 #if KVEVICT_X86
     if constexpr (I == Isa::avx512)
@@ -170,7 +195,9 @@ inline void attention_output_at(const float* probs, std::size_t group, const voi
                                 std::size_t d, float* out, std::size_t out_stride) noexcept {
   for (std::size_t g = 0; g < group; ++g)
     for (std::size_t j = 0; j < d; ++j) out[g * out_stride + j] = 0.0f;
-  for_each_run(t, v_stride, n, [&](std::size_t i, std::size_t offset, std::size_t rows) {
+  for_each_run(t, v_stride, n, [&](std::size_t i, std::size_t offset, std::size_t rows,
+                                   std::size_t next, std::size_t next_rows) {
+    prefetch_rows<F>(values, next, next_rows, v_stride, d);
     const void* v = element_at<F>(values, offset);
 #if KVEVICT_X86
     if constexpr (I == Isa::avx512)
