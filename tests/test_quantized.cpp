@@ -573,6 +573,62 @@ TEST_CASE("the AVX-512 p.V across tile boundaries (Q4 span order put back per ca
   }
 }
 
+TEST_CASE("the quantized q.K over row blocks and head groups; p.V sharing a block's scale",
+          "[quantized]") {
+  // q.K runs blocks of kRows rows (4 at AVX-512, 2 at AVX2), then single rows, and per block
+  // every group of 4 query heads (the 4 x 4 block reduced by one tree at AVX-512): row counts
+  // around the block size, 1..9 heads (two and three head groups), group sizes 8/16/32/48/64
+  // (head dim 8 included), every level against the double reference.
+  namespace kk = kvevict::kernels;
+  for (std::size_t G : {std::size_t(1), std::size_t(2), std::size_t(4), std::size_t(5), std::size_t(8), std::size_t(9)})
+    for (std::size_t n : {std::size_t(3), std::size_t(4), std::size_t(5), std::size_t(9), std::size_t(17)}) {
+      INFO("G " << G << " n " << n);
+      const std::uint64_t seed = 700 + G * 31 + n;
+      check_kernel<kk::Isa::scalar, KV<Q8<8>, Q4<8>>>(8, G, n, seed);
+      check_kernel<kk::Isa::scalar, KV<Q4<48>, Q8<48>>>(96, G, n, seed);
+      if (kk::attention_isa() != kk::Isa::scalar) {
+        check_kernel<kk::Isa::avx2, KV<Q8<8>, Q4<8>>>(8, G, n, seed);
+        check_kernel<kk::Isa::avx2, KV<Q4<8>, Q8<8>>>(8, G, n, seed + 1);
+        check_kernel<kk::Isa::avx2, KV<Q4<48>, Q8<48>>>(96, G, n, seed + 2);
+        check_kernel<kk::Isa::avx2, E4M3>(16, G, n, seed + 3);
+      }
+      if (kk::attention_isa() == kk::Isa::avx512) {
+        check_kernel<kk::Isa::avx512, KV<Q8<16>, Q4<16>>>(32, G, n, seed);
+        check_kernel<kk::Isa::avx512, KV<Q4<32>, Q8<32>>>(64, G, n, seed + 1);
+        check_kernel<kk::Isa::avx512, KV<Q8<48>, Q4<48>>>(96, G, n, seed + 2);
+        check_kernel<kk::Isa::avx512, KV<Q4<64>, Q8<64>>>(128, G, n, seed + 3);
+      }
+    }
+  // p.V at AVX-512 computes a block's scale once for the 2 (G 32) or 4 (G 64, 128) vectors
+  // of a column block it covers: values at those group sizes across tile boundaries.
+  for (std::size_t G : {std::size_t(1), std::size_t(4), std::size_t(5)}) {
+    INFO("G " << G);
+    check_kernel<kk::Isa::scalar, KV<Q8<64>, Q4<64>>>(192, G, 600, 950 + G);
+    if (kk::attention_isa() != kk::Isa::avx512) continue;
+    check_kernel<kk::Isa::avx512, KV<Q8<64>, Q4<64>>>(192, G, 600, 951 + G);
+    check_kernel<kk::Isa::avx512, KV<Q4<64>, Q8<64>>>(128, G, 600, 952 + G);
+    check_kernel<kk::Isa::avx512, KV<Q8<128>, Q4<128>>>(256, G, 600, 953 + G);
+    check_kernel<kk::Isa::avx512, KV<Q4<128>, Q8<128>>>(256, G, 600, 954 + G);
+  }
+  // d = 0 (no block: the block loop runs at least once, so the kernel returns early): every
+  // score 0, the softmax uniform, at every level.
+  std::vector<float> p(3 * 5, -1.0f);
+  const std::vector<std::uint8_t> none(1);
+  const float qz = 0.0f;
+  REQUIRE(kk::quant_attention_probs_at<kk::Isa::scalar, kk::QDesc<kk::QKind::q4, 32>>(&qz, 0, 3, none.data(), 0, 5, 0, 0.5f, p.data()));
+  for (float x : p) REQUIRE(std::abs(x - 0.2f) <= 1e-6f);
+  if (kk::attention_isa() != kk::Isa::scalar) {
+    std::fill(p.begin(), p.end(), -1.0f);
+    REQUIRE(kk::quant_attention_probs_at<kk::Isa::avx2, kk::QDesc<kk::QKind::q4, 32>>(&qz, 0, 3, none.data(), 0, 5, 0, 0.5f, p.data()));
+    for (float x : p) REQUIRE(std::abs(x - 0.2f) <= 1e-6f);
+  }
+  if (kk::attention_isa() == kk::Isa::avx512) {
+    std::fill(p.begin(), p.end(), -1.0f);
+    REQUIRE(kk::quant_attention_probs_at<kk::Isa::avx512, kk::QDesc<kk::QKind::q4, 32>>(&qz, 0, 3, none.data(), 0, 5, 0, 0.5f, p.data()));
+    for (float x : p) REQUIRE(std::abs(x - 0.2f) <= 1e-6f);
+  }
+}
+
 TEST_CASE("attend over a quantized cache equals attend over the dequantised rows", "[quantized]") {
   const Geometry g{1, 8, 2, 64};
   KVCache<pol::FullCache, KV<Q8<32>, Q4<32>>> qc(g, Budget::unbounded());

@@ -367,6 +367,13 @@ KVEVICT_QATTN_INLINE V q_chunk_scaled(const std::uint8_t* row, std::size_t e, V 
   return vmul(q_chunk<D>(row, e), sc);
 }
 
+/// s[g n + i + r] = scale x (sum of acc[g][r]'s lanes), r < R, g < GC.
+template <int GC, int R>
+KVEVICT_QATTN_INLINE void q_reduce_store(float* s, std::size_t n, std::size_t i, const V (&acc)[GC][R],
+                                         float scale) noexcept {
+  for (int g = 0; g < GC; ++g) vreduce_store<R>(s + static_cast<std::size_t>(g) * n + i, acc[g], scale);
+}
+
 #define KVEVICT_QATTN_TARGET KVEVICT_ATTN_TARGET_AVX2
 #include "attention_quant_body.hpp"
 #undef KVEVICT_QATTN_TARGET
@@ -557,7 +564,11 @@ constexpr bool q_simd_shape(std::size_t /*d*/) noexcept {
 }
 
 KVEVICT_QATTN_INLINE V q_scale(const std::uint8_t* blk) noexcept {
-  return _mm512_set1_ps(attn_avx2::q_scale_value(blk));
+  // The fp16 bits broadcast, then widened (VPBROADCASTW + VCVTPH2PS: one instruction fewer
+  // than converting one half and broadcasting the float).
+  std::uint16_t h;
+  std::memcpy(&h, blk, 2);
+  return _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(h)));
 }
 
 /// Elements [e, e + 16) of a row as floats without the block scale (e a multiple of 16,
@@ -621,6 +632,38 @@ KVEVICT_QATTN_INLINE void prefetch_l2(const std::uint8_t* p, std::size_t bytes) 
   for (std::size_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T1);
 }
 
+/// s[g n + i + r] = scale x (sum of acc[g][r]'s lanes), r < R, g < GC. With 4 heads x 4 rows
+/// the 16 sums come out of one tree (45 shuffles and adds, one multiply): 256-bit halves of
+/// pairs, then 128-bit quarters, so that quarter g of w[r] holds (head g, row r)'s 4 partial
+/// sums; a 4 x 4 transpose-add inside the quarters leaves (g, r)'s sum in lane 4g + r.
+template <int GC, int R>
+KVEVICT_QATTN_INLINE void q_reduce_store(float* s, std::size_t n, std::size_t i, const V (&acc)[GC][R],
+                                         float scale) noexcept {
+  if constexpr (GC == 4 && R == 4) {
+    V w[4];
+    for (int r = 0; r < 4; ++r) {
+      const V t0 = _mm512_add_ps(_mm512_shuffle_f32x4(acc[0][r], acc[1][r], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_f32x4(acc[0][r], acc[1][r], _MM_SHUFFLE(3, 2, 3, 2)));
+      const V t1 = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2][r], acc[3][r], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_f32x4(acc[2][r], acc[3][r], _MM_SHUFFLE(3, 2, 3, 2)));
+      w[r] = _mm512_add_ps(_mm512_shuffle_f32x4(t0, t1, _MM_SHUFFLE(2, 0, 2, 0)),
+                           _mm512_shuffle_f32x4(t0, t1, _MM_SHUFFLE(3, 1, 3, 1)));
+    }
+    const V f01 = _mm512_add_ps(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
+    const V f23 = _mm512_add_ps(_mm512_unpacklo_ps(w[2], w[3]), _mm512_unpackhi_ps(w[2], w[3]));
+    const __m512d a = _mm512_castps_pd(f01), b = _mm512_castps_pd(f23);
+    const V sum = _mm512_mul_ps(_mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                                              _mm512_castpd_ps(_mm512_unpackhi_pd(a, b))),
+                                _mm512_set1_ps(scale));
+    _mm_storeu_ps(s + i, _mm512_castps512_ps128(sum));
+    _mm_storeu_ps(s + n + i, _mm512_extractf32x4_ps(sum, 1));
+    _mm_storeu_ps(s + 2 * n + i, _mm512_extractf32x4_ps(sum, 2));
+    _mm_storeu_ps(s + 3 * n + i, _mm512_extractf32x4_ps(sum, 3));
+  } else {
+    for (int g = 0; g < GC; ++g) vreduce_store<R>(s + static_cast<std::size_t>(g) * n + i, acc[g], scale);
+  }
+}
+
 #define KVEVICT_QATTN_TARGET KVEVICT_ATTN_TARGET_AVX512
 #include "attention_quant_body.hpp"
 #undef KVEVICT_QATTN_TARGET
@@ -639,10 +682,15 @@ KVEVICT_ATTN_TARGET_AVX512 inline void q_output_block(const float* probs, std::s
   for (std::size_t i = i0; i < i1; ++i) {
     const std::uint8_t* row = rows + i * row_bytes;
     if (i + pf_rows < n && pf_rows != 0) prefetch_l2(row + pf_rows * row_bytes, row_bytes);
-    V x[NV];
+    // c0 is a multiple of 16 kVecs = 64 (q_attention_output): with G a multiple of 32 (64),
+    // vectors v and v + 1 (v + 1..3) share a block, whose scale is computed once.
+    static_assert(kVecs * 16 % 64 == 0, "column blocks start at multiples of 64");
+    constexpr int share = D::group % 64 == 0 ? 4 : (D::group % 32 == 0 ? 2 : 1);
+    V x[NV], sc = vzero();
     for (int v = 0; v < NV; ++v) {
       const std::size_t e = c0 + static_cast<std::size_t>(v) * 16;
-      x[v] = q_chunk_scaled<D>(row, e, q_chunk_scale<D>(row, e));
+      if (v % share == 0) sc = q_chunk_scale<D>(row, e);
+      x[v] = q_chunk_scaled<D>(row, e, sc);
     }
     for (int g = 0; g < GC; ++g) {
       const V pb = vset1(probs[static_cast<std::size_t>(g) * n + i]);
