@@ -39,7 +39,7 @@ namespace {
 
 const std::vector<std::int64_t> kSweep = {1 << 10, 1 << 12, 1 << 15, 1 << 18, 1 << 22};
 // Selection also at 256 rows (issue 13: >= 1.5x std::nth_element at every n >= 256).
-const std::vector<std::int64_t> kSelectSweep = {1 << 8, 1 << 10, 1 << 12, 1 << 15, 1 << 18, 1 << 22};
+const std::vector<std::int64_t> kSelectSweep = {1 << 8, 1 << 10, 1 << 12, 1 << 13, 1 << 14, 1 << 15, 1 << 18, 1 << 22};
 
 std::vector<std::uint8_t> random_bytes(std::size_t n, std::uint64_t seed) {
   std::mt19937_64 rng(seed);

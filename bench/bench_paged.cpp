@@ -15,6 +15,12 @@
 //                    heads; compare with tables_append + tables_observe (whole blocks)
 //   dense_step       the same step on a dense KVCache (the layout's own cost is the
 //                    difference)
+//   decode_{dense,paged,copy}/<fmt>/<n>   one decode step of attention for 8 KV heads over n
+//                    rows each (G 4, d 128): decode_attention on contiguous rows (dense);
+//                    decode_attention_paged reading 16-token blocks in place from a pool,
+//                    the blocks of a table scattered (no two consecutive: the worst case,
+//                    no run merged) (paged); and the copy the serving example did before
+//                    (every block memcpy'd into a scratch, then decode_attention) (copy)
 // Thread CPU time (Google Benchmark's CPU column); compare ratios within one run.
 #include <benchmark/benchmark.h>
 
@@ -191,6 +197,60 @@ void BM_dense_step(benchmark::State& st) {
   token_level_step(st, cache);
 }
 BENCHMARK(BM_dense_step);
+
+// Paged decode attention read in place against the dense kernel on the same rows.
+enum class Decode { dense, paged, copy };
+
+template <class S, Decode How>
+void BM_decode(benchmark::State& st) {
+  const std::size_t n = static_cast<std::size_t>(st.range(0)), B = kBlock, d = kD;
+  const std::size_t nb = (n + B - 1) / B, pool_blocks = 2 * nb + 1;
+  const std::size_t region = pool_blocks * B * d;  // one KV head's part of the pool
+  std::mt19937 gen(3);
+  std::normal_distribution<float> nd;
+  std::vector<S> K(kHkv * region), V(K.size());
+  for (auto& x : K) x = static_cast<S>(nd(gen));
+  for (auto& x : V) x = static_cast<S>(nd(gen));
+  std::vector<std::uint32_t> table(nb);  // 2b x 7919 + 1 mod an odd count: never consecutive
+  for (std::size_t b = 0; b < nb; ++b)
+    table[b] = static_cast<std::uint32_t>((2 * b * 7919 + 1) % pool_blocks);
+  auto gather = [&](int h, S* kd, S* vd) {
+    for (std::size_t b = 0; b < nb; ++b) {
+      const std::size_t rows = std::min(B, n - b * B);
+      std::copy_n(K.data() + h * region + table[b] * B * d, rows * d, kd + b * B * d);
+      std::copy_n(V.data() + h * region + table[b] * B * d, rows * d, vd + b * B * d);
+    }
+  };
+  // dense: every head's rows gathered once, before timing (the same bytes as the pool's);
+  // copy: one scratch reused by the heads, filled inside the timed loop.
+  std::vector<S> Kd((How == Decode::dense ? kHkv : 1) * n * d), Vd(Kd.size());
+  if constexpr (How == Decode::dense)
+    for (int h = 0; h < kHkv; ++h) gather(h, Kd.data() + h * n * d, Vd.data() + h * n * d);
+  std::vector<float> q(kHkv * kG * d), out(kG * d), probs(kG * n);
+  for (auto& x : q) x = nd(gen);
+  for (auto _ : st) {
+    for (int h = 0; h < kHkv; ++h) {
+      const float* qh = q.data() + std::size_t(h) * kG * d;
+      if constexpr (How == Decode::paged) {
+        kvevict::decode_attention_paged(
+            qh, kG, kvevict::PagedRows<S>{K.data() + h * region, B * d, d},
+            kvevict::PagedRows<S>{V.data() + h * region, B * d, d}, table, B, n, d, 0.0f,
+            out.data(), probs.data());
+      } else {
+        const std::size_t at = How == Decode::dense ? h * n * d : 0;
+        if constexpr (How == Decode::copy) gather(h, Kd.data(), Vd.data());
+        kvevict::decode_attention(qh, kG, Kd.data() + at, d, Vd.data() + at, d, n, d, 0.0f,
+                                  out.data(), probs.data());
+      }
+      benchmark::DoNotOptimize(out.data());
+    }
+  }
+}
+BENCHMARK(BM_decode<float, Decode::dense>)->Name("decode_dense/f32")->Arg(256)->Arg(4096)->Arg(32768);
+BENCHMARK(BM_decode<float, Decode::paged>)->Name("decode_paged/f32")->Arg(256)->Arg(4096)->Arg(32768);
+BENCHMARK(BM_decode<float, Decode::copy>)->Name("decode_copy/f32")->Arg(256)->Arg(4096)->Arg(32768);
+BENCHMARK(BM_decode<Eigen::half, Decode::dense>)->Name("decode_dense/f16")->Arg(4096)->Arg(32768);
+BENCHMARK(BM_decode<Eigen::half, Decode::paged>)->Name("decode_paged/f16")->Arg(4096)->Arg(32768);
 
 }  // namespace
 

@@ -56,7 +56,13 @@ KVEVICT_INSTANTIATE_AT(Isa::avx512)
   template bool attention_probs_as<F>(const float*, std::size_t, std::size_t, const void*,    \
                                       std::size_t, std::size_t, std::size_t, float, float*);   \
   template void attention_output_as<F>(const float*, std::size_t, const void*, std::size_t,   \
-                                       std::size_t, std::size_t, float*, std::size_t);
+                                       std::size_t, std::size_t, float*, std::size_t);         \
+  template bool attention_probs_paged_as<F>(const float*, std::size_t, std::size_t,          \
+                                            const void*, std::size_t, BlockTable, std::size_t, \
+                                            std::size_t, float, float*);                       \
+  template void attention_output_paged_as<F>(const float*, std::size_t, const void*,         \
+                                             std::size_t, BlockTable, std::size_t,             \
+                                             std::size_t, float*, std::size_t);
 
 KVEVICT_INSTANTIATE_FORMAT(KvFormat::f32)
 KVEVICT_INSTANTIATE_FORMAT(KvFormat::f16)

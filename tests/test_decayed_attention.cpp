@@ -1,6 +1,9 @@
 // DecayedAttention against a plain re-implementation: same stream, same attention
 // probabilities (taken from attend(), which test_attention checks against a naive loop),
 // kept positions compared after every step.
+#include <algorithm>
+#include <cstring>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -369,4 +372,80 @@ TEST_CASE("DecayedAttention's incremental reserve keeps what a full re-ranking k
       b.observe(0, h, probs);
     }
   }
+}
+
+// The decision kernels (kernels/masked_victim.hpp) at every level this CPU has, against the
+// calls they replace: open_gather against protect_outside + gather_open (same bits, same
+// candidates in the same order), lowest_masked_seq against a plain loop over the open rows
+// (lowest score, then lowest seq; NaN never). Sizes 1-300 and a few past 512 (tails of every
+// length), permuted arrival indices, scores from a few levels (ties, +-0, +inf, NaN).
+TEST_CASE("open_gather and lowest_masked_seq agree with the kernels they replace, every level") {
+  using kernels::Isa;
+  kvtest::Rng rng(777);
+  const float levels[] = {0.0f, -0.0f, 0.25f, 0.5f, 1.0f, std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN()};
+  std::vector<std::size_t> sizes;
+  for (std::size_t n = 1; n <= 300; ++n) sizes.push_back(n);
+  for (std::size_t n : {511, 512, 513, 640, 1000}) sizes.push_back(n);
+  std::size_t compared = 0, ties = 0;
+  for (std::size_t n : sizes) {
+    std::vector<std::uint64_t> seqs(n);
+    for (std::size_t i = 0; i < n; ++i) seqs[i] = 1000 + i;
+    std::shuffle(seqs.begin(), seqs.end(), rng.engine());
+    std::vector<float> s(n), spike(n);
+    const bool few = rng.chance(0.5);  // few levels: many ties
+    for (std::size_t i = 0; i < n; ++i) {
+      s[i] = few ? levels[rng.uniform(0, 6)] : static_cast<float>(rng.uniform(0, 1000)) / 256.0f;
+      spike[i] = rng.chance(0.4) ? 0.0f : few ? levels[rng.uniform(0, 6)] : rng.normal();
+    }
+    const std::uint64_t lo = 1000 + static_cast<std::uint64_t>(rng.uniform(0, 3));
+    const std::uint64_t hi = 1000 + static_cast<std::uint64_t>(rng.uniform(0, static_cast<long long>(n) + 2));
+    const float floor = rng.chance(0.5) ? 0.0f : 0.3f;
+    const std::size_t words = (n + 63) / 64;
+    std::vector<std::uint64_t> want_bits(words);
+    std::vector<float> want_vals(n);
+    std::vector<std::uint32_t> want_idx(n);
+    kernels::protect_outside(seqs.data(), n, lo, hi, want_bits.data());
+    const std::size_t want_n = kernels::gather_open(spike.data(), n, want_bits.data(), floor,
+                                                    want_vals.data(), want_idx.data());
+    // The reference victim: a plain loop over the open rows (some closed at random too).
+    std::vector<std::uint64_t> prot = want_bits;
+    for (std::size_t i = 0; i < n; ++i)
+      if (rng.chance(0.2)) prot[i / 64] |= std::uint64_t{1} << (i % 64);
+    std::size_t want_victim = kernels::npos;
+    for (std::size_t i = 0; i < n; ++i) {
+      if ((prot[i / 64] >> (i % 64)) & 1u || std::isnan(s[i])) continue;
+      if (want_victim == kernels::npos || s[i] < s[want_victim] ||
+          (s[i] == s[want_victim] && seqs[i] < seqs[want_victim]))
+        want_victim = i;
+    }
+    std::size_t want_all = kernels::npos;  // no protection (null bits)
+    for (std::size_t i = 0; i < n; ++i)
+      if (!std::isnan(s[i]) && (want_all == kernels::npos || s[i] < s[want_all] ||
+                                (s[i] == s[want_all] && seqs[i] < seqs[want_all])))
+        want_all = i;
+    for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
+      if (!kernels::isa_supported(isa)) continue;
+      INFO("n " << n << " level " << kernels::isa_name(isa));
+      std::vector<std::uint64_t> bits(words, 0x5555);
+      std::vector<float> vals(n, -1.0f);
+      std::vector<std::uint32_t> idx(n, 7);
+      const std::size_t got = kernels::open_gather(isa, seqs.data(), spike.data(), n, lo, hi,
+                                                   floor, bits.data(), vals.data(), idx.data());
+      REQUIRE(bits == want_bits);
+      REQUIRE(got == want_n);
+      for (std::size_t i = 0; i < got; ++i) {
+        REQUIRE(idx[i] == want_idx[i]);
+        REQUIRE(std::memcmp(&vals[i], &want_vals[i], sizeof(float)) == 0);
+      }
+      REQUIRE(kernels::lowest_masked_seq(isa, s.data(), seqs.data(), n, prot.data()) == want_victim);
+      REQUIRE(kernels::lowest_masked_seq(isa, s.data(), seqs.data(), n, nullptr) == want_all);
+      ++compared;
+    }
+    if (want_victim != kernels::npos)
+      for (std::size_t i = 0; i < n; ++i)
+        ties += i != want_victim && !((prot[i / 64] >> (i % 64)) & 1u) && s[i] == s[want_victim];
+  }
+  REQUIRE(compared >= sizes.size());
+  REQUIRE(ties > 100);  // the seq tie rule decided often
 }

@@ -16,7 +16,9 @@
 
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "support/test_support.hpp"
@@ -317,4 +319,139 @@ TEST_CASE("attend over Oracle still restricts attention to its limit", "[attenti
       CHECK((r.probs[0](gq, i) > 0.0f) == (ref.probs[0](gq, i) > 0.0f));
   }
   CHECK((r.out - ref.out).cwiseAbs().maxCoeff() < 1e-5f);
+}
+
+namespace {
+/// A pool of `blocks` blocks of `rows` rows (row stride `stride`, padding junk), a table that
+/// mixes runs of consecutive pool blocks with jumps, and the same rows gathered densely.
+template <class S>
+struct PagedCase {
+  std::size_t rows, stride, d, n;
+  std::vector<S> K, V, Kd, Vd;
+  std::vector<std::uint32_t> table;
+  PagedCase(std::size_t rows_, std::size_t d_, std::size_t n_, Rng& rng)
+      : rows(rows_), stride(d_ + 5), d(d_), n(n_) {
+    const std::size_t used = (n + rows - 1) / rows;
+    const std::size_t blocks = 2 * used + 3;
+    K = convert<S>(rng.normals(blocks * rows * stride));
+    V = convert<S>(rng.normals(blocks * rows * stride));
+    // Pool blocks in a scrambled order with runs: b -> 2b+1 reversed in pairs, and every
+    // third step consecutive.
+    std::uint32_t next = static_cast<std::uint32_t>(blocks - 1);
+    for (std::size_t b = 0; b < used; ++b) {
+      if (b % 3 == 2 && table.back() + 1 < blocks) next = table.back() + 1;
+      table.push_back(next);
+      next = static_cast<std::uint32_t>((next * 7 + 3) % blocks);
+    }
+    Kd.resize(n * d);
+    Vd.resize(n * d);
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < d; ++j) {
+        const std::size_t at = (table[i / rows] * rows + i % rows) * stride + j;
+        Kd[i * d + j] = K[at];
+        Vd[i * d + j] = V[at];
+      }
+  }
+};
+}  // namespace
+
+// The per-level internals (kernels::detail) are not visible to a separate-kernels TU; there
+// the public front end below runs at the dispatched level (and CTest's KVEVICT_ISA reruns).
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+TEST_CASE("paged attention reads block tables in place, bit for bit the dense kernel's result",
+          "[kernels][attention][paged]") {
+  Rng rng(4242);
+  for (const Isa isa : levels())
+    at(isa, [&](auto lv) {
+      constexpr Isa I = decltype(lv)::value;
+      auto run = [&](auto tag) {
+        using S = decltype(tag);
+        constexpr KvFormat F = detail::kv_format_of<S>();
+        for (std::size_t rows : {1u, 3u, 16u})
+          for (std::size_t n : {0u, 1u, 5u, 16u, 17u, 100u, 301u})
+            for (std::size_t d : {8u, 20u, 128u})
+              for (std::size_t G : {1u, 4u, 5u}) {
+                PagedCase<S> c(rows, d, n, rng);
+                const auto q = rng.normals(G * d, 2.0f);
+                const float scale = 0.3f;
+                std::vector<float> pd(G * n + 1, -1.0f), pp(G * n + 1, -2.0f);
+                std::vector<float> od(G * d, -1.0f), op(G * d, -2.0f);
+                REQUIRE(kk::detail::attention_probs_at<I, F>(q.data(), d, G, c.Kd.data(), d, n, d,
+                                                             scale, pd.data()));
+                kk::detail::attention_output_at<I, F>(pd.data(), G, c.Vd.data(), d, n, d,
+                                                      od.data(), d);
+                const kk::BlockTable t{c.table.data(), rows, rows * c.stride};
+                REQUIRE(kk::detail::attention_probs_at<I, F>(q.data(), d, G, c.K.data(), c.stride,
+                                                             t, n, d, scale, pp.data()));
+                kk::detail::attention_output_at<I, F>(pp.data(), G, c.V.data(), c.stride, t, n, d,
+                                                      op.data(), d);
+                INFO("level " << kk::isa_name(I) << " rows " << rows << " n " << n << " d " << d
+                              << " G " << G);
+                REQUIRE(std::memcmp(pd.data(), pp.data(), G * n * sizeof(float)) == 0);
+                REQUIRE(pp[G * n] == -2.0f);  // nothing written past group x n
+                REQUIRE(std::memcmp(od.data(), op.data(), G * d * sizeof(float)) == 0);
+              }
+      };
+      run(float{});
+      run(Eigen::half{});
+      run(Eigen::bfloat16{});
+    });
+}
+
+#endif  // !KVEVICT_KERNELS_DECLARE_ONLY
+
+TEST_CASE("decode_attention_paged: shared cells in place, and bad arguments refused",
+          "[attention][paged]") {
+  // llama.cpp's layout: a block holds `rows` tokens of all Hkv heads side by side.
+  constexpr std::size_t Hkv = 3, d = 16, rows = 4, G = 2, blocks = 9;
+  Rng rng(77);
+  const auto K = convert<Eigen::half>(rng.normals(blocks * rows * Hkv * d));
+  const auto V = convert<Eigen::half>(rng.normals(blocks * rows * Hkv * d));
+  const std::vector<std::uint32_t> table{6, 7, 2, 0, 8, 4};
+  const std::size_t n = 22, w = Hkv * d;
+  const auto q = rng.normals(G * d);
+  for (std::size_t h = 0; h < Hkv; ++h) {
+    std::vector<Eigen::half> Kd(n * d), Vd(n * d);
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < d; ++j) {
+        Kd[i * d + j] = K[(table[i / rows] * rows + i % rows) * w + h * d + j];
+        Vd[i * d + j] = V[(table[i / rows] * rows + i % rows) * w + h * d + j];
+      }
+    std::vector<float> od(G * d), pd(G * n), op(G * d), pp(G * n);
+    decode_attention(q.data(), G, Kd.data(), d, Vd.data(), d, n, d, 0.0f, od.data(), pd.data());
+    const PagedRows<Eigen::half> kr{K.data() + h * d, rows * w, w}, vr{V.data() + h * d, rows * w, w};
+    decode_attention_paged(q.data(), G, kr, vr, table, rows, n, d, 0.0f, op.data(), pp.data());
+    REQUIRE(std::memcmp(od.data(), op.data(), sizeof(float) * od.size()) == 0);
+    REQUIRE(std::memcmp(pd.data(), pp.data(), sizeof(float) * pd.size()) == 0);
+  }
+
+  std::vector<float> out(G * d, 5.0f), p(G * n, 5.0f);
+  const PagedRows<Eigen::half> kr{K.data(), rows * w, w}, vr{V.data(), rows * w, w};
+  auto untouched = [&] {
+    for (float x : out) REQUIRE(x == 5.0f);
+    for (float x : p) REQUIRE(x == 5.0f);
+  };
+  REQUIRE_THROWS_WITH(decode_attention_paged(q.data(), G, kr, vr, table, 0, n, d, 0.0f,
+                                             out.data(), p.data()),
+                      Catch::Contains("block_rows = 0"));
+  REQUIRE_THROWS_WITH(decode_attention_paged(q.data(), G, kr, vr, std::span(table).first(5), rows,
+                                             n, d, 0.0f, out.data(), p.data()),
+                      Catch::Contains("5 blocks for n = 22") && Catch::Contains("at least 6"));
+  const PagedRows<Eigen::half> narrow{K.data(), rows * w, d - 1};
+  REQUIRE_THROWS_WITH(decode_attention_paged(q.data(), G, narrow, vr, table, rows, n, d, 0.0f,
+                                             out.data(), p.data()),
+                      Catch::Contains("key_stride = 15"));
+  const PagedRows<Eigen::half> huge{K.data(), std::numeric_limits<std::size_t>::max() / 4, w};
+  REQUIRE_THROWS_WITH(decode_attention_paged(q.data(), G, huge, vr, table, rows, n, d, 0.0f,
+                                             out.data(), p.data()),
+                      Catch::Contains("overflows size_t"));
+  auto bad_q = q;
+  bad_q[1] = std::numeric_limits<float>::infinity();
+  REQUIRE_THROWS_WITH(decode_attention_paged(bad_q.data(), G, kr, vr, table, rows, n, d, 0.0f,
+                                             out.data(), p.data()),
+                      Catch::Contains("decode_attention_paged: queries[1]"));
+  REQUIRE_THROWS_WITH(decode_attention_paged(q.data(), G, kr, vr, table, rows, n, d, 0.0f,
+                                             out.data(), static_cast<float*>(nullptr)),
+                      Catch::Contains("probs is null"));
+  untouched();
 }

@@ -217,6 +217,96 @@ TEST_CASE("topk_indices from 1 to 1100 rows: the small-n path's bracket and its 
       }
 }
 
+TEST_CASE("topk_indices above 512 rows: the group bound (k <= 64), the band, their fallbacks",
+          "[kernels][select]") {
+  // At AVX-512 (avx512::topk_filter) the 32 groups' second-best scores bound the k-th from
+  // below; shapes put the bound on ties, NaN and infinities, leave fewer than k numbers (the
+  // k-th is NaN), or leave too many candidates (clustered scores): both fall back.
+  std::mt19937_64 rng(64);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (Isa isa : levels())
+    for (std::size_t n : {513, 530, 1000, 1024, 1531, 4096, 8200})
+      for (int dist = 0; dist < 9; ++dist) {
+        std::vector<float> s(n);
+        std::normal_distribution<float> g;
+        for (std::size_t i = 0; i < n; ++i) {
+          switch (dist) {
+            case 0: s[i] = g(rng); break;
+            case 1: s[i] = static_cast<float>(rng() % 3); break;  // ties at the bound
+            case 2: s[i] = static_cast<float>(i); break;          // ascending: few candidates
+            case 3: s[i] = static_cast<float>(n - i); break;      // descending
+            case 4: s[i] = i % 37 == 0 ? g(rng) : nan; break;     // fewer numbers than k
+            case 5: {                                             // infinities, zeros, NaN
+              const float sp[] = {inf, -inf, 0.0f, -0.0f, nan, 1.0f, -1.0f};
+              s[i] = sp[rng() % 7];
+              break;
+            }
+            case 6: s[i] = i % 32 == 5 ? 100.0f + g(rng) : g(rng); break;  // best in one group
+            case 7: s[i] = rng() % 2 ? -inf : (rng() % 4 ? nan : g(rng)); break;
+            default: s[i] = 2.0f; break;  // every row a candidate: too many
+          }
+        }
+        for (std::size_t k : {1, 2, 31, 32, 33, 63, 64}) {
+          INFO("isa " << kk::isa_name(isa) << " n " << n << " k " << k << " dist " << dist);
+          check_topk(isa, s, k);
+        }
+      }
+  for (Isa isa : levels())  // k > 64 up to 4096 rows (avx512::topk_band) on the same shapes
+    for (std::size_t n : {600, 1024, 3000, 4096})
+      for (int dist = 0; dist < 9; ++dist) {
+        std::vector<float> s(n);
+        std::normal_distribution<float> g;
+        for (std::size_t i = 0; i < n; ++i)
+          s[i] = dist == 0 ? g(rng)
+               : dist == 1 ? static_cast<float>(rng() % 3)
+               : dist == 2 ? static_cast<float>(i)
+               : dist == 3 ? (i % 5 == 0 ? nan : g(rng))
+               : dist == 4 ? (rng() % 2 ? 0.0f : -0.0f)
+               : dist == 5 ? (i % 3 == 0 ? inf : (i % 3 == 1 ? -inf : g(rng)))
+               : dist == 6 ? (((2 * (i / (n / 64)) + 1) * n) >> 7 == i ? 1e6f : g(rng))
+               : dist == 7 ? g(rng) * 1e-3f + (i < n / 2 ? 5.0f : 0.0f)
+                           : static_cast<float>(n - i) + (i % 2 ? 0.5f : 0.0f);
+        for (std::size_t k : {std::size_t{65}, std::size_t{100}, n / 3, n / 2, n - 65, n - 1}) {
+          INFO("isa " << kk::isa_name(isa) << " n " << n << " k " << k << " dist " << dist);
+          check_topk(isa, s, k);
+        }
+      }
+  for (Isa isa : levels())  // k = the numbers: the sample's lower key is NaN's, the band all
+    for (std::size_t n : {1024, 4096}) {  // numbers not above hi (every band row taken)
+      std::vector<float> s(n, nan);
+      std::normal_distribution<float> g;
+      for (std::size_t i = 0; i < n / 2; ++i) s[i] = g(rng);
+      INFO("isa " << kk::isa_name(isa) << " n " << n);
+      check_topk(isa, s, n / 2);
+    }
+  for (Isa isa : levels())  // exactly k - 1, k or k + 1 numbers, the rest NaN
+    for (std::size_t k : {32, 64})
+      for (std::size_t cnt : {k - 1, k, k + 1})
+        for (std::size_t stride : {1, 7, 32}) {
+          std::vector<float> s(2100, nan);
+          std::normal_distribution<float> g;
+          for (std::size_t j = 0; j < cnt; ++j) s[j * stride] = g(rng);
+          INFO("isa " << kk::isa_name(isa) << " k " << k << " numbers " << cnt << " stride " << stride);
+          check_topk(isa, s, k);
+        }
+#if KVEVICT_X86
+  if (kk::isa_supported(Isa::avx512)) {  // each branch of topk_filter is taken
+    std::vector<float> s(2048);
+    std::vector<std::uint32_t> out(64);
+    std::normal_distribution<float> g;
+    for (auto& v : s) v = g(rng);
+    CHECK(kk::detail::avx512::topk_filter(s.data(), s.size(), 64, out.data()));
+    for (std::size_t i = 0; i < s.size(); ++i) s[i] = static_cast<float>(i);
+    CHECK(kk::detail::avx512::topk_filter(s.data(), s.size(), 64, out.data()));  // rank path
+    for (std::size_t i = 0; i < s.size(); ++i) s[i] = i % 64 == 0 ? 1.0f : nan;
+    CHECK_FALSE(kk::detail::avx512::topk_filter(s.data(), s.size(), 64, out.data()));  // < k
+    for (auto& v : s) v = 2.0f;
+    CHECK_FALSE(kk::detail::avx512::topk_filter(s.data(), s.size(), 64, out.data()));  // > max
+  }
+#endif
+}
+
 TEST_CASE("argmax_masked / argmin_masked: lowest index on ties, NaN skipped, npos",
           "[kernels][select]") {
   std::mt19937_64 rng(4);

@@ -4,12 +4,13 @@
 // is one sequence of a serving engine. Token-level decisions per KV head (every policy,
 // through the container core); a block goes back to the pool the moment it empties.
 //
-// Attention: for each KV head the head's blocks are copied, one memcpy per block, into a
-// contiguous scratch and kvevict::decode_attention (the fused, runtime-dispatched kernel)
-// runs on it; for a quantized pool (Scalar = Q8<G>, KV<Q8<G>, Q4<G>>, ...: quantized.hpp)
-// the scratch holds the stored bytes and the quantized decode kernel
-// (kernels/attention_quant.hpp, the one attend() runs for a quantized KVCache) reads them. A production paged kernel reads the blocks in place; the copy is O(rows x d)
-// per head, the order of the attention step itself, and is part of the measured time.
+// Attention: for each KV head, kvevict::decode_attention_paged (the fused, runtime-dispatched
+// kernel) reads the head's blocks in place through its block table (float, fp16, bf16
+// pools). A quantized pool (Scalar = Q8<G>, KV<Q8<G>, Q4<G>>, ...: quantized.hpp) still
+// copies the head's blocks, one memcpy per block, into a contiguous scratch that the
+// quantized decode kernel (kernels/attention_quant.hpp, the one attend() runs for a quantized
+// KVCache) reads: the quantized kernels take no block table yet. That copy is O(rows x d)
+// per head and part of the measured time.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -69,18 +70,18 @@ class PooledStore {
     for (int kh = 0; kh < g.n_kv_heads; ++kh) {
       const std::size_t n = cache_.size(layer, kh);
       const auto table = cache_.table(layer, kh);
-      k_.resize(n * kb / sizeof(Unit));
-      v_.resize(n * vb / sizeof(Unit));
-      for (std::size_t i = 0; i < table.size(); ++i) {
-        const std::size_t rows = std::min(B, n - i * B);
-        std::memcpy(k_.data() + i * B * kb / sizeof(Unit), pool.key_block(table[i]), rows * kb);
-        std::memcpy(v_.data() + i * B * vb / sizeof(Unit), pool.value_block(table[i]), rows * vb);
-      }
       auto& p = r.probs[static_cast<std::size_t>(kh)];
       p.resize(static_cast<Eigen::Index>(G), static_cast<Eigen::Index>(n));
       const float* qh = q.data() + static_cast<std::size_t>(kh) * G * d;
       float* oh = r.out.data() + static_cast<std::size_t>(kh) * G * d;
       if constexpr (PagedCache<Policy, Scalar>::quantized) {
+        k_.resize(n * kb / sizeof(Unit));
+        v_.resize(n * vb / sizeof(Unit));
+        for (std::size_t i = 0; i < table.size(); ++i) {
+          const std::size_t rows = std::min(B, n - i * B);
+          std::memcpy(k_.data() + i * B * kb / sizeof(Unit), pool.key_block(table[i]), rows * kb);
+          std::memcpy(v_.data() + i * B * vb / sizeof(Unit), pool.value_block(table[i]), rows * vb);
+        }
         using KD = typename kvevict::detail::StorageOf<Scalar>::key_codec::desc;
         using VD = typename kvevict::detail::StorageOf<Scalar>::value_codec::desc;
         const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -89,7 +90,10 @@ class PooledStore {
             "serving: layer ", layer, " KV head ", kh, ": a score q.k is not finite");
         kernels::quant_attention_output<VD>(p.data(), G, v_.data(), vb, n, d, oh, d);
       } else {
-        decode_attention(qh, G, k_.data(), d, v_.data(), d, n, d, 0.0f, oh, p.data());
+        const std::size_t ku = pool.key_row_units(), vu = pool.value_row_units();
+        decode_attention_paged(qh, G, PagedRows<Unit>{pool.key_block(0), B * ku, ku},
+                               PagedRows<Unit>{pool.value_block(0), B * vu, vu}, table, B, n, d,
+                               0.0f, oh, p.data());
       }
     }
     if constexpr (has(Policy::signals, Signals::attention))

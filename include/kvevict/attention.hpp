@@ -426,21 +426,23 @@ namespace detail {
 template <class Scalar>
 void check_decode_args(const float* queries, std::size_t group, const Scalar* keys,
                        std::size_t key_stride, const Scalar* values, std::size_t value_stride,
-                       std::size_t n, std::size_t d, const float* out) {
+                       std::size_t n, std::size_t d, const float* out,
+                       const char* what = "decode_attention",
+                       const char* what_queries = "decode_attention: queries") {
   static_assert(kernel_scalar<Scalar>,
-                "decode_attention reads float, Eigen::half or Eigen::bfloat16 rows");
-  require(group >= 1, "decode_attention: group = ", group, ", expected >= 1");
-  require(d >= 1, "decode_attention: head_dim = ", d, ", expected >= 1");
-  require(key_stride >= d && value_stride >= d, "decode_attention: key_stride = ", key_stride,
+                "decode_attention(_paged) reads float, Eigen::half or Eigen::bfloat16 rows");
+  require(group >= 1, what, ": group = ", group, ", expected >= 1");
+  require(d >= 1, what, ": head_dim = ", d, ", expected >= 1");
+  require(key_stride >= d && value_stride >= d, what, ": key_stride = ", key_stride,
           ", value_stride = ", value_stride, ", expected both >= head_dim = ", d);
   require(group <= std::numeric_limits<std::size_t>::max() / d / sizeof(float),
-          "decode_attention: group x head_dim = ", group, " x ", d, " overflows size_t");
-  require(queries != nullptr && out != nullptr, "decode_attention: queries or out is null");
-  require(n == 0 || (keys != nullptr && values != nullptr), "decode_attention: n = ", n,
+          what, ": group x head_dim = ", group, " x ", d, " overflows size_t");
+  require(queries != nullptr && out != nullptr, what, ": queries or out is null");
+  require(n == 0 || (keys != nullptr && values != nullptr), what, ": n = ", n,
           " but keys or values is null");
   require(n <= std::numeric_limits<std::size_t>::max() / sizeof(float) / group,
-          "decode_attention: group x n = ", group, " x ", n, " overflows size_t");
-  check_finite(std::span<const float>(queries, group * d), "decode_attention: queries");
+          what, ": group x n = ", group, " x ", n, " overflows size_t");
+  check_finite(std::span<const float>(queries, group * d), what_queries);
 }
 }  // namespace detail
 
@@ -479,6 +481,68 @@ void decode_attention(const float* queries, std::size_t group, const Scalar* key
   workspace.layout(1, [&](std::size_t) { return group * n; });
   decode_attention(queries, group, keys, key_stride, values, value_stride, n, head_dim, scale, out,
                    workspace.block(0));
+}
+
+/// One KV head's rows in a block pool, read in place by decode_attention_paged: row i at
+/// base + blocks[i / block_rows] * block_stride + (i % block_rows) * row_stride (elements of
+/// Scalar). base points at the head's first element in pool block 0: for a pool with a
+/// block per KV head (vLLM's layout, PagedCache's BlockPool) the pool's start, with
+/// block_stride = block_rows x row_stride; for shared cells (llama.cpp's layout, PagedKV
+/// with BlockLayout::shared_cells) the pool's start + kv_head x head_dim, with row_stride =
+/// n_kv_heads x head_dim.
+template <class Scalar>
+struct PagedRows {
+  const Scalar* base = nullptr;
+  std::size_t block_stride = 0;
+  std::size_t row_stride = 0;
+};
+
+/// decode_attention over rows held in a block pool, read in place (no copy): blocks lists the
+/// head's pool blocks in table order (at least ceil(n / block_rows) of them; the last may
+/// be partly filled), n the rows to attend. Same contract as decode_attention; out and
+/// probs equal decode_attention's on the same rows copied into one array, bit for bit.
+/// Throws kvevict::Error (nothing written) on bad arguments, including a block whose rows
+/// would lie beyond what size_t can address.
+template <class Scalar>
+void decode_attention_paged(const float* queries, std::size_t group, PagedRows<Scalar> keys,
+                            PagedRows<Scalar> values, std::span<const std::uint32_t> blocks,
+                            std::size_t block_rows, std::size_t n, std::size_t head_dim,
+                            float scale, float* out, float* probs) {
+  constexpr const char* what = "decode_attention_paged";
+  detail::check_decode_args(queries, group, keys.base, keys.row_stride, values.base,
+                            values.row_stride, n, head_dim, out, what,
+                            "decode_attention_paged: queries");
+  detail::require(n == 0 || probs != nullptr, what, ": probs is null");
+  detail::require(block_rows >= 1, what, ": block_rows = ", block_rows, ", expected >= 1");
+  const std::size_t used = n / block_rows + (n % block_rows != 0 ? 1 : 0);
+  detail::require(blocks.size() >= used, what, ": ", blocks.size(), " blocks for n = ", n,
+                  " rows of ", block_rows, ", expected at least ", used);
+  std::uint32_t top = 0;
+  for (std::size_t b = 0; b < used; ++b) top = blocks[b] > top ? blocks[b] : top;
+  constexpr std::size_t limit = std::numeric_limits<std::size_t>::max() / sizeof(Scalar);
+  for (const PagedRows<Scalar>* r : {&keys, &values}) {
+    // The last element any used block reaches: top x block_stride + (block_rows - 1) x
+    // row_stride + head_dim, in elements and in bytes.
+    const bool fits =
+        n == 0 || (block_rows - 1 <= (limit - head_dim) / r->row_stride &&
+                   (r->block_stride == 0 ||
+                    top <= (limit - head_dim - (block_rows - 1) * r->row_stride) / r->block_stride));
+    detail::require(fits, what, ": block ", top, " x block_stride ", r->block_stride, " + ",
+                    block_rows, " rows x row_stride ", r->row_stride,
+                    " overflows size_t");
+  }
+  scale = detail::resolve_scale(scale, head_dim, what);
+  constexpr kernels::KvFormat F = detail::kv_format_of<Scalar>();
+  const kernels::BlockTable kt{blocks.data(), block_rows, keys.block_stride};
+  const kernels::BlockTable vt{blocks.data(), block_rows, values.block_stride};
+  if (n > 0)
+    detail::require(kernels::attention_probs_paged_as<F>(queries, head_dim, group, keys.base,
+                                                         keys.row_stride, kt, n, head_dim, scale,
+                                                         probs),
+                    what, ": a score q.k x scale (scale ", scale,
+                    ") is not finite (query or key magnitudes overflow float)");
+  kernels::attention_output_paged_as<F>(probs, group, values.base, values.row_stride, vt, n,
+                                        head_dim, out, head_dim);
 }
 
 }  // namespace kvevict

@@ -87,7 +87,8 @@ KVEVICT_ATTN_INLINE V vwiden_tail(const void* rows, std::size_t idx, std::size_t
   return widen_loaded<F>(buf);
 }
 
-/// dst[r] = scale * (sum of the lanes of acc[r]) for r < R (R = 1, 2 or 4).
+/// dst[r] = scale * (sum of the lanes of acc[r]) for r < R (R = 1 or 2), each row summed in
+/// the same order whatever R.
 template <int R>
 KVEVICT_ATTN_INLINE void vreduce_store(float* dst, const V* acc, float scale) noexcept {
   if constexpr (R == 2) {
@@ -96,7 +97,13 @@ KVEVICT_ATTN_INLINE void vreduce_store(float* dst, const V* acc, float scale) no
     s = _mm_hadd_ps(s, s);  // [a b a b]
     _mm_storel_pi(reinterpret_cast<__m64*>(dst), _mm_mul_ps(s, _mm_set1_ps(scale)));
   } else {
-    for (int r = 0; r < R; ++r) dst[r] = vhsum(acc[r]) * scale;
+    // The same tree with a zero second row: a row's score must not depend on how many rows
+    // share its reduction (a block table's runs group rows differently from a dense array).
+    static_assert(R == 1, "AVX2 reduces 1 or 2 rows");
+    const V a[2] = {acc[0], _mm256_setzero_ps()};
+    float t[2];
+    vreduce_store<2>(t, a, scale);
+    dst[0] = t[0];
   }
 }
 

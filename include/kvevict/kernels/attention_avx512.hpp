@@ -82,7 +82,8 @@ KVEVICT_ATTN_INLINE __m256 fold256(V a) noexcept {
                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
 }
 
-/// dst[r] = scale * (sum of the lanes of acc[r]) for r < R (R = 1, 2 or 4).
+/// dst[r] = scale * (sum of the lanes of acc[r]) for r < R (R = 1, 2 or 4), each row summed
+/// in the same order whatever R.
 template <int R>
 KVEVICT_ATTN_INLINE void vreduce_store(float* dst, const V* acc, float scale) noexcept {
   if constexpr (R == 4) {
@@ -92,7 +93,13 @@ KVEVICT_ATTN_INLINE void vreduce_store(float* dst, const V* acc, float scale) no
     const __m128 s = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
     _mm_storeu_ps(dst, _mm_mul_ps(s, _mm_set1_ps(scale)));
   } else {
-    for (int r = 0; r < R; ++r) dst[r] = _mm512_reduce_add_ps(acc[r]) * scale;
+    // The same tree on zero-padded rows: a row's score must not depend on how many rows
+    // share its reduction (a block table's runs group rows differently from a dense array).
+    V a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int r = 0; r < R; ++r) a[r] = acc[r];
+    float t[4];
+    vreduce_store<4>(t, a, scale);
+    for (int r = 0; r < R; ++r) dst[r] = t[r];
   }
 }
 

@@ -7,6 +7,15 @@
 //   attention_output(probs, G, values, v_stride, fmt, n, d, out, out_stride)
 //       out[g * out_stride + j] = sum_i probs[g * n + i] * v_i[j].
 //   decode_attention(...) = both.
+//   attention_probs_paged_as<F>(q, q_stride, G, keys, k_stride, table, n, d, scale, probs),
+//   attention_output_paged_as<F>(probs, G, values, v_stride, table, n, d, out, out_stride)
+//       the same over rows held in blocks (a paged pool): row i of the head at
+//       keys + table.blocks[i / table.block_rows] * table.block_stride
+//          + (i % table.block_rows) * k_stride   (elements)
+//       read in place. Rows of blocks that lie back to back in memory are one run; the
+//       results equal the dense kernels' on the same rows copied into one array, bit for
+//       bit (every score is one row's; the softmax is over the whole array; p.V adds the
+//       rows in table order whatever the runs). A dense array is one block.
 //   attention_probs_as<F>(...), attention_output_as<F>(...): the same with the format a
 //       template argument (a typed caller compiles one format's kernels, not three).
 //
@@ -16,11 +25,22 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "attention_scalar.hpp"
 #include "dispatch.hpp"
 
 namespace kvevict::kernels {
+/// Where a head's rows live in a block pool (see the file comment): blocks[b] is the pool
+/// index of the head's b-th block, block_rows rows per block (the last block may hold
+/// fewer), block_stride elements from pool block j to block j + 1. Unchecked here:
+/// kvevict::decode_attention_paged (attention.hpp) is the checked front end.
+struct BlockTable {
+  const std::uint32_t* blocks = nullptr;
+  std::size_t block_rows = 0;
+  std::size_t block_stride = 0;
+};
+
 // The entry points, declared here and defined below (in separate-kernels mode, config.hpp,
 // the definitions are compiled once into the kvevict_kernels library).
 KVEVICT_KERNEL_FN Isa attention_isa();
@@ -55,6 +75,17 @@ KVEVICT_KERNEL_FN void attention_output_as(const float* probs, std::size_t group
                                            const void* values, std::size_t v_stride,
                                            std::size_t n, std::size_t d, float* out,
                                            std::size_t out_stride);
+template <KvFormat F>
+KVEVICT_KERNEL_FN bool attention_probs_paged_as(const float* q, std::size_t q_stride,
+                                                std::size_t group, const void* keys,
+                                                std::size_t k_stride, BlockTable table,
+                                                std::size_t n, std::size_t d, float scale,
+                                                float* probs);
+template <KvFormat F>
+KVEVICT_KERNEL_FN void attention_output_paged_as(const float* probs, std::size_t group,
+                                                 const void* values, std::size_t v_stride,
+                                                 BlockTable table, std::size_t n, std::size_t d,
+                                                 float* out, std::size_t out_stride);
 }  // namespace kvevict::kernels
 
 #if !KVEVICT_KERNELS_DECLARE_ONLY
@@ -86,30 +117,120 @@ inline void require_attention_isa(Isa isa) {
 #endif
 }
 
+/// fn(first row, element offset of the run's first row, rows, the next run's element
+/// offset, its rows (0 after the last run)) for the rows [0, n) of a block table, as
+/// maximal runs of rows that lie back to back in memory (consecutive pool blocks when
+/// block_stride is block_rows x row_stride).
+template <class Fn>
+inline void for_each_run(const BlockTable& t, std::size_t row_stride, std::size_t n,
+                         Fn&& fn) noexcept {
+  if (n == 0) return;
+  const bool packed = t.block_stride == t.block_rows * row_stride;
+  // The run starting at row i, block b: its rows, and the block after it.
+  auto run = [&](std::size_t i, std::size_t b, std::size_t& rows) {
+    rows = n - i < t.block_rows ? n - i : t.block_rows;
+    std::size_t e = b + 1;
+    if (packed)
+      for (; i + rows < n && t.blocks[e] == t.blocks[e - 1] + 1; ++e)
+        rows += n - i - rows < t.block_rows ? n - i - rows : t.block_rows;
+    return e;
+  };
+  std::size_t i = 0, b = 0, rows = 0;
+  std::size_t e = run(i, b, rows);
+  while (i < n) {
+    std::size_t next_rows = 0, next_e = e;
+    if (i + rows < n) next_e = run(i + rows, e, next_rows);
+    fn(i, static_cast<std::size_t>(t.blocks[b]) * t.block_stride, rows,
+       next_rows ? static_cast<std::size_t>(t.blocks[e]) * t.block_stride : 0, next_rows);
+    i += rows;
+    b = e;
+    e = next_e;
+    rows = next_rows;
+  }
+}
+
+/// Prefetches the first `rows` rows (up to 64) of the next run into the cache: a pool's
+/// blocks are scattered, and the hardware prefetcher restarts at every block.
+template <KvFormat F>
+inline void prefetch_rows(const void* base, std::size_t offset, std::size_t rows,
+                          std::size_t row_stride, std::size_t d) noexcept {
+  const char* p = static_cast<const char*>(base) + offset * kv_format_bytes(F);
+  const std::size_t bytes = d * kv_format_bytes(F), step = row_stride * kv_format_bytes(F);
+  if (rows > 64) rows = 64;
+  for (std::size_t r = 0; r < rows; ++r, p += step)
+    for (std::size_t c = 0; c < bytes; c += 64) __builtin_prefetch(p + c);
+}
+
+template <KvFormat F>
+inline const void* element_at(const void* rows, std::size_t offset) noexcept {
+  return static_cast<const char*>(rows) + offset * kv_format_bytes(F);
+}
+
+template <Isa I, KvFormat F>
+inline bool attention_probs_at(const float* q, std::size_t q_stride, std::size_t group,
+                               const void* keys, std::size_t k_stride, const BlockTable& t,
+                               std::size_t n, std::size_t d, float scale, float* probs) noexcept {
+  for_each_run(t, k_stride, n, [&](std::size_t i, std::size_t offset, std::size_t rows,
+                                   std::size_t next, std::size_t next_rows) {
+    prefetch_rows<F>(keys, next, next_rows, k_stride, d);
+    const void* k = element_at<F>(keys, offset);
+#if KVEVICT_X86
+    if constexpr (I == Isa::avx512)
+      return attn_avx512::score_rows<F>(q, q_stride, group, k, k_stride, rows, d, scale, probs + i, n);
+    if constexpr (I == Isa::avx2)
+      return attn_avx2::score_rows<F>(q, q_stride, group, k, k_stride, rows, d, scale, probs + i, n);
+#endif
+    scalar::score_rows<F>(q, q_stride, group, k, k_stride, rows, d, scale, probs + i, n);
+  });
+#if KVEVICT_X86
+  if constexpr (I == Isa::avx512) return attn_avx512::softmax_rows(probs, group, n);
+  if constexpr (I == Isa::avx2) return attn_avx2::softmax_rows(probs, group, n);
+#endif
+  return scalar::softmax_rows(probs, group, n);
+}
+
+template <Isa I, KvFormat F>
+inline void attention_output_at(const float* probs, std::size_t group, const void* values,
+                                std::size_t v_stride, const BlockTable& t, std::size_t n,
+                                std::size_t d, float* out, std::size_t out_stride) noexcept {
+  for (std::size_t g = 0; g < group; ++g)
+    for (std::size_t j = 0; j < d; ++j) out[g * out_stride + j] = 0.0f;
+  for_each_run(t, v_stride, n, [&](std::size_t i, std::size_t offset, std::size_t rows,
+                                   std::size_t next, std::size_t next_rows) {
+    prefetch_rows<F>(values, next, next_rows, v_stride, d);
+    const void* v = element_at<F>(values, offset);
+#if KVEVICT_X86
+    if constexpr (I == Isa::avx512)
+      return attn_avx512::accumulate_rows<F>(probs + i, n, group, v, v_stride, rows, d, out, out_stride);
+    if constexpr (I == Isa::avx2)
+      return attn_avx2::accumulate_rows<F>(probs + i, n, group, v, v_stride, rows, d, out, out_stride);
+#endif
+    scalar::accumulate_rows<F>(probs + i, n, group, v, v_stride, rows, d, out, out_stride);
+  });
+}
+
+/// A dense array of n rows: one block.
+struct DenseTable {
+  std::uint32_t zero = 0;
+  BlockTable table;
+  explicit DenseTable(std::size_t n) noexcept : table{&zero, n, 0} {}
+};
+
 template <Isa I, KvFormat F>
 inline bool attention_probs_at(const float* q, std::size_t q_stride, std::size_t group,
                                const void* keys, std::size_t k_stride, std::size_t n,
                                std::size_t d, float scale, float* probs) noexcept {
-#if KVEVICT_X86
-  if constexpr (I == Isa::avx512)
-    return attn_avx512::attention_probs<F>(q, q_stride, group, keys, k_stride, n, d, scale, probs);
-  if constexpr (I == Isa::avx2)
-    return attn_avx2::attention_probs<F>(q, q_stride, group, keys, k_stride, n, d, scale, probs);
-#endif
-  return scalar::attention_probs<F>(q, q_stride, group, keys, k_stride, n, d, scale, probs);
+  const DenseTable dense(n);
+  return attention_probs_at<I, F>(q, q_stride, group, keys, k_stride, dense.table, n, d, scale,
+                                  probs);
 }
 
 template <Isa I, KvFormat F>
 inline void attention_output_at(const float* probs, std::size_t group, const void* values,
                                 std::size_t v_stride, std::size_t n, std::size_t d, float* out,
                                 std::size_t out_stride) noexcept {
-#if KVEVICT_X86
-  if constexpr (I == Isa::avx512)
-    return attn_avx512::attention_output<F>(probs, group, values, v_stride, n, d, out, out_stride);
-  if constexpr (I == Isa::avx2)
-    return attn_avx2::attention_output<F>(probs, group, values, v_stride, n, d, out, out_stride);
-#endif
-  scalar::attention_output<F>(probs, group, values, v_stride, n, d, out, out_stride);
+  const DenseTable dense(n);
+  attention_output_at<I, F>(probs, group, values, v_stride, dense.table, n, d, out, out_stride);
 }
 
 template <class Fn>
@@ -174,6 +295,29 @@ KVEVICT_KERNEL_FN void attention_output_as(const float* probs, std::size_t group
   detail::with_isa(attention_isa(), [&](auto isa) {
     detail::attention_output_at<decltype(isa)::value, F>(probs, group, values, v_stride, n, d,
                                                          out, out_stride);
+  });
+}
+
+template <KvFormat F>
+KVEVICT_KERNEL_FN bool attention_probs_paged_as(const float* q, std::size_t q_stride,
+                                                std::size_t group, const void* keys,
+                                                std::size_t k_stride, BlockTable table,
+                                                std::size_t n, std::size_t d, float scale,
+                                                float* probs) {
+  return detail::with_isa(attention_isa(), [&](auto isa) {
+    return detail::attention_probs_at<decltype(isa)::value, F>(q, q_stride, group, keys, k_stride,
+                                                               table, n, d, scale, probs);
+  });
+}
+
+template <KvFormat F>
+KVEVICT_KERNEL_FN void attention_output_paged_as(const float* probs, std::size_t group,
+                                                 const void* values, std::size_t v_stride,
+                                                 BlockTable table, std::size_t n, std::size_t d,
+                                                 float* out, std::size_t out_stride) {
+  detail::with_isa(attention_isa(), [&](auto isa) {
+    detail::attention_output_at<decltype(isa)::value, F>(probs, group, values, v_stride, table, n,
+                                                         d, out, out_stride);
   });
 }
 

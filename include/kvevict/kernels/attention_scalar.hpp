@@ -73,24 +73,34 @@ inline void exp_normalise(float* p, std::size_t n, float m) noexcept {
   for (std::size_t i = 0; i < n; ++i) p[i] *= inv;
 }
 
-/// probs[g * n + i] = softmax_i(scale * q_g . k_i); false if any score is not finite.
+/// s[g * ld + i] = scale * q_g . k_i for n contiguous K rows (row i at keys + i * k_stride):
+/// one run of a block table (attention_decode.hpp).
 template <KvFormat F>
-inline bool attention_probs(const float* q, std::size_t q_stride, std::size_t group,
-                            const void* keys, std::size_t k_stride, std::size_t n, std::size_t d,
-                            float scale, float* probs) noexcept {
-  std::uint32_t bad = 0;
+inline void score_rows(const float* q, std::size_t q_stride, std::size_t group, const void* keys,
+                       std::size_t k_stride, std::size_t n, std::size_t d, float scale, float* s,
+                       std::size_t ld) noexcept {
   for (std::size_t g = 0; g < group; ++g) {
     const float* qg = q + g * q_stride;
+    float* p = s + g * ld;
+    for (std::size_t i = 0; i < n; ++i) {
+      float x = 0.0f;
+      const std::size_t base = i * k_stride;
+      for (std::size_t j = 0; j < d; ++j) x += qg[j] * widen_one<F>(keys, base + j);
+      p[i] = x * scale;
+    }
+  }
+}
+
+/// Softmax of each of the group's n scores (row g at probs + g * n) in place; false if a
+/// score is not finite.
+inline bool softmax_rows(float* probs, std::size_t group, std::size_t n) noexcept {
+  for (std::size_t g = 0; g < group; ++g) {
     float* p = probs + g * n;
+    std::uint32_t bad = 0;
     float m = -INFINITY;
     for (std::size_t i = 0; i < n; ++i) {
-      float s = 0.0f;
-      const std::size_t base = i * k_stride;
-      for (std::size_t j = 0; j < d; ++j) s += qg[j] * widen_one<F>(keys, base + j);
-      s *= scale;
-      bad |= nonfinite_bit(s);
-      p[i] = s;
-      m = s > m ? s : m;
+      bad |= nonfinite_bit(p[i]);
+      m = p[i] > m ? p[i] : m;
     }
     if (bad) return false;
     exp_normalise(p, n, m);
@@ -98,17 +108,16 @@ inline bool attention_probs(const float* q, std::size_t q_stride, std::size_t gr
   return true;
 }
 
-/// out[g * out_stride + j] = sum_i probs[g * n + i] * v_i[j].
+/// out[g * out_stride + j] += sum_i probs[g * ld + i] * v_i[j] over n contiguous V rows, in
+/// row order.
 template <KvFormat F>
-inline void attention_output(const float* probs, std::size_t group, const void* values,
-                             std::size_t v_stride, std::size_t n, std::size_t d, float* out,
-                             std::size_t out_stride) noexcept {
-  for (std::size_t g = 0; g < group; ++g)
-    for (std::size_t j = 0; j < d; ++j) out[g * out_stride + j] = 0.0f;
+inline void accumulate_rows(const float* probs, std::size_t ld, std::size_t group,
+                            const void* values, std::size_t v_stride, std::size_t n,
+                            std::size_t d, float* out, std::size_t out_stride) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
     const std::size_t base = i * v_stride;
     for (std::size_t g = 0; g < group; ++g) {
-      const float pi = probs[g * n + i];
+      const float pi = probs[g * ld + i];
       float* o = out + g * out_stride;
       for (std::size_t j = 0; j < d; ++j) o[j] += pi * widen_one<F>(values, base + j);
     }

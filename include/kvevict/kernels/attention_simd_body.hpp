@@ -11,6 +11,9 @@
 // Pass 2 (output): tiles of rows sized for L1; per tile, column blocks of kVecs vectors x
 //   kHeads heads held in registers; a V row is read from memory once and reused from L1 by
 //   the other column blocks.
+// Both passes work on one run of contiguous rows (score_rows, accumulate_rows); the softmax
+// on the whole score array. attention_decode.hpp walks a block table's runs (a dense cache
+// is one run).
 
 #ifndef KVEVICT_ATTN_TARGET
 #error "attention_simd_body.hpp is included by attention_avx2.hpp / attention_avx512.hpp only"
@@ -20,7 +23,7 @@ template <KvFormat F, int GC, int R>
 KVEVICT_ATTN_TARGET inline void score_block(const float* q, std::size_t q_stride,
                                             const void* keys, std::size_t k_stride,
                                             std::size_t i, std::size_t d, float scale, float* s,
-                                            std::size_t n) noexcept {
+                                            std::size_t ld) noexcept {
   V acc[GC][R];
   for (int g = 0; g < GC; ++g)
     for (int r = 0; r < R; ++r) acc[g][r] = vzero();
@@ -43,22 +46,22 @@ KVEVICT_ATTN_TARGET inline void score_block(const float* q, std::size_t q_stride
       for (int r = 0; r < R; ++r) acc[g][r] = vfma(qv, kv[r], acc[g][r]);
     }
   }
-  for (int g = 0; g < GC; ++g) vreduce_store<R>(s + static_cast<std::size_t>(g) * n + i, acc[g], scale);
+  for (int g = 0; g < GC; ++g) vreduce_store<R>(s + static_cast<std::size_t>(g) * ld + i, acc[g], scale);
 }
 
 template <KvFormat F, int R>
 KVEVICT_ATTN_TARGET inline void score_heads(const float* q, std::size_t q_stride,
                                             std::size_t group, const void* keys,
                                             std::size_t k_stride, std::size_t i, std::size_t d,
-                                            float scale, float* s, std::size_t n) noexcept {
+                                            float scale, float* s, std::size_t ld) noexcept {
   for (std::size_t g0 = 0; g0 < group; g0 += kHeads) {
     const float* qg = q + g0 * q_stride;
-    float* sg = s + g0 * n;
+    float* sg = s + g0 * ld;
     switch (group - g0 < static_cast<std::size_t>(kHeads) ? group - g0 : kHeads) {
-      case 1: score_block<F, 1, R>(qg, q_stride, keys, k_stride, i, d, scale, sg, n); break;
-      case 2: score_block<F, 2, R>(qg, q_stride, keys, k_stride, i, d, scale, sg, n); break;
-      case 3: score_block<F, 3, R>(qg, q_stride, keys, k_stride, i, d, scale, sg, n); break;
-      default: score_block<F, kHeads, R>(qg, q_stride, keys, k_stride, i, d, scale, sg, n); break;
+      case 1: score_block<F, 1, R>(qg, q_stride, keys, k_stride, i, d, scale, sg, ld); break;
+      case 2: score_block<F, 2, R>(qg, q_stride, keys, k_stride, i, d, scale, sg, ld); break;
+      case 3: score_block<F, 3, R>(qg, q_stride, keys, k_stride, i, d, scale, sg, ld); break;
+      default: score_block<F, kHeads, R>(qg, q_stride, keys, k_stride, i, d, scale, sg, ld); break;
     }
   }
 }
@@ -103,21 +106,22 @@ KVEVICT_ATTN_TARGET inline bool softmax_rows(float* probs, std::size_t group, st
   return ok;
 }
 
+/// Scores of n contiguous K rows (row i at keys + i * k_stride) into s[g * ld + i], scaled,
+/// no softmax: one run of a block table (kernels/attention_decode.hpp; a dense cache is one
+/// run).
 template <KvFormat F>
-KVEVICT_ATTN_TARGET inline bool attention_probs(const float* q, std::size_t q_stride,
-                                                std::size_t group, const void* keys,
-                                                std::size_t k_stride, std::size_t n,
-                                                std::size_t d, float scale,
-                                                float* probs) noexcept {
+KVEVICT_ATTN_TARGET inline void score_rows(const float* q, std::size_t q_stride, std::size_t group,
+                                           const void* keys, std::size_t k_stride, std::size_t n,
+                                           std::size_t d, float scale, float* s,
+                                           std::size_t ld) noexcept {
   std::size_t i = 0;
   for (; i + kRows <= n; i += kRows)
-    score_heads<F, kRows>(q, q_stride, group, keys, k_stride, i, d, scale, probs, n);
-  for (; i < n; ++i) score_heads<F, 1>(q, q_stride, group, keys, k_stride, i, d, scale, probs, n);
-  return softmax_rows(probs, group, n);
+    score_heads<F, kRows>(q, q_stride, group, keys, k_stride, i, d, scale, s, ld);
+  for (; i < n; ++i) score_heads<F, 1>(q, q_stride, group, keys, k_stride, i, d, scale, s, ld);
 }
 
 template <KvFormat F, int GC, int NV, bool Tail>
-KVEVICT_ATTN_TARGET inline void output_block(const float* probs, std::size_t n,
+KVEVICT_ATTN_TARGET inline void output_block(const float* probs, std::size_t ld,
                                              const void* values, std::size_t v_stride,
                                              std::size_t i0, std::size_t i1, std::size_t c0,
                                              std::size_t tail, float* out,
@@ -135,7 +139,7 @@ KVEVICT_ATTN_TARGET inline void output_block(const float* probs, std::size_t n,
       x[v] = (Tail && v == NV - 1) ? vwiden_tail<F>(values, row + static_cast<std::size_t>(v) * W, tail)
                                    : vwiden<F>(values, row + static_cast<std::size_t>(v) * W);
     for (int g = 0; g < GC; ++g) {
-      const V pb = vset1(probs[static_cast<std::size_t>(g) * n + i]);
+      const V pb = vset1(probs[static_cast<std::size_t>(g) * ld + i]);
       for (int v = 0; v < NV; ++v) acc[g][v] = vfma(pb, x[v], acc[g][v]);
     }
   }
@@ -148,41 +152,44 @@ KVEVICT_ATTN_TARGET inline void output_block(const float* probs, std::size_t n,
 }
 
 template <KvFormat F, int GC, int NV>
-KVEVICT_ATTN_TARGET inline void output_block_t(bool tail_block, const float* probs, std::size_t n,
+KVEVICT_ATTN_TARGET inline void output_block_t(bool tail_block, const float* probs, std::size_t ld,
                                                const void* values, std::size_t v_stride,
                                                std::size_t i0, std::size_t i1, std::size_t c0,
                                                std::size_t tail, float* out,
                                                std::size_t out_stride) noexcept {
   if constexpr (NV <= kVecs) {
     if (tail_block)
-      output_block<F, GC, NV, true>(probs, n, values, v_stride, i0, i1, c0, tail, out, out_stride);
+      output_block<F, GC, NV, true>(probs, ld, values, v_stride, i0, i1, c0, tail, out, out_stride);
     else
-      output_block<F, GC, NV, false>(probs, n, values, v_stride, i0, i1, c0, tail, out, out_stride);
+      output_block<F, GC, NV, false>(probs, ld, values, v_stride, i0, i1, c0, tail, out, out_stride);
   }
 }
 
 template <KvFormat F, int GC>
 KVEVICT_ATTN_TARGET inline void output_block_nv(std::size_t nv, bool tail_block,
-                                                const float* probs, std::size_t n,
+                                                const float* probs, std::size_t ld,
                                                 const void* values, std::size_t v_stride,
                                                 std::size_t i0, std::size_t i1, std::size_t c0,
                                                 std::size_t tail, float* out,
                                                 std::size_t out_stride) noexcept {
   switch (nv) {
-    case 1: output_block_t<F, GC, 1>(tail_block, probs, n, values, v_stride, i0, i1, c0, tail, out, out_stride); break;
-    case 2: output_block_t<F, GC, 2>(tail_block, probs, n, values, v_stride, i0, i1, c0, tail, out, out_stride); break;
-    case 3: output_block_t<F, GC, 3>(tail_block, probs, n, values, v_stride, i0, i1, c0, tail, out, out_stride); break;
-    default: output_block_t<F, GC, 4>(tail_block, probs, n, values, v_stride, i0, i1, c0, tail, out, out_stride); break;
+    case 1: output_block_t<F, GC, 1>(tail_block, probs, ld, values, v_stride, i0, i1, c0, tail, out, out_stride); break;
+    case 2: output_block_t<F, GC, 2>(tail_block, probs, ld, values, v_stride, i0, i1, c0, tail, out, out_stride); break;
+    case 3: output_block_t<F, GC, 3>(tail_block, probs, ld, values, v_stride, i0, i1, c0, tail, out, out_stride); break;
+    default: output_block_t<F, GC, 4>(tail_block, probs, ld, values, v_stride, i0, i1, c0, tail, out, out_stride); break;
   }
 }
 
+/// out[g * out_stride + j] += sum_i probs[g * ld + i] * v_i[j] over n contiguous V rows (row
+/// i at values + i * v_stride): one run of a block table. Rows are added in order, one at a
+/// time, whatever the tiling, so the sum over a table's runs equals the sum over the same
+/// rows copied into one array, bit for bit.
 template <KvFormat F>
-KVEVICT_ATTN_TARGET inline void attention_output(const float* probs, std::size_t group,
-                                                 const void* values, std::size_t v_stride,
-                                                 std::size_t n, std::size_t d, float* out,
-                                                 std::size_t out_stride) noexcept {
-  for (std::size_t g = 0; g < group; ++g)
-    for (std::size_t j = 0; j < d; ++j) out[g * out_stride + j] = 0.0f;
+KVEVICT_ATTN_TARGET inline void accumulate_rows(const float* probs, std::size_t ld,
+                                                std::size_t group, const void* values,
+                                                std::size_t v_stride, std::size_t n,
+                                                std::size_t d, float* out,
+                                                std::size_t out_stride) noexcept {
   const std::size_t tail = d % W;
   const std::size_t nvec = d / W + (tail ? 1 : 0);
   // Rows per tile: about 16 KiB of V, so the column blocks after the first read it from L1.
@@ -192,17 +199,17 @@ KVEVICT_ATTN_TARGET inline void attention_output(const float* probs, std::size_t
     const std::size_t i1 = n - i0 < tile ? n : i0 + tile;
     for (std::size_t g0 = 0; g0 < group; g0 += kHeads) {
       const std::size_t gc = group - g0 < static_cast<std::size_t>(kHeads) ? group - g0 : kHeads;
-      const float* pg = probs + g0 * n;
+      const float* pg = probs + g0 * ld;
       float* og = out + g0 * out_stride;
       for (std::size_t cv = 0; cv < nvec; cv += kVecs) {
         const std::size_t nv = nvec - cv < static_cast<std::size_t>(kVecs) ? nvec - cv : kVecs;
         const bool tail_block = tail != 0 && cv + nv == nvec;
         const std::size_t c0 = cv * W;
         switch (gc) {
-          case 1: output_block_nv<F, 1>(nv, tail_block, pg, n, values, v_stride, i0, i1, c0, tail, og, out_stride); break;
-          case 2: output_block_nv<F, 2>(nv, tail_block, pg, n, values, v_stride, i0, i1, c0, tail, og, out_stride); break;
-          case 3: output_block_nv<F, 3>(nv, tail_block, pg, n, values, v_stride, i0, i1, c0, tail, og, out_stride); break;
-          default: output_block_nv<F, kHeads>(nv, tail_block, pg, n, values, v_stride, i0, i1, c0, tail, og, out_stride); break;
+          case 1: output_block_nv<F, 1>(nv, tail_block, pg, ld, values, v_stride, i0, i1, c0, tail, og, out_stride); break;
+          case 2: output_block_nv<F, 2>(nv, tail_block, pg, ld, values, v_stride, i0, i1, c0, tail, og, out_stride); break;
+          case 3: output_block_nv<F, 3>(nv, tail_block, pg, ld, values, v_stride, i0, i1, c0, tail, og, out_stride); break;
+          default: output_block_nv<F, kHeads>(nv, tail_block, pg, ld, values, v_stride, i0, i1, c0, tail, og, out_stride); break;
         }
       }
     }

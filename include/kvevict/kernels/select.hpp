@@ -305,7 +305,10 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
     for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::uint32_t>(i);
     return;
   }
-  constexpr std::size_t kSample = 1024, kMinN = 8192;
+  // Below kMinN the sampled path's fixed costs (a 1024-score sample, two nth_elements on it)
+  // lost to topk_small (a loop over 16 N(0,1) inputs, 2026-12-02, AVX-512 CPU: 8K / 16K rows,
+  // k = n/2, 3.5 / 4.6 us against 8.1-32 / 11.8-50 us).
+  constexpr std::size_t kSample = 1024, kMinN = 32768;
 #if KVEVICT_X86
   // Threshold search (no sample, no sort) up to 512 rows, where it beat topk_small (a loop
   // over 16 N(0,1) inputs, AVX-512 CPU, 2026-12-02: 75 / 256 / 512 rows AVX-512 level 101 /
@@ -315,32 +318,50 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
   static_assert(512 <= avx512::kThresholdMaxN && 512 <= avx2::kThresholdMaxN);
   if (n <= 512) {
     if constexpr (I == Isa::avx512)
-      return n <= avx512::kRankMaxN ? avx512::topk_rank(s, n, k, out)
-                                    : avx512::topk_threshold(s, n, k, out);
+    {
+      if (n <= avx512::kRankMaxN) return avx512::topk_rank(s, n, k, out);
+      avx512::topk_threshold(s, n, k, out);
+      return;
+    }
     if constexpr (I == Isa::avx2) return avx2::topk_threshold(s, n, k, out);
   }
+  // k <= 64 above 512 rows at AVX-512: a bound from 32 groups' two best rows leaves about
+  // 150-400 candidates (N(0,1) scores, 1K-16K rows), which topk_threshold finishes (loop over
+  // 16 N(0,1) inputs, 2026-12-02: 1K / 4K / 8K / 16K rows 316-341 / 693-746 / 1314-1448 /
+  // 3150-3229 ns against 527-536 / 1836-1856 / 6886-14938 / 8492-21438 ns before).
+  if constexpr (I == Isa::avx512)
+    if (n > 512 && k <= 64 && avx512::topk_filter(s, n, k, out)) return;
 #endif
-  // topk_small up to 2048 rows: faster than topk_bracket at 256 and 1K, slower at 4K
-  // (bench_kernels float_topk, old/new binaries interleaved, 2026-12-01).
-  constexpr std::size_t kSmallN = 2048;
+  TopkScratch& sc = topk_scratch();
+  auto grow = [](auto& v, std::size_t size) {
+    if (v.size() < size) v.resize(size);
+    return v.data();
+  };
+#if KVEVICT_X86
+  // Other k at AVX-512 up to 4096 rows: one bracket round whose band (about 13n/64 rows)
+  // topk_threshold finishes (bench_kernels float_topk/half, main / branch alternating,
+  // 2026-12-02, load 5-6: 1K 463-633 against 548-596 ns, 4K 1307-1953 against 1925-2048 ns
+  // by topk_bracket); larger bands (8K rows: ~1660) fall back to topk_small.
+  if constexpr (I == Isa::avx512)
+    if (n > 512 && n <= 4096 &&
+        avx512::topk_band(s, n, k, out, reinterpret_cast<float*>(grow(sc.band_keys[0], n + 16))))
+      return;
+#endif
+  // topk_small below kMinN: up to 2048 rows faster than topk_bracket (bench_kernels
+  // float_topk, old/new binaries interleaved, 2026-12-01); at 4K 0.93-0.97x of it then, but
+  // 1.2-1.6x at 12K-16K rows (loop over 16 N(0,1) inputs, 2026-12-02).
   if (n < kMinN) {
 #if KVEVICT_X86
     if constexpr (I != Isa::scalar) {  // AVX-512 CPUs run the AVX2 form
-      TopkScratch& sc = topk_scratch();
-      auto grow = [](auto& v, std::size_t size) {
-        if (v.size() < size) v.resize(size);
-        return v.data();
-      };
       avx2::BracketBuffers b{grow(sc.below, 2 * n + 16),
                              {grow(sc.band_keys[0], n + 8), grow(sc.band_keys[1], n + 8)},
                              {grow(sc.band_ids[0], n + 8), grow(sc.band_ids[1], n + 8)}};
-      return n <= kSmallN ? avx2::topk_small(s, n, k, out, b) : avx2::topk_bracket(s, n, k, out, b);
+      return avx2::topk_small(s, n, k, out, b);
     }
 #endif
     return topk_radix<I>(s, n, k, out);
   }
   // Stratified pseudo-random sample (fixed seed: deterministic), NaNs dropped.
-  TopkScratch& sc = topk_scratch();
   sc.sample.clear();
   std::uint64_t h = 0x9E3779B97F4A7C15ull;
   for (std::size_t j = 0; j < kSample; ++j) {
@@ -530,12 +551,17 @@ KVEVICT_KERNEL_FN void counting_bottomk(const std::uint16_t* keys, std::size_t n
 /// bits among the few keys sharing them; one left-packing pass emits the ids:
 /// topk_threshold); at AVX-512 up to 32 rows each row's rank counted in registers
 /// (topk_rank).
-/// Method for n < 8192 beyond that: at AVX2 (and AVX-512) a sampled-bracket select (avx2::topk_bracket:
-/// a sorted 64-key sample brackets the k-th key, left-packing passes narrow a band to at most
-/// 128 rows, which are sorted; up to 2048 rows its first pass compares the floats directly,
-/// avx2::topk_small); at the scalar level an MSD radix select on the scores'
-/// order-preserving bit patterns (a 256-bin histogram per byte; rows better than the k-th
-/// key's byte are emitted, equal ones go on to the next byte). From 8192 on: a stratified sample of 1024 scores brackets the k-th largest; one SIMD pass splits
+/// Beyond 512 rows at AVX-512: for k <= 64 a lower bound on the k-th score (the smallest of
+/// 32 row groups' second-best scores) leaves a few hundred candidates for topk_threshold
+/// (avx512::topk_filter); otherwise up to 4096 rows one sampled bracket's band goes to
+/// topk_threshold (avx512::topk_band); either falls back to the next method.
+/// Method for n < 32768 beyond that: at AVX2 (and AVX-512) a sampled-bracket select
+/// (avx2::topk_small: a sorted 64-key sample brackets the k-th key, a pass comparing the
+/// floats directly splits the rows, left-packing passes narrow the band to at most 128 rows,
+/// which are sorted: avx2::topk_bracket_from); at the scalar level an MSD radix select on the
+/// scores' order-preserving bit patterns (a 256-bin histogram per byte; rows better than the
+/// k-th key's byte are emitted, equal ones go on to the next byte). From 32768 on: a
+/// stratified sample of 1024 scores brackets the k-th largest; one SIMD pass splits
 /// rows into "surely in" and a small band, and only the band is ordered (nth_element on
 /// (score, index) keys). Falls back to the exact method when the sample misses. Scratch
 /// memory is thread_local and reused (no allocation once warm). Throws if k > n.

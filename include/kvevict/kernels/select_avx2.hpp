@@ -240,7 +240,7 @@ KVEVICT_TARGET_AVX2 inline std::size_t radix_split(std::uint32_t* v, const std::
   return scalar::radix_split_body(v, ids, n, shift, b, out, ids_out, n_eq, i, nl, ne);
 }
 
-// ---- Small-n float top-k by bracketing samples (n < 8192) ---------------------------------
+// ---- Small-n float top-k by bracketing samples (n < 32768) --------------------------------
 // Keys are the primary keys of topk_key with the sign bit flipped (signed order: ascending =
 // better, -0 == +0, NaN = INT32_MAX), so AVX2's signed compares and min/max apply. A sorted
 // sample of 64 keys gives two keys lo <= hi around the wanted rank; one pass left-packs the
@@ -542,15 +542,11 @@ KVEVICT_ALWAYS_INLINE float topk_skey_float(std::int32_t x) noexcept {
   return std::bit_cast<float>((fok & 0x80000000u) ? (fok & 0x7FFFFFFFu) : ~fok);
 }
 
-/// Small-n top-k (select.hpp uses it up to 2048 rows): topk_bracket's first round with
-/// float compares instead of order keys. A sorted 64-key sample gives floats lo <= hi around
-/// the k-th; one pass left-packs the ids of x > hi (all selected) and the floats and ids of x
-/// in [lo, hi] (the band, index order); NaN rows fall in neither (they rank below every
-/// number). Float compares make -0 == +0. The band's order keys are then computed and
-/// topk_bracket goes on from them. A bracket that misses the k-th goes on from the side
-/// holding it (the rows above hi, or the rows not >= lo, NaN included).
-KVEVICT_TARGET_AVX2 inline void topk_small(const float* s, std::size_t n, std::size_t k,
-                                           std::uint32_t* out, const BracketBuffers& b) noexcept {
+/// topk_small's bracket: a sorted 64-key sample gives floats *lo <= *hi around the k-th
+/// (hi: the sample key kDelta ranks better, +inf if none; lo: kDelta ranks worse, -inf if
+/// none or a NaN's key).
+KVEVICT_TARGET_AVX2 inline void topk_small_bracket(const float* s, std::size_t n, std::size_t k,
+                                                   float* hi, float* lo) noexcept {
   constexpr std::int32_t kMax = std::numeric_limits<std::int32_t>::max();
   constexpr std::ptrdiff_t kDelta = 6;  // sample ranks either side (band ~ 13n/64)
   alignas(32) std::int32_t smp[64];
@@ -561,14 +557,74 @@ KVEVICT_TARGET_AVX2 inline void topk_small(const float* s, std::size_t n, std::s
   sort64(smp);
   const auto r = static_cast<std::ptrdiff_t>((k - 1) * 64 / n);
   const float inf = std::numeric_limits<float>::infinity();
-  // hi: the sample key kDelta ranks better; lo: kDelta ranks worse (a NaN key: every number).
-  const float hi = r - kDelta >= 0 ? topk_skey_float(smp[r - kDelta]) : inf;
+  *hi = r - kDelta >= 0 ? topk_skey_float(smp[r - kDelta]) : inf;
   const std::int32_t lk = r + kDelta <= 63 ? smp[r + kDelta] : kMax;
-  const float lo = lk == kMax ? -inf : topk_skey_float(lk);
+  *lo = lk == kMax ? -inf : topk_skey_float(lk);
+}
+
+/// topk_small after its pass: b.below[0, na) holds the ids of the rows > hi, b.keys[0] (as
+/// floats) and b.ids[0] the nm rows in [lo, hi] (8 spare entries each); goes on from the
+/// side holding the k-th (see topk_small).
+KVEVICT_TARGET_AVX2 inline void topk_small_finish(const float* s, std::size_t n, std::size_t k,
+                                                  std::uint32_t* out, const BracketBuffers& b,
+                                                  std::size_t na, std::size_t nm,
+                                                  float lo) noexcept {
+  float* bf = reinterpret_cast<float*>(b.keys[0]);  // band floats, keys computed in place
+  std::uint32_t* bi = b.ids[0];
+  std::uint32_t* above = b.below;
+  if (na >= k) {  // the k-th is above hi: those rows (index order) are the next band
+    for (std::size_t j = 0; j < na; ++j) {
+      bi[j] = above[j];
+      b.keys[0][j] = topk_skey(s[above[j]]);
+    }
+    return topk_bracket_from(BracketState{nullptr, b.keys[0], bi, na, k, 0, 1}, out, b);
+  }
+  if (na + nm < k) {  // the k-th is below lo: above and band selected, the rest (NaN too) next
+    std::copy_n(bi, nm, above + na);
+    std::size_t nr = 0, i = 0;
+    const __m256 vlo = _mm256_set1_ps(lo);
+    const __m256i step = _mm256_set1_epi32(8);
+    __m256i id = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (; i + 8 <= n; i += 8) {
+      const __m256 x = _mm256_loadu_ps(s + i);
+      const auto mr = static_cast<unsigned>(
+          _mm256_movemask_ps(_mm256_cmp_ps(x, vlo, _CMP_NGE_UQ)));  // !(x >= lo)
+      const __m256i pr = compress_perm(mr);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.keys[0] + nr),
+                          _mm256_permutevar8x32_epi32(topk_skey8(x), pr));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bi + nr), _mm256_permutevar8x32_epi32(id, pr));
+      nr += static_cast<std::size_t>(std::popcount(mr));
+      id = _mm256_add_epi32(id, step);
+    }
+    for (; i < n; ++i) {
+      b.keys[0][nr] = topk_skey(s[i]);
+      bi[nr] = static_cast<std::uint32_t>(i);
+      nr += !(s[i] >= lo);
+    }
+    return topk_bracket_from(BracketState{nullptr, b.keys[0], bi, nr, k - na - nm, na + nm, 1},
+                             out, b);
+  }
+  for (std::size_t j = 0; j < nm; j += 8)  // the band's keys (8 spare entries)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.keys[0] + j),
+                        topk_skey8(_mm256_loadu_ps(bf + j)));
+  topk_bracket_from(BracketState{nullptr, b.keys[0], bi, nm, k - na, na, 1}, out, b);
+}
+
+/// Small-n top-k (select.hpp uses it below 32768 rows): topk_bracket's first round with
+/// float compares instead of order keys. A sorted 64-key sample gives floats lo <= hi around
+/// the k-th; one pass left-packs the ids of x > hi (all selected) and the floats and ids of x
+/// in [lo, hi] (the band, index order); NaN rows fall in neither (they rank below every
+/// number). Float compares make -0 == +0. The band's order keys are then computed and
+/// topk_bracket goes on from them. A bracket that misses the k-th goes on from the side
+/// holding it (the rows above hi, or the rows not >= lo, NaN included).
+KVEVICT_TARGET_AVX2 inline void topk_small(const float* s, std::size_t n, std::size_t k,
+                                           std::uint32_t* out, const BracketBuffers& b) noexcept {
+  float hi, lo;
+  topk_small_bracket(s, n, k, &hi, &lo);
   const __m256 vhi = _mm256_set1_ps(hi), vlo = _mm256_set1_ps(lo);
   const __m256i step = _mm256_set1_epi32(8);
   __m256i id = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  float* bf = reinterpret_cast<float*>(b.keys[0]);  // band floats, keys computed in place
+  float* bf = reinterpret_cast<float*>(b.keys[0]);
   std::uint32_t* bi = b.ids[0];
   std::uint32_t* above = b.below;
   std::size_t na = 0, nm = 0, i = 0;
@@ -594,40 +650,7 @@ KVEVICT_TARGET_AVX2 inline void topk_small(const float* s, std::size_t n, std::s
     na += x > hi;
     nm += (x >= lo) & !(x > hi);
   }
-  if (na >= k) {  // the k-th is above hi: those rows (index order) are the next band
-    for (std::size_t j = 0; j < na; ++j) {
-      bi[j] = above[j];
-      b.keys[0][j] = topk_skey(s[above[j]]);
-    }
-    return topk_bracket_from(BracketState{nullptr, b.keys[0], bi, na, k, 0, 1}, out, b);
-  }
-  if (na + nm < k) {  // the k-th is below lo: above and band selected, the rest (NaN too) next
-    std::copy_n(bi, nm, above + na);
-    std::size_t nr = 0;
-    id = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    for (i = 0; i + 8 <= n; i += 8) {
-      const __m256 x = _mm256_loadu_ps(s + i);
-      const auto mr = static_cast<unsigned>(
-          _mm256_movemask_ps(_mm256_cmp_ps(x, vlo, _CMP_NGE_UQ)));  // !(x >= lo)
-      const __m256i pr = compress_perm(mr);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.keys[0] + nr),
-                          _mm256_permutevar8x32_epi32(topk_skey8(x), pr));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bi + nr), _mm256_permutevar8x32_epi32(id, pr));
-      nr += static_cast<std::size_t>(std::popcount(mr));
-      id = _mm256_add_epi32(id, step);
-    }
-    for (; i < n; ++i) {
-      b.keys[0][nr] = topk_skey(s[i]);
-      bi[nr] = static_cast<std::uint32_t>(i);
-      nr += !(s[i] >= lo);
-    }
-    return topk_bracket_from(BracketState{nullptr, b.keys[0], bi, nr, k - na - nm, na + nm, 1},
-                             out, b);
-  }
-  for (std::size_t j = 0; j < nm; j += 8)  // the band's keys (8 spare entries)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.keys[0] + j),
-                        topk_skey8(_mm256_loadu_ps(bf + j)));
-  topk_bracket_from(BracketState{nullptr, b.keys[0], bi, nm, k - na, na, 1}, out, b);
+  topk_small_finish(s, n, k, out, b, na, nm, lo);
 }
 
 /// Largest n topk_threshold takes (its buffers live on the stack: about 14 n bytes).

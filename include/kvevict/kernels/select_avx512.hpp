@@ -13,6 +13,7 @@
 #if KVEVICT_X86
 #include <immintrin.h>
 #endif
+#include "select_avx2.hpp"
 #include "select_scalar.hpp"
 
 #if KVEVICT_X86
@@ -292,6 +293,32 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE unsigned byte_select(const std::uint
   return t;
 }
 
+/// The lowest *take_eq lanes of eq (all of them when fewer); *take_eq less those kept.
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __mmask16 keep_ties(__mmask16 eq,
+                                                               std::size_t* take_eq) noexcept {
+  if (eq == 0) return eq;
+  const auto c = static_cast<std::size_t>(_mm_popcnt_u32(eq));
+  if (c > *take_eq) eq = static_cast<__mmask16>(_pdep_u32((1u << *take_eq) - 1, eq));
+  *take_eq -= c > *take_eq ? *take_eq : c;
+  return eq;
+}
+
+/// Left-packs the ids idx of the lanes in sel at out + pos (out holds k entries: a whole
+/// register while it fits, the lanes past the count overwritten later; near the end only
+/// the selected lanes); returns the position past them.
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE std::size_t emit_ids(std::uint32_t* out,
+                                                                std::size_t pos, std::size_t k,
+                                                                __mmask16 sel,
+                                                                __m512i idx) noexcept {
+  const __m512i packed = _mm512_maskz_compress_epi32(sel, idx);
+  const auto c = static_cast<std::size_t>(_mm_popcnt_u32(sel));
+  if (pos + 16 <= k)
+    _mm512_storeu_si512(out + pos, packed);
+  else
+    _mm512_mask_storeu_epi32(out + pos, static_cast<__mmask16>((1u << c) - 1), packed);
+  return pos + c;
+}
+
 /// Small-n float top-k (0 < k < n <= kThresholdMaxN) by a threshold search, no sampling and
 /// no sort. The signed order keys' high 16 bits T16 of the k-th key are found a byte at a
 /// time (byte_select: 3 + 3 + 2 bits per byte up to 256 rows, 2 bits per step above; per
@@ -303,13 +330,17 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE unsigned byte_select(const std::uint
 /// (scalar::threshold_key): that is the k-th key T. One pass left-packs (VPCOMPRESSD) the
 /// ids of the keys below T and the lowest-index keys equal to T. Same set as topk_exact
 /// (ties to the lower index, NaN last, -0 == +0); ids in index order.
-KVEVICT_TARGET_AVX512 inline void topk_threshold(const float* s, std::size_t n, std::size_t k,
-                                                 std::uint32_t* out) noexcept {
-  static_assert(kThresholdMaxN % 64 == 0);
-  alignas(64) std::int32_t key[kThresholdMaxN];
-  alignas(64) std::uint8_t hb[kThresholdMaxN];  // key >> 24, in packing order (not row order)
-  alignas(64) std::uint8_t lb[kThresholdMaxN];  // (key >> 16) & 0xFF, same order as hb
-  alignas(64) std::int32_t cand[kThresholdMaxN];
+/// MaxN: the largest n (the stack buffers' size). Emit false (topk_band): no pass, out
+/// unused; returns T with *take_eq, the number of keys equal to T taken (lowest index first).
+template <std::size_t MaxN = kThresholdMaxN, bool Emit = true>
+KVEVICT_TARGET_AVX512 inline std::int32_t topk_threshold(const float* s, std::size_t n,
+                                                         std::size_t k, std::uint32_t* out,
+                                                         std::size_t* take_eq_out = nullptr) noexcept {
+  static_assert(MaxN % 64 == 0);
+  alignas(64) std::int32_t key[MaxN];
+  alignas(64) std::uint8_t hb[MaxN];  // key >> 24, in packing order (not row order)
+  alignas(64) std::uint8_t lb[MaxN];  // (key >> 16) & 0xFF, same order as hb
+  alignas(64) std::int32_t cand[MaxN];
   const std::size_t nv = (n + 15) / 16, nb = (n + 63) / 64;
   const __m512i kmax = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::max());
   for (std::size_t v = 0; v < nv; ++v) {
@@ -381,19 +412,17 @@ KVEVICT_TARGET_AVX512 inline void topk_threshold(const float* s, std::size_t n, 
     t = scalar::threshold_key(cand, m, k, c_lt, t16, &take_eq);
     t_cand = t & 0xFFFF;
   }
+  if constexpr (!Emit) {
+    *take_eq_out = take_eq;
+    return t;
+  }
   const __m512i vt = _mm512_set1_epi32(t);
   __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i step = _mm512_set1_epi32(16);
   std::size_t pos = 0;
   // Left-packs the ids of the lanes in sel.
   auto emit = [&](__mmask16 sel) KVEVICT_TARGET_AVX512 __attribute__((always_inline)) {
-    const __m512i packed = _mm512_maskz_compress_epi32(sel, idx);
-    const auto c = static_cast<std::size_t>(_mm_popcnt_u32(sel));
-    if (pos + 16 <= k)  // a whole register (the lanes past c are overwritten later)
-      _mm512_storeu_si512(out + pos, packed);
-    else  // near the end of out: its first c lanes only
-      _mm512_mask_storeu_epi32(out + pos, static_cast<__mmask16>((1u << c) - 1), packed);
-    pos += c;
+    pos = emit_ids(out, pos, k, sel, idx);
     idx = _mm512_add_epi32(idx, step);
   };
   std::size_t eq_total = 0;  // keys equal to T (all among cand)
@@ -403,19 +432,132 @@ KVEVICT_TARGET_AVX512 inline void topk_threshold(const float* s, std::size_t n, 
     // register (padding, INT32_MAX, is above T).
     for (std::size_t v = 0; v < nv; ++v)
       emit(_mm512_cmple_epi32_mask(_mm512_load_si512(key + 16 * v), vt));
-    return;
+    return t;
   }
   for (std::size_t v = 0; v < nv; ++v) {
     const __m512i x = _mm512_load_si512(key + 16 * v);
-    __mmask16 eq = _mm512_cmpeq_epi32_mask(x, vt);  // padding only when T is NaN's key: it
-    if (eq != 0) {                                   // comes last, after take_eq real ties
-      const auto c = static_cast<std::size_t>(_mm_popcnt_u32(eq));
-      if (c > take_eq)  // keep the lowest take_eq tie lanes
-        eq = static_cast<__mmask16>(_pdep_u32((1u << take_eq) - 1, eq));
-      take_eq -= c > take_eq ? take_eq : c;
-    }
+    // Padding equals T only when T is NaN's key: it comes last, after take_eq real ties.
+    const __mmask16 eq = keep_ties(_mm512_cmpeq_epi32_mask(x, vt), &take_eq);
     emit(static_cast<__mmask16>(_mm512_cmplt_epi32_mask(x, vt) | eq));
   }
+  return t;
+}
+
+/// Most candidates topk_filter keeps before it gives up (its buffers live on the stack).
+inline constexpr std::size_t kFilterMaxM = kThresholdMaxN;
+
+/// Float top-k for k <= 64 (0 < k < n) by a lower bound: the rows fall in 32 groups (row i
+/// in group (i / 16) % 2 * 16 + i % 16: two registers of running maxima and second maxima),
+/// and the smallest of the 32 second maxima, L, is at most the k-th largest score (each
+/// group has two rows >= L: 64 rows). One pass left-packs the scores >= L and their ids
+/// (float compares: NaN never, -0 == +0); topk_threshold (topk_rank up to 32) takes the k
+/// best among them, ids mapped back (the candidates keep index order, so ties still go to
+/// the lower index). Same set as topk_exact. Returns false, having written nothing, when the
+/// candidates are fewer than k (NaN among the k best) or more than kFilterMaxM.
+KVEVICT_TARGET_AVX512 inline bool topk_filter(const float* s, std::size_t n, std::size_t k,
+                                              std::uint32_t* out) noexcept {
+  alignas(64) float cf[kFilterMaxM + 16];
+  alignas(64) std::uint32_t ci[kFilterMaxM + 16];
+  alignas(64) std::uint32_t local[kFilterMaxM];
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 m1[2] = {ninf, ninf}, m2[2] = {ninf, ninf};
+  // MAXPS / MINPS return their second operand when either is NaN: max(x, m1) keeps m1 and
+  // min(m1, x) gives NaN, which max(., m2) drops: a NaN score never enters a group's two.
+  auto add = [&](int g, __m512 x) KVEVICT_TARGET_AVX512 __attribute__((always_inline)) {
+    m2[g] = _mm512_max_ps(_mm512_min_ps(m1[g], x), m2[g]);
+    m1[g] = _mm512_max_ps(x, m1[g]);
+  };
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    add(0, _mm512_loadu_ps(s + i));
+    add(1, _mm512_loadu_ps(s + i + 16));
+  }
+  for (int g = 0; i + 16 * static_cast<std::size_t>(g) < n; ++g) {  // the last 1-31 rows
+    const std::size_t r = std::min<std::size_t>(n - i - 16 * static_cast<std::size_t>(g), 16);
+    add(g, _mm512_mask_loadu_ps(ninf, static_cast<__mmask16>((1u << r) - 1),
+                                s + i + 16 * static_cast<std::size_t>(g)));
+  }
+  // A group with fewer than two numbers keeps -inf: L = -inf, every number a candidate.
+  const float lb = _mm512_reduce_min_ps(_mm512_min_ps(m2[0], m2[1]));
+  const __m512 vl = _mm512_set1_ps(lb);
+  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  std::size_t m = 0;
+  for (i = 0; i < n; i += 16) {
+    const std::size_t r = n - i < 16 ? n - i : 16;
+    const auto valid = static_cast<__mmask16>((1u << r) - 1);
+    const __m512 x = _mm512_maskz_loadu_ps(valid, s + i);
+    const __mmask16 sel = _mm512_mask_cmp_ps_mask(valid, x, vl, _CMP_GE_OQ);
+    _mm512_storeu_ps(cf + m, _mm512_maskz_compress_ps(sel, x));  // 16 spare entries
+    _mm512_storeu_si512(ci + m, _mm512_maskz_compress_epi32(sel, idx));
+    m += static_cast<std::size_t>(_mm_popcnt_u32(sel));
+    if (m > kFilterMaxM) return false;
+    idx = _mm512_add_epi32(idx, step);
+  }
+  if (m < k) return false;
+  if (m == k) {
+    std::copy_n(ci, k, out);
+    return true;
+  }
+  if (m <= kRankMaxN)
+    topk_rank(cf, m, k, local);
+  else
+    topk_threshold(cf, m, k, local);
+  for (std::size_t j = 0; j < k; ++j) out[j] = ci[local[j]];
+  return true;
+}
+
+/// Most band rows topk_band hands to topk_threshold.
+inline constexpr std::size_t kBandMaxM = 1536;
+
+/// Float top-k for 0 < k < n, n > 64 (select.hpp: 513 to 4096 rows, k > 64) by one bracket
+/// round: avx2::topk_small_bracket's floats lo <= hi around the k-th (a sorted 64-row
+/// sample); one pass 16 rows at a time (float compares: NaN in neither class, -0 == +0)
+/// counts the rows > hi and left-packs the floats in [lo, hi] (the band, index order) into
+/// bf (n + 16 entries); topk_threshold finds the band's (k - rows above)-th key T and how
+/// many rows equal to T are taken; a second pass left-packs the ids of the rows > T and the
+/// first such rows equal to T (every row equal to T is in the band, so that count holds for
+/// all rows). Two compresses per 16 rows (VPCOMPRESSD binds: a third, the ids of the rows
+/// above hi in the first pass, cost more than the second pass). Same set as topk_exact.
+/// Returns false, out unwritten, when the bracket misses the k-th or the band has more than
+/// kBandMaxM rows.
+KVEVICT_TARGET_AVX512 inline bool topk_band(const float* s, std::size_t n, std::size_t k,
+                                            std::uint32_t* out, float* bf) noexcept {
+  float hi, lo;
+  avx2::topk_small_bracket(s, n, k, &hi, &lo);
+  const __m512 vhi = _mm512_set1_ps(hi), vlo = _mm512_set1_ps(lo);
+  std::size_t na = 0, nm = 0;
+  for (std::size_t i = 0; i < n; i += 16) {
+    const std::size_t r = n - i < 16 ? n - i : 16;
+    const auto valid = static_cast<__mmask16>((1u << r) - 1);
+    const __m512 x = _mm512_maskz_loadu_ps(valid, s + i);
+    const __mmask16 ma = _mm512_mask_cmp_ps_mask(valid, x, vhi, _CMP_GT_OQ);
+    const __mmask16 mm =
+        _mm512_mask_cmp_ps_mask(static_cast<__mmask16>(valid & ~ma), x, vlo, _CMP_GE_OQ);
+    _mm512_storeu_ps(bf + nm, _mm512_maskz_compress_ps(mm, x));  // 16 spare entries
+    na += static_cast<std::size_t>(_mm_popcnt_u32(ma));
+    nm += static_cast<std::size_t>(_mm_popcnt_u32(mm));
+  }
+  if (na >= k || na + nm < k || nm > kBandMaxM) return false;
+  const std::size_t need = k - na;
+  float tf = lo;     // need == nm: every row >= lo
+  std::size_t take_eq = n;
+  if (need < nm)  // T is a number's key (the band has no NaN)
+    tf = avx2::topk_skey_float(topk_threshold<kBandMaxM, false>(bf, nm, need, nullptr, &take_eq));
+  const __m512 vt = _mm512_set1_ps(tf);
+  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  std::size_t pos = 0;
+  for (std::size_t i = 0; i < n; i += 16) {
+    const std::size_t r = n - i < 16 ? n - i : 16;
+    const auto valid = static_cast<__mmask16>((1u << r) - 1);
+    const __m512 x = _mm512_maskz_loadu_ps(valid, s + i);
+    const __mmask16 gt = _mm512_mask_cmp_ps_mask(valid, x, vt, _CMP_GT_OQ);
+    const __mmask16 eq = keep_ties(_mm512_mask_cmp_ps_mask(valid, x, vt, _CMP_EQ_OQ), &take_eq);
+    pos = emit_ids(out, pos, k, static_cast<__mmask16>(gt | eq), idx);
+    idx = _mm512_add_epi32(idx, step);
+  }
+  return true;
 }
 
 }  // namespace kvevict::kernels::detail::avx512

@@ -15,6 +15,7 @@
 
 #include "../bytes.hpp"
 #include "../checked.hpp"
+#include "../kernels/masked_victim.hpp"
 #include "../kernels/select.hpp"
 #include "../errors.hpp"
 #include "../policy.hpp"
@@ -164,13 +165,20 @@ class RowColumn {
   const std::vector<T>& of(int layer, int kv_head) const { return cols_[index(layer, kv_head)]; }
   void set(int layer, int kv_head, std::size_t row, T value) {
     auto& c = of(layer, kv_head);
+    if (c.size() == row) {  // the usual append: one entry more
+      c.push_back(std::move(value));
+      return;
+    }
     c.resize(row + 1);  // row is the last live row: drop stale entries beyond it
     c[row] = std::move(value);
   }
   void move(int layer, int kv_head, std::size_t from, std::size_t to) {
     auto& c = of(layer, kv_head);
     c[to] = std::move(c[from]);
-    c.resize(from);
+    if (c.size() == from + 1)  // the usual swap-remove of the last row
+      c.pop_back();
+    else
+      c.resize(from);
   }
   /// Saved state: every column (for trivially copyable T). load() requires the columns to
   /// have the sizes they have now (the rows restored before it) and throws kvevict::Error.
@@ -252,17 +260,13 @@ void evict_lowest(const HeadView<Scalar>& view, Rank&& rank, Eligible&& eligible
 }
 
 /// The unprotected row (bit clear in `bits`) with the lowest score, the oldest (lowest
-/// seq) among equal scores: the library's SIMD masked argmin finds the lowest score, then a
-/// masked equality scan checks the rows after it for a tie with an older seq.
+/// seq) among equal scores: one dispatched kernel (kernels::lowest_masked_seq: a masked
+/// minimum, then the rows equal to it) where argmin_masked and an equal-score scan took two.
 inline std::size_t lowest_masked(const float* sc, const std::uint64_t* seqs, std::size_t n,
                                  const std::uint64_t* bits, const char* policy) {
-  std::size_t best = kernels::argmin_masked(sc, n, bits);
+  const std::size_t best = kernels::lowest_masked_seq(sc, seqs, n, bits);
   if (best == kernels::npos)
     throw std::logic_error(std::string("kvevict: ") + policy + ": no evictable row");
-  const float m = sc[best];
-  for (std::size_t j = best;
-       (j = kernels::find_equal_masked(sc, n, j + 1, bits, m)) != kernels::npos;)
-    if (seqs[j] < seqs[best]) best = j;
   return best;
 }
 
@@ -291,7 +295,8 @@ std::uint64_t open_below(const HeadView<Scalar>& view, std::size_t recent) {
 template <class Scalar>
 const std::uint64_t* protection_bits(const HeadView<Scalar>& view, std::size_t sinks,
                                      std::size_t recent, std::vector<std::uint64_t>& bits) {
-  bits.resize((view.size + 63) / 64);
+  const std::size_t words = (view.size + 63) / 64;
+  if (bits.size() != words) bits.resize(words);  // same size on most steps: no call
   kernels::protect_outside(view.seqs, view.size, sinks, open_below(view, recent), bits.data());
   return bits.data();
 }

@@ -349,9 +349,17 @@ class DecayedAttention {
       seqs.load(r, name());
       for (std::size_t i = 0; i < latest.size(); ++i) {
         latest[i] = r.get<std::uint64_t>("DecayedAttention latest arrival");
-        for (std::uint64_t s : seqs.of(static_cast<int>(i / hkv_), static_cast<int>(i % hkv_)))
+        const auto& got = seqs.of(static_cast<int>(i / hkv_), static_cast<int>(i % hkv_));
+        for (std::uint64_t s : got)
           kvevict::detail::require(s <= latest[i], "DecayedAttention state: row arrival ", s,
                                    " after the head's latest arrival ", latest[i]);
+        // The restore replayed the cache's rows through on_append first: the saved arrival
+        // indices must be theirs (the decision reads seqs_ in place of the view's seqs).
+        const auto& rows = seqs_.of(static_cast<int>(i / hkv_), static_cast<int>(i % hkv_));
+        for (std::size_t r = 0; r < got.size(); ++r)
+          kvevict::detail::require(got[r] == rows[r], "DecayedAttention state: row ", r,
+                                   " of head ", i, " has arrival ", got[r],
+                                   ", expected the cache's ", rows[r]);
       }
       if (excess()) {
         draws.load(r, name(), valid);
@@ -431,13 +439,61 @@ class DecayedAttention {
   /// sets bits_ (set = never evicted): a row is evictable iff its arrival index lies in
   /// [sinks, incoming - recent) (one vectorised pass over the seqs) and it is not held by
   /// the recall reserve.
+  ///
+  /// With the spike-ranked reserve and no dedup (recommended()'s rule), the protection bits
+  /// and the reserve's candidates at its last threshold come from one kernel pass
+  /// (kernels::open_gather: the bits of protect_outside, the candidates of gather_open).
   template <class S>
   void protect(const HeadView<S>& v) {
     const std::size_t h = head_index(v.layer, v.kv_head);
     decay_[h] = decay_for(v.capacity);
     capacity_[h] = v.capacity;
-    detail::protection_bits(v, config_.sinks, recent_for(v.capacity), bits_);
-    if (recalls()) keep_recalled(v);
+    const std::size_t recent = recent_for(v.capacity);
+    if (!recalls()) {
+      detail::protection_bits(v, config_.sinks, recent, bits_);
+      return;
+    }
+    if (excess() || dedups()) {
+      detail::protection_bits(v, config_.sinks, recent, bits_);
+      keep_recalled(v, false);
+      return;
+    }
+    // The head's columns are cold here (the model's other layers ran since its last step):
+    // start the reads of its scores (read last, by the victim search) and of the next KV
+    // head's columns (decided next) so that their latency overlaps this decision.
+    if (v.kv_head == 0) prefetch_rows(scores_.of(v.layer, v.kv_head));
+    if (static_cast<std::size_t>(v.kv_head) + 1 < hkv_) prefetch_columns(v.layer, v.kv_head + 1);
+    const std::size_t words = (v.size + 63) / 64;
+    if (bits_.size() != words) bits_.resize(words);
+    reserve_candidates(v.size);
+    // seqs_ holds the view's arrival indices (on_append / on_move keep it in step with the
+    // rows; load_state requires it): read here instead of the view's, so that the decision
+    // and the next observe read the same lines.
+    cand_n_ = kernels::open_gather(seqs_.of(v.layer, v.kv_head).data(),
+                                   spikes_.of(v.layer, v.kv_head).data(), v.size, config_.sinks,
+                                   detail::open_below(v, recent), floor_[h], bits_.data(),
+                                   cand_spike_.data(), cand_row_.data());
+    keep_recalled(v, true);
+  }
+  /// Hints the cache to fetch the 64-byte lines of a column (no effect on results).
+  template <class T>
+  static void prefetch_rows(const std::vector<T>& c) {
+    const char* p = reinterpret_cast<const char*>(c.data());
+    const std::size_t bytes = c.size() * sizeof(T);
+    for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
+  }
+  /// prefetch_rows over the columns a decision and an observe read (recalls() only).
+  void prefetch_columns(int layer, int kv_head) const {
+    prefetch_rows(scores_.of(layer, kv_head));
+    prefetch_rows(spikes_.of(layer, kv_head));
+    prefetch_rows(seqs_.of(layer, kv_head));
+  }
+  /// keep_recalled's candidate buffers hold at least n entries (they only grow).
+  void reserve_candidates(std::size_t n) {
+    if (cand_spike_.size() < n) {
+      cand_spike_.resize(n);
+      cand_row_.resize(n);
+    }
   }
 
   /// Sets in bits_ the unprotected rows with the largest non-zero long-range spike (ties:
@@ -451,8 +507,10 @@ class DecayedAttention {
   /// the k largest), else every candidate is (the first decision, a changed capacity,
   /// reserve rows evicted by a larger `need`). The threshold is a hint: the rows kept are
   /// the same either way.
+  ///
+  /// `gathered`: protect() already gathered the candidates at the last threshold (floor_).
   template <class S>
-  void keep_recalled(const HeadView<S>& v) {
+  void keep_recalled(const HeadView<S>& v, bool gathered) {
     const auto& sp = spikes_.of(v.layer, v.kv_head);
     const std::size_t h = head_index(v.layer, v.kv_head);
     std::size_t evictable = 0;
@@ -462,10 +520,7 @@ class DecayedAttention {
     // The candidates with rank > 0 and rank >= lo, in row order, into cand_spike_ /
     // cand_row_ [0, cand_n_) (the buffers only grow: no clearing per step).
     const auto collect = [&](float lo) {
-      if (cand_spike_.size() < v.size) {
-        cand_spike_.resize(v.size);
-        cand_row_.resize(v.size);
-      }
+      reserve_candidates(v.size);
       if (!excess()) {  // the spike is the rank: one dispatched pass over the open rows
         cand_n_ = kernels::gather_open(sp.data(), v.size, bits_.data(), lo, cand_spike_.data(),
                                        cand_row_.data());
@@ -498,7 +553,7 @@ class DecayedAttention {
     }
     if (limit == 0) return;
     const float hint = excess() ? 0.0f : floor_[h];
-    collect(hint);
+    if (!gathered) collect(hint);
     if (hint > 0.0f && cand_n_ < limit) collect(0.0f);
     const std::size_t m = cand_n_;
     const std::size_t k = std::min(limit, m);
@@ -569,9 +624,18 @@ class DecayedAttention {
   };
   /// The `v.need` victims among the rows `bits` leaves open: the lowest scores, the oldest
   /// among equal scores.
+  /// One victim: the arrival indices are read from seqs_ when it is kept (the view's seqs,
+  /// mirrored in this policy's columns, which the decision has just read: the view's own
+  /// are cold at this point of a small model's step).
   template <class S>
   void pick(const HeadView<S>& v, const std::uint64_t* bits, std::vector<std::uint32_t>& out) const {
-    detail::evict_lowest_masked(v, scores_.of(v.layer, v.kv_head).data(), bits, out, label_);
+    const float* sc = scores_.of(v.layer, v.kv_head).data();
+    if (v.need == 1 && recalls()) {
+      out.push_back(static_cast<std::uint32_t>(
+          detail::lowest_masked(sc, seqs_.of(v.layer, v.kv_head).data(), v.size, bits, label_)));
+      return;
+    }
+    detail::evict_lowest_masked(v, sc, bits, out, label_);
   }
   /// RecallDedup: walks the candidates (cand_spike_ / cand_row_) from the largest rank down
   /// (ties: the newer row first) and keeps up to `k` of them, skipping a row whose key

@@ -1,0 +1,363 @@
+// Eviction-decision kernels of the policies that evict the lowest score among unprotected
+// rows (DecayedAttention and H2O, KeyDiff's and ExpectedAttention's masked paths). Each does
+// in one call what two or three select.hpp kernels did in turn: at the small heads of a small
+// model (~128 rows, head dim 8) every call's fixed cost (entry checks, dispatch, setup, tail)
+// weighs as much as its pass over the rows.
+//  - open_gather: protect_outside's protection bits and gather_open's candidates in one pass
+//    over the arrival indices and the values (the same bits, values and indices, in the same
+//    order, as those two calls);
+//  - lowest_masked_seq: the unprotected row with the lowest (score, seq), the oldest among
+//    equal scores (the row argmin_masked and the equal-score scan of
+//    policies::detail::lowest_masked find), from one masked minimum and one equality pass.
+// Conventions as select.hpp: protection bits hold ceil(n/64) words, bit set = protected;
+// n < 2^32. Each kernel has a form pinned to a level (the Isa argument; throws
+// std::invalid_argument when the CPU lacks it) and one that uses active_isa().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "dispatch.hpp"
+
+namespace kvevict::kernels {
+
+/// Writes into bits (ceil(n/64) words, bits past n set) the rows whose arrival index lies
+/// outside [lo, hi) (unsigned; protect_outside's bits), and gathers, in index order, the rows
+/// left open with s[i] > 0 and s[i] >= floor: their values into vals and their indices into
+/// idx (n entries each; entries past the count may be overwritten); returns how many (what
+/// gather_open(s, n, bits, floor, vals, idx) returns). NaN values are never gathered.
+KVEVICT_KERNEL_FN std::size_t open_gather(Isa isa, const std::uint64_t* seqs, const float* s,
+                                          std::size_t n, std::uint64_t lo, std::uint64_t hi,
+                                          float floor, std::uint64_t* bits, float* vals,
+                                          std::uint32_t* idx);
+KVEVICT_KERNEL_FN std::size_t open_gather(const std::uint64_t* seqs, const float* s,
+                                          std::size_t n, std::uint64_t lo, std::uint64_t hi,
+                                          float floor, std::uint64_t* bits, float* vals,
+                                          std::uint32_t* idx);
+/// The row with the lowest (s[r], seqs[r]) among the rows whose bit in protected_bits is
+/// clear (null: every row): the lowest score, the oldest (lowest seq) among equal scores
+/// (-0.0 == +0.0); NaN scores are never chosen; npos when no row qualifies.
+KVEVICT_KERNEL_FN std::size_t lowest_masked_seq(Isa isa, const float* s,
+                                                const std::uint64_t* seqs, std::size_t n,
+                                                const std::uint64_t* protected_bits);
+KVEVICT_KERNEL_FN std::size_t lowest_masked_seq(const float* s, const std::uint64_t* seqs,
+                                                std::size_t n,
+                                                const std::uint64_t* protected_bits);
+
+}  // namespace kvevict::kernels
+
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+#include <bit>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "select_scalar.hpp"
+#if KVEVICT_X86
+#include <immintrin.h>
+
+#include "select_avx2.hpp"
+#endif
+
+namespace kvevict::kernels::detail {
+namespace scalar {
+
+/// open_gather over the rows of word w's [from, m) (row base + j): the open bits into *in,
+/// the candidates appended at count; returns the new count.
+KVEVICT_ALWAYS_INLINE std::size_t open_gather_rows(const std::uint64_t* seqs, const float* s,
+                                                   std::size_t base, std::size_t from,
+                                                   std::size_t m, std::uint64_t lo,
+                                                   std::uint64_t span, float floor,
+                                                   std::uint64_t* in, float* vals,
+                                                   std::uint32_t* idx,
+                                                   std::size_t count) noexcept {
+  for (std::size_t j = from; j < m; ++j) {
+    const std::size_t r = base + j;
+    if (!(seqs[r] - lo < span)) continue;
+    *in |= std::uint64_t{1} << j;
+    const float v = s[r];
+    if (v > 0.0f && v >= floor) {
+      vals[count] = v;
+      idx[count] = static_cast<std::uint32_t>(r);
+      ++count;
+    }
+  }
+  return count;
+}
+inline std::size_t open_gather(const std::uint64_t* seqs, const float* s, std::size_t n,
+                               std::uint64_t lo, std::uint64_t hi, float floor,
+                               std::uint64_t* bits, float* vals, std::uint32_t* idx) noexcept {
+  const std::uint64_t span = hi > lo ? hi - lo : 0;
+  std::size_t count = 0;
+  for (std::size_t base = 0, w = 0; base < n; base += 64, ++w) {
+    std::uint64_t in = 0;
+    count = open_gather_rows(seqs, s, base, 0, n - base < 64 ? n - base : 64, lo, span, floor,
+                             &in, vals, idx, count);
+    bits[w] = ~in;
+  }
+  return count;
+}
+inline std::size_t lowest_masked_seq(const float* s, const std::uint64_t* seqs, std::size_t n,
+                                     const std::uint64_t* prot, std::size_t from = 0,
+                                     LowestOpen best = {}) noexcept {
+  for (std::size_t r = from; r < n; ++r)
+    if (prot == nullptr || ((prot[r >> 6] >> (r & 63)) & 1u) == 0) best.offer(s[r], seqs[r], r);
+  return best.index;
+}
+
+}  // namespace scalar
+
+#if KVEVICT_X86
+KVEVICT_SUPPRESS_INTRIN_WARNINGS_BEGIN
+namespace avx2 {
+
+/// The eligible (unprotected) lanes of rows [r, r + 8) as an 8-bit mask (r % 8 == 0).
+KVEVICT_ALWAYS_INLINE unsigned eligible8(const std::uint64_t* prot, std::size_t r) noexcept {
+  return prot == nullptr ? 0xFFu : static_cast<unsigned>(~(prot[r >> 6] >> (r & 63)) & 0xFFu);
+}
+
+/// open_gather 8 rows at a time: the range test as two 4-wide unsigned 64-bit compares (sign
+/// flip), then gather_open's two float compares and left-packing permutation. Each vector
+/// store writes 8 lanes at the running count, at most the block's first row: n entries do.
+KVEVICT_TARGET_AVX2 inline std::size_t open_gather(const std::uint64_t* seqs, const float* s,
+                                                   std::size_t n, std::uint64_t lo,
+                                                   std::uint64_t hi, float floor,
+                                                   std::uint64_t* bits, float* vals,
+                                                   std::uint32_t* idx) noexcept {
+  const std::uint64_t span = hi > lo ? hi - lo : 0;
+  const __m256i flip = _mm256_set1_epi64x(static_cast<long long>(0x8000000000000000ull));
+  const __m256i vlo = _mm256_set1_epi64x(static_cast<long long>(lo));
+  // seq - lo < span (unsigned)  <=>  (span ^ flip) > ((seq - lo) ^ flip) (signed)
+  const __m256i vspan = _mm256_xor_si256(_mm256_set1_epi64x(static_cast<long long>(span)), flip);
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 vfloor = _mm256_set1_ps(floor);
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  std::size_t count = 0;
+  for (std::size_t base = 0, w = 0; base < n; base += 64, ++w) {
+    const std::size_t m = n - base < 64 ? n - base : 64;
+    std::uint64_t in = 0;
+    std::size_t j = 0;
+    for (; j + 8 <= m; j += 8) {
+      const std::size_t r = base + j;
+      const __m256i d0 = _mm256_xor_si256(
+          _mm256_sub_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(seqs + r)), vlo),
+          flip);
+      const __m256i d1 = _mm256_xor_si256(
+          _mm256_sub_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(seqs + r + 4)),
+                           vlo),
+          flip);
+      const unsigned open =
+          static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpgt_epi64(vspan, d0)))) |
+          (static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpgt_epi64(vspan, d1))))
+           << 4);
+      if (open == 0) continue;
+      in |= static_cast<std::uint64_t>(open) << j;
+      const __m256 v = _mm256_loadu_ps(s + r);
+      const __m256 ok = _mm256_and_ps(_mm256_cmp_ps(v, zero, _CMP_GT_OQ),
+                                      _mm256_cmp_ps(v, vfloor, _CMP_GE_OQ));
+      const unsigned c = static_cast<unsigned>(_mm256_movemask_ps(ok)) & open;
+      if (c == 0) continue;
+      const __m256i perm = compress_perm(c);
+      _mm256_storeu_ps(vals + count, _mm256_permutevar8x32_ps(v, perm));
+      const __m256i id = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(r)), iota);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + count),
+                          _mm256_permutevar8x32_epi32(id, perm));
+      count += static_cast<std::size_t>(std::popcount(c));
+    }
+    count = scalar::open_gather_rows(seqs, s, base, j, m, lo, span, floor, &in, vals, idx, count);
+    bits[w] = ~in;
+  }
+  return count;
+}
+
+/// An 8-bit mask as an 8-lane vector mask (lane j all ones when bit j is set).
+KVEVICT_TARGET_AVX2 KVEVICT_ALWAYS_INLINE __m256 lanes8(unsigned e) noexcept {
+  const __m256i lane = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  return _mm256_castsi256_ps(
+      _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(e)), lane), lane));
+}
+
+/// lowest_masked_seq: the minimum over the eligible lanes (MINPS returns its second operand
+/// when either is NaN, so a NaN score never enters it), then the eligible rows equal to it,
+/// the oldest of them (usually one).
+KVEVICT_TARGET_AVX2 inline std::size_t lowest_masked_seq(const float* s, const std::uint64_t* seqs,
+                                                         std::size_t n,
+                                                         const std::uint64_t* prot) noexcept {
+  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  const std::size_t full = n - n % 8;
+  __m256 vmin = inf;
+  for (std::size_t r = 0; r < full; r += 8) {
+    const unsigned e = eligible8(prot, r);
+    if (e == 0) continue;
+    const __m256 v = _mm256_blendv_ps(inf, _mm256_loadu_ps(s + r), lanes8(e));
+    vmin = _mm256_min_ps(v, vmin);
+  }
+  scalar::LowestOpen best;
+  if (full > 0) {
+    __m128 m4 = _mm_min_ps(_mm256_castps256_ps128(vmin), _mm256_extractf128_ps(vmin, 1));
+    m4 = _mm_min_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_min_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const float lowest = _mm_cvtss_f32(m4);
+    const __m256 vlow = _mm256_set1_ps(lowest);
+    for (std::size_t r = 0; r < full; r += 8) {
+      const unsigned e = eligible8(prot, r);
+      if (e == 0) continue;
+      unsigned eq = e & static_cast<unsigned>(_mm256_movemask_ps(
+                            _mm256_cmp_ps(_mm256_loadu_ps(s + r), vlow, _CMP_EQ_OQ)));
+      for (; eq != 0; eq &= eq - 1) {
+        const std::size_t j = r + static_cast<std::size_t>(std::countr_zero(eq));
+        best.offer(s[j], seqs[j], j);
+      }
+    }
+  }
+  return scalar::lowest_masked_seq(s, seqs, n, prot, full, best);
+}
+
+}  // namespace avx2
+
+namespace avx512 {
+
+/// open_gather 16 rows at a time: the range test as two 8-lane unsigned 64-bit compares,
+/// the two float compares under the open mask, VPCOMPRESS to a register and a full store
+/// at the running count (at most the block's first row: n entries do).
+KVEVICT_TARGET_AVX512 inline std::size_t open_gather(const std::uint64_t* seqs, const float* s,
+                                                     std::size_t n, std::uint64_t lo,
+                                                     std::uint64_t hi, float floor,
+                                                     std::uint64_t* bits, float* vals,
+                                                     std::uint32_t* idx) noexcept {
+  const std::uint64_t span = hi > lo ? hi - lo : 0;
+  const __m512i vlo = _mm512_set1_epi64(static_cast<long long>(lo));
+  const __m512i vspan = _mm512_set1_epi64(static_cast<long long>(span));
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 vfloor = _mm512_set1_ps(floor);
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  std::size_t count = 0;
+  for (std::size_t base = 0, w = 0; base < n; base += 64, ++w) {
+    const std::size_t m = n - base < 64 ? n - base : 64;
+    std::uint64_t in = 0;
+    std::size_t j = 0;
+    for (; j + 16 <= m; j += 16) {
+      const std::size_t r = base + j;
+      const __mmask8 o0 = _mm512_cmplt_epu64_mask(
+          _mm512_sub_epi64(_mm512_loadu_si512(seqs + r), vlo), vspan);
+      const __mmask8 o1 = _mm512_cmplt_epu64_mask(
+          _mm512_sub_epi64(_mm512_loadu_si512(seqs + r + 8), vlo), vspan);
+      const auto open = static_cast<__mmask16>(static_cast<unsigned>(o0) |
+                                               (static_cast<unsigned>(o1) << 8));
+      if (open == 0) continue;
+      in |= static_cast<std::uint64_t>(open) << j;
+      const __m512 v = _mm512_loadu_ps(s + r);
+      const __mmask16 c = _mm512_mask_cmp_ps_mask(_mm512_mask_cmp_ps_mask(open, v, zero, _CMP_GT_OQ),
+                                                  v, vfloor, _CMP_GE_OQ);
+      if (c == 0) continue;
+      _mm512_storeu_ps(vals + count, _mm512_maskz_compress_ps(c, v));
+      const __m512i id = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(r)), iota);
+      _mm512_storeu_si512(idx + count, _mm512_maskz_compress_epi32(c, id));
+      count += static_cast<std::size_t>(std::popcount(static_cast<unsigned>(c)));
+    }
+    count = scalar::open_gather_rows(seqs, s, base, j, m, lo, span, floor, &in, vals, idx, count);
+    bits[w] = ~in;
+  }
+  return count;
+}
+
+/// The eligible (unprotected) lanes of rows [r, r + 16) (r % 16 == 0).
+KVEVICT_ALWAYS_INLINE __mmask16 eligible16(const std::uint64_t* prot, std::size_t r) noexcept {
+  return prot == nullptr ? static_cast<__mmask16>(0xFFFFu)
+                         : static_cast<__mmask16>(~(prot[r >> 6] >> (r & 63)) & 0xFFFFu);
+}
+
+/// lowest_masked_seq 16 lanes at a time (the AVX2 form's two passes; VMINPS as MINPS).
+KVEVICT_TARGET_AVX512 inline std::size_t lowest_masked_seq(const float* s,
+                                                           const std::uint64_t* seqs,
+                                                           std::size_t n,
+                                                           const std::uint64_t* prot) noexcept {
+  const std::size_t full = n - n % 16;
+  __m512 vmin = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  for (std::size_t r = 0; r < full; r += 16)
+    vmin = _mm512_mask_min_ps(vmin, eligible16(prot, r), _mm512_loadu_ps(s + r), vmin);
+  scalar::LowestOpen best;
+  if (full > 0) {
+    const __m512 vlow = _mm512_set1_ps(_mm512_reduce_min_ps(vmin));
+    for (std::size_t r = 0; r < full; r += 16) {
+      auto eq = static_cast<unsigned>(
+          _mm512_mask_cmp_ps_mask(eligible16(prot, r), _mm512_loadu_ps(s + r), vlow, _CMP_EQ_OQ));
+      for (; eq != 0; eq &= eq - 1) {
+        const std::size_t j = r + static_cast<std::size_t>(std::countr_zero(eq));
+        best.offer(s[j], seqs[j], j);
+      }
+    }
+  }
+  return scalar::lowest_masked_seq(s, seqs, n, prot, full, best);
+}
+
+}  // namespace avx512
+KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
+#endif  // KVEVICT_X86
+
+inline void check_masked_victim_n(std::size_t n) {
+  if (n > std::numeric_limits<std::uint32_t>::max())
+    throw std::invalid_argument("kvevict::kernels: n = " + std::to_string(n) +
+                                " (expected n < 2^32: indices are 32-bit)");
+}
+
+inline std::size_t open_gather_at(Isa isa, const std::uint64_t* seqs, const float* s,
+                                  std::size_t n, std::uint64_t lo, std::uint64_t hi, float floor,
+                                  std::uint64_t* bits, float* vals, std::uint32_t* idx) {
+  require_nonnull(seqs, n, "seqs");
+  require_nonnull(s, n, "values");
+  require_nonnull(bits, n, "bits");
+  require_nonnull(vals, n, "vals");
+  require_nonnull(idx, n, "idx");
+  check_masked_victim_n(n);
+#if KVEVICT_X86
+  if (isa == Isa::avx512) return avx512::open_gather(seqs, s, n, lo, hi, floor, bits, vals, idx);
+  if (isa == Isa::avx2) return avx2::open_gather(seqs, s, n, lo, hi, floor, bits, vals, idx);
+#endif
+  return scalar::open_gather(seqs, s, n, lo, hi, floor, bits, vals, idx);
+}
+
+inline std::size_t lowest_masked_seq_at(Isa isa, const float* s, const std::uint64_t* seqs,
+                                        std::size_t n, const std::uint64_t* prot) {
+  require_nonnull(s, n, "scores");
+  require_nonnull(seqs, n, "seqs");
+#if KVEVICT_X86
+  if (isa == Isa::avx512) return avx512::lowest_masked_seq(s, seqs, n, prot);
+  if (isa == Isa::avx2) return avx2::lowest_masked_seq(s, seqs, n, prot);
+#endif
+  return scalar::lowest_masked_seq(s, seqs, n, prot);
+}
+
+}  // namespace kvevict::kernels::detail
+
+namespace kvevict::kernels {
+
+KVEVICT_KERNEL_FN std::size_t open_gather(Isa isa, const std::uint64_t* seqs, const float* s,
+                                          std::size_t n, std::uint64_t lo, std::uint64_t hi,
+                                          float floor, std::uint64_t* bits, float* vals,
+                                          std::uint32_t* idx) {
+  detail::require_isa(isa);
+  return detail::open_gather_at(isa, seqs, s, n, lo, hi, floor, bits, vals, idx);
+}
+KVEVICT_KERNEL_FN std::size_t open_gather(const std::uint64_t* seqs, const float* s,
+                                          std::size_t n, std::uint64_t lo, std::uint64_t hi,
+                                          float floor, std::uint64_t* bits, float* vals,
+                                          std::uint32_t* idx) {
+  return detail::open_gather_at(active_isa(), seqs, s, n, lo, hi, floor, bits, vals, idx);
+}
+
+KVEVICT_KERNEL_FN std::size_t lowest_masked_seq(Isa isa, const float* s,
+                                                const std::uint64_t* seqs, std::size_t n,
+                                                const std::uint64_t* protected_bits) {
+  detail::require_isa(isa);
+  return detail::lowest_masked_seq_at(isa, s, seqs, n, protected_bits);
+}
+KVEVICT_KERNEL_FN std::size_t lowest_masked_seq(const float* s, const std::uint64_t* seqs,
+                                                std::size_t n,
+                                                const std::uint64_t* protected_bits) {
+  return detail::lowest_masked_seq_at(active_isa(), s, seqs, n, protected_bits);
+}
+
+}  // namespace kvevict::kernels
+
+#endif  // !KVEVICT_KERNELS_DECLARE_ONLY
