@@ -1,6 +1,7 @@
 // The kvevict_kernels library (CMake target kvevict::kernels): compiles, once, what a
 // separate-kernels translation unit only declares (config.hpp): the dispatched kernels at
-// every ISA level, SimHashProjection's members, the SnapKV observation-window product,
+// every ISA level, the quantized attention kernels of the common formats,
+// SimHashProjection's members, the SnapKV observation-window product,
 // the number formatting of kvevict::Error messages and the file reads and writes
 // (detail::read_file, XKV's Profile::save / load). The definitions are the headers' own.
 #ifndef KVEVICT_SEPARATE_KERNELS
@@ -67,6 +68,33 @@ KVEVICT_INSTANTIATE_FORMAT(KvFormat::f32)
 KVEVICT_INSTANTIATE_FORMAT(KvFormat::f16)
 KVEVICT_INSTANTIATE_FORMAT(KvFormat::bf16)
 #undef KVEVICT_INSTANTIATE_FORMAT
+
+// The quantized attention entry points (attention_quant.hpp) for the formats of
+// compiled_quant_format<D> (quant_format.hpp): Q8 / Q4 at G in {8, 16, 32, 64, 128}, E4M3.
+#define KVEVICT_INSTANTIATE_QUANT(K, G)                                                        \
+  template bool quant_attention_probs<QDesc<K, G>>(const float*, std::size_t, std::size_t,     \
+                                                   const std::uint8_t*, std::size_t,            \
+                                                   std::size_t, std::size_t, float, float*)     \
+      noexcept;                                                                                \
+  template void quant_attention_output<QDesc<K, G>>(const float*, std::size_t,                 \
+                                                    const std::uint8_t*, std::size_t,           \
+                                                    std::size_t, std::size_t, float*,           \
+                                                    std::size_t) noexcept;                      \
+  template bool quant_attention_probs_qint<QDesc<K, G>>(const float*, std::size_t, std::size_t, \
+                                                        const std::uint8_t*, std::size_t,       \
+                                                        std::size_t, std::size_t, float, float*);
+#define KVEVICT_INSTANTIATE_QUANT_GROUPS(K)                                                    \
+  KVEVICT_INSTANTIATE_QUANT(K, 8)                                                              \
+  KVEVICT_INSTANTIATE_QUANT(K, 16)                                                             \
+  KVEVICT_INSTANTIATE_QUANT(K, 32)                                                             \
+  KVEVICT_INSTANTIATE_QUANT(K, 64)                                                             \
+  KVEVICT_INSTANTIATE_QUANT(K, 128)
+
+KVEVICT_INSTANTIATE_QUANT_GROUPS(QKind::q8)
+KVEVICT_INSTANTIATE_QUANT_GROUPS(QKind::q4)
+KVEVICT_INSTANTIATE_QUANT(QKind::e4m3, 1)
+#undef KVEVICT_INSTANTIATE_QUANT_GROUPS
+#undef KVEVICT_INSTANTIATE_QUANT
 
 // The key-type templates of the untemplated counting selections.
 template void counting_topk<std::uint8_t>(const std::uint8_t*, std::size_t, std::size_t,

@@ -419,6 +419,32 @@ TEST_CASE("Random: same seed, same choices; heads draw from independent streams"
   REQUIRE(a.first != a.second);  // identical rows, different per-head streams
 }
 
+TEST_CASE("detail::Mt19937_64 draws std::mt19937_64's sequence and reads and writes its text",
+          "[baselines]") {
+  // Random's and SimHash's generator (random_engine.hpp, issue 19: no <random> in kvevict).
+  for (std::uint64_t seed : {std::uint64_t{0}, std::uint64_t{5489}, policies::Random::stream_seed(7, 3),
+                             ~std::uint64_t{0}}) {
+    std::mt19937_64 want(seed);
+    kvevict::detail::Mt19937_64 got(seed);
+    for (int i = 0; i < 1000; ++i) REQUIRE(got() == want());  // three twists of the state
+    // Mid-block: the same text as std's operator<<, and each reads the other's.
+    std::ostringstream a, b;
+    a << want;
+    got.save(b);
+    REQUIRE(a.str() == b.str());
+    std::istringstream in(a.str());
+    kvevict::detail::Mt19937_64 back;
+    back.load(in);
+    REQUIRE(!in.fail());
+    for (int i = 0; i < 400; ++i) REQUIRE(back() == want());
+  }
+  kvevict::detail::Mt19937_64 fresh;  // the default seed, saved before the first draw
+  std::ostringstream a, b;
+  a << std::mt19937_64{};
+  fresh.save(b);
+  REQUIRE(a.str() == b.str());
+}
+
 TEST_CASE("Oracle restricts attention to the top rows by group-summed mass (brute force)",
           "[baselines][oracle]") {
   Rng rng(77);

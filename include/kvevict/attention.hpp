@@ -21,6 +21,9 @@
 #include "mixed.hpp"
 #include "policy.hpp"
 #include "quantized.hpp"
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+#include "kernels/attention_quant.hpp"  // separate-kernels mode: compiled (quant_format.hpp)
+#endif
 
 namespace kvevict {
 
@@ -222,6 +225,7 @@ bool head_probabilities(const Cache& cache, int layer, int kh, const float* q, s
   } else if constexpr (QuantizedStorage<S>) {
     if (n == 0) return true;
     using D = typename StorageOf<S>::key_codec::desc;
+    kernels::require_quant_kernels<D>();
     if (qk == QuantQK::integer_query)
       return kernels::quant_attention_probs_qint<D>(q, d, G, cache.stored_keys(layer, kh).data(),
                                                     cache.key_row_bytes(), n, d, scale, p);
@@ -266,6 +270,7 @@ void head_output(const Cache& cache, int layer, int kh, const float* p, std::siz
     cache.mixed_output(layer, kh, p, G, o);
   } else if constexpr (QuantizedStorage<S>) {
     using D = typename StorageOf<S>::value_codec::desc;
+    kernels::require_quant_kernels<D>();
     kernels::quant_attention_output<D>(p, G, cache.stored_values(layer, kh).data(),
                                        cache.value_row_bytes(), n, d, o, d);
   } else {

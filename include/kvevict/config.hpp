@@ -5,11 +5,13 @@
 // error-message formatting are inline in the headers; nothing to link.
 //
 // KVEVICT_SEPARATE_KERNELS (defined by the kvevict::kernels CMake target): the headers only
-// declare the dispatched kernel entry points, SimHashProjection's members, the SnapKV
-// observation-window product and the number formatting of kvevict::Error messages; the
-// kvevict_kernels static library (src/kernels.cpp) defines them once. A translation unit
-// then includes neither <immintrin.h> nor <charconv> and instantiates
-// no SIMD kernel. The code is the same either way (the library compiles these very headers),
+// declare the dispatched kernel entry points, the quantized attention kernels of the common
+// formats (kernels/quant_format.hpp), SimHashProjection's members, the SnapKV
+// observation-window product, the number formatting of kvevict::Error messages and the
+// members of AttentionAgeProfile, XkvLayerAllocator, BuzzBeehive and Random whose bodies
+// instantiate standard templates; the kvevict_kernels static library (src/kernels.cpp)
+// defines them once. A translation unit then includes neither <immintrin.h> nor <charconv>
+// and instantiates no SIMD kernel. The code is the same either way (the library compiles these very headers),
 // so results are identical. Link kvevict::kernels or kvevict::kvevict, not both.
 // The library also instantiates the common caches (KVCache<P> with FullCache,
 // StreamingLLM, H2O, DecayedAttention or SnapKV, float storage) and attend() on them; a
@@ -33,7 +35,8 @@
 #endif
 
 // KVEVICT_LAZY / KVEVICT_LAZY_DEF: header-only, they make a function whose body instantiates
-// heavy templates (the Eigen GEMMs of SimHash and of the observation window) a function
+// heavy templates (the Eigen GEMMs of SimHash and of the observation window; the standard
+// containers and algorithms of the policy members above) a function
 // template with one defaulted, unused parameter: a translation unit that never calls it
 // instantiates nothing (an inline non-template function instantiates what it calls in every
 // includer). Calls are written as before (f(args), p.f(args)). KVEVICT_LAZY goes on the

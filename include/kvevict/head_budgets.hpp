@@ -47,44 +47,14 @@ struct HeadTyping {
 class AttentionAgeProfile {
  public:
   /// Ages 0..max_age-1 are told apart; older rows are pooled in the last bucket.
-  AttentionAgeProfile(const Geometry& g, std::size_t max_age) : geometry_(g), max_age_(max_age) {
-    g.validate();
-    detail::require(max_age >= 1, "AttentionAgeProfile: max_age = 0, expected >= 1");
-    const auto heads = static_cast<std::size_t>(g.n_layers) * static_cast<std::size_t>(g.n_kv_heads);
-    mass_.assign(heads, std::vector<double>(max_age, 0.0));
-    sink_.assign(heads, std::vector<double>(max_age, 0.0));
-    steps_.assign(heads, 0);
-  }
+  KVEVICT_LAZY AttentionAgeProfile(const Geometry& g, std::size_t max_age);
 
   /// One step of one (layer, KV head): `probs` is group x rows (row-major) over rows at
   /// `positions`, attended from `query_position`. The group's query heads are averaged.
   /// Mass on the first sink_positions() positions (the attention sink) is also kept apart
   /// by age, for type_heads.
-  void add(int layer, int kv_head, std::int64_t query_position,
-           std::span<const std::int64_t> positions, std::span<const float> probs) {
-    check_head(layer, kv_head);
-    const auto group = static_cast<std::size_t>(geometry_.group());
-    detail::require(probs.size() == group * positions.size(), "AttentionAgeProfile::add: probs has ",
-                    probs.size(), " values, expected group x rows = ", group, " x ",
-                    positions.size());
-    for (std::int64_t p : positions)
-      detail::require(p >= 0 && p <= query_position, "AttentionAgeProfile::add: row position ", p,
-                      ", expected in [0, query position ", query_position, "]");
-    for (float x : probs)
-      detail::require(std::isfinite(x) && x >= 0.0f, "AttentionAgeProfile::add: probability ", x,
-                      ", expected finite and >= 0");
-    auto& m = mass_[index(layer, kv_head)];
-    auto& sk = sink_[index(layer, kv_head)];
-    const double w = 1.0 / static_cast<double>(group);
-    for (std::size_t g = 0; g < group; ++g)
-      for (std::size_t r = 0; r < positions.size(); ++r) {
-        const auto age = std::min(static_cast<std::size_t>(query_position - positions[r]), max_age_ - 1);
-        const double x = w * probs[g * positions.size() + r];
-        m[age] += x;
-        if (positions[r] < kSinkPositions) sk[age] += x;
-      }
-    ++steps_[index(layer, kv_head)];
-  }
+  KVEVICT_LAZY void add(int layer, int kv_head, std::int64_t query_position,
+                        std::span<const std::int64_t> positions, std::span<const float> probs);
 
   /// Every KV head of `layer` at once, from a cache and the result of attend() on it.
   template <class Cache>
@@ -120,49 +90,9 @@ class AttentionAgeProfile {
   /// starts at `floor`; each further row goes to the head with the largest mean mass at
   /// its next age (ties: the lower head index). With uniform_share u, each head then gets
   /// (1 - u) x its greedy count + u x mean_rows, rounded so the total stays exact.
-  [[nodiscard]] std::vector<std::vector<long long>> allocate_rows(long long mean_rows,
-                                                                  HeadAllocation o = {}) const {
-    detail::require(o.floor >= 1, "AttentionAgeProfile::allocate: floor = ", o.floor,
-                    ", expected >= 1");
-    detail::require(mean_rows >= o.floor, "AttentionAgeProfile::allocate: mean_rows = ", mean_rows,
-                    ", expected >= floor = ", o.floor);
-    detail::require(std::isfinite(o.uniform_share) && o.uniform_share >= 0.0 &&
-                        o.uniform_share <= 1.0,
-                    "AttentionAgeProfile::allocate: uniform_share = ", o.uniform_share,
-                    ", expected in [0, 1]");
-    const std::size_t n = mass_.size();
-    check_calibrated("allocate");
-    std::vector<long long> rows(n, o.floor);
-    auto gain = [&](std::size_t i) {
-      const auto age = static_cast<std::size_t>(rows[i]);
-      return age < max_age_ ? mass_[i][age] / static_cast<double>(steps_[i]) : 0.0;
-    };
-    // Greedy over heads [first, last): max-heap of (gain of the head's next row, -head
-    // index), O(total log heads).
-    auto greedy = [&](std::size_t first, std::size_t last) {
-      using Entry = std::tuple<double, long long>;
-      std::priority_queue<Entry> heap;
-      for (std::size_t i = first; i < last; ++i) heap.emplace(gain(i), -static_cast<long long>(i));
-      for (long long left = static_cast<long long>(last - first) * (mean_rows - o.floor); left > 0;
-           --left) {
-        const auto i = static_cast<std::size_t>(-std::get<1>(heap.top()));
-        heap.pop();
-        ++rows[i];
-        heap.emplace(gain(i), -static_cast<long long>(i));
-      }
-    };
-    const auto hkv = static_cast<std::size_t>(geometry_.n_kv_heads);
-    if (o.per_layer)
-      for (std::size_t first = 0; first < n; first += hkv) greedy(first, first + hkv);
-    else
-      greedy(0, n);
-    if (o.uniform_share > 0.0) blend(rows, mean_rows, o.uniform_share);
-    std::vector<std::vector<long long>> out(static_cast<std::size_t>(geometry_.n_layers));
-    for (std::size_t i = 0; i < n; ++i)
-      out[i / static_cast<std::size_t>(geometry_.n_kv_heads)].push_back(rows[i]);
-    return out;
-  }
-  [[nodiscard]] Budget allocate(long long mean_rows, HeadAllocation o = {}) const {
+  KVEVICT_LAZY [[nodiscard]] std::vector<std::vector<long long>> allocate_rows(
+      long long mean_rows, HeadAllocation o = {}) const;
+  KVEVICT_LAZY [[nodiscard]] Budget allocate(long long mean_rows, HeadAllocation o = {}) const {
     return Budget::per_head(allocate_rows(mean_rows, o));
   }
 
@@ -186,66 +116,16 @@ class AttentionAgeProfile {
   /// sink + window of W = max(floor, round(stream_fraction x mean_rows)) rows are retrieval
   /// heads and share the rest of the rows equally (the remainder one row each, lowest
   /// index first); every other head gets W rows. Ties: the lower head index is retrieval.
-  [[nodiscard]] std::vector<std::vector<long long>> type_heads_rows(long long mean_rows,
-                                                                    HeadTyping o = {}) const {
-    detail::require(std::isfinite(o.retrieval_fraction) && o.retrieval_fraction > 0.0 &&
-                        o.retrieval_fraction <= 1.0,
-                    "AttentionAgeProfile::type_heads: retrieval_fraction = ", o.retrieval_fraction,
-                    ", expected in (0, 1]");
-    detail::require(std::isfinite(o.stream_fraction) && o.stream_fraction > 0.0 &&
-                        o.stream_fraction <= 1.0,
-                    "AttentionAgeProfile::type_heads: stream_fraction = ", o.stream_fraction,
-                    ", expected in (0, 1]");
-    detail::require(o.floor >= 1, "AttentionAgeProfile::type_heads: floor = ", o.floor,
-                    ", expected >= 1");
-    detail::require(mean_rows >= o.floor, "AttentionAgeProfile::type_heads: mean_rows = ",
-                    mean_rows, ", expected >= floor = ", o.floor);
-    const std::size_t n = mass_.size();
-    check_calibrated("type_heads");
-    const long long window = std::min(
-        mean_rows, std::max(o.floor, std::llround(o.stream_fraction * static_cast<double>(mean_rows))));
-    const auto retrieval = std::clamp<std::size_t>(
-        static_cast<std::size_t>(std::llround(o.retrieval_fraction * static_cast<double>(n))), 1, n);
-    std::vector<std::pair<double, std::size_t>> rank;
-    const auto hkv = static_cast<std::size_t>(geometry_.n_kv_heads);
-    for (std::size_t i = 0; i < n; ++i)
-      rank.emplace_back(-mass_beyond_window(static_cast<int>(i / hkv), static_cast<int>(i % hkv),
-                                            static_cast<std::size_t>(window)),
-                        i);
-    std::sort(rank.begin(), rank.end());
-    std::vector<long long> rows(n, window);
-    const long long total = static_cast<long long>(n) * mean_rows;
-    const long long left = total - static_cast<long long>(n - retrieval) * window;
-    std::vector<std::size_t> chosen;
-    for (std::size_t k = 0; k < retrieval; ++k) chosen.push_back(rank[k].second);
-    std::sort(chosen.begin(), chosen.end());
-    const auto r = static_cast<long long>(retrieval);
-    for (std::size_t k = 0; k < chosen.size(); ++k)
-      rows[chosen[k]] = left / r + (static_cast<long long>(k) < left % r ? 1 : 0);
-    std::vector<std::vector<long long>> out(static_cast<std::size_t>(geometry_.n_layers));
-    for (std::size_t i = 0; i < n; ++i) out[i / hkv].push_back(rows[i]);
-    return out;
-  }
-  [[nodiscard]] Budget type_heads(long long mean_rows, HeadTyping o = {}) const {
+  KVEVICT_LAZY [[nodiscard]] std::vector<std::vector<long long>> type_heads_rows(
+      long long mean_rows, HeadTyping o = {}) const;
+  KVEVICT_LAZY [[nodiscard]] Budget type_heads(long long mean_rows, HeadTyping o = {}) const {
     return Budget::per_head(type_heads_rows(mean_rows, o));
   }
 
  private:
   // (1 - u) x greedy + u x mean, floored, then the rows lost to flooring go one each to
   // the heads with the largest fractional parts (ties: lower index): the total is exact.
-  static void blend(std::vector<long long>& rows, long long mean, double u) {
-    std::vector<std::pair<double, std::size_t>> frac;
-    long long total = 0, want = 0;
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const double x = (1.0 - u) * static_cast<double>(rows[i]) + u * static_cast<double>(mean);
-      want += rows[i];
-      rows[i] = static_cast<long long>(std::floor(x));
-      total += rows[i];
-      frac.emplace_back(-(x - std::floor(x)), i);
-    }
-    std::sort(frac.begin(), frac.end());
-    for (std::size_t k = 0; total < want; ++k, ++total) ++rows[frac[k].second];
-  }
+  KVEVICT_LAZY static void blend(std::vector<long long>& rows, long long mean, double u);
   /// Every head has calibration steps (what allocate / type_heads need).
   void check_calibrated(const char* what) const {
     for (std::size_t i = 0; i < mass_.size(); ++i)
@@ -272,5 +152,148 @@ class AttentionAgeProfile {
   std::vector<std::vector<double>> sink_;  ///< per head: the part of mass_ on the sink
   std::vector<std::size_t> steps_;         ///< per head: add() calls
 };
+
+// The members whose bodies instantiate standard templates (the greedy heap, the sorts):
+// KVEVICT_LAZY header-only (compiled only where called), in kvevict_kernels in
+// separate-kernels mode (config.hpp), so an includer pays for neither.
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN AttentionAgeProfile::AttentionAgeProfile(const Geometry& g,
+                                                                         std::size_t max_age)
+    : geometry_(g), max_age_(max_age) {
+  g.validate();
+  detail::require(max_age >= 1, "AttentionAgeProfile: max_age = 0, expected >= 1");
+  const auto heads = static_cast<std::size_t>(g.n_layers) * static_cast<std::size_t>(g.n_kv_heads);
+  mass_.assign(heads, std::vector<double>(max_age, 0.0));
+  sink_.assign(heads, std::vector<double>(max_age, 0.0));
+  steps_.assign(heads, 0);
+}
+
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN void AttentionAgeProfile::add(int layer, int kv_head,
+                                                          std::int64_t query_position,
+                                                          std::span<const std::int64_t> positions,
+                                                          std::span<const float> probs) {
+  check_head(layer, kv_head);
+  const auto group = static_cast<std::size_t>(geometry_.group());
+  detail::require(probs.size() == group * positions.size(), "AttentionAgeProfile::add: probs has ",
+                  probs.size(), " values, expected group x rows = ", group, " x ",
+                  positions.size());
+  for (std::int64_t p : positions)
+    detail::require(p >= 0 && p <= query_position, "AttentionAgeProfile::add: row position ", p,
+                    ", expected in [0, query position ", query_position, "]");
+  for (float x : probs)
+    detail::require(std::isfinite(x) && x >= 0.0f, "AttentionAgeProfile::add: probability ", x,
+                    ", expected finite and >= 0");
+  auto& m = mass_[index(layer, kv_head)];
+  auto& sk = sink_[index(layer, kv_head)];
+  const double w = 1.0 / static_cast<double>(group);
+  for (std::size_t g = 0; g < group; ++g)
+    for (std::size_t r = 0; r < positions.size(); ++r) {
+      const auto age = std::min(static_cast<std::size_t>(query_position - positions[r]), max_age_ - 1);
+      const double x = w * probs[g * positions.size() + r];
+      m[age] += x;
+      if (positions[r] < kSinkPositions) sk[age] += x;
+    }
+  ++steps_[index(layer, kv_head)];
+}
+
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN std::vector<std::vector<long long>>
+AttentionAgeProfile::allocate_rows(long long mean_rows, HeadAllocation o) const {
+  detail::require(o.floor >= 1, "AttentionAgeProfile::allocate: floor = ", o.floor,
+                  ", expected >= 1");
+  detail::require(mean_rows >= o.floor, "AttentionAgeProfile::allocate: mean_rows = ", mean_rows,
+                  ", expected >= floor = ", o.floor);
+  detail::require(std::isfinite(o.uniform_share) && o.uniform_share >= 0.0 &&
+                      o.uniform_share <= 1.0,
+                  "AttentionAgeProfile::allocate: uniform_share = ", o.uniform_share,
+                  ", expected in [0, 1]");
+  const std::size_t n = mass_.size();
+  check_calibrated("allocate");
+  std::vector<long long> rows(n, o.floor);
+  auto gain = [&](std::size_t i) {
+    const auto age = static_cast<std::size_t>(rows[i]);
+    return age < max_age_ ? mass_[i][age] / static_cast<double>(steps_[i]) : 0.0;
+  };
+  // Greedy over heads [first, last): max-heap of (gain of the head's next row, -head
+  // index), O(total log heads).
+  auto greedy = [&](std::size_t first, std::size_t last) {
+    using Entry = std::tuple<double, long long>;
+    std::priority_queue<Entry> heap;
+    for (std::size_t i = first; i < last; ++i) heap.emplace(gain(i), -static_cast<long long>(i));
+    for (long long left = static_cast<long long>(last - first) * (mean_rows - o.floor); left > 0;
+         --left) {
+      const auto i = static_cast<std::size_t>(-std::get<1>(heap.top()));
+      heap.pop();
+      ++rows[i];
+      heap.emplace(gain(i), -static_cast<long long>(i));
+    }
+  };
+  const auto hkv = static_cast<std::size_t>(geometry_.n_kv_heads);
+  if (o.per_layer)
+    for (std::size_t first = 0; first < n; first += hkv) greedy(first, first + hkv);
+  else
+    greedy(0, n);
+  if (o.uniform_share > 0.0) blend(rows, mean_rows, o.uniform_share);
+  std::vector<std::vector<long long>> out(static_cast<std::size_t>(geometry_.n_layers));
+  for (std::size_t i = 0; i < n; ++i)
+    out[i / static_cast<std::size_t>(geometry_.n_kv_heads)].push_back(rows[i]);
+  return out;
+}
+
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN std::vector<std::vector<long long>>
+AttentionAgeProfile::type_heads_rows(long long mean_rows, HeadTyping o) const {
+  detail::require(std::isfinite(o.retrieval_fraction) && o.retrieval_fraction > 0.0 &&
+                      o.retrieval_fraction <= 1.0,
+                  "AttentionAgeProfile::type_heads: retrieval_fraction = ", o.retrieval_fraction,
+                  ", expected in (0, 1]");
+  detail::require(std::isfinite(o.stream_fraction) && o.stream_fraction > 0.0 &&
+                      o.stream_fraction <= 1.0,
+                  "AttentionAgeProfile::type_heads: stream_fraction = ", o.stream_fraction,
+                  ", expected in (0, 1]");
+  detail::require(o.floor >= 1, "AttentionAgeProfile::type_heads: floor = ", o.floor,
+                  ", expected >= 1");
+  detail::require(mean_rows >= o.floor, "AttentionAgeProfile::type_heads: mean_rows = ",
+                  mean_rows, ", expected >= floor = ", o.floor);
+  const std::size_t n = mass_.size();
+  check_calibrated("type_heads");
+  const long long window = std::min(
+      mean_rows, std::max(o.floor, std::llround(o.stream_fraction * static_cast<double>(mean_rows))));
+  const auto retrieval = std::clamp<std::size_t>(
+      static_cast<std::size_t>(std::llround(o.retrieval_fraction * static_cast<double>(n))), 1, n);
+  std::vector<std::pair<double, std::size_t>> rank;
+  const auto hkv = static_cast<std::size_t>(geometry_.n_kv_heads);
+  for (std::size_t i = 0; i < n; ++i)
+    rank.emplace_back(-mass_beyond_window(static_cast<int>(i / hkv), static_cast<int>(i % hkv),
+                                          static_cast<std::size_t>(window)),
+                      i);
+  std::sort(rank.begin(), rank.end());
+  std::vector<long long> rows(n, window);
+  const long long total = static_cast<long long>(n) * mean_rows;
+  const long long left = total - static_cast<long long>(n - retrieval) * window;
+  std::vector<std::size_t> chosen;
+  for (std::size_t k = 0; k < retrieval; ++k) chosen.push_back(rank[k].second);
+  std::sort(chosen.begin(), chosen.end());
+  const auto r = static_cast<long long>(retrieval);
+  for (std::size_t k = 0; k < chosen.size(); ++k)
+    rows[chosen[k]] = left / r + (static_cast<long long>(k) < left % r ? 1 : 0);
+  std::vector<std::vector<long long>> out(static_cast<std::size_t>(geometry_.n_layers));
+  for (std::size_t i = 0; i < n; ++i) out[i / hkv].push_back(rows[i]);
+  return out;
+}
+
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN void AttentionAgeProfile::blend(std::vector<long long>& rows,
+                                                            long long mean, double u) {
+  std::vector<std::pair<double, std::size_t>> frac;
+  long long total = 0, want = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const double x = (1.0 - u) * static_cast<double>(rows[i]) + u * static_cast<double>(mean);
+    want += rows[i];
+    rows[i] = static_cast<long long>(std::floor(x));
+    total += rows[i];
+    frac.emplace_back(-(x - std::floor(x)), i);
+  }
+  std::sort(frac.begin(), frac.end());
+  for (std::size_t k = 0; total < want; ++k, ++total) ++rows[frac[k].second];
+}
+#endif  // !KVEVICT_KERNELS_DECLARE_ONLY
 
 }  // namespace kvevict

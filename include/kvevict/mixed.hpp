@@ -30,8 +30,11 @@
 #include "container_core.hpp"
 #include "errors.hpp"
 #include "kernels/attention_decode.hpp"
-#include "kernels/attention_quant.hpp"
+#include "kernels/quant_format.hpp"
 #include "quantized.hpp"
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+#include "kernels/attention_quant.hpp"  // separate-kernels mode: compiled (quant_format.hpp)
+#endif
 
 namespace kvevict {
 
@@ -83,9 +86,11 @@ bool band_probs(const float* q, std::size_t G, const std::uint8_t* rows, std::si
                 std::size_t d, float scale, float* p) {
   if constexpr (std::is_same_v<C, HalfRowCodec>)
     return kernels::attention_probs_as<kernels::KvFormat::f16>(q, d, G, rows, d, n, d, scale, p);
-  else
+  else {
+    kernels::require_quant_kernels<typename C::desc>();
     return kernels::quant_attention_probs<typename C::desc>(q, d, G, rows, C::row_bytes(d), n, d,
                                                             scale, p);
+  }
 }
 /// out (G x d) = p (G x n) . the band's n value rows.
 template <class C>
@@ -93,8 +98,10 @@ void band_output(const float* p, std::size_t G, const std::uint8_t* rows, std::s
                  std::size_t d, float* out) {
   if constexpr (std::is_same_v<C, HalfRowCodec>)
     kernels::attention_output_as<kernels::KvFormat::f16>(p, G, rows, d, n, d, out, d);
-  else
+  else {
+    kernels::require_quant_kernels<typename C::desc>();
     kernels::quant_attention_output<typename C::desc>(p, G, rows, C::row_bytes(d), n, d, out, d);
+  }
 }
 
 /// One stored row of a mixed head: its band and its bytes.

@@ -36,7 +36,7 @@
 #include <type_traits>
 
 #include "errors.hpp"
-#include "kernels/attention_quant.hpp"
+#include "kernels/quant_format.hpp"
 
 namespace kvevict {
 

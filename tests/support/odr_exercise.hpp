@@ -10,10 +10,11 @@
 
 namespace {
 
-template <class Policy>
-double exercise(Policy policy, const kvevict::Budget& budget) {
+template <class Policy, class Scalar = float>
+double exercise(Policy policy, const kvevict::Budget& budget, std::size_t hot_rows = 0) {
   const kvevict::Geometry g{2, 4, 2, 8};
-  kvevict::KVCache<Policy> cache(g, budget, policy);
+  kvevict::KVCache<Policy, Scalar> cache(g, budget, policy);
+  if constexpr (kvevict::detail::MixedStorage<Scalar>) cache.set_hot_rows(hot_rows);
   std::uint64_t state = 0x9E3779B97F4A7C15ull;
   auto next = [&] {  // a tiny deterministic generator, identical in both TUs
     state ^= state << 13;
@@ -50,7 +51,14 @@ double exercise_all_policies() {
          exercise(policies::StreamingLLM{2}, Budget::uniform(12)) +
          exercise(policies::H2O({4, 1}), Budget::per_layer({10, 14})) +
          exercise(policies::KNorm({1, 2}), Budget::uniform(9)) +
-         exercise(policies::Random({7, 1, 1}), Budget::uniform(11));
+         exercise(policies::Random({7, 1, 1}), Budget::uniform(11)) +
+         // Quantized storage: in separate-kernels mode, the quantized kernels compiled in
+         // kvevict_kernels (quant_format.hpp's compiled_quant_format).
+         exercise<policies::H2O, Q8<8>>(policies::H2O({4, 1}), Budget::uniform(10)) +
+         exercise<policies::StreamingLLM, KV<E4M3, Q4<8>>>(policies::StreamingLLM{2},
+                                                            Budget::uniform(12)) +
+         exercise<policies::H2O, Mixed<Eigen::half, Q8<8>>>(policies::H2O({4, 1}),
+                                                            Budget::uniform(10), 3);
 }
 
 /// Addresses of inline library functions: one definition each, so equal in every TU.

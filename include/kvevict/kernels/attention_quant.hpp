@@ -1,10 +1,7 @@
 // Decode attention over quantized K/V rows (kvevict/quantized.hpp formats), dequantising in
 // registers: rows are read as stored (bytes), never widened into memory.
 //
-//   QDesc<kind, G>        the format: Q8 / Q4 blocks of G elements with an fp16 scale, or
-//                         E4M3 bytes (G = 1). Row bytes: (d / G) x block_bytes.
-//   qdecode_block<D>(blk, out)      one block -> G floats (the one decoder: quantized.hpp's
-//                                   Codec::decode calls it, the scalar kernel uses it)
+//   QDesc<kind, G>, qdecode_block<D>   the format and its decoder: quant_format.hpp
 //   quant_attention_probs<D>(q, q_stride, G, rows, row_bytes, n, d, scale, probs)
 //   quant_attention_output<D>(probs, G, rows, row_bytes, n, d, out, out_stride)
 //       Same contracts as attention_decode.hpp's attention_probs / attention_output.
@@ -26,6 +23,9 @@
 // register) when has_avx512_vnni(), else AVX2's integer scores; the int32 block dots are the
 // same at every level, float sums in another order. kvevict::attend selects it with AttendOptions::quant_qk (attention.hpp).
 #pragma once
+// quant_format.hpp's check that a separate-kernels TU can link a format's kernels: here
+// they are defined.
+#define KVEVICT_QUANT_KERNELS_DEFINED 1
 
 #include <cmath>
 #include <cstddef>
@@ -38,65 +38,10 @@
 #include "attention_decode.hpp"
 #include "attention_scalar.hpp"
 #include "dispatch.hpp"
+#include "quant_format.hpp"
 
 namespace kvevict::kernels {
-
-enum class QKind : int { q8 = 0, q4 = 1, e4m3 = 2 };
-
-template <QKind K, int G>
-struct QDesc {
-  static constexpr QKind kind = K;
-  static constexpr std::size_t group = static_cast<std::size_t>(G);
-  static constexpr std::size_t block_bytes =
-      K == QKind::q8 ? 2 + static_cast<std::size_t>(G)
-                     : (K == QKind::q4 ? 2 + static_cast<std::size_t>(G) / 2 : 1);
-  static constexpr std::size_t row_bytes(std::size_t d) noexcept { return d / group * block_bytes; }
-};
-
 namespace detail {
-
-KVEVICT_ALWAYS_INLINE float load_half(const std::uint8_t* p) noexcept {
-  std::uint16_t b;
-  std::memcpy(&b, p, 2);
-  return half_bits_to_float(b);
-}
-
-/// E4M3 ("fn") bits -> float, exact.
-KVEVICT_ALWAYS_INLINE float e4m3_to_float(std::uint8_t b) noexcept {
-  // The 7 magnitude bits placed under a float's exponent/mantissa are the value times
-  // 2^-120 (normal and subnormal alike); rescale and put the sign back.
-  const float a = std::bit_cast<float>(static_cast<std::uint32_t>(b & 0x7F) << 20) * 0x1p120f;
-  return (b & 0x80) ? -a : a;
-}
-
-/// One block of D (G elements) -> out[0, G).
-template <class D>
-KVEVICT_ALWAYS_INLINE void qdecode_block(const std::uint8_t* blk, float* out) noexcept {
-  if constexpr (D::kind == QKind::e4m3) {
-    out[0] = e4m3_to_float(blk[0]);
-  } else {
-    const float s = load_half(blk);
-    const std::uint8_t* q = blk + 2;
-    if constexpr (D::kind == QKind::q8) {
-      for (std::size_t j = 0; j < D::group; ++j) out[j] = s * static_cast<float>(static_cast<std::int8_t>(q[j]));
-    } else {  // chunks of 8 (last c): byte j holds element j (low) and j + c/2 (high)
-      for (std::size_t c0 = 0; c0 < D::group; c0 += 8) {
-        const std::size_t c = D::group - c0 < 8 ? D::group - c0 : 8, h = c / 2;
-        for (std::size_t j = 0; j < h; ++j) {
-          const std::uint8_t v = q[c0 / 2 + j];
-          out[c0 + j] = s * static_cast<float>((v & 0xF) - 8);
-          out[c0 + j + h] = s * static_cast<float>((v >> 4) - 8);
-        }
-      }
-    }
-  }
-}
-
-/// A whole row of d elements.
-template <class D>
-inline void qdecode_row(const std::uint8_t* row, std::size_t d, float* out) noexcept {
-  for (std::size_t b = 0; b < d / D::group; ++b) qdecode_block<D>(row + b * D::block_bytes, out + b * D::group);
-}
 
 /// Where element e of a row of format D (Q8 / Q4) lives: its block (the fp16 scale first).
 template <class D>
@@ -168,12 +113,6 @@ inline void attention_output(const float* probs, std::size_t group, const std::u
 
 }  // namespace qscalar
 
-
-/// Whether the integer q.K path handles format D at head dim d (else the exact path runs).
-template <class D>
-constexpr bool qint_shape(std::size_t /*d*/) noexcept {
-  return D::kind != QKind::e4m3 && D::group % 32 == 0;
-}
 
 /// The queries of one call, quantized for the integer q.K path: per head g, d int8 codes in
 /// kernel order (Q8: element order; Q4: each 32-element span permuted as the nibbles are
@@ -946,7 +885,7 @@ inline void quant_attention_output_at(const float* probs, std::size_t group,
 
 /// At attention_isa() (attention_decode.hpp).
 template <class D>
-inline bool quant_attention_probs(const float* q, std::size_t q_stride, std::size_t group,
+KVEVICT_KERNEL_FN bool quant_attention_probs(const float* q, std::size_t q_stride, std::size_t group,
                                   const std::uint8_t* rows, std::size_t row_bytes, std::size_t n,
                                   std::size_t d, float scale, float* probs) noexcept {
   const Isa isa = attention_isa();
@@ -958,7 +897,7 @@ inline bool quant_attention_probs(const float* q, std::size_t q_stride, std::siz
 }
 
 template <class D>
-inline void quant_attention_output(const float* probs, std::size_t group, const std::uint8_t* rows,
+KVEVICT_KERNEL_FN void quant_attention_output(const float* probs, std::size_t group, const std::uint8_t* rows,
                                    std::size_t row_bytes, std::size_t n, std::size_t d, float* out,
                                    std::size_t out_stride) noexcept {
   const Isa isa = attention_isa();
@@ -1001,7 +940,7 @@ inline bool quant_attention_probs_qint_at(const float* q, std::size_t q_stride, 
 
 /// At attention_isa(): the opt-in integer q.K (see the header comment).
 template <class D>
-inline bool quant_attention_probs_qint(const float* q, std::size_t q_stride, std::size_t group,
+KVEVICT_KERNEL_FN bool quant_attention_probs_qint(const float* q, std::size_t q_stride, std::size_t group,
                                        const std::uint8_t* rows, std::size_t row_bytes, std::size_t n,
                                        std::size_t d, float scale, float* probs) {
   const Isa isa = attention_isa();

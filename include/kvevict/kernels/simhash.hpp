@@ -97,7 +97,7 @@ class SimHashProjection {
 // and the reference Eigen product. In separate-kernels mode (config.hpp) they are compiled
 // once into the kvevict_kernels library.
 #if !KVEVICT_KERNELS_DECLARE_ONLY
-#include <random>
+#include "../random_engine.hpp"
 
 #if KVEVICT_X86
 #include <immintrin.h>
@@ -107,7 +107,8 @@ namespace kvevict::kernels {
 
 namespace detail {
 
-/// Portable N(0,1) stream: std::mt19937_64 is specified bit-exactly by the standard, and the
+/// Portable N(0,1) stream: std::mt19937_64 (random_engine.hpp's copy, the same sequence) is
+/// specified bit-exactly by the standard, and the
 /// Box-Muller transform below replaces std::normal_distribution, whose algorithm differs
 /// between standard libraries. Results are identical wherever std::log/sqrt/cos/sin agree
 /// (IEEE sqrt is exact; glibc's log/cos/sin are correctly rounded in double in practice).
@@ -129,7 +130,7 @@ class PortableGaussian {
   }
 
  private:
-  std::mt19937_64 rng_;
+  kvevict::detail::Mt19937_64 rng_;
   double spare_ = 0.0;
   bool has_spare_ = false;
 };

@@ -134,12 +134,7 @@ class BuzzBeehive {
                                "BuzzBeehive: budget_mode with an unbounded budget, expected a "
                                "token budget to derive window and threshold from");
   }
-  void bind(const CacheShape& shape) {
-    check_budget(shape);
-    scores_.bind(shape);
-    heads_.assign(shape.capacity.size(), {});
-    n_kv_heads_ = shape.geometry.n_kv_heads;
-  }
+  KVEVICT_LAZY void bind(const CacheShape& shape);
 
   /// S + W + T, + 1 with reference timing (the constructor checked it does not wrap).
   [[nodiscard]] std::size_t base_limit() const {
@@ -252,68 +247,8 @@ class BuzzBeehive {
   }
 
   /// Serialisation hooks (serialize.hpp): the shape, each head's rebuild state, the scores.
-  void save_state(std::vector<std::uint8_t>& out) const {
-    kvevict::detail::ByteWriter w(out);
-    for (std::size_t x : {cfg_.sinks, cfg_.window, cfg_.threshold, cfg_.stride})
-      w.put<std::uint64_t>(x);
-    w.put<std::uint8_t>(flags());
-    w.put<std::uint64_t>(heads_.size());
-    for (const HeadState& h : heads_) {
-      w.put<std::uint64_t>(h.boundary);
-      w.put<std::uint64_t>(h.samples);
-      w.put<std::uint64_t>(h.rebuilds);
-      w.put<std::uint64_t>(h.gens.size());
-      for (const Generation& g : h.gens) {
-        w.put<std::uint64_t>(g.begin);
-        w.put<std::uint32_t>(g.level);
-      }
-    }
-    scores_.save(w);
-  }
-  void load_state(std::span<const std::uint8_t> in) {
-    kvevict::detail::ByteReader r(in);
-    std::size_t saved[4];
-    for (auto& x : saved) x = static_cast<std::size_t>(r.get<std::uint64_t>("BUZZ shape"));
-    const auto saved_flags = r.get<std::uint8_t>("BUZZ flags");
-    kvevict::detail::require(
-        saved[0] == cfg_.sinks && saved[1] == cfg_.window && saved[2] == cfg_.threshold &&
-            saved[3] == cfg_.stride && saved_flags == flags(),
-        "BuzzBeehive state: saved with sinks ", saved[0], ", window ", saved[1], ", threshold ",
-        saved[2], ", stride ", saved[3], ", flags ", int{saved_flags}, "; expected ", cfg_.sinks, ", ",
-        cfg_.window, ", ", cfg_.threshold, ", ", cfg_.stride, ", ", int{flags()},
-        " (flags: 1 budget_mode, 2 log_n, 4 reference_timing)");
-    const auto n = r.get<std::uint64_t>("BUZZ head count");
-    kvevict::detail::require(n == heads_.size(), "BuzzBeehive state: ", n, " heads, expected ",
-                             heads_.size());
-    std::vector<HeadState> fresh(heads_.size());
-    for (std::size_t i = 0; i < fresh.size(); ++i) {
-      HeadState& h = fresh[i];
-      h.boundary = r.get<std::uint64_t>("BUZZ boundary");
-      h.samples = static_cast<std::size_t>(r.get<std::uint64_t>("BUZZ samples"));
-      h.rebuilds = static_cast<std::size_t>(r.get<std::uint64_t>("BUZZ rebuilds"));
-      // Counters consistent with the restored rows (on_append ran over them first).
-      const std::size_t rows = scores_.of(static_cast<int>(i / static_cast<std::size_t>(n_kv_heads_)),
-                                          static_cast<int>(i % static_cast<std::size_t>(n_kv_heads_)))
-                                   .size();
-      kvevict::detail::require(h.samples <= rows, "BuzzBeehive state: head ", i, " has ", h.samples,
-                               " old samples, expected <= its ", rows, " rows");
-      const auto gens = r.get<std::uint64_t>("BUZZ generations");
-      kvevict::detail::require(gens <= r.remaining() / 12, "BuzzBeehive state: ", gens,
-                               " generations, more than the input holds");
-      for (std::uint64_t g = 0; g < gens; ++g) {
-        const auto begin = r.get<std::uint64_t>("BUZZ generation begin");
-        const auto level = r.get<std::uint32_t>("BUZZ generation level");
-        kvevict::detail::require((h.gens.empty() || begin >= h.gens.back().begin) && begin <= h.boundary,
-                                 "BuzzBeehive state: head ", i, " generation ", g, " begins at ",
-                                 begin, ", expected non-decreasing and <= the boundary ", h.boundary);
-        h.gens.push_back({begin, level});
-      }
-    }
-    scores_.load(r, name(), [](float x) { return std::isfinite(x) && x >= 0.0f; });
-    kvevict::detail::require(r.remaining() == 0, "BuzzBeehive state: ", r.remaining(),
-                             " trailing bytes");
-    heads_.swap(fresh);
-  }
+  KVEVICT_LAZY void save_state(std::vector<std::uint8_t>& out) const;
+  KVEVICT_LAZY void load_state(std::span<const std::uint8_t> in);
 
   // --- inspection (tests, benchmarks, reports) -----------------------------------------
   /// Accumulated score of each live row, in row order.
@@ -421,22 +356,7 @@ class BuzzBeehive {
     return true;
   }
 
-  void drop_empty_generations(HeadState& st) {
-    // A generation whose rows all left (fallback) only costs bookkeeping; drop it.
-    std::vector<Generation> kept;
-    for (std::size_t g = 0; g < st.gens.size(); ++g) {
-      const std::uint64_t end = g + 1 < st.gens.size() ? st.gens[g + 1].begin : st.boundary;
-      bool any = false;
-      for (const Item& it : region_)
-        if (it.seq >= st.gens[g].begin && it.seq < end && !victim_[it.row]) {
-          any = true;
-          break;
-        }
-      if (any) kept.push_back(st.gens[g]);
-    }
-    if (!kept.empty()) kept.front().begin = std::min(kept.front().begin, st.gens.front().begin);
-    st.gens.swap(kept);
-  }
+  KVEVICT_LAZY void drop_empty_generations(HeadState& st);
 
   HeadState& head(int layer, int kv_head) {
     return heads_[static_cast<std::size_t>(layer) * static_cast<std::size_t>(n_kv_heads_) +
@@ -455,5 +375,97 @@ class BuzzBeehive {
   std::vector<char> victim_;
   std::vector<float> sum_;
 };
+
+// BuzzBeehive's members whose bodies instantiate standard templates (the per-head state
+// vectors): KVEVICT_LAZY header-only, in kvevict_kernels in separate-kernels mode (config.hpp).
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN void BuzzBeehive::bind(const CacheShape& shape) {
+  check_budget(shape);
+  scores_.bind(shape);
+  heads_.assign(shape.capacity.size(), {});
+  n_kv_heads_ = shape.geometry.n_kv_heads;
+}
+
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN void BuzzBeehive::save_state(std::vector<std::uint8_t>& out) const {
+  kvevict::detail::ByteWriter w(out);
+  for (std::size_t x : {cfg_.sinks, cfg_.window, cfg_.threshold, cfg_.stride})
+    w.put<std::uint64_t>(x);
+  w.put<std::uint8_t>(flags());
+  w.put<std::uint64_t>(heads_.size());
+  for (const HeadState& h : heads_) {
+    w.put<std::uint64_t>(h.boundary);
+    w.put<std::uint64_t>(h.samples);
+    w.put<std::uint64_t>(h.rebuilds);
+    w.put<std::uint64_t>(h.gens.size());
+    for (const Generation& g : h.gens) {
+      w.put<std::uint64_t>(g.begin);
+      w.put<std::uint32_t>(g.level);
+    }
+  }
+  scores_.save(w);
+}
+
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN void BuzzBeehive::load_state(std::span<const std::uint8_t> in) {
+  kvevict::detail::ByteReader r(in);
+  std::size_t saved[4];
+  for (auto& x : saved) x = static_cast<std::size_t>(r.get<std::uint64_t>("BUZZ shape"));
+  const auto saved_flags = r.get<std::uint8_t>("BUZZ flags");
+  kvevict::detail::require(
+      saved[0] == cfg_.sinks && saved[1] == cfg_.window && saved[2] == cfg_.threshold &&
+          saved[3] == cfg_.stride && saved_flags == flags(),
+      "BuzzBeehive state: saved with sinks ", saved[0], ", window ", saved[1], ", threshold ",
+      saved[2], ", stride ", saved[3], ", flags ", int{saved_flags}, "; expected ", cfg_.sinks, ", ",
+      cfg_.window, ", ", cfg_.threshold, ", ", cfg_.stride, ", ", int{flags()},
+      " (flags: 1 budget_mode, 2 log_n, 4 reference_timing)");
+  const auto n = r.get<std::uint64_t>("BUZZ head count");
+  kvevict::detail::require(n == heads_.size(), "BuzzBeehive state: ", n, " heads, expected ",
+                           heads_.size());
+  std::vector<HeadState> fresh(heads_.size());
+  for (std::size_t i = 0; i < fresh.size(); ++i) {
+    HeadState& h = fresh[i];
+    h.boundary = r.get<std::uint64_t>("BUZZ boundary");
+    h.samples = static_cast<std::size_t>(r.get<std::uint64_t>("BUZZ samples"));
+    h.rebuilds = static_cast<std::size_t>(r.get<std::uint64_t>("BUZZ rebuilds"));
+    // Counters consistent with the restored rows (on_append ran over them first).
+    const std::size_t rows = scores_.of(static_cast<int>(i / static_cast<std::size_t>(n_kv_heads_)),
+                                        static_cast<int>(i % static_cast<std::size_t>(n_kv_heads_)))
+                                 .size();
+    kvevict::detail::require(h.samples <= rows, "BuzzBeehive state: head ", i, " has ", h.samples,
+                             " old samples, expected <= its ", rows, " rows");
+    const auto gens = r.get<std::uint64_t>("BUZZ generations");
+    kvevict::detail::require(gens <= r.remaining() / 12, "BuzzBeehive state: ", gens,
+                             " generations, more than the input holds");
+    for (std::uint64_t g = 0; g < gens; ++g) {
+      const auto begin = r.get<std::uint64_t>("BUZZ generation begin");
+      const auto level = r.get<std::uint32_t>("BUZZ generation level");
+      kvevict::detail::require((h.gens.empty() || begin >= h.gens.back().begin) && begin <= h.boundary,
+                               "BuzzBeehive state: head ", i, " generation ", g, " begins at ",
+                               begin, ", expected non-decreasing and <= the boundary ", h.boundary);
+      h.gens.push_back({begin, level});
+    }
+  }
+  scores_.load(r, name(), [](float x) { return std::isfinite(x) && x >= 0.0f; });
+  kvevict::detail::require(r.remaining() == 0, "BuzzBeehive state: ", r.remaining(),
+                           " trailing bytes");
+  heads_.swap(fresh);
+}
+
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN void BuzzBeehive::drop_empty_generations(HeadState& st) {
+  // A generation whose rows all left (fallback) only costs bookkeeping; drop it.
+  std::vector<Generation> kept;
+  for (std::size_t g = 0; g < st.gens.size(); ++g) {
+    const std::uint64_t end = g + 1 < st.gens.size() ? st.gens[g + 1].begin : st.boundary;
+    bool any = false;
+    for (const Item& it : region_)
+      if (it.seq >= st.gens[g].begin && it.seq < end && !victim_[it.row]) {
+        any = true;
+        break;
+      }
+    if (any) kept.push_back(st.gens[g]);
+  }
+  if (!kept.empty()) kept.front().begin = std::min(kept.front().begin, st.gens.front().begin);
+  st.gens.swap(kept);
+}
+#endif  // !KVEVICT_KERNELS_DECLARE_ONLY
 
 }  // namespace kvevict::policies

@@ -145,33 +145,7 @@ class XkvLayerAllocator {
   /// Records a layer's pooled scores directly, one vector per KV head (same length,
   /// finite, >= 0): for engines that compute the window attention themselves. With
   /// Config::reference, one vector per query head (n_heads), as the reference ranks them.
-  void set_layer_scores(int layer, const std::vector<std::vector<float>>& pooled) {
-    check_layer(layer, "set_layer_scores");
-    const int heads = config_.reference ? geometry_.n_heads : geometry_.n_kv_heads;
-    kvevict::detail::require(pooled.size() == static_cast<std::size_t>(heads),
-                             "set_layer_scores: ", pooled.size(), " heads, expected ", heads,
-                             config_.reference ? " (n_heads: reference mode ranks query heads)"
-                                               : " (n_kv_heads)");
-    const std::size_t n = pooled[0].size();
-    std::vector<double> gains(n, 0.0);
-    std::vector<float> sorted;
-    for (std::size_t h = 0; h < pooled.size(); ++h) {
-      kvevict::detail::require(pooled[h].size() == n, "set_layer_scores: head ", h, " has ",
-                               pooled[h].size(), " scores, expected ", n, " like head 0");
-      for (std::size_t j = 0; j < n; ++j)
-        kvevict::detail::require(std::isfinite(pooled[h][j]) && pooled[h][j] >= 0.0f,
-                                 "set_layer_scores: head ", h, " score ", j, " = ", pooled[h][j],
-                                 ", expected finite and >= 0");
-      sorted = pooled[h];
-      std::sort(sorted.begin(), sorted.end(), std::greater<>());
-      for (std::size_t k = 0; k < n; ++k) gains[k] += sorted[k];
-    }
-    auto& s = layers_[static_cast<std::size_t>(layer)];
-    s.gains = gains;
-    s.prefix.assign(n + 1, 0.0);
-    for (std::size_t k = 0; k < n; ++k) s.prefix[k + 1] = s.prefix[k] + gains[k];
-    s.observed = true;
-  }
+  KVEVICT_LAZY void set_layer_scores(int layer, const std::vector<std::vector<float>>& pooled);
 
   [[nodiscard]] bool ready() const {
     return std::all_of(layers_.begin(), layers_.end(), [](const auto& s) { return s.observed; });
@@ -200,7 +174,7 @@ class XkvLayerAllocator {
 
   /// Budget mode: `total` selected tokens (per KV head, windows excluded) over all
   /// layers, maximising the mean R. Stops early only when every candidate is taken.
-  [[nodiscard]] Allocation allocate(long long total) const {
+  KVEVICT_LAZY [[nodiscard]] Allocation allocate(long long total) const {
     if (config_.reference) {
       kvevict::detail::require(total >= 0, "XkvLayerAllocator::allocate: total = ", total,
                                " tokens, expected >= 0");
@@ -215,7 +189,7 @@ class XkvLayerAllocator {
 
   /// Target mode: the smallest allocation whose mean R reaches `target` (or all
   /// candidates, if the target is out of reach).
-  [[nodiscard]] Allocation allocate_for_retention(double target) const {
+  KVEVICT_LAZY [[nodiscard]] Allocation allocate_for_retention(double target) const {
     kvevict::detail::require(std::isfinite(target) && target > 0.0 && target <= 1.0,
                              "XkvLayerAllocator::allocate_for_retention: target = ", target,
                              ", expected in (0, 1]");
@@ -255,38 +229,7 @@ class XkvLayerAllocator {
     return (s.prefix[k + 1] - s.prefix[k]) / s.prefix.back();
   }
 
-  Allocation run(long long extra, std::optional<double> target) const {
-    const int L = geometry_.n_layers;
-    for (int l = 0; l < L; ++l) (void)observed(l);
-    Allocation a;
-    a.tokens.assign(static_cast<std::size_t>(L), config_.min_tokens);
-    std::vector<Candidate> heap;
-    heap.reserve(static_cast<std::size_t>(L));
-    double rsum = 0.0;
-    for (int l = 0; l < L; ++l) {
-      rsum += retention(l, config_.min_tokens);
-      if (layers_[static_cast<std::size_t>(l)].prefix.back() > 0.0 &&
-          config_.min_tokens < candidates(l))
-        heap.push_back({gain(l, config_.min_tokens), l});
-    }
-    std::make_heap(heap.begin(), heap.end());
-    const double goal = target ? *target * L : 0.0;
-    while (!heap.empty() && (target ? rsum < goal : extra > 0)) {
-      std::pop_heap(heap.begin(), heap.end());
-      Candidate c = heap.back();
-      heap.pop_back();
-      long long& n = a.tokens[static_cast<std::size_t>(c.layer)];
-      ++n;
-      --extra;
-      rsum += c.gain;
-      if (n < candidates(c.layer)) {
-        heap.push_back({gain(c.layer, n), c.layer});
-        std::push_heap(heap.begin(), heap.end());
-      }
-    }
-    a.mean_retention = mean_retention(a.tokens);
-    return a;
-  }
+  KVEVICT_LAZY Allocation run(long long extra, std::optional<double> target) const;
 
   // Reference mode: K/V repeated to every query head, so each query head is ranked on its
   // own pooled scores (the G-fold copy lives only for this call).
@@ -321,49 +264,119 @@ class XkvLayerAllocator {
 
   // The reference's wait list: every layer starts at 0 tokens, each step gives one token to
   // the first layer with the largest gain; a layer past its candidates has gain 0.
-  Allocation run_reference(long long total, std::optional<double> target) const {
-    const int L = geometry_.n_layers;
-    for (int l = 0; l < L; ++l) (void)observed(l);
-    auto gain_at = [&](int l, long long n) {
-      const auto& s = layers_[static_cast<std::size_t>(l)];
-      const double mass = s.prefix.back();
-      if (mass <= 0.0 || n >= static_cast<long long>(s.gains.size())) return 0.0;
-      return s.gains[static_cast<std::size_t>(n)] / mass;
-    };
-    Allocation a;
-    a.tokens.assign(static_cast<std::size_t>(L), 0);
-    std::vector<Candidate> heap;
-    for (int l = 0; l < L; ++l) heap.push_back({gain_at(l, 0), l});
-    std::make_heap(heap.begin(), heap.end());
-    const double goal = target ? *target * L : 0.0;
-    double rsum = 0.0;
-    for (long long i = 0; target ? goal > rsum : i < total; ++i) {
-      std::pop_heap(heap.begin(), heap.end());
-      Candidate& c = heap.back();
-      if (!target && c.gain <= 0.0) {
-        // Every gain is 0: the reference hands each remaining token to the lowest layer,
-        // layer 0, one at a time; add them at once.
-        a.tokens[0] += total - i;
-        break;
-      }
-      kvevict::detail::require(!target || c.gain > 0.0,
-                               "XkvLayerAllocator::allocate_for_retention: target = ", *target,
-                               " is out of reach (mean R ", rsum / L,
-                               " with every candidate taken); the reference would not stop");
-      rsum += c.gain;
-      long long& n = a.tokens[static_cast<std::size_t>(c.layer)];
-      ++n;
-      c.gain = gain_at(c.layer, n);
-      std::push_heap(heap.begin(), heap.end());
-    }
-    a.mean_retention = mean_retention(a.tokens);
-    return a;
-  }
+  KVEVICT_LAZY Allocation run_reference(long long total, std::optional<double> target) const;
 
   Geometry geometry_;
   Config config_;
   std::vector<LayerStats> layers_;
 };
+
+// XkvLayerAllocator's members whose bodies instantiate standard templates (the sorts, the
+// heaps): KVEVICT_LAZY header-only, in kvevict_kernels in separate-kernels mode (config.hpp).
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN void XkvLayerAllocator::set_layer_scores(
+    int layer, const std::vector<std::vector<float>>& pooled) {
+  check_layer(layer, "set_layer_scores");
+  const int heads = config_.reference ? geometry_.n_heads : geometry_.n_kv_heads;
+  kvevict::detail::require(pooled.size() == static_cast<std::size_t>(heads),
+                           "set_layer_scores: ", pooled.size(), " heads, expected ", heads,
+                           config_.reference ? " (n_heads: reference mode ranks query heads)"
+                                             : " (n_kv_heads)");
+  const std::size_t n = pooled[0].size();
+  std::vector<double> gains(n, 0.0);
+  std::vector<float> sorted;
+  for (std::size_t h = 0; h < pooled.size(); ++h) {
+    kvevict::detail::require(pooled[h].size() == n, "set_layer_scores: head ", h, " has ",
+                             pooled[h].size(), " scores, expected ", n, " like head 0");
+    for (std::size_t j = 0; j < n; ++j)
+      kvevict::detail::require(std::isfinite(pooled[h][j]) && pooled[h][j] >= 0.0f,
+                               "set_layer_scores: head ", h, " score ", j, " = ", pooled[h][j],
+                               ", expected finite and >= 0");
+    sorted = pooled[h];
+    std::sort(sorted.begin(), sorted.end(), std::greater<>());
+    for (std::size_t k = 0; k < n; ++k) gains[k] += sorted[k];
+  }
+  auto& s = layers_[static_cast<std::size_t>(layer)];
+  s.gains = gains;
+  s.prefix.assign(n + 1, 0.0);
+  for (std::size_t k = 0; k < n; ++k) s.prefix[k + 1] = s.prefix[k] + gains[k];
+  s.observed = true;
+}
+
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN Allocation XkvLayerAllocator::run(long long extra,
+                                                               std::optional<double> target) const {
+  const int L = geometry_.n_layers;
+  for (int l = 0; l < L; ++l) (void)observed(l);
+  Allocation a;
+  a.tokens.assign(static_cast<std::size_t>(L), config_.min_tokens);
+  std::vector<Candidate> heap;
+  heap.reserve(static_cast<std::size_t>(L));
+  double rsum = 0.0;
+  for (int l = 0; l < L; ++l) {
+    rsum += retention(l, config_.min_tokens);
+    if (layers_[static_cast<std::size_t>(l)].prefix.back() > 0.0 &&
+        config_.min_tokens < candidates(l))
+      heap.push_back({gain(l, config_.min_tokens), l});
+  }
+  std::make_heap(heap.begin(), heap.end());
+  const double goal = target ? *target * L : 0.0;
+  while (!heap.empty() && (target ? rsum < goal : extra > 0)) {
+    std::pop_heap(heap.begin(), heap.end());
+    Candidate c = heap.back();
+    heap.pop_back();
+    long long& n = a.tokens[static_cast<std::size_t>(c.layer)];
+    ++n;
+    --extra;
+    rsum += c.gain;
+    if (n < candidates(c.layer)) {
+      heap.push_back({gain(c.layer, n), c.layer});
+      std::push_heap(heap.begin(), heap.end());
+    }
+  }
+  a.mean_retention = mean_retention(a.tokens);
+  return a;
+}
+
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN Allocation XkvLayerAllocator::run_reference(
+    long long total, std::optional<double> target) const {
+  const int L = geometry_.n_layers;
+  for (int l = 0; l < L; ++l) (void)observed(l);
+  auto gain_at = [&](int l, long long n) {
+    const auto& s = layers_[static_cast<std::size_t>(l)];
+    const double mass = s.prefix.back();
+    if (mass <= 0.0 || n >= static_cast<long long>(s.gains.size())) return 0.0;
+    return s.gains[static_cast<std::size_t>(n)] / mass;
+  };
+  Allocation a;
+  a.tokens.assign(static_cast<std::size_t>(L), 0);
+  std::vector<Candidate> heap;
+  for (int l = 0; l < L; ++l) heap.push_back({gain_at(l, 0), l});
+  std::make_heap(heap.begin(), heap.end());
+  const double goal = target ? *target * L : 0.0;
+  double rsum = 0.0;
+  for (long long i = 0; target ? goal > rsum : i < total; ++i) {
+    std::pop_heap(heap.begin(), heap.end());
+    Candidate& c = heap.back();
+    if (!target && c.gain <= 0.0) {
+      // Every gain is 0: the reference hands each remaining token to the lowest layer,
+      // layer 0, one at a time; add them at once.
+      a.tokens[0] += total - i;
+      break;
+    }
+    kvevict::detail::require(!target || c.gain > 0.0,
+                             "XkvLayerAllocator::allocate_for_retention: target = ", *target,
+                             " is out of reach (mean R ", rsum / L,
+                             " with every candidate taken); the reference would not stop");
+    rsum += c.gain;
+    long long& n = a.tokens[static_cast<std::size_t>(c.layer)];
+    ++n;
+    c.gain = gain_at(c.layer, n);
+    std::push_heap(heap.begin(), heap.end());
+  }
+  a.mean_retention = mean_retention(a.tokens);
+  return a;
+}
+#endif  // !KVEVICT_KERNELS_DECLARE_ONLY
 
 /// Same total, split evenly (remainder to the first layers): uniform SnapKV.
 inline std::vector<long long> uniform_budgets(int n_layers, long long total) {
