@@ -463,8 +463,7 @@ class DecayedAttention {
     // head's columns (decided next) so that their latency overlaps this decision.
     if (v.kv_head == 0) prefetch_rows(scores_.of(v.layer, v.kv_head));
     if (static_cast<std::size_t>(v.kv_head) + 1 < hkv_) prefetch_columns(v.layer, v.kv_head + 1);
-    const std::size_t words = (v.size + 63) / 64;
-    if (bits_.size() != words) bits_.resize(words);
+    detail::size_bits(bits_, v.size);
     reserve_candidates(v.size);
     // seqs_ holds the view's arrival indices (on_append / on_move keep it in step with the
     // rows; load_state requires it): read here instead of the view's, so that the decision
