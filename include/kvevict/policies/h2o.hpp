@@ -19,7 +19,7 @@ class H2O {
     std::size_t sinks = 0;    ///< optional first rows never evicted (0 = plain H2O)
   };
   H2O() = default;
-  explicit H2O(Config c) : recent(c.recent), sinks(c.sinks) {}
+  KVEVICT_DEFER explicit H2O(Config c) : recent(c.recent), sinks(c.sinks) {}
   std::size_t recent = 10;  ///< read at bind()
   std::size_t sinks = 0;    ///< read at bind()
 

@@ -14,7 +14,7 @@ class KNorm {
     std::size_t recent = 0;  ///< rows that arrived last, never evicted
   };
   KNorm() = default;
-  explicit KNorm(Config c) : sinks(c.sinks), recent(c.recent) {}
+  KVEVICT_DEFER explicit KNorm(Config c) : sinks(c.sinks), recent(c.recent) {}
   std::size_t sinks = 0;
   std::size_t recent = 0;
 

@@ -84,8 +84,8 @@ class XkvLayerAllocator {
     bool reference = false;
   };
 
-  explicit XkvLayerAllocator(const Geometry& g) : XkvLayerAllocator(g, Config{}) {}
-  XkvLayerAllocator(const Geometry& g, Config c) : geometry_(g), config_(c) {
+  KVEVICT_DEFER explicit XkvLayerAllocator(const Geometry& g) : XkvLayerAllocator(g, Config{}) {}
+  KVEVICT_DEFER XkvLayerAllocator(const Geometry& g, Config c) : geometry_(g), config_(c) {
     geometry_.validate();
     observation().validate("XkvLayerAllocator");
     kvevict::detail::require(config_.reference || config_.min_tokens > 0,
