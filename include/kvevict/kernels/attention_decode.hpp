@@ -150,15 +150,23 @@ inline void for_each_run(const BlockTable& t, std::size_t row_stride, std::size_
 }
 
 /// Prefetches the first `rows` rows (up to 64) of the next run into the cache: a pool's
-/// blocks are scattered, and the hardware prefetcher restarts at every block.
+/// blocks are scattered, and the hardware prefetcher restarts at every block. Rows of
+/// `bytes` bytes, `step` bytes apart, from p.
+inline void prefetch_run(const void* p, std::size_t rows, std::size_t step,
+                         std::size_t bytes) noexcept {
+  const char* c = static_cast<const char*>(p);
+  if (rows > 64) rows = 64;
+  for (std::size_t r = 0; r < rows; ++r, c += step)
+    for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o);
+}
+
+/// prefetch_run of rows of d elements of format F, row_stride elements apart, the first at
+/// element `offset` of base.
 template <KvFormat F>
 inline void prefetch_rows(const void* base, std::size_t offset, std::size_t rows,
                           std::size_t row_stride, std::size_t d) noexcept {
-  const char* p = static_cast<const char*>(base) + offset * kv_format_bytes(F);
-  const std::size_t bytes = d * kv_format_bytes(F), step = row_stride * kv_format_bytes(F);
-  if (rows > 64) rows = 64;
-  for (std::size_t r = 0; r < rows; ++r, p += step)
-    for (std::size_t c = 0; c < bytes; c += 64) __builtin_prefetch(p + c);
+  prefetch_run(static_cast<const char*>(base) + offset * kv_format_bytes(F), rows,
+               row_stride * kv_format_bytes(F), d * kv_format_bytes(F));
 }
 
 template <KvFormat F>
