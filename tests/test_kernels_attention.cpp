@@ -594,7 +594,7 @@ TEST_CASE("decode_attention_paged over quantized rows: the dense kernels' result
                                   PagedRows<std::uint8_t>{pool.V.data(), rows * pool.vs, pool.vs},
                                   pool.table, rows, n, d, 0.25f, op.data(), pp.data(), qk);
         INFO(QuantPool<S>::KC::name() << " rows " << rows << " n " << n << " d " << d);
-        REQUIRE(std::memcmp(pd.data(), pp.data(), sizeof(float) * pd.size()) == 0);
+        REQUIRE((n == 0 || std::memcmp(pd.data(), pp.data(), sizeof(float) * pd.size()) == 0));
         REQUIRE(std::memcmp(od.data(), op.data(), sizeof(float) * od.size()) == 0);
       }
     }
