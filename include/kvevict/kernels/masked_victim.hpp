@@ -6,6 +6,9 @@
 //  - open_gather: protect_outside's protection bits and gather_open's candidates in one pass
 //    over the arrival indices and the values (the same bits, values and indices, in the same
 //    order, as those two calls);
+//  - decay_spike_gather: select.hpp's decay_spike (DecayedAttention's observe) then
+//    open_gather over the spikes it wrote (the next decision's bits and candidates), one pass
+//    at AVX-512;
 //  - lowest_masked_seq: the unprotected row with the lowest (score, seq), the oldest among
 //    equal scores (the row argmin_masked and the equal-score scan of
 //    policies::detail::lowest_masked find), from one masked minimum and one equality pass.
@@ -34,6 +37,23 @@ KVEVICT_KERNEL_FN std::size_t open_gather(const std::uint64_t* seqs, const float
                                           std::size_t n, std::uint64_t lo, std::uint64_t hi,
                                           float floor, std::uint64_t* bits, float* vals,
                                           std::uint32_t* idx);
+/// decay_spike(score, spike, x, seqs, n, decay, latest, band), then
+/// open_gather(seqs, spike, n, lo, hi, floor, bits, vals, idx) over the updated spikes: the
+/// same scores, spikes, bits, values and indices, bit for bit; returns open_gather's count.
+KVEVICT_KERNEL_FN std::size_t decay_spike_gather(Isa isa, float* score, float* spike,
+                                                 const float* x, const std::uint64_t* seqs,
+                                                 std::size_t n, float decay,
+                                                 std::uint64_t latest, std::uint64_t band,
+                                                 std::uint64_t lo, std::uint64_t hi, float floor,
+                                                 std::uint64_t* bits, float* vals,
+                                                 std::uint32_t* idx);
+KVEVICT_KERNEL_FN std::size_t decay_spike_gather(float* score, float* spike, const float* x,
+                                                 const std::uint64_t* seqs, std::size_t n,
+                                                 float decay, std::uint64_t latest,
+                                                 std::uint64_t band, std::uint64_t lo,
+                                                 std::uint64_t hi, float floor,
+                                                 std::uint64_t* bits, float* vals,
+                                                 std::uint32_t* idx);
 /// The row with the lowest (s[r], seqs[r]) among the rows whose bit in protected_bits is
 /// clear (null: every row): the lowest score, the oldest (lowest seq) among equal scores
 /// (-0.0 == +0.0); NaN scores are never chosen; npos when no row qualifies.
@@ -261,6 +281,74 @@ KVEVICT_TARGET_AVX512 inline std::size_t open_gather(const std::uint64_t* seqs, 
   return count;
 }
 
+/// decay_spike_gather 16 rows at a time, one pass: the decayed score (the product kept in a
+/// register through an empty asm, so it is never contracted into an FMA: a multiply, then an
+/// add, as the scalar body), the age test and the open test as 8-lane unsigned 64-bit
+/// compares, the spike as max(x, spike) under the age mask (spike < x ? x : spike), then
+/// open_gather's compares and compress on the new spikes. The tail (n % 16 rows) as one
+/// masked block, not the scalar body: in this function the compiler may fuse a scalar
+/// multiply and add. Candidates are stored under a mask of their count (n entries do).
+KVEVICT_TARGET_AVX512 inline std::size_t decay_spike_gather(
+    float* score, float* spike, const float* x, const std::uint64_t* seqs, std::size_t n,
+    float decay, std::uint64_t latest, std::uint64_t band, std::uint64_t lo, std::uint64_t hi,
+    float floor, std::uint64_t* bits, float* vals, std::uint32_t* idx) noexcept {
+  const std::uint64_t span = hi > lo ? hi - lo : 0;
+  const __m512 g = _mm512_set1_ps(decay);
+  const __m512i vlatest = _mm512_set1_epi64(static_cast<long long>(latest));
+  const __m512i vband = _mm512_set1_epi64(static_cast<long long>(band));
+  const __m512i vlo = _mm512_set1_epi64(static_cast<long long>(lo));
+  const __m512i vspan = _mm512_set1_epi64(static_cast<long long>(span));
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 vfloor = _mm512_set1_ps(floor);
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  std::size_t count = 0;
+  for (std::size_t base = 0, w = 0; base < n; base += 64, ++w) {
+    const std::size_t m = n - base < 64 ? n - base : 64;
+    std::uint64_t in = 0;
+    for (std::size_t j = 0; j < m; j += 16) {
+      const std::size_t r = base + j;
+      const auto lanes =
+          static_cast<__mmask16>(m - j >= 16 ? 0xFFFFu : (1u << (m - j)) - 1u);
+      const auto lo8 = static_cast<__mmask8>(lanes & 0xFFu);
+      const auto hi8 = static_cast<__mmask8>(lanes >> 8);
+      const __m512 xs = _mm512_maskz_loadu_ps(lanes, x + r);
+      __m512 prod = _mm512_mul_ps(g, _mm512_maskz_loadu_ps(lanes, score + r));
+      __asm__("" : "+v"(prod));
+      _mm512_mask_storeu_ps(score + r, lanes, _mm512_add_ps(prod, xs));
+      const __m512i s0 = _mm512_maskz_loadu_epi64(lo8, seqs + r);
+      const __m512i s1 = _mm512_maskz_loadu_epi64(hi8, seqs + r + 8);
+      const auto old = static_cast<__mmask16>(
+          static_cast<unsigned>(
+              _mm512_mask_cmpge_epu64_mask(lo8, _mm512_sub_epi64(vlatest, s0), vband)) |
+          (static_cast<unsigned>(
+               _mm512_mask_cmpge_epu64_mask(hi8, _mm512_sub_epi64(vlatest, s1), vband))
+           << 8));
+      const __m512 sp0 = _mm512_maskz_loadu_ps(lanes, spike + r);
+      const __m512 v = _mm512_mask_max_ps(sp0, old, xs, sp0);
+      _mm512_mask_storeu_ps(spike + r, lanes, v);
+      const auto open = static_cast<__mmask16>(
+          static_cast<unsigned>(
+              _mm512_mask_cmplt_epu64_mask(lo8, _mm512_sub_epi64(s0, vlo), vspan)) |
+          (static_cast<unsigned>(
+               _mm512_mask_cmplt_epu64_mask(hi8, _mm512_sub_epi64(s1, vlo), vspan))
+           << 8));
+      if (open == 0) continue;
+      in |= static_cast<std::uint64_t>(open) << j;
+      const __mmask16 c = _mm512_mask_cmp_ps_mask(_mm512_mask_cmp_ps_mask(open, v, zero, _CMP_GT_OQ),
+                                                  v, vfloor, _CMP_GE_OQ);
+      if (c == 0) continue;
+      const unsigned k = static_cast<unsigned>(std::popcount(static_cast<unsigned>(c)));
+      const auto first = static_cast<__mmask16>((1u << k) - 1u);
+      _mm512_mask_storeu_ps(vals + count, first, _mm512_maskz_compress_ps(c, v));
+      const __m512i id = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(r)), iota);
+      _mm512_mask_storeu_epi32(idx + count, first, _mm512_maskz_compress_epi32(c, id));
+      count += k;
+    }
+    bits[w] = ~in;
+  }
+  return count;
+}
+
 /// The eligible (unprotected) lanes of rows [r, r + 16) (r % 16 == 0).
 KVEVICT_ALWAYS_INLINE __mmask16 eligible16(const std::uint64_t* prot, std::size_t r) noexcept {
   return prot == nullptr ? static_cast<__mmask16>(0xFFFFu)
@@ -317,6 +405,32 @@ inline std::size_t open_gather_at(Isa isa, const std::uint64_t* seqs, const floa
   return scalar::open_gather(seqs, s, n, lo, hi, floor, bits, vals, idx);
 }
 
+inline std::size_t decay_spike_gather_at(Isa isa, float* score, float* spike, const float* x,
+                                         const std::uint64_t* seqs, std::size_t n, float decay,
+                                         std::uint64_t latest, std::uint64_t band,
+                                         std::uint64_t lo, std::uint64_t hi, float floor,
+                                         std::uint64_t* bits, float* vals, std::uint32_t* idx) {
+  require_nonnull(score, n, "score");
+  require_nonnull(spike, n, "spike");
+  require_nonnull(x, n, "x");
+  require_nonnull(seqs, n, "seqs");
+  require_nonnull(bits, n, "bits");
+  require_nonnull(vals, n, "vals");
+  require_nonnull(idx, n, "idx");
+  check_masked_victim_n(n);
+#if KVEVICT_X86
+  if (isa == Isa::avx512)
+    return avx512::decay_spike_gather(score, spike, x, seqs, n, decay, latest, band, lo, hi,
+                                      floor, bits, vals, idx);
+  if (isa == Isa::avx2) {
+    avx2::decay_spike(score, spike, x, seqs, n, decay, latest, band);
+    return avx2::open_gather(seqs, spike, n, lo, hi, floor, bits, vals, idx);
+  }
+#endif
+  scalar::decay_spike(score, spike, x, seqs, n, decay, latest, band);
+  return scalar::open_gather(seqs, spike, n, lo, hi, floor, bits, vals, idx);
+}
+
 inline std::size_t lowest_masked_seq_at(Isa isa, const float* s, const std::uint64_t* seqs,
                                         std::size_t n, const std::uint64_t* prot) {
   require_nonnull(s, n, "scores");
@@ -344,6 +458,28 @@ KVEVICT_KERNEL_FN std::size_t open_gather(const std::uint64_t* seqs, const float
                                           float floor, std::uint64_t* bits, float* vals,
                                           std::uint32_t* idx) {
   return detail::open_gather_at(active_isa(), seqs, s, n, lo, hi, floor, bits, vals, idx);
+}
+
+KVEVICT_KERNEL_FN std::size_t decay_spike_gather(Isa isa, float* score, float* spike,
+                                                 const float* x, const std::uint64_t* seqs,
+                                                 std::size_t n, float decay,
+                                                 std::uint64_t latest, std::uint64_t band,
+                                                 std::uint64_t lo, std::uint64_t hi, float floor,
+                                                 std::uint64_t* bits, float* vals,
+                                                 std::uint32_t* idx) {
+  detail::require_isa(isa);
+  return detail::decay_spike_gather_at(isa, score, spike, x, seqs, n, decay, latest, band, lo,
+                                       hi, floor, bits, vals, idx);
+}
+KVEVICT_KERNEL_FN std::size_t decay_spike_gather(float* score, float* spike, const float* x,
+                                                 const std::uint64_t* seqs, std::size_t n,
+                                                 float decay, std::uint64_t latest,
+                                                 std::uint64_t band, std::uint64_t lo,
+                                                 std::uint64_t hi, float floor,
+                                                 std::uint64_t* bits, float* vals,
+                                                 std::uint32_t* idx) {
+  return detail::decay_spike_gather_at(active_isa(), score, spike, x, seqs, n, decay, latest,
+                                       band, lo, hi, floor, bits, vals, idx);
 }
 
 KVEVICT_KERNEL_FN std::size_t lowest_masked_seq(Isa isa, const float* s,

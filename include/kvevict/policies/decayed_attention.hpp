@@ -285,11 +285,24 @@ class DecayedAttention {
     // A row older than the recent band at the next eviction counts as long-range.
     auto& sp = spikes_.of(a.layer, a.kv_head);
     const auto& sq = seqs_.of(a.layer, a.kv_head);
-    // One dispatched pass (kernels::decay_spike): the decayed score of every row, the spike
-    // of the rows with latest - seq >= band.
-    kernels::decay_spike(sc.data(), sp.data(), x, sq.data(), a.size, g, latest_[h],
-                         recent_for(capacity_[h]));
-    if (!dedups()) decide_ahead(a.layer, a.kv_head, a.size);
+    const std::size_t recent = recent_for(capacity_[h]);
+    if (dedups() || a.size == 0 || a.size != capacity_[h]) {
+      // One dispatched pass (kernels::decay_spike): the decayed score of every row, the
+      // spike of the rows with latest - seq >= band.
+      kernels::decay_spike(sc.data(), sp.data(), x, sq.data(), a.size, g, latest_[h], recent);
+      return;
+    }
+    // A full head (its next append evicts one row): the same pass also gathers that
+    // decision's protection bits and reserve candidates (kernels::decay_spike_gather), and
+    // the decision is taken now, while the columns are in cache (decide_ahead).
+    const std::uint64_t incoming = latest_[h] + 1;
+    detail::size_bits(bits_, a.size);
+    reserve_candidates(a.size);
+    cand_n_ = kernels::decay_spike_gather(sc.data(), sp.data(), x, sq.data(), a.size, g,
+                                          latest_[h], recent, config_.sinks,
+                                          incoming >= recent ? incoming - recent : 0, floor_[h],
+                                          bits_.data(), cand_spike_.data(), cand_row_.data());
+    decide_ahead(a.layer, a.kv_head, a.size);
   }
   /// Saved state for serialize.hpp: the configuration (checked on load), the per-head
   /// decays (they follow set_budget) and the scores.
@@ -475,7 +488,7 @@ class DecayedAttention {
     protect_spiked(v);
   }
   /// protect's bits for the spike-ranked reserve without dedup (recalls() only): no state
-  /// but scratch and the reserve's threshold hint changes (decide_ahead calls it).
+  /// but scratch and the reserve's threshold hint changes.
   template <class S>
   void protect_spiked(const HeadView<S>& v) {
     const std::size_t h = head_index(v.layer, v.kv_head);
@@ -491,19 +504,20 @@ class DecayedAttention {
                                    cand_spike_.data(), cand_row_.data());
     keep_recalled(v, true);
   }
-  /// The end of observe, recommended()'s reserve: when the head is full (its next append
-  /// evicts one row), that append's decision from the columns observe has just written:
-  /// the view choose_victims will get (size, capacity, need 1, the next arrival index;
-  /// arrival indices from seqs_, which holds the view's) through the same protection,
-  /// reserve and victim search. Kept in ahead_ until the head's rows, scores or budget
-  /// change (forget, on_budget, load_state); take_ahead checks the view before using it.
-  /// Changes no state but scratch and floor_ (a hint: the same rows are kept whatever it is).
+  /// The end of observe, recommended()'s reserve, a full head (n == capacity_: its next
+  /// append evicts one row): that append's decision from the columns observe has just
+  /// written, for the view choose_victims will get (size, capacity, need 1, the next
+  /// arrival index; arrival indices from seqs_, which holds the view's), through the same
+  /// reserve and victim search as protect + pick, from the protection bits and candidates
+  /// observe gathered (what protect_spiked's open_gather gives for that view). Kept in ahead_
+  /// until the head's rows, scores or budget change (forget, on_budget, load_state);
+  /// take_ahead checks the view before using it. Changes no state but scratch and floor_
+  /// (a hint: the same rows are kept whatever it is).
   void decide_ahead(int layer, int kv_head, std::size_t n) {
     const std::size_t h = head_index(layer, kv_head);
     Ahead& a = ahead_[h];
     a.valid = false;
     const std::size_t capacity = capacity_[h];
-    if (n == 0 || n != capacity) return;
     HeadView<float> v;
     v.layer = layer;
     v.kv_head = kv_head;
@@ -512,7 +526,7 @@ class DecayedAttention {
     v.need = 1;
     v.seqs = seqs_.of(layer, kv_head).data();
     v.incoming_seq = latest_[h] + 1;
-    protect_spiked(v);
+    keep_recalled(v, true);
     const std::size_t row = kernels::lowest_masked_seq(scores_.of(layer, kv_head).data(), v.seqs,
                                                        n, bits_.data());
     if (row == kernels::npos) return;  // decided (and refused) at the append
