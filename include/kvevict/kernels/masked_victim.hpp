@@ -281,13 +281,69 @@ KVEVICT_TARGET_AVX512 inline std::size_t open_gather(const std::uint64_t* seqs, 
   return count;
 }
 
-/// decay_spike_gather 16 rows at a time, one pass: the decayed score (the product kept in a
-/// register through an empty asm, so it is never contracted into an FMA: a multiply, then an
-/// add, as the scalar body), the age test and the open test as 8-lane unsigned 64-bit
-/// compares, the spike as max(x, spike) under the age mask (spike < x ? x : spike), then
-/// open_gather's compares and compress on the new spikes. The tail (n % 16 rows) as one
-/// masked block, not the scalar body: in this function the compiler may fuse a scalar
-/// multiply and add. Candidates are stored under a mask of their count (n entries do).
+/// decay_spike_gather, 16 rows [r, r + 16) of which the `lanes` are live (all but in the
+/// tail): the decayed score (the product kept in a register through an empty asm, so it is
+/// never contracted into an FMA: a multiply, then an add, as the scalar body), the age test
+/// and the open test as 8-lane unsigned 64-bit compares, the spike as max(x, spike) under
+/// the age mask (spike < x ? x : spike), then open_gather's compares and compress on the new
+/// spikes. Full blocks store 16 candidate lanes at the running count (at most r: n entries
+/// do), the tail only the gathered ones. Returns the open lanes.
+template <bool Tail>
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE unsigned decay_spike_gather16(
+    float* score, float* spike, const float* x, const std::uint64_t* seqs, std::size_t r,
+    __mmask16 lanes, __m512 g, __m512i vlatest, __m512i vband, __m512i vlo, __m512i vspan,
+    __m512 vfloor, float* vals, std::uint32_t* idx, std::size_t& count) noexcept {
+  const auto lo8 = static_cast<__mmask8>(lanes & 0xFFu);
+  const auto hi8 = static_cast<__mmask8>(lanes >> 8);
+  const __m512 xs = Tail ? _mm512_maskz_loadu_ps(lanes, x + r) : _mm512_loadu_ps(x + r);
+  __m512 prod =
+      _mm512_mul_ps(g, Tail ? _mm512_maskz_loadu_ps(lanes, score + r) : _mm512_loadu_ps(score + r));
+  __asm__("" : "+v"(prod));
+  if (Tail)
+    _mm512_mask_storeu_ps(score + r, lanes, _mm512_add_ps(prod, xs));
+  else
+    _mm512_storeu_ps(score + r, _mm512_add_ps(prod, xs));
+  const __m512i s0 = Tail ? _mm512_maskz_loadu_epi64(lo8, seqs + r) : _mm512_loadu_si512(seqs + r);
+  const __m512i s1 =
+      Tail ? _mm512_maskz_loadu_epi64(hi8, seqs + r + 8) : _mm512_loadu_si512(seqs + r + 8);
+  const unsigned old =
+      static_cast<unsigned>(_mm512_mask_cmpge_epu64_mask(lo8, _mm512_sub_epi64(vlatest, s0), vband)) |
+      (static_cast<unsigned>(_mm512_mask_cmpge_epu64_mask(hi8, _mm512_sub_epi64(vlatest, s1), vband))
+       << 8);
+  const __m512 sp0 = Tail ? _mm512_maskz_loadu_ps(lanes, spike + r) : _mm512_loadu_ps(spike + r);
+  const __m512 v = _mm512_mask_max_ps(sp0, static_cast<__mmask16>(old), xs, sp0);
+  if (Tail)
+    _mm512_mask_storeu_ps(spike + r, lanes, v);
+  else
+    _mm512_storeu_ps(spike + r, v);
+  const unsigned open =
+      static_cast<unsigned>(_mm512_mask_cmplt_epu64_mask(lo8, _mm512_sub_epi64(s0, vlo), vspan)) |
+      (static_cast<unsigned>(_mm512_mask_cmplt_epu64_mask(hi8, _mm512_sub_epi64(s1, vlo), vspan))
+       << 8);
+  if (open == 0) return 0;
+  const __mmask16 c = _mm512_mask_cmp_ps_mask(
+      _mm512_mask_cmp_ps_mask(static_cast<__mmask16>(open), v, _mm512_setzero_ps(), _CMP_GT_OQ),
+      v, vfloor, _CMP_GE_OQ);
+  if (c == 0) return open;
+  const auto k = static_cast<unsigned>(std::popcount(static_cast<unsigned>(c)));
+  const __m512i id = _mm512_add_epi32(
+      _mm512_set1_epi32(static_cast<int>(r)),
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  if (Tail) {
+    const auto first = static_cast<__mmask16>((1u << k) - 1u);
+    _mm512_mask_storeu_ps(vals + count, first, _mm512_maskz_compress_ps(c, v));
+    _mm512_mask_storeu_epi32(idx + count, first, _mm512_maskz_compress_epi32(c, id));
+  } else {
+    _mm512_storeu_ps(vals + count, _mm512_maskz_compress_ps(c, v));
+    _mm512_storeu_si512(idx + count, _mm512_maskz_compress_epi32(c, id));
+  }
+  count += k;
+  return open;
+}
+
+/// decay_spike_gather in one pass, 16 rows at a time; the tail (n % 16 rows) as one masked
+/// block, not the scalar body: in this function the compiler may fuse a scalar multiply and
+/// add.
 KVEVICT_TARGET_AVX512 inline std::size_t decay_spike_gather(
     float* score, float* spike, const float* x, const std::uint64_t* seqs, std::size_t n,
     float decay, std::uint64_t latest, std::uint64_t band, std::uint64_t lo, std::uint64_t hi,
@@ -298,52 +354,22 @@ KVEVICT_TARGET_AVX512 inline std::size_t decay_spike_gather(
   const __m512i vband = _mm512_set1_epi64(static_cast<long long>(band));
   const __m512i vlo = _mm512_set1_epi64(static_cast<long long>(lo));
   const __m512i vspan = _mm512_set1_epi64(static_cast<long long>(span));
-  const __m512 zero = _mm512_setzero_ps();
   const __m512 vfloor = _mm512_set1_ps(floor);
-  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   std::size_t count = 0;
   for (std::size_t base = 0, w = 0; base < n; base += 64, ++w) {
     const std::size_t m = n - base < 64 ? n - base : 64;
     std::uint64_t in = 0;
-    for (std::size_t j = 0; j < m; j += 16) {
-      const std::size_t r = base + j;
-      const auto lanes =
-          static_cast<__mmask16>(m - j >= 16 ? 0xFFFFu : (1u << (m - j)) - 1u);
-      const auto lo8 = static_cast<__mmask8>(lanes & 0xFFu);
-      const auto hi8 = static_cast<__mmask8>(lanes >> 8);
-      const __m512 xs = _mm512_maskz_loadu_ps(lanes, x + r);
-      __m512 prod = _mm512_mul_ps(g, _mm512_maskz_loadu_ps(lanes, score + r));
-      __asm__("" : "+v"(prod));
-      _mm512_mask_storeu_ps(score + r, lanes, _mm512_add_ps(prod, xs));
-      const __m512i s0 = _mm512_maskz_loadu_epi64(lo8, seqs + r);
-      const __m512i s1 = _mm512_maskz_loadu_epi64(hi8, seqs + r + 8);
-      const auto old = static_cast<__mmask16>(
-          static_cast<unsigned>(
-              _mm512_mask_cmpge_epu64_mask(lo8, _mm512_sub_epi64(vlatest, s0), vband)) |
-          (static_cast<unsigned>(
-               _mm512_mask_cmpge_epu64_mask(hi8, _mm512_sub_epi64(vlatest, s1), vband))
-           << 8));
-      const __m512 sp0 = _mm512_maskz_loadu_ps(lanes, spike + r);
-      const __m512 v = _mm512_mask_max_ps(sp0, old, xs, sp0);
-      _mm512_mask_storeu_ps(spike + r, lanes, v);
-      const auto open = static_cast<__mmask16>(
-          static_cast<unsigned>(
-              _mm512_mask_cmplt_epu64_mask(lo8, _mm512_sub_epi64(s0, vlo), vspan)) |
-          (static_cast<unsigned>(
-               _mm512_mask_cmplt_epu64_mask(hi8, _mm512_sub_epi64(s1, vlo), vspan))
-           << 8));
-      if (open == 0) continue;
-      in |= static_cast<std::uint64_t>(open) << j;
-      const __mmask16 c = _mm512_mask_cmp_ps_mask(_mm512_mask_cmp_ps_mask(open, v, zero, _CMP_GT_OQ),
-                                                  v, vfloor, _CMP_GE_OQ);
-      if (c == 0) continue;
-      const unsigned k = static_cast<unsigned>(std::popcount(static_cast<unsigned>(c)));
-      const auto first = static_cast<__mmask16>((1u << k) - 1u);
-      _mm512_mask_storeu_ps(vals + count, first, _mm512_maskz_compress_ps(c, v));
-      const __m512i id = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(r)), iota);
-      _mm512_mask_storeu_epi32(idx + count, first, _mm512_maskz_compress_epi32(c, id));
-      count += k;
-    }
+    std::size_t j = 0;
+    for (; j + 16 <= m; j += 16)
+      in |= static_cast<std::uint64_t>(decay_spike_gather16<false>(
+                score, spike, x, seqs, base + j, 0xFFFF, g, vlatest, vband, vlo, vspan, vfloor,
+                vals, idx, count))
+            << j;
+    if (j < m)
+      in |= static_cast<std::uint64_t>(decay_spike_gather16<true>(
+                score, spike, x, seqs, base + j, static_cast<__mmask16>((1u << (m - j)) - 1u), g,
+                vlatest, vband, vlo, vspan, vfloor, vals, idx, count))
+            << j;
     bits[w] = ~in;
   }
   return count;
