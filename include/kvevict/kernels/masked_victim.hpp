@@ -286,8 +286,8 @@ KVEVICT_TARGET_AVX512 inline std::size_t open_gather(const std::uint64_t* seqs, 
 /// never contracted into an FMA: a multiply, then an add, as the scalar body), the age test
 /// and the open test as 8-lane unsigned 64-bit compares, the spike as max(x, spike) under
 /// the age mask (spike < x ? x : spike), then open_gather's compares and compress on the new
-/// spikes. Full blocks store 16 candidate lanes at the running count (at most r: n entries
-/// do), the tail only the gathered ones. Returns the open lanes.
+/// spikes, without a branch. Full blocks store 16 candidate lanes at the running count (at
+/// most r: n entries do), the tail only the gathered ones. Returns the open lanes.
 template <bool Tail>
 KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE unsigned decay_spike_gather16(
     float* score, float* spike, const float* x, const std::uint64_t* seqs, std::size_t r,
@@ -320,11 +320,11 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE unsigned decay_spike_gather16(
       static_cast<unsigned>(_mm512_mask_cmplt_epu64_mask(lo8, _mm512_sub_epi64(s0, vlo), vspan)) |
       (static_cast<unsigned>(_mm512_mask_cmplt_epu64_mask(hi8, _mm512_sub_epi64(s1, vlo), vspan))
        << 8);
-  if (open == 0) return 0;
+  // No branch on the open or gathered lanes (they vary from block to block): an empty
+  // compress stores nothing that counts.
   const __mmask16 c = _mm512_mask_cmp_ps_mask(
       _mm512_mask_cmp_ps_mask(static_cast<__mmask16>(open), v, _mm512_setzero_ps(), _CMP_GT_OQ),
       v, vfloor, _CMP_GE_OQ);
-  if (c == 0) return open;
   const auto k = static_cast<unsigned>(std::popcount(static_cast<unsigned>(c)));
   const __m512i id = _mm512_add_epi32(
       _mm512_set1_epi32(static_cast<int>(r)),
