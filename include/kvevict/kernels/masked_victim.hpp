@@ -415,15 +415,23 @@ inline void check_masked_victim_n(std::size_t n) {
                                 " (expected n < 2^32: indices are 32-bit)");
 }
 
-inline std::size_t open_gather_at(Isa isa, const std::uint64_t* seqs, const float* s,
-                                  std::size_t n, std::uint64_t lo, std::uint64_t hi, float floor,
-                                  std::uint64_t* bits, float* vals, std::uint32_t* idx) {
+/// open_gather's argument checks (before anything is written).
+inline void check_open_gather(const std::uint64_t* seqs, const float* s, std::size_t n,
+                              const std::uint64_t* bits, const float* vals,
+                              const std::uint32_t* idx) {
   require_nonnull(seqs, n, "seqs");
   require_nonnull(s, n, "values");
   require_nonnull(bits, n, "bits");
   require_nonnull(vals, n, "vals");
   require_nonnull(idx, n, "idx");
   check_masked_victim_n(n);
+}
+
+/// open_gather at `isa`, arguments checked.
+inline std::size_t open_gather_level(Isa isa, const std::uint64_t* seqs, const float* s,
+                                     std::size_t n, std::uint64_t lo, std::uint64_t hi,
+                                     float floor, std::uint64_t* bits, float* vals,
+                                     std::uint32_t* idx) noexcept {
 #if KVEVICT_X86
   if (isa == Isa::avx512) return avx512::open_gather(seqs, s, n, lo, hi, floor, bits, vals, idx);
   if (isa == Isa::avx2) return avx2::open_gather(seqs, s, n, lo, hi, floor, bits, vals, idx);
@@ -431,30 +439,32 @@ inline std::size_t open_gather_at(Isa isa, const std::uint64_t* seqs, const floa
   return scalar::open_gather(seqs, s, n, lo, hi, floor, bits, vals, idx);
 }
 
+inline std::size_t open_gather_at(Isa isa, const std::uint64_t* seqs, const float* s,
+                                  std::size_t n, std::uint64_t lo, std::uint64_t hi, float floor,
+                                  std::uint64_t* bits, float* vals, std::uint32_t* idx) {
+  check_open_gather(seqs, s, n, bits, vals, idx);
+  return open_gather_level(isa, seqs, s, n, lo, hi, floor, bits, vals, idx);
+}
+
+/// decay_spike_gather: one pass at AVX-512; below it, decay_spike then open_gather.
 inline std::size_t decay_spike_gather_at(Isa isa, float* score, float* spike, const float* x,
                                          const std::uint64_t* seqs, std::size_t n, float decay,
                                          std::uint64_t latest, std::uint64_t band,
                                          std::uint64_t lo, std::uint64_t hi, float floor,
                                          std::uint64_t* bits, float* vals, std::uint32_t* idx) {
   require_nonnull(score, n, "score");
-  require_nonnull(spike, n, "spike");
   require_nonnull(x, n, "x");
-  require_nonnull(seqs, n, "seqs");
-  require_nonnull(bits, n, "bits");
-  require_nonnull(vals, n, "vals");
-  require_nonnull(idx, n, "idx");
-  check_masked_victim_n(n);
+  check_open_gather(seqs, spike, n, bits, vals, idx);
 #if KVEVICT_X86
   if (isa == Isa::avx512)
     return avx512::decay_spike_gather(score, spike, x, seqs, n, decay, latest, band, lo, hi,
                                       floor, bits, vals, idx);
-  if (isa == Isa::avx2) {
+  if (isa == Isa::avx2)
     avx2::decay_spike(score, spike, x, seqs, n, decay, latest, band);
-    return avx2::open_gather(seqs, spike, n, lo, hi, floor, bits, vals, idx);
-  }
+  else
 #endif
-  scalar::decay_spike(score, spike, x, seqs, n, decay, latest, band);
-  return scalar::open_gather(seqs, spike, n, lo, hi, floor, bits, vals, idx);
+    scalar::decay_spike(score, spike, x, seqs, n, decay, latest, band);
+  return open_gather_level(isa, seqs, spike, n, lo, hi, floor, bits, vals, idx);
 }
 
 inline std::size_t lowest_masked_seq_at(Isa isa, const float* s, const std::uint64_t* seqs,
