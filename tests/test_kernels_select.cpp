@@ -597,14 +597,19 @@ TEST_CASE("lowest_open is the decay loop, protection bits, masked argmin and tie
     std::vector<std::uint64_t> seqs(n);
     std::iota(seqs.begin(), seqs.end(), std::uint64_t{0});
     std::shuffle(seqs.begin(), seqs.end(), rng);
-    for (int variant = 0; variant < 4; ++variant) {
+    for (int variant = 0; variant < 5; ++variant) {
       std::vector<float> s0(n), x(n);
       for (std::size_t r = 0; r < n; ++r) {
-        // variant 0: distinct-ish values; 1: few values (many ties); 2: specials; 3: all equal
+        // variant 0: distinct-ish values; 1: few values (many ties); 2: specials; 3: all
+        // equal; 4: full-mantissa values (a fused multiply-add would round differently)
         s0[r] = variant == 3 ? 0.5f : variant == 1 ? static_cast<float>(rng() % 3) * 0.25f
                                                    : std::ldexp(static_cast<float>(rng() % 1000), -9);
         x[r] = variant == 3 ? 0.25f : variant == 1 ? static_cast<float>(rng() % 2) * 0.5f
                                                    : std::ldexp(static_cast<float>(rng() % 977), -10);
+        if (variant == 4) {
+          s0[r] = std::ldexp(static_cast<float>(rng() & 0xffffff), -20);
+          x[r] = std::ldexp(static_cast<float>(rng() & 0xffffff), -25);
+        }
         if (variant == 2) {
           const std::uint64_t k = rng() % 8;
           if (k == 0) s0[r] = std::numeric_limits<float>::quiet_NaN();
@@ -614,7 +619,7 @@ TEST_CASE("lowest_open is the decay loop, protection bits, masked argmin and tie
           if (k == 4) x[r] = -inf;
         }
       }
-      for (float decay : {0.0f, 0.75f, 0.99609375f, 1.0f})
+      for (float decay : {0.0f, 0.75f, 0.99609375f, 1.0f, 0.9921875f + 0x1p-20f})
         for (auto [lo, hi] : {std::pair<std::uint64_t, std::uint64_t>{0, n}, {1, n > 3 ? n - 3 : 0},
                               {4, n / 2}, {n / 2, n / 2}, {n, 0}, {0, ~std::uint64_t{0}}}) {
           // The four passes, written out.
