@@ -21,11 +21,15 @@
 //                    the blocks of a table scattered (no two consecutive: the worst case,
 //                    no run merged) (paged); and the copy the serving example did before
 //                    (every block memcpy'd into a scratch, then decode_attention) (copy)
+//   decode_{dense,paged,copy}/{q8,q4,e4m3}/<n>   the same over quantized rows (Q8<32>, Q4<32>,
+//                    E4M3): the quantized kernels on contiguous rows (dense), through
+//                    decode_attention_paged<S> (paged), after the per-block copy (copy)
 // Thread CPU time (Google Benchmark's CPU column); compare ratios within one run.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <kvevict/attention.hpp>
 #include <kvevict/cache.hpp>
@@ -251,6 +255,84 @@ BENCHMARK(BM_decode<float, Decode::paged>)->Name("decode_paged/f32")->Arg(256)->
 BENCHMARK(BM_decode<float, Decode::copy>)->Name("decode_copy/f32")->Arg(256)->Arg(4096)->Arg(32768);
 BENCHMARK(BM_decode<Eigen::half, Decode::dense>)->Name("decode_dense/f16")->Arg(4096)->Arg(32768);
 BENCHMARK(BM_decode<Eigen::half, Decode::paged>)->Name("decode_paged/f16")->Arg(4096)->Arg(32768);
+
+// The same over quantized rows (quantized.hpp's Q8<32>, Q4<32>, E4M3; exact q.K): dense runs
+// the quantized kernels attend() runs on a quantized KVCache (kernels::quant_attention_probs /
+// _output) on contiguous rows; paged decode_attention_paged<S> over the scattered table (its
+// argument checks included); copy the serving example's former per-block memcpy into a
+// scratch, then the dense kernels. Rows: 1024 distinct encoded rows repeated (encoding every
+// row of a 32K pool would take seconds; the bytes read are the same).
+template <class S, Decode How>
+void BM_qdecode(benchmark::State& st) {
+  using KC = typename kvevict::detail::StorageOf<S>::key_codec;
+  using VC = typename kvevict::detail::StorageOf<S>::value_codec;
+  const std::size_t n = static_cast<std::size_t>(st.range(0)), B = kBlock, d = kD;
+  const std::size_t nb = (n + B - 1) / B, pool_blocks = 2 * nb + 1;
+  const std::size_t kb = KC::row_bytes(d), vb = VC::row_bytes(d);
+  const std::size_t rk = pool_blocks * B * kb, rv = pool_blocks * B * vb;  // one KV head's part
+  std::mt19937 gen(3);
+  std::normal_distribution<float> nd;
+  constexpr std::size_t kDistinct = 1024;
+  std::vector<std::uint8_t> ek(kDistinct * kb), ev(kDistinct * vb);
+  std::vector<float> x(d);
+  for (std::size_t r = 0; r < kDistinct; ++r) {
+    for (auto& e : x) e = nd(gen);
+    KC::encode(x.data(), d, ek.data() + r * kb);
+    for (auto& e : x) e = nd(gen);
+    VC::encode(x.data(), d, ev.data() + r * vb);
+  }
+  std::vector<std::uint8_t> K(kHkv * rk), V(kHkv * rv);
+  for (std::size_t r = 0; r < K.size() / kb; ++r) std::copy_n(ek.data() + (r % kDistinct) * kb, kb, K.data() + r * kb);
+  for (std::size_t r = 0; r < V.size() / vb; ++r) std::copy_n(ev.data() + (r % kDistinct) * vb, vb, V.data() + r * vb);
+  std::vector<std::uint32_t> table(nb);  // as BM_decode's: never consecutive
+  for (std::size_t b = 0; b < nb; ++b)
+    table[b] = static_cast<std::uint32_t>((2 * b * 7919 + 1) % pool_blocks);
+  auto gather = [&](int h, std::uint8_t* kd, std::uint8_t* vd) {
+    for (std::size_t b = 0; b < nb; ++b) {
+      const std::size_t rows = std::min(B, n - b * B);
+      std::memcpy(kd + b * B * kb, K.data() + h * rk + table[b] * B * kb, rows * kb);
+      std::memcpy(vd + b * B * vb, V.data() + h * rv + table[b] * B * vb, rows * vb);
+    }
+  };
+  const std::size_t copies = How == Decode::dense ? kHkv : 1;
+  std::vector<std::uint8_t> Kd(copies * n * kb), Vd(copies * n * vb);
+  if constexpr (How == Decode::dense)
+    for (int h = 0; h < kHkv; ++h) gather(h, Kd.data() + h * n * kb, Vd.data() + h * n * vb);
+  std::vector<float> q(kHkv * kG * d), out(kG * d), probs(kG * n);
+  for (auto& e : q) e = nd(gen);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for (auto _ : st) {
+    for (int h = 0; h < kHkv; ++h) {
+      const float* qh = q.data() + std::size_t(h) * kG * d;
+      if constexpr (How == Decode::paged) {
+        kvevict::decode_attention_paged<S>(
+            qh, kG, kvevict::PagedRows<std::uint8_t>{K.data() + h * rk, B * kb, kb},
+            kvevict::PagedRows<std::uint8_t>{V.data() + h * rv, B * vb, vb}, table, B, n, d, scale,
+            out.data(), probs.data());
+      } else {
+        const std::size_t at = How == Decode::dense ? h * n : 0;
+        if constexpr (How == Decode::copy) gather(h, Kd.data(), Vd.data());
+        kvevict::kernels::quant_attention_probs<typename KC::desc>(qh, d, kG, Kd.data() + at * kb, kb,
+                                                                   n, d, scale, probs.data());
+        kvevict::kernels::quant_attention_output<typename VC::desc>(probs.data(), kG, Vd.data() + at * vb,
+                                                                    vb, n, d, out.data(), d);
+      }
+      benchmark::DoNotOptimize(out.data());
+    }
+  }
+}
+using kvevict::E4M3;
+using kvevict::Q4;
+using kvevict::Q8;
+BENCHMARK(BM_qdecode<Q8<32>, Decode::dense>)->Name("decode_dense/q8")->Arg(4096)->Arg(32768);
+BENCHMARK(BM_qdecode<Q8<32>, Decode::paged>)->Name("decode_paged/q8")->Arg(4096)->Arg(32768);
+BENCHMARK(BM_qdecode<Q8<32>, Decode::copy>)->Name("decode_copy/q8")->Arg(4096)->Arg(32768);
+BENCHMARK(BM_qdecode<Q4<32>, Decode::dense>)->Name("decode_dense/q4")->Arg(4096)->Arg(32768);
+BENCHMARK(BM_qdecode<Q4<32>, Decode::paged>)->Name("decode_paged/q4")->Arg(4096)->Arg(32768);
+BENCHMARK(BM_qdecode<Q4<32>, Decode::copy>)->Name("decode_copy/q4")->Arg(4096)->Arg(32768);
+BENCHMARK(BM_qdecode<E4M3, Decode::dense>)->Name("decode_dense/e4m3")->Arg(4096)->Arg(32768);
+BENCHMARK(BM_qdecode<E4M3, Decode::paged>)->Name("decode_paged/e4m3")->Arg(4096)->Arg(32768);
+BENCHMARK(BM_qdecode<E4M3, Decode::copy>)->Name("decode_copy/e4m3")->Arg(4096)->Arg(32768);
 
 }  // namespace
 

@@ -82,7 +82,16 @@ KVEVICT_INSTANTIATE_FORMAT(KvFormat::bf16)
                                                     std::size_t) noexcept;                      \
   template bool quant_attention_probs_qint<QDesc<K, G>>(const float*, std::size_t, std::size_t, \
                                                         const std::uint8_t*, std::size_t,       \
-                                                        std::size_t, std::size_t, float, float*);
+                                                        std::size_t, std::size_t, float, float*); \
+  template bool quant_attention_probs_paged<QDesc<K, G>>(                                      \
+      const float*, std::size_t, std::size_t, const std::uint8_t*, std::size_t, BlockTable,    \
+      std::size_t, std::size_t, float, float*) noexcept;                                       \
+  template void quant_attention_output_paged<QDesc<K, G>>(                                     \
+      const float*, std::size_t, const std::uint8_t*, std::size_t, BlockTable, std::size_t,    \
+      std::size_t, float*, std::size_t) noexcept;                                              \
+  template bool quant_attention_probs_qint_paged<QDesc<K, G>>(                                 \
+      const float*, std::size_t, std::size_t, const std::uint8_t*, std::size_t, BlockTable,    \
+      std::size_t, std::size_t, float, float*);
 #define KVEVICT_INSTANTIATE_QUANT_GROUPS(K)                                                    \
   KVEVICT_INSTANTIATE_QUANT(K, 8)                                                              \
   KVEVICT_INSTANTIATE_QUANT(K, 16)                                                             \

@@ -376,10 +376,11 @@ TEST_CASE("DecayedAttention's incremental reserve keeps what a full re-ranking k
 
 // The decision kernels (kernels/masked_victim.hpp) at every level this CPU has, against the
 // calls they replace: open_gather against protect_outside + gather_open (same bits, same
-// candidates in the same order), lowest_masked_seq against a plain loop over the open rows
+// candidates in the same order), decay_spike_gather against the observe rule written out
+// then those two, lowest_masked_seq against a plain loop over the open rows
 // (lowest score, then lowest seq; NaN never). Sizes 1-300 and a few past 512 (tails of every
 // length), permuted arrival indices, scores from a few levels (ties, +-0, +inf, NaN).
-TEST_CASE("open_gather and lowest_masked_seq agree with the kernels they replace, every level") {
+TEST_CASE("open_gather, decay_spike_gather and lowest_masked_seq agree with the kernels they replace, every level") {
   using kernels::Isa;
   kvtest::Rng rng(777);
   const float levels[] = {0.0f, -0.0f, 0.25f, 0.5f, 1.0f, std::numeric_limits<float>::infinity(),
@@ -419,6 +420,27 @@ TEST_CASE("open_gather and lowest_masked_seq agree with the kernels they replace
           (s[i] == s[want_victim] && seqs[i] < seqs[want_victim]))
         want_victim = i;
     }
+    // decay_spike_gather's reference: the observe rule written out, then protect_outside +
+    // gather_open over the raised spikes.
+    std::vector<float> x(n);
+    for (std::size_t i = 0; i < n; ++i)
+      x[i] = few ? levels[rng.uniform(0, 6)] : static_cast<float>(rng.uniform(0, 1000)) / 997.0f;
+    const float decay = few ? 0.5f : 1.0f - 3.0f / static_cast<float>(n + 7);
+    const std::uint64_t latest = 1000 + n + static_cast<std::uint64_t>(rng.uniform(0, 2));
+    const std::uint64_t band = static_cast<std::uint64_t>(rng.uniform(0, static_cast<long long>(n) + 2));
+    std::vector<float> want_sc = s, want_sp = spike;
+    for (std::size_t i = 0; i < n; ++i) {
+      volatile float prod = decay * want_sc[i];  // never contracted with the add
+      want_sc[i] = prod + x[i];
+      if (latest - seqs[i] >= band && want_sp[i] < x[i]) want_sp[i] = x[i];
+    }
+    std::vector<std::uint64_t> want_ds_bits(words);
+    std::vector<float> want_ds_vals(n);
+    std::vector<std::uint32_t> want_ds_idx(n);
+    kernels::protect_outside(seqs.data(), n, lo, hi, want_ds_bits.data());
+    const std::size_t want_ds_n = kernels::gather_open(want_sp.data(), n, want_ds_bits.data(),
+                                                       floor, want_ds_vals.data(),
+                                                       want_ds_idx.data());
     std::size_t want_all = kernels::npos;  // no protection (null bits)
     for (std::size_t i = 0; i < n; ++i)
       if (!std::isnan(s[i]) && (want_all == kernels::npos || s[i] < s[want_all] ||
@@ -440,6 +462,24 @@ TEST_CASE("open_gather and lowest_masked_seq agree with the kernels they replace
       }
       REQUIRE(kernels::lowest_masked_seq(isa, s.data(), seqs.data(), n, prot.data()) == want_victim);
       REQUIRE(kernels::lowest_masked_seq(isa, s.data(), seqs.data(), n, nullptr) == want_all);
+      // decay_spike_gather: the decayed scores and raised spikes bit for bit as the rule
+      // written out (a multiply, then an add), then open_gather's bits and candidates over
+      // the raised spikes.
+      std::vector<float> sc = s, sp = spike;
+      std::fill(bits.begin(), bits.end(), 0x5555);
+      std::fill(vals.begin(), vals.end(), -1.0f);
+      const std::size_t got_ds =
+          kernels::decay_spike_gather(isa, sc.data(), sp.data(), x.data(), seqs.data(), n, decay,
+                                      latest, band, lo, hi, floor, bits.data(), vals.data(),
+                                      idx.data());
+      REQUIRE(std::memcmp(sc.data(), want_sc.data(), n * sizeof(float)) == 0);
+      REQUIRE(std::memcmp(sp.data(), want_sp.data(), n * sizeof(float)) == 0);
+      REQUIRE(bits == want_ds_bits);
+      REQUIRE(got_ds == want_ds_n);
+      for (std::size_t i = 0; i < got_ds; ++i) {
+        REQUIRE(idx[i] == want_ds_idx[i]);
+        REQUIRE(std::memcmp(&vals[i], &want_ds_vals[i], sizeof(float)) == 0);
+      }
       ++compared;
     }
     if (want_victim != kernels::npos)

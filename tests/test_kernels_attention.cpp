@@ -322,6 +322,19 @@ TEST_CASE("attend over Oracle still restricts attention to its limit", "[attenti
 }
 
 namespace {
+/// A table of `used` blocks of a pool of `blocks` (> used + 2) that mixes runs of consecutive
+/// pool blocks with jumps: b -> 7b + 3 mod blocks, every third step consecutive.
+std::vector<std::uint32_t> mixed_table(std::size_t used, std::size_t blocks) {
+  std::vector<std::uint32_t> table;
+  std::uint32_t next = static_cast<std::uint32_t>(blocks - 1);
+  for (std::size_t b = 0; b < used; ++b) {
+    if (b % 3 == 2 && table.back() + 1 < blocks) next = table.back() + 1;
+    table.push_back(next);
+    next = static_cast<std::uint32_t>((next * 7 + 3) % blocks);
+  }
+  return table;
+}
+
 /// A pool of `blocks` blocks of `rows` rows (row stride `stride`, padding junk), a table that
 /// mixes runs of consecutive pool blocks with jumps, and the same rows gathered densely.
 template <class S>
@@ -335,14 +348,7 @@ struct PagedCase {
     const std::size_t blocks = 2 * used + 3;
     K = convert<S>(rng.normals(blocks * rows * stride));
     V = convert<S>(rng.normals(blocks * rows * stride));
-    // Pool blocks in a scrambled order with runs: b -> 2b+1 reversed in pairs, and every
-    // third step consecutive.
-    std::uint32_t next = static_cast<std::uint32_t>(blocks - 1);
-    for (std::size_t b = 0; b < used; ++b) {
-      if (b % 3 == 2 && table.back() + 1 < blocks) next = table.back() + 1;
-      table.push_back(next);
-      next = static_cast<std::uint32_t>((next * 7 + 3) % blocks);
-    }
+    table = mixed_table(used, blocks);
     Kd.resize(n * d);
     Vd.resize(n * d);
     for (std::size_t i = 0; i < n; ++i)
@@ -400,6 +406,110 @@ TEST_CASE("paged attention reads block tables in place, bit for bit the dense ke
 
 #endif  // !KVEVICT_KERNELS_DECLARE_ONLY
 
+namespace {
+/// A pool of quantized rows of storage S (quantized.hpp: keys and values in S's formats):
+/// blocks of `rows` rows, row strides of a stored row's bytes + 3 junk bytes, rows encoded
+/// from normal floats, and a mixed_table over max_n rows (a prefix of it serves any
+/// n <= max_n). gather copies the first n rows of the table into one array each.
+template <class S>
+struct QuantPool {
+  using KC = typename detail::StorageOf<S>::key_codec;
+  using VC = typename detail::StorageOf<S>::value_codec;
+  std::size_t rows, d, kb, vb, ks, vs;
+  std::vector<std::uint8_t> K, V;
+  std::vector<std::uint32_t> table;
+  QuantPool(std::size_t rows_, std::size_t d_, std::size_t max_n, Rng& rng)
+      : rows(rows_), d(d_), kb(KC::row_bytes(d_)), vb(VC::row_bytes(d_)), ks(kb + 3), vs(vb + 3) {
+    const std::size_t used = (max_n + rows - 1) / rows, blocks = 2 * used + 3;
+    K.assign(blocks * rows * ks, 0xA5);
+    V.assign(blocks * rows * vs, 0x5A);
+    for (std::size_t r = 0; r < blocks * rows; ++r) {
+      KC::encode(rng.normals(d).data(), d, K.data() + r * ks);
+      VC::encode(rng.normals(d).data(), d, V.data() + r * vs);
+    }
+    table = mixed_table(used, blocks);
+  }
+  void gather(std::size_t n, std::vector<std::uint8_t>& Kd, std::vector<std::uint8_t>& Vd) const {
+    Kd.resize(n * kb);
+    Vd.resize(n * vb);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t at = table[i / rows] * rows + i % rows;
+      std::memcpy(Kd.data() + i * kb, K.data() + at * ks, kb);
+      std::memcpy(Vd.data() + i * vb, V.data() + at * vs, vb);
+    }
+  }
+  [[nodiscard]] kk::BlockTable key_table() const { return {table.data(), rows, rows * ks}; }
+  [[nodiscard]] kk::BlockTable value_table() const { return {table.data(), rows, rows * vs}; }
+};
+}  // namespace
+
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+// Q8 / Q4 at two group sizes each (8: the AVX2 level's shapes, also at the AVX-512 level;
+// 32: the AVX-512 level, Q4 in span order, and the integer q.K), Q4<16> keys beside Q8<16>
+// values (AVX-512 Q4 in element order), E4M3; exact and integer q.K.
+TEST_CASE("paged quantized attention reads block tables in place, bit for bit the dense kernel's",
+          "[kernels][attention][paged][quantized]") {
+  Rng rng(5151);
+  auto run = [&](auto storage, std::initializer_list<std::size_t> dims) {
+    using S = decltype(storage);
+    using KD = typename QuantPool<S>::KC::desc;
+    using VD = typename QuantPool<S>::VC::desc;
+    for (std::size_t d : dims)
+      for (std::size_t rows : {1u, 3u, 16u}) {
+        const QuantPool<S> pool(rows, d, 150, rng);
+        std::vector<std::uint8_t> Kd, Vd;
+        // 150 rows cross the AVX-512 p.V's 119-row tile of Q8<32> at d 128.
+        for (std::size_t n : {0u, 1u, 5u, 16u, 17u, 150u})
+          for (std::size_t G : {1u, 4u}) {
+            pool.gather(n, Kd, Vd);
+            const auto q = rng.normals(G * d, 2.0f);
+            const float scale = 0.3f;
+            for (const Isa isa : levels())
+              at(isa, [&](auto lv) {
+                constexpr Isa I = decltype(lv)::value;
+                for (const bool qint : {false, true}) {
+                  if (qint && !kk::detail::qint_shape<KD>(d)) continue;
+                  std::vector<float> pd(G * n + 1, -1.0f), pp(G * n + 1, -2.0f);
+                  std::vector<float> od(G * d, -1.0f), op(G * d, -2.0f);
+                  const std::uint8_t* kd = Kd.data();
+                  const std::uint8_t* kp = pool.K.data();
+                  if (qint) {
+                    REQUIRE(kk::quant_attention_probs_qint_at<I, KD>(q.data(), d, G, kd, pool.kb, n,
+                                                                     d, scale, pd.data()));
+                    REQUIRE(kk::quant_attention_probs_qint_at<I, KD>(q.data(), d, G, kp, pool.ks,
+                                                                     pool.key_table(), n, d, scale,
+                                                                     pp.data()));
+                  } else {
+                    REQUIRE(kk::quant_attention_probs_at<I, KD>(q.data(), d, G, kd, pool.kb, n, d,
+                                                                scale, pd.data()));
+                    REQUIRE(kk::quant_attention_probs_at<I, KD>(q.data(), d, G, kp, pool.ks,
+                                                                pool.key_table(), n, d, scale,
+                                                                pp.data()));
+                  }
+                  kk::quant_attention_output_at<I, VD>(pd.data(), G, Vd.data(), pool.vb, n, d,
+                                                       od.data(), d);
+                  kk::quant_attention_output_at<I, VD>(pp.data(), G, pool.V.data(), pool.vs,
+                                                       pool.value_table(), n, d, op.data(), d);
+                  INFO("level " << kk::isa_name(I) << " " << QuantPool<S>::KC::name() << " / "
+                                << QuantPool<S>::VC::name() << (qint ? " integer q.K" : "")
+                                << " rows " << rows << " n " << n << " d " << d << " G " << G);
+                  REQUIRE(std::memcmp(pd.data(), pp.data(), G * n * sizeof(float)) == 0);
+                  REQUIRE(pp[G * n] == -2.0f);  // nothing written past group x n
+                  REQUIRE(std::memcmp(od.data(), op.data(), G * d * sizeof(float)) == 0);
+                }
+              });
+          }
+      }
+  };
+  run(Q8<8>{}, {8, 128});
+  run(Q8<32>{}, {128});
+  run(Q4<8>{}, {8, 128});
+  run(Q4<32>{}, {128});
+  run(KV<Q4<16>, Q8<16>>{}, {128});
+  run(E4M3{}, {8, 128});
+}
+#endif  // !KVEVICT_KERNELS_DECLARE_ONLY
+
 TEST_CASE("decode_attention_paged: shared cells in place, and bad arguments refused",
           "[attention][paged]") {
   // llama.cpp's layout: a block holds `rows` tokens of all Hkv heads side by side.
@@ -454,4 +564,86 @@ TEST_CASE("decode_attention_paged: shared cells in place, and bad arguments refu
                                              out.data(), static_cast<float*>(nullptr)),
                       Catch::Contains("probs is null"));
   untouched();
+}
+
+TEST_CASE("decode_attention_paged over quantized rows: the dense kernels' result; bad arguments "
+          "refused", "[attention][paged][quantized]") {
+  Rng rng(99);
+  constexpr std::size_t G = 4;
+  auto run = [&](auto storage, std::size_t d, QuantQK qk) {
+    using S = decltype(storage);
+    using KD = typename QuantPool<S>::KC::desc;
+    using VD = typename QuantPool<S>::VC::desc;
+    for (std::size_t rows : {3u, 16u}) {
+      const QuantPool<S> pool(rows, d, 70, rng);
+      for (std::size_t n : {0u, 37u, 70u}) {
+        std::vector<std::uint8_t> Kd, Vd;
+        pool.gather(n, Kd, Vd);
+        const auto q = rng.normals(G * d, 2.0f);
+        std::vector<float> pd(G * n), pp(G * n), od(G * d), op(G * d);
+        if (n > 0) {
+          if (qk == QuantQK::integer_query)
+            REQUIRE(kk::quant_attention_probs_qint<KD>(q.data(), d, G, Kd.data(), pool.kb, n, d,
+                                                       0.25f, pd.data()));
+          else
+            REQUIRE(kk::quant_attention_probs<KD>(q.data(), d, G, Kd.data(), pool.kb, n, d, 0.25f,
+                                                  pd.data()));
+        }
+        kk::quant_attention_output<VD>(pd.data(), G, Vd.data(), pool.vb, n, d, od.data(), d);
+        decode_attention_paged<S>(q.data(), G, PagedRows<std::uint8_t>{pool.K.data(), rows * pool.ks, pool.ks},
+                                  PagedRows<std::uint8_t>{pool.V.data(), rows * pool.vs, pool.vs},
+                                  pool.table, rows, n, d, 0.25f, op.data(), pp.data(), qk);
+        INFO(QuantPool<S>::KC::name() << " rows " << rows << " n " << n << " d " << d);
+        REQUIRE((n == 0 || std::memcmp(pd.data(), pp.data(), sizeof(float) * pd.size()) == 0));
+        REQUIRE(std::memcmp(od.data(), op.data(), sizeof(float) * od.size()) == 0);
+      }
+    }
+  };
+  run(Q8<32>{}, 128, QuantQK::exact);
+  run(Q8<32>{}, 128, QuantQK::integer_query);
+  run(Q4<32>{}, 128, QuantQK::integer_query);
+  run(KV<Q8<8>, Q4<8>>{}, 8, QuantQK::exact);
+  run(E4M3{}, 8, QuantQK::exact);
+
+  // Bad arguments: a kvevict::Error naming the value, nothing written.
+  constexpr std::size_t d = 128, rows = 4, n = 22;
+  const QuantPool<Q8<32>> pool(rows, d, n, rng);
+  const auto q = rng.normals(G * d);
+  std::vector<float> out(G * d, 5.0f), p(G * n, 5.0f);
+  const std::span<const std::uint32_t> table = pool.table;
+  const PagedRows<std::uint8_t> kr{pool.K.data(), rows * pool.ks, pool.ks},
+      vr{pool.V.data(), rows * pool.vs, pool.vs};
+  auto call = [&](auto storage, const float* qq, PagedRows<std::uint8_t> k,
+                  std::span<const std::uint32_t> t, std::size_t block_rows, std::size_t dim,
+                  float* probs, QuantQK qk = QuantQK::exact) {
+    decode_attention_paged<decltype(storage)>(qq, G, k, vr, t, block_rows, n, dim, 0.0f,
+                                              out.data(), probs, qk);
+  };
+  REQUIRE_THROWS_WITH(call(Q8<32>{}, q.data(), kr, table, 0, d, p.data()),
+                      Catch::Contains("block_rows = 0"));
+  REQUIRE_THROWS_WITH(call(Q8<32>{}, q.data(), kr, table.first(5), rows, d, p.data()),
+                      Catch::Contains("5 blocks for n = 22") && Catch::Contains("at least 6"));
+  const PagedRows<std::uint8_t> narrow{pool.K.data(), rows * pool.ks, pool.kb - 1};
+  REQUIRE_THROWS_WITH(call(Q8<32>{}, q.data(), narrow, table, rows, d, p.data()),
+                      Catch::Contains("key_stride = 135") && Catch::Contains(">= 136"));
+  REQUIRE_THROWS_WITH(call(Q8<32>{}, q.data(), kr, table, rows, 48, p.data()),
+                      Catch::Contains("group size 32 does not divide head_dim 48"));
+  REQUIRE_THROWS_WITH(call(Q8<8>{}, q.data(), kr, table, rows, d, p.data(),
+                           QuantQK::integer_query),
+                      Catch::Contains("integer_query needs") && Catch::Contains("Q8<8>"));
+  REQUIRE_THROWS_WITH(call(Q8<32>{}, q.data(), kr, table, rows, d, p.data(),
+                           static_cast<QuantQK>(7)),
+                      Catch::Contains("quant_qk = 7"));
+  const PagedRows<std::uint8_t> huge{pool.K.data(), std::numeric_limits<std::size_t>::max() / 4,
+                                     pool.ks};
+  REQUIRE_THROWS_WITH(call(Q8<32>{}, q.data(), huge, table, rows, d, p.data()),
+                      Catch::Contains("overflows size_t"));
+  auto bad_q = q;
+  bad_q[1] = std::numeric_limits<float>::quiet_NaN();
+  REQUIRE_THROWS_WITH(call(Q8<32>{}, bad_q.data(), kr, table, rows, d, p.data()),
+                      Catch::Contains("decode_attention_paged: queries[1]"));
+  REQUIRE_THROWS_WITH(call(Q8<32>{}, q.data(), kr, table, rows, d, static_cast<float*>(nullptr)),
+                      Catch::Contains("probs is null"));
+  for (float x : out) REQUIRE(x == 5.0f);
+  for (float x : p) REQUIRE(x == 5.0f);
 }

@@ -597,14 +597,19 @@ TEST_CASE("lowest_open is the decay loop, protection bits, masked argmin and tie
     std::vector<std::uint64_t> seqs(n);
     std::iota(seqs.begin(), seqs.end(), std::uint64_t{0});
     std::shuffle(seqs.begin(), seqs.end(), rng);
-    for (int variant = 0; variant < 4; ++variant) {
+    for (int variant = 0; variant < 5; ++variant) {
       std::vector<float> s0(n), x(n);
       for (std::size_t r = 0; r < n; ++r) {
-        // variant 0: distinct-ish values; 1: few values (many ties); 2: specials; 3: all equal
+        // variant 0: distinct-ish values; 1: few values (many ties); 2: specials; 3: all
+        // equal; 4: full-mantissa values (a fused multiply-add would round differently)
         s0[r] = variant == 3 ? 0.5f : variant == 1 ? static_cast<float>(rng() % 3) * 0.25f
                                                    : std::ldexp(static_cast<float>(rng() % 1000), -9);
         x[r] = variant == 3 ? 0.25f : variant == 1 ? static_cast<float>(rng() % 2) * 0.5f
                                                    : std::ldexp(static_cast<float>(rng() % 977), -10);
+        if (variant == 4) {
+          s0[r] = std::ldexp(static_cast<float>(rng() & 0xffffff), -20);
+          x[r] = std::ldexp(static_cast<float>(rng() & 0xffffff), -25);
+        }
         if (variant == 2) {
           const std::uint64_t k = rng() % 8;
           if (k == 0) s0[r] = std::numeric_limits<float>::quiet_NaN();
@@ -614,7 +619,7 @@ TEST_CASE("lowest_open is the decay loop, protection bits, masked argmin and tie
           if (k == 4) x[r] = -inf;
         }
       }
-      for (float decay : {0.0f, 0.75f, 0.99609375f, 1.0f})
+      for (float decay : {0.0f, 0.75f, 0.99609375f, 1.0f, 0.9921875f + 0x1p-20f})
         for (auto [lo, hi] : {std::pair<std::uint64_t, std::uint64_t>{0, n}, {1, n > 3 ? n - 3 : 0},
                               {4, n / 2}, {n / 2, n / 2}, {n, 0}, {0, ~std::uint64_t{0}}}) {
           // The four passes, written out.
@@ -656,5 +661,87 @@ TEST_CASE("lowest_open is the decay loop, protection bits, masked argmin and tie
 #endif
         }
     }
+  }
+}
+
+// KeyDiff's bounded search kernels (row_dots.hpp): the gather of open rows at or below a
+// threshold is the same set in index order at every level; the scaled dot products are
+// within the d-term float bound of the double dot product at every level, for all rows or
+// the rows of an index list (out written at those rows only).
+TEST_CASE("gather_open_at_most and scaled_row_dots agree with their definitions at every level",
+          "[kernels][select]") {
+  std::mt19937_64 rng(23);
+  std::normal_distribution<float> nd;
+  const bool avx2 = kk::isa_supported(Isa::avx2), avx512 = kk::isa_supported(Isa::avx512);
+  for (std::size_t n : {0u, 1u, 7u, 8u, 15u, 16u, 17u, 100u, 1000u}) {
+    std::vector<std::uint64_t> seqs(n);
+    std::iota(seqs.begin(), seqs.end(), std::uint64_t{3});
+    std::shuffle(seqs.begin(), seqs.end(), rng);
+    std::vector<float> s(n);
+    for (auto& x : s) x = static_cast<float>(rng() % 7) - 3.0f;
+    if (n > 4) s[2] = std::numeric_limits<float>::quiet_NaN(), s[3] = -0.0f;
+    for (float t : {-4.0f, 0.0f, 1.0f, 5.0f})
+      for (auto [lo, hi] : {std::pair<std::uint64_t, std::uint64_t>{0, ~std::uint64_t{0}},
+                            {5, n / 2 + 3}, {n, 2}}) {
+        std::vector<std::uint32_t> want;
+        for (std::size_t r = 0; r < n; ++r)
+          if (s[r] <= t && seqs[r] >= lo && seqs[r] < hi) want.push_back(static_cast<std::uint32_t>(r));
+        std::vector<std::uint32_t> idx(n + 1);
+        const auto got = [&](std::size_t m) { return std::vector<std::uint32_t>(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(m)); };
+        CHECK(got(kk::gather_open_at_most(s.data(), seqs.data(), n, lo, hi, t, idx.data())) == want);
+        const std::uint64_t span = hi > lo ? hi - lo : 0;
+        CHECK(got(kk::detail::scalar::gather_open_at_most_body(s.data(), seqs.data(), n, lo, span, t, idx.data(), 0, 0)) == want);
+#if KVEVICT_X86
+        if (avx2) CHECK(got(kk::detail::avx2::gather_open_at_most(s.data(), seqs.data(), n, lo, span, t, idx.data())) == want);
+        if (avx512) CHECK(got(kk::detail::avx512::gather_open_at_most(s.data(), seqs.data(), n, lo, span, t, idx.data())) == want);
+#endif
+      }
+  }
+  for (std::size_t d : {1u, 8u, 16u, 20u, 33u, 128u}) {
+    const std::size_t n = 37;
+    std::vector<float> rows(n * d), a(d);
+    std::vector<double> scale(n);
+    for (auto& x : rows) x = nd(rng);
+    for (auto& x : a) x = nd(rng) * 10.0f;
+    for (auto& x : scale) x = 0.5 + static_cast<double>(rng() % 100) / 64.0;
+    const std::vector<std::uint32_t> some{3, 0, 36, 17, 18, 5};
+    using Fn = void (*)(const float*, std::size_t, std::size_t, const float*, const double*, float,
+                        float*, const std::uint32_t*);
+    std::vector<Fn> levels{&kk::detail::scalar::scaled_row_dots};
+#if KVEVICT_X86
+    if (avx2) levels.push_back(&kk::detail::avx2::scaled_row_dots);
+    if (avx512) levels.push_back(&kk::detail::avx512::scaled_row_dots);
+#endif
+    auto check = [&](const std::vector<float>& out, const std::vector<std::uint32_t>* only) {
+      for (std::size_t r = 0; r < n; ++r) {
+        const bool in = only == nullptr || std::find(only->begin(), only->end(), r) != only->end();
+        if (!in) {
+          CHECK(out[r] == 7.0f);  // untouched
+          continue;
+        }
+        double dot = 0.0, mag = 0.0;
+        for (std::size_t j = 0; j < d; ++j) {
+          dot += static_cast<double>(rows[r * d + j]) * a[j];
+          mag += std::fabs(static_cast<double>(rows[r * d + j]) * a[j]);
+        }
+        const double f = static_cast<double>(static_cast<float>(scale[r]));
+        CHECK(std::fabs(static_cast<double>(out[r]) - (-dot * f)) <=
+              (static_cast<double>(d) + 4.0) * 0x1p-23 * mag * f + 1e-30);
+      }
+    };
+    for (Fn fn : levels) {
+      std::vector<float> out(n, 7.0f);
+      fn(rows.data(), n, d, a.data(), scale.data(), -1.0f, out.data(), nullptr);
+      check(out, nullptr);
+      std::fill(out.begin(), out.end(), 7.0f);
+      fn(rows.data(), some.size(), d, a.data(), scale.data(), -1.0f, out.data(), some.data());
+      check(out, &some);
+    }
+    std::vector<float> out(n, 7.0f);
+    kk::scaled_row_dots(rows.data(), n, d, a.data(), scale.data(), -1.0f, out.data());
+    check(out, nullptr);
+    std::fill(out.begin(), out.end(), 7.0f);
+    kk::scaled_row_dots_at(rows.data(), d, some.data(), some.size(), a.data(), scale.data(), -1.0f, out.data());
+    check(out, &some);
   }
 }

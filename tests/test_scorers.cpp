@@ -453,6 +453,7 @@ TEST_CASE("KeyDiff's bounded candidate search evicts the exhaustive search's row
     total.bounded += s.bounded;
     total.rebases += s.rebases;
     total.exhaustive += s.exhaustive;
+    total.partial += s.partial;
   };
   std::uint64_t seed = 40;
   for (const auto& c : configs) {
@@ -461,11 +462,14 @@ TEST_CASE("KeyDiff's bounded candidate search evicts the exhaustive search's row
     add(keydiff_bounded_vs_exhaustive(c, 16, 40, KeyKind::gaussian, ++seed, 300));
     add(keydiff_bounded_vs_exhaustive(c, 8, 30, KeyKind::near_ties, ++seed, 200));
     add(keydiff_bounded_vs_exhaustive(c, 4, 30, KeyKind::zeros_and_copies, ++seed, 300));
+    // Wider: partial rebases (head dims off the SIMD widths: the kernels' tails).
+    add(keydiff_bounded_vs_exhaustive(c, 20, 160, KeyKind::gaussian, ++seed, 360));
   }
   // Both paths ran: most decisions bounded, the close calls and the shrink exhaustive.
   CHECK(total.bounded > 10 * total.exhaustive);
   CHECK(total.exhaustive > 0);
   CHECK(total.rebases > 0);
+  CHECK(total.partial > 0);
 }
 
 TEST_CASE("KeyDiff by hand: the key most like the others leaves, not the odd one", "[scorers]") {

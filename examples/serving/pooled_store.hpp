@@ -5,21 +5,15 @@
 // through the container core); a block goes back to the pool the moment it empties.
 //
 // Attention: for each KV head, kvevict::decode_attention_paged (the fused, runtime-dispatched
-// kernel) reads the head's blocks in place through its block table (float, fp16, bf16
-// pools). A quantized pool (Scalar = Q8<G>, KV<Q8<G>, Q4<G>>, ...: quantized.hpp) still
-// copies the head's blocks, one memcpy per block, into a contiguous scratch that the
-// quantized decode kernel (kernels/attention_quant.hpp, the one attend() runs for a quantized
-// KVCache) reads: the quantized kernels take no block table yet. That copy is O(rows x d)
-// per head and part of the measured time.
-#include <algorithm>
+// kernel) reads the head's blocks in place through its block table: float, fp16 and bf16
+// pools, and quantized pools (Scalar = Q8<G>, KV<Q8<G>, Q4<G>>, ...: quantized.hpp) through
+// decode_attention_paged<Scalar>, the quantized kernels attend() runs for a quantized
+// KVCache (kernels/attention_quant.hpp) over the block table. No row is copied.
 #include <cstdint>
-#include <cstring>
 #include <span>
 #include <utility>
-#include <vector>
 
 #include "kvevict/attention.hpp"
-#include "kvevict/kernels/attention_quant.hpp"
 #include "kvevict/paged_cache.hpp"
 #include "kvevict/quantized.hpp"
 #include "llama2c.hpp"
@@ -66,35 +60,21 @@ class PooledStore {
     r.out.resize(g.n_heads, g.head_dim);
     r.probs.resize(static_cast<std::size_t>(g.n_kv_heads));
     const auto& pool = cache_.pool();
-    const std::size_t kb = pool.key_row_bytes(), vb = pool.value_row_bytes();
+    const std::size_t ku = pool.key_row_units(), vu = pool.value_row_units();
+    const PagedRows<Unit> keys{pool.key_block(0), B * ku, ku}, values{pool.value_block(0), B * vu, vu};
     for (int kh = 0; kh < g.n_kv_heads; ++kh) {
       const std::size_t n = cache_.size(layer, kh);
-      const auto table = cache_.table(layer, kh);
       auto& p = r.probs[static_cast<std::size_t>(kh)];
       p.resize(static_cast<Eigen::Index>(G), static_cast<Eigen::Index>(n));
       const float* qh = q.data() + static_cast<std::size_t>(kh) * G * d;
       float* oh = r.out.data() + static_cast<std::size_t>(kh) * G * d;
-      if constexpr (PagedCache<Policy, Scalar>::quantized) {
-        k_.resize(n * kb / sizeof(Unit));
-        v_.resize(n * vb / sizeof(Unit));
-        for (std::size_t i = 0; i < table.size(); ++i) {
-          const std::size_t rows = std::min(B, n - i * B);
-          std::memcpy(k_.data() + i * B * kb / sizeof(Unit), pool.key_block(table[i]), rows * kb);
-          std::memcpy(v_.data() + i * B * vb / sizeof(Unit), pool.value_block(table[i]), rows * vb);
-        }
-        using KD = typename kvevict::detail::StorageOf<Scalar>::key_codec::desc;
-        using VD = typename kvevict::detail::StorageOf<Scalar>::value_codec::desc;
-        const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-        kvevict::detail::require(
-            n == 0 || kernels::quant_attention_probs<KD>(qh, d, G, k_.data(), kb, n, d, scale, p.data()),
-            "serving: layer ", layer, " KV head ", kh, ": a score q.k is not finite");
-        kernels::quant_attention_output<VD>(p.data(), G, v_.data(), vb, n, d, oh, d);
-      } else {
-        const std::size_t ku = pool.key_row_units(), vu = pool.value_row_units();
-        decode_attention_paged(qh, G, PagedRows<Unit>{pool.key_block(0), B * ku, ku},
-                               PagedRows<Unit>{pool.value_block(0), B * vu, vu}, table, B, n, d,
-                               0.0f, oh, p.data());
-      }
+      // A quantized pool's Unit is its bytes (PagedRows<std::uint8_t>): the format is named.
+      if constexpr (PagedCache<Policy, Scalar>::quantized)
+        decode_attention_paged<Scalar>(qh, G, keys, values, cache_.table(layer, kh), B, n, d,
+                                       0.0f, oh, p.data());
+      else
+        decode_attention_paged(qh, G, keys, values, cache_.table(layer, kh), B, n, d, 0.0f, oh,
+                               p.data());
     }
     if constexpr (has(Policy::signals, Signals::attention))
       for (int kh = 0; kh < g.n_kv_heads; ++kh) {
@@ -111,7 +91,6 @@ class PooledStore {
 
  private:
   PagedCache<Policy, Scalar> cache_;
-  std::vector<Unit> k_, v_;
 };
 
 }  // namespace kvevict::serving

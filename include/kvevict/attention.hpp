@@ -238,28 +238,34 @@ bool head_probabilities(const Cache& cache, int layer, int kh, const float* q, s
   }
 }
 
-/// AttendOptions::quant_qk against the cache's key storage: integer_query needs Q8 / Q4 keys
-/// whose group size is a multiple of 32 (the integer kernel's shape).
-template <class Cache>
-void check_quant_qk(const Cache& cache, QuantQK qk) {
+/// A QuantQK against key storage S at head_dim: integer_query needs Q8 / Q4 keys whose group
+/// size is a multiple of 32 (the integer kernel's shape).
+template <class S>
+void check_quant_qk_for(QuantQK qk, std::size_t head_dim, const char* what) {
   const auto v = static_cast<int>(qk);
-  require(v == 0 || v == 1, "attend: quant_qk = ", v,
+  require(v == 0 || v == 1, what, ": quant_qk = ", v,
           ", expected QuantQK::exact (0) or QuantQK::integer_query (1)");
   if (qk == QuantQK::exact) return;
-  using S = typename Cache::scalar_type;
   bool ok = false;
   std::string keys;
   if constexpr (MixedStorage<S>) {
     keys = "a Mixed layout";
   } else if constexpr (QuantizedStorage<S>) {
     using C = typename StorageOf<S>::key_codec;
-    ok = kernels::detail::qint_shape<typename C::desc>(static_cast<std::size_t>(cache.geometry().head_dim));
+    ok = kernels::detail::qint_shape<typename C::desc>(head_dim);
     keys = C::name();
   } else {
     keys = storage_name<S>();
   }
-  require(ok, "attend: quant_qk = QuantQK::integer_query needs Q8 or Q4 keys with a group size ",
-          "that is a multiple of 32; this cache's keys are ", keys, " (use QuantQK::exact)");
+  require(ok, what, ": quant_qk = QuantQK::integer_query needs Q8 or Q4 keys with a group size ",
+          "that is a multiple of 32; these keys are ", keys, " (use QuantQK::exact)");
+}
+
+/// AttendOptions::quant_qk against the cache's key storage.
+template <class Cache>
+void check_quant_qk(const Cache& cache, QuantQK qk) {
+  check_quant_qk_for<typename Cache::scalar_type>(
+      qk, static_cast<std::size_t>(cache.geometry().head_dim), "attend");
 }
 
 /// p.V of one KV head's group into o (G x head_dim).
@@ -425,6 +431,33 @@ void attend(Cache& cache, int layer, std::span<const float> queries, std::span<f
 }
 
 namespace detail {
+/// decode_attention(_paged)'s checks but the rows' format: strides (in units of the stored
+/// rows) at least key_min / value_min (a row's units: head_dim, or a quantized row's bytes).
+/// A template (unused parameter) so that an includer that never calls it compiles nothing.
+template <class KvevictLazy = void>
+void check_decode_core(const float* queries, std::size_t group, bool have_keys, bool have_values,
+                       std::size_t key_stride, std::size_t key_min, std::size_t value_stride,
+                       std::size_t value_min, std::size_t n, std::size_t d, const float* out,
+                       const char* what, const char* what_queries) {
+  require(group >= 1, what, ": group = ", group, ", expected >= 1");
+  require(d >= 1, what, ": head_dim = ", d, ", expected >= 1");
+  if (key_min == d && value_min == d)
+    require(key_stride >= d && value_stride >= d, what, ": key_stride = ", key_stride,
+            ", value_stride = ", value_stride, ", expected both >= head_dim = ", d);
+  else
+    require(key_stride >= key_min && value_stride >= value_min, what, ": key_stride = ",
+            key_stride, ", value_stride = ", value_stride, ", expected >= ", key_min, " and >= ",
+            value_min, " (the bytes of a stored key / value row of head_dim ", d, ")");
+  require(group <= std::numeric_limits<std::size_t>::max() / d / sizeof(float),
+          what, ": group x head_dim = ", group, " x ", d, " overflows size_t");
+  require(queries != nullptr && out != nullptr, what, ": queries or out is null");
+  require(n == 0 || (have_keys && have_values), what, ": n = ", n,
+          " but keys or values is null");
+  require(n <= std::numeric_limits<std::size_t>::max() / sizeof(float) / group,
+          what, ": group x n = ", group, " x ", n, " overflows size_t");
+  check_finite(std::span<const float>(queries, group * d), what_queries);
+}
+
 template <class Scalar>
 void check_decode_args(const float* queries, std::size_t group, const Scalar* keys,
                        std::size_t key_stride, const Scalar* values, std::size_t value_stride,
@@ -432,19 +465,40 @@ void check_decode_args(const float* queries, std::size_t group, const Scalar* ke
                        const char* what = "decode_attention",
                        const char* what_queries = "decode_attention: queries") {
   static_assert(kernel_scalar<Scalar>,
-                "decode_attention(_paged) reads float, Eigen::half or Eigen::bfloat16 rows");
-  require(group >= 1, what, ": group = ", group, ", expected >= 1");
-  require(d >= 1, what, ": head_dim = ", d, ", expected >= 1");
-  require(key_stride >= d && value_stride >= d, what, ": key_stride = ", key_stride,
-          ", value_stride = ", value_stride, ", expected both >= head_dim = ", d);
-  require(group <= std::numeric_limits<std::size_t>::max() / d / sizeof(float),
-          what, ": group x head_dim = ", group, " x ", d, " overflows size_t");
-  require(queries != nullptr && out != nullptr, what, ": queries or out is null");
-  require(n == 0 || (keys != nullptr && values != nullptr), what, ": n = ", n,
-          " but keys or values is null");
-  require(n <= std::numeric_limits<std::size_t>::max() / sizeof(float) / group,
-          what, ": group x n = ", group, " x ", n, " overflows size_t");
-  check_finite(std::span<const float>(queries, group * d), what_queries);
+                "decode_attention(_paged) reads float, Eigen::half or Eigen::bfloat16 rows "
+                "(quantized rows: decode_attention_paged<Q8<G> | Q4<G> | E4M3 | KV<K, V>> over "
+                "PagedRows<std::uint8_t>)");
+  check_decode_core(queries, group, keys != nullptr, values != nullptr, key_stride, d,
+                    value_stride, d, n, d, out, what, what_queries);
+}
+
+/// decode_attention_paged's block-table checks: block_rows >= 1 and a block for every row.
+/// Returns the largest pool block the n rows use.
+template <class KvevictLazy = void>
+std::uint32_t check_paged_blocks(std::span<const std::uint32_t> blocks, std::size_t block_rows,
+                                 std::size_t n, const char* what) {
+  require(block_rows >= 1, what, ": block_rows = ", block_rows, ", expected >= 1");
+  const std::size_t used = n / block_rows + (n % block_rows != 0 ? 1 : 0);
+  require(blocks.size() >= used, what, ": ", blocks.size(), " blocks for n = ", n, " rows of ",
+          block_rows, ", expected at least ", used);
+  std::uint32_t top = 0;
+  for (std::size_t b = 0; b < used; ++b) top = blocks[b] > top ? blocks[b] : top;
+  return top;
+}
+
+/// Whether block `top`'s last row lies within size_t: top x block_stride + (block_rows - 1)
+/// x row_stride + extent <= limit (units of the rows: elements or bytes; limit = the largest
+/// addressable count of them; row_stride >= extent >= 1 checked before).
+template <class KvevictLazy = void>
+void check_paged_reach(std::uint32_t top, std::size_t block_rows, std::size_t n,
+                       std::size_t block_stride, std::size_t row_stride, std::size_t extent,
+                       std::size_t limit, const char* what) {
+  const bool fits =
+      n == 0 || (block_rows - 1 <= (limit - extent) / row_stride &&
+                 (block_stride == 0 ||
+                  top <= (limit - extent - (block_rows - 1) * row_stride) / block_stride));
+  require(fits, what, ": block ", top, " x block_stride ", block_stride, " + ", block_rows,
+          " rows x row_stride ", row_stride, " overflows size_t");
 }
 }  // namespace detail
 
@@ -515,24 +569,11 @@ void decode_attention_paged(const float* queries, std::size_t group, PagedRows<S
                             values.row_stride, n, head_dim, out, what,
                             "decode_attention_paged: queries");
   detail::require(n == 0 || probs != nullptr, what, ": probs is null");
-  detail::require(block_rows >= 1, what, ": block_rows = ", block_rows, ", expected >= 1");
-  const std::size_t used = n / block_rows + (n % block_rows != 0 ? 1 : 0);
-  detail::require(blocks.size() >= used, what, ": ", blocks.size(), " blocks for n = ", n,
-                  " rows of ", block_rows, ", expected at least ", used);
-  std::uint32_t top = 0;
-  for (std::size_t b = 0; b < used; ++b) top = blocks[b] > top ? blocks[b] : top;
+  const std::uint32_t top = detail::check_paged_blocks(blocks, block_rows, n, what);
   constexpr std::size_t limit = std::numeric_limits<std::size_t>::max() / sizeof(Scalar);
-  for (const PagedRows<Scalar>* r : {&keys, &values}) {
-    // The last element any used block reaches: top x block_stride + (block_rows - 1) x
-    // row_stride + head_dim, in elements and in bytes.
-    const bool fits =
-        n == 0 || (block_rows - 1 <= (limit - head_dim) / r->row_stride &&
-                   (r->block_stride == 0 ||
-                    top <= (limit - head_dim - (block_rows - 1) * r->row_stride) / r->block_stride));
-    detail::require(fits, what, ": block ", top, " x block_stride ", r->block_stride, " + ",
-                    block_rows, " rows x row_stride ", r->row_stride,
-                    " overflows size_t");
-  }
+  for (const PagedRows<Scalar>* r : {&keys, &values})
+    detail::check_paged_reach(top, block_rows, n, r->block_stride, r->row_stride, head_dim, limit,
+                              what);
   scale = detail::resolve_scale(scale, head_dim, what);
   constexpr kernels::KvFormat F = detail::kv_format_of<Scalar>();
   const kernels::BlockTable kt{blocks.data(), block_rows, keys.block_stride};
@@ -545,6 +586,70 @@ void decode_attention_paged(const float* queries, std::size_t group, PagedRows<S
                     ") is not finite (query or key magnitudes overflow float)");
   kernels::attention_output_paged_as<F>(probs, group, values.base, values.row_stride, vt, n,
                                         head_dim, out, head_dim);
+}
+
+/// decode_attention_paged over quantized rows (quantized.hpp), read in place as stored:
+/// Storage, given explicitly, is Q8<G>, Q4<G>, E4M3 or KV<KF, VF> (keys in KF, values in
+/// VF), keys and values are PagedRows<std::uint8_t> with strides in bytes (row_stride at
+/// least the format's row bytes: a BlockPool's or KVCache's key_row_bytes() /
+/// value_row_bytes()), e.g. for a BlockPool<Q8<32>> pool:
+///   decode_attention_paged<Q8<32>>(q, G, PagedRows<std::uint8_t>{pool.key_block(0),
+///       B * kb, kb}, PagedRows<std::uint8_t>{pool.value_block(0), B * vb, vb}, table, B, n,
+///       head_dim, 0.0f, out, probs);
+/// qk as AttendOptions::quant_qk (integer_query: Q8 / Q4 keys with a group size that is a
+/// multiple of 32). Same contract as the float form; out and probs equal the quantized
+/// kernels that attend() runs on a quantized KVCache (kernels::quant_attention_probs(_qint)
+/// / quant_attention_output) on the same rows copied into one array, bit for bit. Throws
+/// kvevict::Error (nothing written) on bad arguments, including a group size that does not
+/// divide head_dim.
+template <class Storage>
+  requires(detail::QuantizedStorage<Storage> && !detail::MixedStorage<Storage>)
+void decode_attention_paged(const float* queries, std::size_t group,
+                            PagedRows<std::uint8_t> keys, PagedRows<std::uint8_t> values,
+                            std::span<const std::uint32_t> blocks, std::size_t block_rows,
+                            std::size_t n, std::size_t head_dim, float scale, float* out,
+                            float* probs, QuantQK qk = QuantQK::exact) {
+  constexpr const char* what = "decode_attention_paged";
+  using KC = typename detail::StorageOf<Storage>::key_codec;
+  using VC = typename detail::StorageOf<Storage>::value_codec;
+  kernels::require_quant_kernels<typename KC::desc>();
+  kernels::require_quant_kernels<typename VC::desc>();
+  detail::require(head_dim >= 1, what, ": head_dim = ", head_dim, ", expected >= 1");
+  detail::check_codec_dim<KC>(head_dim, "decode_attention_paged: key");
+  detail::check_codec_dim<VC>(head_dim, "decode_attention_paged: value");
+  detail::check_quant_qk_for<Storage>(qk, head_dim, what);
+  // A row's bytes: at most 3 x head_dim (Q8<1>), so in size_t when group x head_dim floats are.
+  detail::require(head_dim <= std::numeric_limits<std::size_t>::max() / 4, what, ": head_dim = ",
+                  head_dim, " overflows size_t");
+  const std::size_t kb = KC::row_bytes(head_dim), vb = VC::row_bytes(head_dim);
+  detail::check_decode_core(queries, group, keys.base != nullptr, values.base != nullptr,
+                            keys.row_stride, kb, values.row_stride, vb, n, head_dim, out, what,
+                            "decode_attention_paged: queries");
+  detail::require(n == 0 || probs != nullptr, what, ": probs is null");
+  const std::uint32_t top = detail::check_paged_blocks(blocks, block_rows, n, what);
+  constexpr std::size_t limit = std::numeric_limits<std::size_t>::max();
+  detail::check_paged_reach(top, block_rows, n, keys.block_stride, keys.row_stride, kb, limit, what);
+  detail::check_paged_reach(top, block_rows, n, values.block_stride, values.row_stride, vb, limit,
+                            what);
+  scale = detail::resolve_scale(scale, head_dim, what);
+  const kernels::BlockTable kt{blocks.data(), block_rows, keys.block_stride};
+  const kernels::BlockTable vt{blocks.data(), block_rows, values.block_stride};
+  if (n > 0) {
+    using KD = typename KC::desc;
+    const bool finite =
+        qk == QuantQK::integer_query
+            ? kernels::quant_attention_probs_qint_paged<KD>(queries, head_dim, group, keys.base,
+                                                            keys.row_stride, kt, n, head_dim,
+                                                            scale, probs)
+            : kernels::quant_attention_probs_paged<KD>(queries, head_dim, group, keys.base,
+                                                       keys.row_stride, kt, n, head_dim, scale,
+                                                       probs);
+    detail::require(finite, what, ": a score q.k x scale (scale ", scale,
+                    ") is not finite (query or key magnitudes overflow float)");
+  }
+  kernels::quant_attention_output_paged<typename VC::desc>(probs, group, values.base,
+                                                           values.row_stride, vt, n, head_dim,
+                                                           out, head_dim);
 }
 
 }  // namespace kvevict

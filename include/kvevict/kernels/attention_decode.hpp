@@ -86,36 +86,10 @@ KVEVICT_KERNEL_FN void attention_output_paged_as(const float* probs, std::size_t
                                                  const void* values, std::size_t v_stride,
                                                  BlockTable table, std::size_t n, std::size_t d,
                                                  float* out, std::size_t out_stride);
-}  // namespace kvevict::kernels
 
-#if !KVEVICT_KERNELS_DECLARE_ONLY
-#include "attention_avx2.hpp"
-#include "attention_avx512.hpp"
-
-namespace kvevict::kernels {
+// The walk over a block table's runs: no intrinsics, so also declared in separate-kernels
+// mode (attention_quant.hpp, which such a translation unit may include, walks it too).
 namespace detail {
-
-#if KVEVICT_X86
-/// FMA and F16C (CPUID leaf 1, ECX bits 12 and 29): the SIMD attention levels need both.
-inline bool cpu_has_fma_f16c() noexcept {
-  static const bool ok = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
-    return ((c >> 12) & 1) != 0 && ((c >> 29) & 1) != 0;
-  }();
-  return ok;
-}
-#endif
-
-/// require_isa, plus FMA and F16C for the SIMD levels.
-inline void require_attention_isa(Isa isa) {
-  require_isa(isa);
-#if KVEVICT_X86
-  if (isa != Isa::scalar && !cpu_has_fma_f16c())
-    throw std::invalid_argument(std::string("kvevict::kernels: attention at ISA level ") +
-                                isa_name(isa) + " needs FMA and F16C, which this CPU lacks");
-#endif
-}
 
 /// fn(first row, element offset of the run's first row, rows, the next run's element
 /// offset, its rows (0 after the last run)) for the rows [0, n) of a block table, as
@@ -150,15 +124,62 @@ inline void for_each_run(const BlockTable& t, std::size_t row_stride, std::size_
 }
 
 /// Prefetches the first `rows` rows (up to 64) of the next run into the cache: a pool's
-/// blocks are scattered, and the hardware prefetcher restarts at every block.
+/// blocks are scattered, and the hardware prefetcher restarts at every block. Rows of
+/// `bytes` bytes, `step` bytes apart, from p.
+inline void prefetch_run(const void* p, std::size_t rows, std::size_t step,
+                         std::size_t bytes) noexcept {
+  const char* c = static_cast<const char*>(p);
+  if (rows > 64) rows = 64;
+  for (std::size_t r = 0; r < rows; ++r, c += step)
+    for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o);
+}
+
+/// A dense array of n rows: one block.
+struct DenseTable {
+  std::uint32_t zero = 0;
+  BlockTable table;
+  explicit DenseTable(std::size_t n) noexcept : table{&zero, n, 0} {}
+};
+
+}  // namespace detail
+}  // namespace kvevict::kernels
+
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+#include "attention_avx2.hpp"
+#include "attention_avx512.hpp"
+
+namespace kvevict::kernels {
+namespace detail {
+
+#if KVEVICT_X86
+/// FMA and F16C (CPUID leaf 1, ECX bits 12 and 29): the SIMD attention levels need both.
+inline bool cpu_has_fma_f16c() noexcept {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    return ((c >> 12) & 1) != 0 && ((c >> 29) & 1) != 0;
+  }();
+  return ok;
+}
+#endif
+
+/// require_isa, plus FMA and F16C for the SIMD levels.
+inline void require_attention_isa(Isa isa) {
+  require_isa(isa);
+#if KVEVICT_X86
+  if (isa != Isa::scalar && !cpu_has_fma_f16c())
+    throw std::invalid_argument(std::string("kvevict::kernels: attention at ISA level ") +
+                                isa_name(isa) + " needs FMA and F16C, which this CPU lacks");
+#endif
+}
+
+/// prefetch_run of rows of d elements of format F, row_stride elements apart, the first at
+/// element `offset` of base.
 template <KvFormat F>
 inline void prefetch_rows(const void* base, std::size_t offset, std::size_t rows,
                           std::size_t row_stride, std::size_t d) noexcept {
-  const char* p = static_cast<const char*>(base) + offset * kv_format_bytes(F);
-  const std::size_t bytes = d * kv_format_bytes(F), step = row_stride * kv_format_bytes(F);
-  if (rows > 64) rows = 64;
-  for (std::size_t r = 0; r < rows; ++r, p += step)
-    for (std::size_t c = 0; c < bytes; c += 64) __builtin_prefetch(p + c);
+  prefetch_run(static_cast<const char*>(base) + offset * kv_format_bytes(F), rows,
+               row_stride * kv_format_bytes(F), d * kv_format_bytes(F));
 }
 
 template <KvFormat F>
@@ -208,13 +229,6 @@ inline void attention_output_at(const float* probs, std::size_t group, const voi
     scalar::accumulate_rows<F>(probs + i, n, group, v, v_stride, rows, d, out, out_stride);
   });
 }
-
-/// A dense array of n rows: one block.
-struct DenseTable {
-  std::uint32_t zero = 0;
-  BlockTable table;
-  explicit DenseTable(std::size_t n) noexcept : table{&zero, n, 0} {}
-};
 
 template <Isa I, KvFormat F>
 inline bool attention_probs_at(const float* q, std::size_t q_stride, std::size_t group,

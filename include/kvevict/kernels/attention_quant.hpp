@@ -58,52 +58,42 @@ KVEVICT_ALWAYS_INLINE const std::uint8_t* q_codes_at(const std::uint8_t* row, st
 
 namespace qscalar {
 
+/// s[g * ld + i] = scale x q_g . k_i for n contiguous stored rows (row i at rows + i *
+/// row_bytes): one run of a block table (attention_decode.hpp; a dense array is one run).
 template <class D>
-inline bool attention_probs(const float* q, std::size_t q_stride, std::size_t group,
-                            const std::uint8_t* rows, std::size_t row_bytes, std::size_t n,
-                            std::size_t d, float scale, float* probs) noexcept {
+inline void score_run(const float* q, std::size_t q_stride, std::size_t group,
+                      const std::uint8_t* rows, std::size_t row_bytes, std::size_t n,
+                      std::size_t d, float scale, float* s, std::size_t ld) noexcept {
   float blk[D::group];
-  for (std::size_t g = 0; g < group * n; ++g) probs[g] = 0.0f;
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint8_t* row = rows + i * row_bytes;
+    for (std::size_t g = 0; g < group; ++g) s[g * ld + i] = 0.0f;
     for (std::size_t b = 0; b < d / D::group; ++b) {
       qdecode_block<D>(row + b * D::block_bytes, blk);
       for (std::size_t g = 0; g < group; ++g) {
         const float* qg = q + g * q_stride + b * D::group;
-        float s = 0.0f;
-        for (std::size_t j = 0; j < D::group; ++j) s += qg[j] * blk[j];
-        probs[g * n + i] += s;
+        float x = 0.0f;
+        for (std::size_t j = 0; j < D::group; ++j) x += qg[j] * blk[j];
+        s[g * ld + i] += x;
       }
     }
+    for (std::size_t g = 0; g < group; ++g) s[g * ld + i] *= scale;
   }
-  std::uint32_t bad = 0;
-  for (std::size_t g = 0; g < group; ++g) {
-    float* p = probs + g * n;
-    float m = -INFINITY;
-    for (std::size_t i = 0; i < n; ++i) {
-      p[i] *= scale;
-      bad |= nonfinite_bit(p[i]);
-      m = p[i] > m ? p[i] : m;
-    }
-    if (bad) return false;
-    scalar::exp_normalise(p, n, m);
-  }
-  return true;
 }
 
+/// out[g * out_stride + j] += sum_i probs[g * ld + i] * v_i[j] over n contiguous stored
+/// rows, in row order.
 template <class D>
-inline void attention_output(const float* probs, std::size_t group, const std::uint8_t* rows,
-                             std::size_t row_bytes, std::size_t n, std::size_t d, float* out,
-                             std::size_t out_stride) noexcept {
+inline void accumulate_run(const float* probs, std::size_t ld, std::size_t group,
+                           const std::uint8_t* rows, std::size_t row_bytes, std::size_t n,
+                           std::size_t d, float* out, std::size_t out_stride) noexcept {
   float blk[D::group];
-  for (std::size_t g = 0; g < group; ++g)
-    for (std::size_t j = 0; j < d; ++j) out[g * out_stride + j] = 0.0f;
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint8_t* row = rows + i * row_bytes;
     for (std::size_t b = 0; b < d / D::group; ++b) {
       qdecode_block<D>(row + b * D::block_bytes, blk);
       for (std::size_t g = 0; g < group; ++g) {
-        const float pi = probs[g * n + i];
+        const float pi = probs[g * ld + i];
         float* o = out + g * out_stride + b * D::group;
         for (std::size_t j = 0; j < D::group; ++j) o[j] += pi * blk[j];
       }
@@ -224,30 +214,23 @@ inline std::int32_t qint_block_dot(const std::uint8_t* row, std::size_t b, const
 namespace qscalar {
 
 /// The integer q.K path at the scalar level (the reference of the SIMD form's arithmetic:
-/// same int32 block dots; float sums in another order).
+/// same int32 block dots; float sums in another order): the scores of one run of n rows
+/// into s[g * ld + i].
 template <class D>
-inline bool attention_probs_qint(const QuantQuery& qq, std::size_t group, const std::uint8_t* rows,
-                                 std::size_t row_bytes, std::size_t n, std::size_t d, float scale,
-                                 float* probs) noexcept {
-  std::uint32_t bad = 0;
+inline void qint_score_run(const QuantQuery& qq, std::size_t group, const std::uint8_t* rows,
+                           std::size_t row_bytes, std::size_t n, std::size_t d, float scale,
+                           float* s, std::size_t ld) noexcept {
   for (std::size_t g = 0; g < group; ++g) {
-    float* p = probs + g * n;
     const std::int8_t* c = qq.codes.data() + g * d;
     const float f = scale * qq.scale[g];
-    float m = -INFINITY;
     for (std::size_t i = 0; i < n; ++i) {
       const std::uint8_t* row = rows + i * row_bytes;
       float acc = 0.0f;
       for (std::size_t b = 0; b < d / D::group; ++b)
         acc += static_cast<float>(qint_block_dot<D>(row, b, c)) * load_half(row + b * D::block_bytes);
-      p[i] = acc * f;
-      bad |= nonfinite_bit(p[i]);
-      m = p[i] > m ? p[i] : m;
+      s[g * ld + i] = acc * f;
     }
-    if (bad) return false;
-    scalar::exp_normalise(p, n, m);
   }
-  return true;
 }
 
 }  // namespace qscalar
@@ -319,7 +302,7 @@ KVEVICT_QATTN_INLINE void q_reduce_store(float* s, std::size_t n, std::size_t i,
 
 // p.V: column blocks of 2 vectors (16 columns) x GC heads in registers over a tile of rows.
 template <class D, int GC>
-KVEVICT_ATTN_TARGET_AVX2 inline void q_output_block(const float* probs, std::size_t n,
+KVEVICT_ATTN_TARGET_AVX2 inline void q_output_block(const float* probs, std::size_t ld,
                                                     const std::uint8_t* rows, std::size_t row_bytes,
                                                     std::size_t i0, std::size_t i1, std::size_t c0,
                                                     bool two, float* out,
@@ -344,7 +327,7 @@ KVEVICT_ATTN_TARGET_AVX2 inline void q_output_block(const float* probs, std::siz
       }
     }
     for (int g = 0; g < GC; ++g) {
-      const V pb = vset1(probs[static_cast<std::size_t>(g) * n + i]);
+      const V pb = vset1(probs[static_cast<std::size_t>(g) * ld + i]);
       acc[g][0] = vfma(pb, x0, acc[g][0]);
       acc[g][1] = vfma(pb, x1, acc[g][1]);
     }
@@ -356,29 +339,29 @@ KVEVICT_ATTN_TARGET_AVX2 inline void q_output_block(const float* probs, std::siz
   }
 }
 
+/// out[g * out_stride + j] += sum_i probs[g * ld + i] * v_i[j] over one run of n contiguous
+/// stored rows, row by row in order whatever the tiling (so runs sum like one array).
 template <class D>
-KVEVICT_ATTN_TARGET_AVX2 inline void q_attention_output(const float* probs, std::size_t group,
-                                                        const std::uint8_t* rows,
-                                                        std::size_t row_bytes, std::size_t n,
-                                                        std::size_t d, float* out,
-                                                        std::size_t out_stride) noexcept {
-  for (std::size_t g = 0; g < group; ++g)
-    for (std::size_t j = 0; j < d; ++j) out[g * out_stride + j] = 0.0f;
+KVEVICT_ATTN_TARGET_AVX2 inline void q_accumulate_run(const float* probs, std::size_t ld,
+                                                      std::size_t group, const std::uint8_t* rows,
+                                                      std::size_t row_bytes, std::size_t n,
+                                                      std::size_t d, float* out,
+                                                      std::size_t out_stride) noexcept {
   std::size_t tile = 16384 / (row_bytes + 1);
   if (tile < 8) tile = 8;
   for (std::size_t i0 = 0; i0 < n; i0 += tile) {
     const std::size_t i1 = n - i0 < tile ? n : i0 + tile;
     for (std::size_t g0 = 0; g0 < group; g0 += kHeads) {
       const std::size_t gc = group - g0 < static_cast<std::size_t>(kHeads) ? group - g0 : kHeads;
-      const float* pg = probs + g0 * n;
+      const float* pg = probs + g0 * ld;
       float* og = out + g0 * out_stride;
       for (std::size_t c0 = 0; c0 < d; c0 += 16) {
         const bool two = c0 + 16 <= d;
         switch (gc) {
-          case 1: q_output_block<D, 1>(pg, n, rows, row_bytes, i0, i1, c0, two, og, out_stride); break;
-          case 2: q_output_block<D, 2>(pg, n, rows, row_bytes, i0, i1, c0, two, og, out_stride); break;
-          case 3: q_output_block<D, 3>(pg, n, rows, row_bytes, i0, i1, c0, two, og, out_stride); break;
-          default: q_output_block<D, kHeads>(pg, n, rows, row_bytes, i0, i1, c0, two, og, out_stride); break;
+          case 1: q_output_block<D, 1>(pg, ld, rows, row_bytes, i0, i1, c0, two, og, out_stride); break;
+          case 2: q_output_block<D, 2>(pg, ld, rows, row_bytes, i0, i1, c0, two, og, out_stride); break;
+          case 3: q_output_block<D, 3>(pg, ld, rows, row_bytes, i0, i1, c0, two, og, out_stride); break;
+          default: q_output_block<D, kHeads>(pg, ld, rows, row_bytes, i0, i1, c0, two, og, out_stride); break;
         }
       }
     }
@@ -415,7 +398,7 @@ template <class D, int GC, int R>
 KVEVICT_ATTN_TARGET_AVX2 inline void qint_score_block(const QuantQuery& qq, std::size_t g0,
                                                       const float* fs, const std::uint8_t* rows,
                                                       std::size_t row_bytes, std::size_t i,
-                                                      std::size_t d, float* s, std::size_t n) noexcept {
+                                                      std::size_t d, float* s, std::size_t ld) noexcept {
   const std::size_t nb = d / D::group;
   V acc[GC][R];
   for (int g = 0; g < GC; ++g)
@@ -452,38 +435,38 @@ KVEVICT_ATTN_TARGET_AVX2 inline void qint_score_block(const QuantQuery& qq, std:
       for (int r = 0; r < R; ++r) acc[g][r] = vfma(_mm256_cvtepi32_ps(dot[g][r]), sk[r], acc[g][r]);
     }
   }
-  for (int g = 0; g < GC; ++g) vreduce_store<R>(s + static_cast<std::size_t>(g) * n + i, acc[g], fs[g]);
+  for (int g = 0; g < GC; ++g) vreduce_store<R>(s + static_cast<std::size_t>(g) * ld + i, acc[g], fs[g]);
 }
 
 template <class D, int R>
 KVEVICT_ATTN_TARGET_AVX2 inline void qint_score_heads(const QuantQuery& qq, std::size_t group,
                                                       float scale, const std::uint8_t* rows,
                                                       std::size_t row_bytes, std::size_t i,
-                                                      std::size_t d, float* s, std::size_t n) noexcept {
+                                                      std::size_t d, float* s, std::size_t ld) noexcept {
   for (std::size_t g0 = 0; g0 < group; g0 += kHeads) {
     float fs[kHeads];
     const std::size_t gc = group - g0 < static_cast<std::size_t>(kHeads) ? group - g0 : kHeads;
     for (std::size_t g = 0; g < gc; ++g) fs[g] = scale * qq.scale[g0 + g];
-    float* sg = s + g0 * n;
+    float* sg = s + g0 * ld;
     switch (gc) {
-      case 1: qint_score_block<D, 1, R>(qq, g0, fs, rows, row_bytes, i, d, sg, n); break;
-      case 2: qint_score_block<D, 2, R>(qq, g0, fs, rows, row_bytes, i, d, sg, n); break;
-      case 3: qint_score_block<D, 3, R>(qq, g0, fs, rows, row_bytes, i, d, sg, n); break;
-      default: qint_score_block<D, kHeads, R>(qq, g0, fs, rows, row_bytes, i, d, sg, n); break;
+      case 1: qint_score_block<D, 1, R>(qq, g0, fs, rows, row_bytes, i, d, sg, ld); break;
+      case 2: qint_score_block<D, 2, R>(qq, g0, fs, rows, row_bytes, i, d, sg, ld); break;
+      case 3: qint_score_block<D, 3, R>(qq, g0, fs, rows, row_bytes, i, d, sg, ld); break;
+      default: qint_score_block<D, kHeads, R>(qq, g0, fs, rows, row_bytes, i, d, sg, ld); break;
     }
   }
 }
 
+/// The integer scores of one run of n contiguous stored rows into s[g * ld + i] (the
+/// AVX-512 level without VNNI runs this too).
 template <class D>
-KVEVICT_ATTN_TARGET_AVX2 inline bool q_attention_probs_qint(const QuantQuery& qq, std::size_t group,
-                                                            const std::uint8_t* rows,
-                                                            std::size_t row_bytes, std::size_t n,
-                                                            std::size_t d, float scale,
-                                                            float* probs) noexcept {
+KVEVICT_ATTN_TARGET_AVX2 inline void qint_score_run(const QuantQuery& qq, std::size_t group,
+                                                    const std::uint8_t* rows, std::size_t row_bytes,
+                                                    std::size_t n, std::size_t d, float scale,
+                                                    float* s, std::size_t ld) noexcept {
   std::size_t i = 0;
-  for (; i + kRows <= n; i += kRows) qint_score_heads<D, kRows>(qq, group, scale, rows, row_bytes, i, d, probs, n);
-  for (; i < n; ++i) qint_score_heads<D, 1>(qq, group, scale, rows, row_bytes, i, d, probs, n);
-  return softmax_rows(probs, group, n);
+  for (; i + kRows <= n; i += kRows) qint_score_heads<D, kRows>(qq, group, scale, rows, row_bytes, i, d, s, ld);
+  for (; i < n; ++i) qint_score_heads<D, 1>(qq, group, scale, rows, row_bytes, i, d, s, ld);
 }
 
 #undef KVEVICT_QATTN_INLINE
@@ -571,6 +554,22 @@ KVEVICT_QATTN_INLINE void prefetch_l2(const std::uint8_t* p, std::size_t bytes) 
   for (std::size_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T1);
 }
 
+/// The lane sums of x[0..3] times scale, in lanes 0-3, each summed in the order of the 4 x 4
+/// tree of q_reduce_store: f_l = x_l + x_(l+8), w_l = f_l + f_(l+4), (w_0 + w_2) + (w_1 + w_3).
+KVEVICT_QATTN_INLINE __m128 q_sum4(const V (&x)[4], float scale) noexcept {
+  const V t0 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const V t1 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  // quarter k: x[k]'s w_0..w_3
+  const V w = _mm512_add_ps(_mm512_shuffle_f32x4(t0, t1, _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_f32x4(t0, t1, _MM_SHUFFLE(3, 1, 3, 1)));
+  const V h = _mm512_add_ps(w, _mm512_permute_ps(w, _MM_SHUFFLE(1, 0, 3, 2)));  // w0+w2, w1+w3
+  const V f = _mm512_add_ps(h, _mm512_permute_ps(h, _MM_SHUFFLE(2, 3, 0, 1)));  // lane 4k: x[k]'s sum
+  const V lo = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), f);
+  return _mm_mul_ps(_mm512_castps512_ps128(lo), _mm_set1_ps(scale));
+}
+
 /// s[g n + i + r] = scale x (sum of acc[g][r]'s lanes), r < R, g < GC. With 4 heads x 4 rows
 /// the 16 sums come out of one tree (45 shuffles and adds, one multiply): 256-bit halves of
 /// pairs, then 128-bit quarters, so that quarter g of w[r] holds (head g, row r)'s 4 partial
@@ -599,7 +598,19 @@ KVEVICT_QATTN_INLINE void q_reduce_store(float* s, std::size_t n, std::size_t i,
     _mm_storeu_ps(s + 2 * n + i, _mm512_extractf32x4_ps(sum, 2));
     _mm_storeu_ps(s + 3 * n + i, _mm512_extractf32x4_ps(sum, 3));
   } else {
-    for (int g = 0; g < GC; ++g) vreduce_store<R>(s + static_cast<std::size_t>(g) * n + i, acc[g], scale);
+    // Any other shape (fewer heads, the last rows of a run): the same order per sum, four
+    // sums at a time (q_sum4; zero vectors fill the free slots), so that a row's score does
+    // not depend on which rows share its block (a block table's runs group rows differently
+    // from a dense array).
+    constexpr int K = GC * R;
+    for (int k0 = 0; k0 < K; k0 += 4) {
+      V x[4];
+      for (int j = 0; j < 4; ++j) x[j] = k0 + j < K ? acc[(k0 + j) / R][(k0 + j) % R] : vzero();
+      alignas(16) float t[4];
+      _mm_store_ps(t, q_sum4(x, scale));
+      for (int j = 0; j < 4 && k0 + j < K; ++j)
+        s[static_cast<std::size_t>((k0 + j) / R) * n + i + static_cast<std::size_t>((k0 + j) % R)] = t[j];
+    }
   }
 }
 
@@ -608,11 +619,14 @@ KVEVICT_QATTN_INLINE void q_reduce_store(float* s, std::size_t n, std::size_t i,
 #undef KVEVICT_QATTN_TARGET
 
 // p.V: column blocks of NV vectors (16 NV columns, NV <= kVecs) x GC heads in registers.
+// Rows [i0, i1) of a run of n rows; probs[g * ld + i]; rows pf_rows ahead (inside the run)
+// are prefetched.
 template <class D, int GC, int NV>
-KVEVICT_ATTN_TARGET_AVX512 inline void q_output_block(const float* probs, std::size_t n,
-                                                      const std::uint8_t* rows, std::size_t row_bytes,
-                                                      std::size_t i0, std::size_t i1, std::size_t c0,
-                                                      float* out, std::size_t out_stride,
+KVEVICT_ATTN_TARGET_AVX512 inline void q_output_block(const float* probs, std::size_t ld,
+                                                      std::size_t n, const std::uint8_t* rows,
+                                                      std::size_t row_bytes, std::size_t i0,
+                                                      std::size_t i1, std::size_t c0, float* out,
+                                                      std::size_t out_stride,
                                                       std::size_t pf_rows) noexcept {
   V acc[GC][NV];
   for (int g = 0; g < GC; ++g)
@@ -621,7 +635,7 @@ KVEVICT_ATTN_TARGET_AVX512 inline void q_output_block(const float* probs, std::s
   for (std::size_t i = i0; i < i1; ++i) {
     const std::uint8_t* row = rows + i * row_bytes;
     if (i + pf_rows < n && pf_rows != 0) prefetch_l2(row + pf_rows * row_bytes, row_bytes);
-    // c0 is a multiple of 16 kVecs = 64 (q_attention_output): with G a multiple of 32 (64),
+    // c0 is a multiple of 16 kVecs = 64 (q_accumulate_run): with G a multiple of 32 (64),
     // vectors v and v + 1 (v + 1..3) share a block, whose scale is computed once.
     static_assert(kVecs * 16 % 64 == 0, "column blocks start at multiples of 64");
     constexpr int share = D::group % 64 == 0 ? 4 : (D::group % 32 == 0 ? 2 : 1);
@@ -632,7 +646,7 @@ KVEVICT_ATTN_TARGET_AVX512 inline void q_output_block(const float* probs, std::s
       x[v] = q_chunk_scaled<D>(row, e, sc);
     }
     for (int g = 0; g < GC; ++g) {
-      const V pb = vset1(probs[static_cast<std::size_t>(g) * n + i]);
+      const V pb = vset1(probs[static_cast<std::size_t>(g) * ld + i]);
       for (int v = 0; v < NV; ++v) acc[g][v] = vfma(pb, x[v], acc[g][v]);
     }
   }
@@ -642,27 +656,28 @@ KVEVICT_ATTN_TARGET_AVX512 inline void q_output_block(const float* probs, std::s
 }
 
 template <class D, int GC>
-KVEVICT_ATTN_TARGET_AVX512 inline void q_output_nv(std::size_t nv, const float* probs, std::size_t n,
-                                                   const std::uint8_t* rows, std::size_t row_bytes,
-                                                   std::size_t i0, std::size_t i1, std::size_t c0,
-                                                   float* out, std::size_t out_stride,
-                                                   std::size_t pf) noexcept {
+KVEVICT_ATTN_TARGET_AVX512 inline void q_output_nv(std::size_t nv, const float* probs, std::size_t ld,
+                                                   std::size_t n, const std::uint8_t* rows,
+                                                   std::size_t row_bytes, std::size_t i0,
+                                                   std::size_t i1, std::size_t c0, float* out,
+                                                   std::size_t out_stride, std::size_t pf) noexcept {
   switch (nv) {
-    case 1: q_output_block<D, GC, 1>(probs, n, rows, row_bytes, i0, i1, c0, out, out_stride, pf); break;
-    case 2: q_output_block<D, GC, 2>(probs, n, rows, row_bytes, i0, i1, c0, out, out_stride, pf); break;
-    case 3: q_output_block<D, GC, 3>(probs, n, rows, row_bytes, i0, i1, c0, out, out_stride, pf); break;
-    default: q_output_block<D, GC, kVecs>(probs, n, rows, row_bytes, i0, i1, c0, out, out_stride, pf); break;
+    case 1: q_output_block<D, GC, 1>(probs, ld, n, rows, row_bytes, i0, i1, c0, out, out_stride, pf); break;
+    case 2: q_output_block<D, GC, 2>(probs, ld, n, rows, row_bytes, i0, i1, c0, out, out_stride, pf); break;
+    case 3: q_output_block<D, GC, 3>(probs, ld, n, rows, row_bytes, i0, i1, c0, out, out_stride, pf); break;
+    default: q_output_block<D, GC, kVecs>(probs, ld, n, rows, row_bytes, i0, i1, c0, out, out_stride, pf); break;
   }
 }
 
+/// out[g * out_stride + k] += sum_i probs[g * ld + i] * v_i[k] over one run of n contiguous
+/// stored rows, row by row in order whatever the tiling; k in kernel order (Q4 with G a
+/// multiple of 32: span order, put back by q_output_order once every run is added).
 template <class D>
-KVEVICT_ATTN_TARGET_AVX512 inline void q_attention_output(const float* probs, std::size_t group,
-                                                          const std::uint8_t* rows,
-                                                          std::size_t row_bytes, std::size_t n,
-                                                          std::size_t d, float* out,
-                                                          std::size_t out_stride) noexcept {
-  for (std::size_t g = 0; g < group; ++g)
-    for (std::size_t j = 0; j < d; ++j) out[g * out_stride + j] = 0.0f;
+KVEVICT_ATTN_TARGET_AVX512 inline void q_accumulate_run(const float* probs, std::size_t ld,
+                                                        std::size_t group, const std::uint8_t* rows,
+                                                        std::size_t row_bytes, std::size_t n,
+                                                        std::size_t d, float* out,
+                                                        std::size_t out_stride) noexcept {
   std::size_t tile = 16384 / (row_bytes + 1);
   if (tile < 8) tile = 8;
   const std::size_t nvec = d / 16;  // d is a multiple of G, a multiple of 16
@@ -670,21 +685,27 @@ KVEVICT_ATTN_TARGET_AVX512 inline void q_attention_output(const float* probs, st
     const std::size_t i1 = n - i0 < tile ? n : i0 + tile;
     for (std::size_t g0 = 0; g0 < group; g0 += kHeads) {
       const std::size_t gc = group - g0 < static_cast<std::size_t>(kHeads) ? group - g0 : kHeads;
-      const float* pg = probs + g0 * n;
+      const float* pg = probs + g0 * ld;
       float* og = out + g0 * out_stride;
       for (std::size_t cv = 0; cv < nvec; cv += kVecs) {
         const std::size_t nv = nvec - cv < static_cast<std::size_t>(kVecs) ? nvec - cv : kVecs;
         const std::size_t c0 = cv * 16;
         const std::size_t pf = g0 == 0 && cv == 0 ? tile : 0;  // the next tile, once
         switch (gc) {
-          case 1: q_output_nv<D, 1>(nv, pg, n, rows, row_bytes, i0, i1, c0, og, out_stride, pf); break;
-          case 2: q_output_nv<D, 2>(nv, pg, n, rows, row_bytes, i0, i1, c0, og, out_stride, pf); break;
-          case 3: q_output_nv<D, 3>(nv, pg, n, rows, row_bytes, i0, i1, c0, og, out_stride, pf); break;
-          default: q_output_nv<D, kHeads>(nv, pg, n, rows, row_bytes, i0, i1, c0, og, out_stride, pf); break;
+          case 1: q_output_nv<D, 1>(nv, pg, ld, n, rows, row_bytes, i0, i1, c0, og, out_stride, pf); break;
+          case 2: q_output_nv<D, 2>(nv, pg, ld, n, rows, row_bytes, i0, i1, c0, og, out_stride, pf); break;
+          case 3: q_output_nv<D, 3>(nv, pg, ld, n, rows, row_bytes, i0, i1, c0, og, out_stride, pf); break;
+          default: q_output_nv<D, kHeads>(nv, pg, ld, n, rows, row_bytes, i0, i1, c0, og, out_stride, pf); break;
         }
       }
     }
   }
+}
+
+/// Kernel order -> element order (Q4 with G a multiple of 32; nothing for other formats).
+template <class D>
+KVEVICT_ATTN_TARGET_AVX512 inline void q_output_order(std::size_t group, std::size_t d, float* out,
+                                                      std::size_t out_stride) noexcept {
   if constexpr (q4_span_order<D>) {  // span order -> element order
     for (std::size_t g = 0; g < group; ++g)
       for (std::size_t s0 = 0; s0 < d; s0 += 32) {
@@ -694,22 +715,6 @@ KVEVICT_ATTN_TARGET_AVX512 inline void q_attention_output(const float* probs, st
         for (std::size_t k = 0; k < 32; ++k) o[q4_span512_element(k)] = t[k];
       }
   }
-}
-
-/// The integer q.K path on AVX-512 without VNNI: the AVX2 level's integer scores, this
-/// level's softmax (so exact inputs give this level's exact-path probabilities bit for bit).
-template <class D>
-KVEVICT_ATTN_TARGET_AVX512 inline bool q_attention_probs_qint(const QuantQuery& qq, std::size_t group,
-                                                              const std::uint8_t* rows,
-                                                              std::size_t row_bytes, std::size_t n,
-                                                              std::size_t d, float scale,
-                                                              float* probs) noexcept {
-  constexpr std::size_t R2 = static_cast<std::size_t>(attn_avx2::kRows);
-  std::size_t i = 0;
-  for (; i + R2 <= n; i += R2)
-    attn_avx2::qint_score_heads<D, attn_avx2::kRows>(qq, group, scale, rows, row_bytes, i, d, probs, n);
-  for (; i < n; ++i) attn_avx2::qint_score_heads<D, 1>(qq, group, scale, rows, row_bytes, i, d, probs, n);
-  return softmax_rows(probs, group, n);
 }
 
 // --- the integer q.K path with AVX512_VNNI (VPDPBUSD) ---------------------------------------
@@ -791,31 +796,30 @@ KVEVICT_ATTN_TARGET_AVX512_VNNI inline void qint_vnni_block(const QuantQuery& qq
 
 inline constexpr int kVnniRows = 8;
 
-/// The integer q.K path with VNNI (qq already widened by widen_query<D>), this level's softmax.
+/// The integer scores with VNNI (qq already widened by widen_query<D>) of one run of n
+/// contiguous stored rows into s[g * ld + i].
 template <class D>
-KVEVICT_ATTN_TARGET_AVX512_VNNI inline bool q_attention_probs_qint_vnni(const QuantQuery& qq,
-                                                                        std::size_t group,
-                                                                        const std::uint8_t* rows,
-                                                                        std::size_t row_bytes,
-                                                                        std::size_t n, std::size_t d,
-                                                                        float scale, float* probs) noexcept {
+KVEVICT_ATTN_TARGET_AVX512_VNNI inline void qint_vnni_run(const QuantQuery& qq, std::size_t group,
+                                                          const std::uint8_t* rows,
+                                                          std::size_t row_bytes, std::size_t n,
+                                                          std::size_t d, float scale, float* s,
+                                                          std::size_t ld) noexcept {
   for (std::size_t hg = 0; hg * 4 < group; ++hg) {
     const std::size_t gc = group - hg * 4 < 4 ? group - hg * 4 : 4;
     alignas(64) float f[16] = {};
     for (std::size_t h = 0; h < gc; ++h)
       for (std::size_t l = 0; l < 4; ++l) f[4 * h + l] = scale * qq.scale[hg * 4 + h];
     const V fsv = _mm512_load_ps(f);
-    float* sg = probs + hg * 4 * n;
+    float* sg = s + hg * 4 * ld;
     std::size_t i = 0;
     constexpr std::size_t ahead = 4 * kVnniRows;  // rows
     for (; i + kVnniRows <= n; i += kVnniRows) {
       if (hg == 0 && i + ahead + kVnniRows <= n) prefetch_l2(rows + (i + ahead) * row_bytes, kVnniRows * row_bytes);
-      qint_vnni_block<D, kVnniRows>(qq, hg, gc, fsv, rows, row_bytes, i, d, sg, n);
+      qint_vnni_block<D, kVnniRows>(qq, hg, gc, fsv, rows, row_bytes, i, d, sg, ld);
     }
-    for (; i + 4 <= n; i += 4) qint_vnni_block<D, 4>(qq, hg, gc, fsv, rows, row_bytes, i, d, sg, n);
-    for (; i < n; ++i) qint_vnni_block<D, 1>(qq, hg, gc, fsv, rows, row_bytes, i, d, sg, n);
+    for (; i + 4 <= n; i += 4) qint_vnni_block<D, 4>(qq, hg, gc, fsv, rows, row_bytes, i, d, sg, ld);
+    for (; i < n; ++i) qint_vnni_block<D, 1>(qq, hg, gc, fsv, rows, row_bytes, i, d, sg, ld);
   }
-  return softmax_rows(probs, group, n);
 }
 #undef KVEVICT_ATTN_TARGET_AVX512_VNNI
 
@@ -824,20 +828,44 @@ KVEVICT_ATTN_TARGET_AVX512_VNNI inline bool q_attention_probs_qint_vnni(const Qu
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif
 
+/// fn(first row, the run's first stored row, its rows) for the runs of a block table over
+/// stored rows `stride` bytes apart (for_each_run, offsets in bytes from `rows`), the next
+/// run's first rows (of `bytes` bytes) prefetched.
+template <class Fn>
+inline void for_each_stored_run(const std::uint8_t* rows, std::size_t stride, std::size_t bytes,
+                                const BlockTable& t, std::size_t n, Fn&& fn) noexcept {
+  for_each_run(t, stride, n, [&](std::size_t i, std::size_t offset, std::size_t count,
+                                 std::size_t next, std::size_t next_rows) {
+    prefetch_run(rows + next, next_rows, stride, bytes);
+    fn(i, rows + offset, count);
+  });
+}
+
 }  // namespace detail
 
-/// Pinned level; a shape the AVX-512 level does not handle runs the AVX2 level, and a shape
-/// the AVX2 level does not handle the scalar level.
+/// Pinned level, over a block table (attention_decode.hpp's BlockTable, its strides in
+/// bytes; row_bytes: bytes from one row of a block to the next): the runs' scores, then one
+/// softmax over all n. A shape the AVX-512 level does not handle runs the AVX2 level, and a
+/// shape the AVX2 level does not handle the scalar level. Every score is one row's, summed
+/// in the same order whatever the runs: the result equals the dense form's on the rows
+/// copied into one array, bit for bit.
 template <Isa I, class D>
 inline bool quant_attention_probs_at(const float* q, std::size_t q_stride, std::size_t group,
-                                     const std::uint8_t* rows, std::size_t row_bytes, std::size_t n,
-                                     std::size_t d, float scale, float* probs) noexcept {
+                                     const std::uint8_t* rows, std::size_t row_bytes,
+                                     const BlockTable& t, std::size_t n, std::size_t d,
+                                     float scale, float* probs) noexcept {
+  auto runs = [&](auto&& score) {
+    detail::for_each_stored_run(rows, row_bytes, D::row_bytes(d), t, n,
+                                [&](std::size_t i, const std::uint8_t* r, std::size_t c) { score(r, c, probs + i); });
+  };
 #if KVEVICT_X86
   if constexpr (I == Isa::avx512)
     if (detail::attn_avx512::q_simd_shape<D>(d)) {
+      const float* qx = q;
+      std::size_t qx_stride = q_stride;
+      bool have = true;
       if constexpr (detail::q4_span_order<D>) {  // the query in span order (else AVX2's level)
         thread_local std::vector<float> qs;  // grows to the largest group x d, then reused
-        bool have = true;
         try {
           qs.resize(group * d);
         } catch (...) {
@@ -847,20 +875,74 @@ inline bool quant_attention_probs_at(const float* q, std::size_t q_stride, std::
           for (std::size_t g = 0; g < group; ++g)
             for (std::size_t j = 0; j < d; ++j)
               qs[g * d + j] = q[g * q_stride + (j & ~std::size_t(31)) + detail::q4_span512_element(j % 32)];
-          return detail::attn_avx512::q_attention_probs<D>(qs.data(), d, group, rows, row_bytes, n, d,
-                                                           scale, probs);
+          qx = qs.data();
+          qx_stride = d;
         }
-      } else {
-        return detail::attn_avx512::q_attention_probs<D>(q, q_stride, group, rows, row_bytes, n, d,
-                                                         scale, probs);
+      }
+      if (have) {
+        runs([&](const std::uint8_t* r, std::size_t c, float* s) {
+          detail::attn_avx512::q_score_run<D>(qx, qx_stride, group, r, row_bytes, c, d, scale, s, n);
+        });
+        return detail::attn_avx512::softmax_rows(probs, group, n);
       }
     }
   if constexpr (I != Isa::scalar)
-    if (detail::attn_avx2::q_simd_shape<D>(d))
-      return detail::attn_avx2::q_attention_probs<D>(q, q_stride, group, rows, row_bytes, n, d,
-                                                     scale, probs);
+    if (detail::attn_avx2::q_simd_shape<D>(d)) {
+      runs([&](const std::uint8_t* r, std::size_t c, float* s) {
+        detail::attn_avx2::q_score_run<D>(q, q_stride, group, r, row_bytes, c, d, scale, s, n);
+      });
+      return detail::attn_avx2::softmax_rows(probs, group, n);
+    }
 #endif
-  return detail::qscalar::attention_probs<D>(q, q_stride, group, rows, row_bytes, n, d, scale, probs);
+  runs([&](const std::uint8_t* r, std::size_t c, float* s) {
+    detail::qscalar::score_run<D>(q, q_stride, group, r, row_bytes, c, d, scale, s, n);
+  });
+  return detail::scalar::softmax_rows(probs, group, n);
+}
+
+/// The same over n contiguous rows (row_bytes apart): one block.
+template <Isa I, class D>
+inline bool quant_attention_probs_at(const float* q, std::size_t q_stride, std::size_t group,
+                                     const std::uint8_t* rows, std::size_t row_bytes, std::size_t n,
+                                     std::size_t d, float scale, float* probs) noexcept {
+  const detail::DenseTable dense(n);
+  return quant_attention_probs_at<I, D>(q, q_stride, group, rows, row_bytes, dense.table, n, d,
+                                        scale, probs);
+}
+
+/// p.V at a pinned level over a block table: the runs added in table order, row by row (bit
+/// for bit the dense form's sum on the rows copied into one array).
+template <Isa I, class D>
+inline void quant_attention_output_at(const float* probs, std::size_t group,
+                                      const std::uint8_t* rows, std::size_t row_bytes,
+                                      const BlockTable& t, std::size_t n, std::size_t d,
+                                      float* out, std::size_t out_stride) noexcept {
+  for (std::size_t g = 0; g < group; ++g)
+    for (std::size_t j = 0; j < d; ++j) out[g * out_stride + j] = 0.0f;
+  auto runs = [&](auto&& add) {
+    detail::for_each_stored_run(rows, row_bytes, D::row_bytes(d), t, n,
+                                [&](std::size_t i, const std::uint8_t* r, std::size_t c) { add(probs + i, r, c); });
+  };
+#if KVEVICT_X86
+  if constexpr (I == Isa::avx512)
+    if (detail::attn_avx512::q_simd_shape<D>(d)) {
+      runs([&](const float* p, const std::uint8_t* r, std::size_t c) {
+        detail::attn_avx512::q_accumulate_run<D>(p, n, group, r, row_bytes, c, d, out, out_stride);
+      });
+      detail::attn_avx512::q_output_order<D>(group, d, out, out_stride);
+      return;
+    }
+  if constexpr (I != Isa::scalar)
+    if (detail::attn_avx2::q_simd_shape<D>(d)) {
+      runs([&](const float* p, const std::uint8_t* r, std::size_t c) {
+        detail::attn_avx2::q_accumulate_run<D>(p, n, group, r, row_bytes, c, d, out, out_stride);
+      });
+      return;
+    }
+#endif
+  runs([&](const float* p, const std::uint8_t* r, std::size_t c) {
+    detail::qscalar::accumulate_run<D>(p, n, group, r, row_bytes, c, d, out, out_stride);
+  });
 }
 
 template <Isa I, class D>
@@ -868,74 +950,122 @@ inline void quant_attention_output_at(const float* probs, std::size_t group,
                                       const std::uint8_t* rows, std::size_t row_bytes,
                                       std::size_t n, std::size_t d, float* out,
                                       std::size_t out_stride) noexcept {
-#if KVEVICT_X86
-  if constexpr (I == Isa::avx512)
-    if (detail::attn_avx512::q_simd_shape<D>(d)) {
-      detail::attn_avx512::q_attention_output<D>(probs, group, rows, row_bytes, n, d, out, out_stride);
-      return;
-    }
-  if constexpr (I != Isa::scalar)
-    if (detail::attn_avx2::q_simd_shape<D>(d)) {
-      detail::attn_avx2::q_attention_output<D>(probs, group, rows, row_bytes, n, d, out, out_stride);
-      return;
-    }
-#endif
-  detail::qscalar::attention_output<D>(probs, group, rows, row_bytes, n, d, out, out_stride);
+  const detail::DenseTable dense(n);
+  quant_attention_output_at<I, D>(probs, group, rows, row_bytes, dense.table, n, d, out,
+                                  out_stride);
 }
 
-/// At attention_isa() (attention_decode.hpp).
+/// The integer q.K path at a pinned level over a block table (Isa::avx512: the VNNI kernel
+/// when has_avx512_vnni(), else the AVX2 integer scores; the AVX-512 softmax). Formats and
+/// shapes outside qint_shape, and a non-finite query, run quant_attention_probs_at<I, D>.
+template <Isa I, class D>
+inline bool quant_attention_probs_qint_at(const float* q, std::size_t q_stride, std::size_t group,
+                                          const std::uint8_t* rows, std::size_t row_bytes,
+                                          const BlockTable& t, std::size_t n, std::size_t d,
+                                          float scale, float* probs) {
+  if constexpr (D::kind != QKind::e4m3) {
+    if (detail::qint_shape<D>(d) && n > 0) {
+      thread_local detail::QuantQuery qq;  // grows to the largest group x d, then reused
+      if (detail::quantize_query<D>(q, q_stride, group, d, qq)) {
+        auto runs = [&](auto&& score) {
+          detail::for_each_stored_run(rows, row_bytes, D::row_bytes(d), t, n,
+                                      [&](std::size_t i, const std::uint8_t* r, std::size_t c) { score(r, c, probs + i); });
+        };
+#if KVEVICT_X86
+        if constexpr (I == Isa::avx512) {
+          if (has_avx512_vnni()) {
+            detail::widen_query<D>(qq, group, d);
+            runs([&](const std::uint8_t* r, std::size_t c, float* s) {
+              detail::attn_avx512::qint_vnni_run<D>(qq, group, r, row_bytes, c, d, scale, s, n);
+            });
+          } else {
+            runs([&](const std::uint8_t* r, std::size_t c, float* s) {
+              detail::attn_avx2::qint_score_run<D>(qq, group, r, row_bytes, c, d, scale, s, n);
+            });
+          }
+          return detail::attn_avx512::softmax_rows(probs, group, n);
+        }
+        if constexpr (I != Isa::scalar) {
+          runs([&](const std::uint8_t* r, std::size_t c, float* s) {
+            detail::attn_avx2::qint_score_run<D>(qq, group, r, row_bytes, c, d, scale, s, n);
+          });
+          return detail::attn_avx2::softmax_rows(probs, group, n);
+        }
+#endif
+        runs([&](const std::uint8_t* r, std::size_t c, float* s) {
+          detail::qscalar::qint_score_run<D>(qq, group, r, row_bytes, c, d, scale, s, n);
+        });
+        return detail::scalar::softmax_rows(probs, group, n);
+      }
+    }
+  }
+  return quant_attention_probs_at<I, D>(q, q_stride, group, rows, row_bytes, t, n, d, scale, probs);
+}
+
+template <Isa I, class D>
+inline bool quant_attention_probs_qint_at(const float* q, std::size_t q_stride, std::size_t group,
+                                          const std::uint8_t* rows, std::size_t row_bytes,
+                                          std::size_t n, std::size_t d, float scale, float* probs) {
+  const detail::DenseTable dense(n);
+  return quant_attention_probs_qint_at<I, D>(q, q_stride, group, rows, row_bytes, dense.table, n,
+                                             d, scale, probs);
+}
+
+/// At attention_isa() (attention_decode.hpp), over a block table.
+template <class D>
+KVEVICT_KERNEL_FN bool quant_attention_probs_paged(const float* q, std::size_t q_stride,
+                                                   std::size_t group, const std::uint8_t* rows,
+                                                   std::size_t row_bytes, BlockTable table,
+                                                   std::size_t n, std::size_t d, float scale,
+                                                   float* probs) noexcept {
+  return detail::with_isa(attention_isa(), [&](auto isa) {
+    return quant_attention_probs_at<decltype(isa)::value, D>(q, q_stride, group, rows, row_bytes,
+                                                             table, n, d, scale, probs);
+  });
+}
+
+template <class D>
+KVEVICT_KERNEL_FN void quant_attention_output_paged(const float* probs, std::size_t group,
+                                                    const std::uint8_t* rows, std::size_t row_bytes,
+                                                    BlockTable table, std::size_t n, std::size_t d,
+                                                    float* out, std::size_t out_stride) noexcept {
+  detail::with_isa(attention_isa(), [&](auto isa) {
+    quant_attention_output_at<decltype(isa)::value, D>(probs, group, rows, row_bytes, table, n, d,
+                                                       out, out_stride);
+  });
+}
+
+/// The opt-in integer q.K at attention_isa() over a block table (see the header comment).
+template <class D>
+KVEVICT_KERNEL_FN bool quant_attention_probs_qint_paged(const float* q, std::size_t q_stride,
+                                                        std::size_t group, const std::uint8_t* rows,
+                                                        std::size_t row_bytes, BlockTable table,
+                                                        std::size_t n, std::size_t d, float scale,
+                                                        float* probs) {
+  return detail::with_isa(attention_isa(), [&](auto isa) {
+    return quant_attention_probs_qint_at<decltype(isa)::value, D>(q, q_stride, group, rows,
+                                                                  row_bytes, table, n, d, scale,
+                                                                  probs);
+  });
+}
+
+/// At attention_isa(), over n contiguous rows: the one-block case of the paged forms.
 template <class D>
 KVEVICT_KERNEL_FN bool quant_attention_probs(const float* q, std::size_t q_stride, std::size_t group,
                                   const std::uint8_t* rows, std::size_t row_bytes, std::size_t n,
                                   std::size_t d, float scale, float* probs) noexcept {
-  const Isa isa = attention_isa();
-  if (isa == Isa::scalar)
-    return quant_attention_probs_at<Isa::scalar, D>(q, q_stride, group, rows, row_bytes, n, d, scale, probs);
-  if (isa == Isa::avx512)
-    return quant_attention_probs_at<Isa::avx512, D>(q, q_stride, group, rows, row_bytes, n, d, scale, probs);
-  return quant_attention_probs_at<Isa::avx2, D>(q, q_stride, group, rows, row_bytes, n, d, scale, probs);
+  const detail::DenseTable dense(n);
+  return quant_attention_probs_paged<D>(q, q_stride, group, rows, row_bytes, dense.table, n, d,
+                                        scale, probs);
 }
 
 template <class D>
 KVEVICT_KERNEL_FN void quant_attention_output(const float* probs, std::size_t group, const std::uint8_t* rows,
                                    std::size_t row_bytes, std::size_t n, std::size_t d, float* out,
                                    std::size_t out_stride) noexcept {
-  const Isa isa = attention_isa();
-  if (isa == Isa::scalar)
-    quant_attention_output_at<Isa::scalar, D>(probs, group, rows, row_bytes, n, d, out, out_stride);
-  else if (isa == Isa::avx512)
-    quant_attention_output_at<Isa::avx512, D>(probs, group, rows, row_bytes, n, d, out, out_stride);
-  else
-    quant_attention_output_at<Isa::avx2, D>(probs, group, rows, row_bytes, n, d, out, out_stride);
-}
-
-/// The integer q.K path at a pinned level (Isa::avx512: the AVX2 integer scores, the AVX-512
-/// softmax). Formats and
-/// shapes outside qint_shape, and a non-finite query, run quant_attention_probs_at<I, D>.
-template <Isa I, class D>
-inline bool quant_attention_probs_qint_at(const float* q, std::size_t q_stride, std::size_t group,
-                                          const std::uint8_t* rows, std::size_t row_bytes,
-                                          std::size_t n, std::size_t d, float scale, float* probs) {
-  if constexpr (D::kind != QKind::e4m3) {
-    if (detail::qint_shape<D>(d) && n > 0) {
-      thread_local detail::QuantQuery qq;  // grows to the largest group x d, then reused
-      if (detail::quantize_query<D>(q, q_stride, group, d, qq)) {
-#if KVEVICT_X86
-        if constexpr (I == Isa::avx512) {
-          if (has_avx512_vnni()) {
-            detail::widen_query<D>(qq, group, d);
-            return detail::attn_avx512::q_attention_probs_qint_vnni<D>(qq, group, rows, row_bytes, n, d, scale, probs);
-          }
-          return detail::attn_avx512::q_attention_probs_qint<D>(qq, group, rows, row_bytes, n, d, scale, probs);
-        }
-        if constexpr (I != Isa::scalar)
-          return detail::attn_avx2::q_attention_probs_qint<D>(qq, group, rows, row_bytes, n, d, scale, probs);
-#endif
-        return detail::qscalar::attention_probs_qint<D>(qq, group, rows, row_bytes, n, d, scale, probs);
-      }
-    }
-  }
-  return quant_attention_probs_at<I, D>(q, q_stride, group, rows, row_bytes, n, d, scale, probs);
+  const detail::DenseTable dense(n);
+  quant_attention_output_paged<D>(probs, group, rows, row_bytes, dense.table, n, d, out,
+                                  out_stride);
 }
 
 /// At attention_isa(): the opt-in integer q.K (see the header comment).
@@ -943,12 +1073,9 @@ template <class D>
 KVEVICT_KERNEL_FN bool quant_attention_probs_qint(const float* q, std::size_t q_stride, std::size_t group,
                                        const std::uint8_t* rows, std::size_t row_bytes, std::size_t n,
                                        std::size_t d, float scale, float* probs) {
-  const Isa isa = attention_isa();
-  if (isa == Isa::scalar)
-    return quant_attention_probs_qint_at<Isa::scalar, D>(q, q_stride, group, rows, row_bytes, n, d, scale, probs);
-  if (isa == Isa::avx512)
-    return quant_attention_probs_qint_at<Isa::avx512, D>(q, q_stride, group, rows, row_bytes, n, d, scale, probs);
-  return quant_attention_probs_qint_at<Isa::avx2, D>(q, q_stride, group, rows, row_bytes, n, d, scale, probs);
+  const detail::DenseTable dense(n);
+  return quant_attention_probs_qint_paged<D>(q, q_stride, group, rows, row_bytes, dense.table, n,
+                                             d, scale, probs);
 }
 
 }  // namespace kvevict::kernels

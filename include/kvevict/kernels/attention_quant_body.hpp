@@ -17,7 +17,7 @@ template <class D, int GC, int R>
 KVEVICT_QATTN_TARGET KVEVICT_ALWAYS_INLINE void q_score_block(const float* q, std::size_t q_stride,
                                                               const std::uint8_t* rows, std::size_t row_bytes,
                                                               std::size_t i, std::size_t d, float scale,
-                                                              float* s, std::size_t n) noexcept {
+                                                              float* s, std::size_t ld) noexcept {
   V acc[GC][R];
   for (int g = 0; g < GC; ++g)
     for (int r = 0; r < R; ++r) acc[g][r] = vzero();
@@ -42,43 +42,46 @@ KVEVICT_QATTN_TARGET KVEVICT_ALWAYS_INLINE void q_score_block(const float* q, st
     }
     b0 += step;
   } while (b0 < d);
-  q_reduce_store<GC, R>(s, n, i, acc, scale);
+  q_reduce_store<GC, R>(s, ld, i, acc, scale);
 }
 
-// All n rows in blocks of R rows; per block every group of kHeads heads (a key row is read
-// from memory once and reused from L1 by the other head groups).
+// Rows [i, n) of a run in blocks of R rows (returns where it stopped); per block every
+// group of kHeads heads (a key row is read from memory once and reused from L1 by the other
+// head groups). Scores go to s[g * ld + row].
 template <class D, int R>
 KVEVICT_QATTN_TARGET inline std::size_t q_score_rows(const float* q, std::size_t q_stride,
                                                      std::size_t group, const std::uint8_t* rows,
                                                      std::size_t row_bytes, std::size_t i,
                                                      std::size_t n, std::size_t d, float scale,
-                                                     float* s) noexcept {
+                                                     float* s, std::size_t ld) noexcept {
   for (; i + R <= n; i += R) {
     for (std::size_t g0 = 0; g0 < group; g0 += kHeads) {
       const float* qg = q + g0 * q_stride;
-      float* sg = s + g0 * n;
+      float* sg = s + g0 * ld;
       switch (group - g0 < static_cast<std::size_t>(kHeads) ? group - g0 : kHeads) {
-        case 1: q_score_block<D, 1, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
-        case 2: q_score_block<D, 2, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
-        case 3: q_score_block<D, 3, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
-        default: q_score_block<D, kHeads, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, n); break;
+        case 1: q_score_block<D, 1, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, ld); break;
+        case 2: q_score_block<D, 2, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, ld); break;
+        case 3: q_score_block<D, 3, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, ld); break;
+        default: q_score_block<D, kHeads, R>(qg, q_stride, rows, row_bytes, i, d, scale, sg, ld); break;
       }
     }
   }
   return i;
 }
 
+// The scores of one run of n contiguous stored rows (a block table's run; a dense array is
+// one run) into s[g * ld + i], scaled, no softmax. A row's score is summed in the same order
+// whatever rows share its block (q_reduce_store), so runs give the dense kernel's scores.
 template <class D>
-KVEVICT_QATTN_TARGET inline bool q_attention_probs(const float* q, std::size_t q_stride,
-                                                   std::size_t group, const std::uint8_t* rows,
-                                                   std::size_t row_bytes, std::size_t n,
-                                                   std::size_t d, float scale,
-                                                   float* probs) noexcept {
+KVEVICT_QATTN_TARGET inline void q_score_run(const float* q, std::size_t q_stride,
+                                             std::size_t group, const std::uint8_t* rows,
+                                             std::size_t row_bytes, std::size_t n, std::size_t d,
+                                             float scale, float* s, std::size_t ld) noexcept {
   if (d == 0) {  // no block: every score is 0 (the block loop above runs at least once)
-    for (std::size_t k = 0; k < group * n; ++k) probs[k] = 0.0f;
-    return softmax_rows(probs, group, n);
+    for (std::size_t g = 0; g < group; ++g)
+      for (std::size_t i = 0; i < n; ++i) s[g * ld + i] = 0.0f;
+    return;
   }
-  const std::size_t i = q_score_rows<D, kRows>(q, q_stride, group, rows, row_bytes, 0, n, d, scale, probs);
-  q_score_rows<D, 1>(q, q_stride, group, rows, row_bytes, i, n, d, scale, probs);
-  return softmax_rows(probs, group, n);
+  const std::size_t i = q_score_rows<D, kRows>(q, q_stride, group, rows, row_bytes, 0, n, d, scale, s, ld);
+  q_score_rows<D, 1>(q, q_stride, group, rows, row_bytes, i, n, d, scale, s, ld);
 }

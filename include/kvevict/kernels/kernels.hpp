@@ -4,5 +4,6 @@
 #include "attention_decode.hpp"
 #include "dispatch.hpp"
 #include "hamming.hpp"
+#include "row_dots.hpp"
 #include "select.hpp"
 #include "simhash.hpp"

@@ -6,6 +6,9 @@
 //  - open_gather: protect_outside's protection bits and gather_open's candidates in one pass
 //    over the arrival indices and the values (the same bits, values and indices, in the same
 //    order, as those two calls);
+//  - decay_spike_gather: select.hpp's decay_spike (DecayedAttention's observe) then
+//    open_gather over the spikes it wrote (the next decision's bits and candidates), one pass
+//    at AVX-512;
 //  - lowest_masked_seq: the unprotected row with the lowest (score, seq), the oldest among
 //    equal scores (the row argmin_masked and the equal-score scan of
 //    policies::detail::lowest_masked find), from one masked minimum and one equality pass.
@@ -34,6 +37,23 @@ KVEVICT_KERNEL_FN std::size_t open_gather(const std::uint64_t* seqs, const float
                                           std::size_t n, std::uint64_t lo, std::uint64_t hi,
                                           float floor, std::uint64_t* bits, float* vals,
                                           std::uint32_t* idx);
+/// decay_spike(score, spike, x, seqs, n, decay, latest, band), then
+/// open_gather(seqs, spike, n, lo, hi, floor, bits, vals, idx) over the updated spikes: the
+/// same scores, spikes, bits, values and indices, bit for bit; returns open_gather's count.
+KVEVICT_KERNEL_FN std::size_t decay_spike_gather(Isa isa, float* score, float* spike,
+                                                 const float* x, const std::uint64_t* seqs,
+                                                 std::size_t n, float decay,
+                                                 std::uint64_t latest, std::uint64_t band,
+                                                 std::uint64_t lo, std::uint64_t hi, float floor,
+                                                 std::uint64_t* bits, float* vals,
+                                                 std::uint32_t* idx);
+KVEVICT_KERNEL_FN std::size_t decay_spike_gather(float* score, float* spike, const float* x,
+                                                 const std::uint64_t* seqs, std::size_t n,
+                                                 float decay, std::uint64_t latest,
+                                                 std::uint64_t band, std::uint64_t lo,
+                                                 std::uint64_t hi, float floor,
+                                                 std::uint64_t* bits, float* vals,
+                                                 std::uint32_t* idx);
 /// The row with the lowest (s[r], seqs[r]) among the rows whose bit in protected_bits is
 /// clear (null: every row): the lowest score, the oldest (lowest seq) among equal scores
 /// (-0.0 == +0.0); NaN scores are never chosen; npos when no row qualifies.
@@ -261,6 +281,100 @@ KVEVICT_TARGET_AVX512 inline std::size_t open_gather(const std::uint64_t* seqs, 
   return count;
 }
 
+/// decay_spike_gather, 16 rows [r, r + 16) of which the `lanes` are live (all but in the
+/// tail): the decayed score (the product kept in a register through an empty asm, so it is
+/// never contracted into an FMA: a multiply, then an add, as the scalar body), the age test
+/// and the open test as 8-lane unsigned 64-bit compares, the spike as max(x, spike) under
+/// the age mask (spike < x ? x : spike), then open_gather's compares and compress on the new
+/// spikes, without a branch. Full blocks store 16 candidate lanes at the running count (at
+/// most r: n entries do), the tail only the gathered ones. Returns the open lanes.
+template <bool Tail>
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE unsigned decay_spike_gather16(
+    float* score, float* spike, const float* x, const std::uint64_t* seqs, std::size_t r,
+    __mmask16 lanes, __m512 g, __m512i vlatest, __m512i vband, __m512i vlo, __m512i vspan,
+    __m512 vfloor, float* vals, std::uint32_t* idx, std::size_t& count) noexcept {
+  const auto lo8 = static_cast<__mmask8>(lanes & 0xFFu);
+  const auto hi8 = static_cast<__mmask8>(lanes >> 8);
+  const __m512 xs = Tail ? _mm512_maskz_loadu_ps(lanes, x + r) : _mm512_loadu_ps(x + r);
+  __m512 prod =
+      _mm512_mul_ps(g, Tail ? _mm512_maskz_loadu_ps(lanes, score + r) : _mm512_loadu_ps(score + r));
+  __asm__("" : "+v"(prod));
+  if (Tail)
+    _mm512_mask_storeu_ps(score + r, lanes, _mm512_add_ps(prod, xs));
+  else
+    _mm512_storeu_ps(score + r, _mm512_add_ps(prod, xs));
+  const __m512i s0 = Tail ? _mm512_maskz_loadu_epi64(lo8, seqs + r) : _mm512_loadu_si512(seqs + r);
+  const __m512i s1 =
+      Tail ? _mm512_maskz_loadu_epi64(hi8, seqs + r + 8) : _mm512_loadu_si512(seqs + r + 8);
+  const unsigned old =
+      static_cast<unsigned>(_mm512_mask_cmpge_epu64_mask(lo8, _mm512_sub_epi64(vlatest, s0), vband)) |
+      (static_cast<unsigned>(_mm512_mask_cmpge_epu64_mask(hi8, _mm512_sub_epi64(vlatest, s1), vband))
+       << 8);
+  const __m512 sp0 = Tail ? _mm512_maskz_loadu_ps(lanes, spike + r) : _mm512_loadu_ps(spike + r);
+  const __m512 v = _mm512_mask_max_ps(sp0, static_cast<__mmask16>(old), xs, sp0);
+  if (Tail)
+    _mm512_mask_storeu_ps(spike + r, lanes, v);
+  else
+    _mm512_storeu_ps(spike + r, v);
+  const unsigned open =
+      static_cast<unsigned>(_mm512_mask_cmplt_epu64_mask(lo8, _mm512_sub_epi64(s0, vlo), vspan)) |
+      (static_cast<unsigned>(_mm512_mask_cmplt_epu64_mask(hi8, _mm512_sub_epi64(s1, vlo), vspan))
+       << 8);
+  // No branch on the open or gathered lanes (they vary from block to block): an empty
+  // compress stores nothing that counts.
+  const __mmask16 c = _mm512_mask_cmp_ps_mask(
+      _mm512_mask_cmp_ps_mask(static_cast<__mmask16>(open), v, _mm512_setzero_ps(), _CMP_GT_OQ),
+      v, vfloor, _CMP_GE_OQ);
+  const auto k = static_cast<unsigned>(std::popcount(static_cast<unsigned>(c)));
+  const __m512i id = _mm512_add_epi32(
+      _mm512_set1_epi32(static_cast<int>(r)),
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  if (Tail) {
+    const auto first = static_cast<__mmask16>((1u << k) - 1u);
+    _mm512_mask_storeu_ps(vals + count, first, _mm512_maskz_compress_ps(c, v));
+    _mm512_mask_storeu_epi32(idx + count, first, _mm512_maskz_compress_epi32(c, id));
+  } else {
+    _mm512_storeu_ps(vals + count, _mm512_maskz_compress_ps(c, v));
+    _mm512_storeu_si512(idx + count, _mm512_maskz_compress_epi32(c, id));
+  }
+  count += k;
+  return open;
+}
+
+/// decay_spike_gather in one pass, 16 rows at a time; the tail (n % 16 rows) as one masked
+/// block, not the scalar body: in this function the compiler may fuse a scalar multiply and
+/// add.
+KVEVICT_TARGET_AVX512 inline std::size_t decay_spike_gather(
+    float* score, float* spike, const float* x, const std::uint64_t* seqs, std::size_t n,
+    float decay, std::uint64_t latest, std::uint64_t band, std::uint64_t lo, std::uint64_t hi,
+    float floor, std::uint64_t* bits, float* vals, std::uint32_t* idx) noexcept {
+  const std::uint64_t span = hi > lo ? hi - lo : 0;
+  const __m512 g = _mm512_set1_ps(decay);
+  const __m512i vlatest = _mm512_set1_epi64(static_cast<long long>(latest));
+  const __m512i vband = _mm512_set1_epi64(static_cast<long long>(band));
+  const __m512i vlo = _mm512_set1_epi64(static_cast<long long>(lo));
+  const __m512i vspan = _mm512_set1_epi64(static_cast<long long>(span));
+  const __m512 vfloor = _mm512_set1_ps(floor);
+  std::size_t count = 0;
+  for (std::size_t base = 0, w = 0; base < n; base += 64, ++w) {
+    const std::size_t m = n - base < 64 ? n - base : 64;
+    std::uint64_t in = 0;
+    std::size_t j = 0;
+    for (; j + 16 <= m; j += 16)
+      in |= static_cast<std::uint64_t>(decay_spike_gather16<false>(
+                score, spike, x, seqs, base + j, 0xFFFF, g, vlatest, vband, vlo, vspan, vfloor,
+                vals, idx, count))
+            << j;
+    if (j < m)
+      in |= static_cast<std::uint64_t>(decay_spike_gather16<true>(
+                score, spike, x, seqs, base + j, static_cast<__mmask16>((1u << (m - j)) - 1u), g,
+                vlatest, vband, vlo, vspan, vfloor, vals, idx, count))
+            << j;
+    bits[w] = ~in;
+  }
+  return count;
+}
+
 /// The eligible (unprotected) lanes of rows [r, r + 16) (r % 16 == 0).
 KVEVICT_ALWAYS_INLINE __mmask16 eligible16(const std::uint64_t* prot, std::size_t r) noexcept {
   return prot == nullptr ? static_cast<__mmask16>(0xFFFFu)
@@ -301,20 +415,56 @@ inline void check_masked_victim_n(std::size_t n) {
                                 " (expected n < 2^32: indices are 32-bit)");
 }
 
-inline std::size_t open_gather_at(Isa isa, const std::uint64_t* seqs, const float* s,
-                                  std::size_t n, std::uint64_t lo, std::uint64_t hi, float floor,
-                                  std::uint64_t* bits, float* vals, std::uint32_t* idx) {
+/// open_gather's argument checks (before anything is written).
+inline void check_open_gather(const std::uint64_t* seqs, const float* s, std::size_t n,
+                              const std::uint64_t* bits, const float* vals,
+                              const std::uint32_t* idx) {
   require_nonnull(seqs, n, "seqs");
   require_nonnull(s, n, "values");
   require_nonnull(bits, n, "bits");
   require_nonnull(vals, n, "vals");
   require_nonnull(idx, n, "idx");
   check_masked_victim_n(n);
+}
+
+/// open_gather at `isa`, arguments checked.
+inline std::size_t open_gather_level(Isa isa, const std::uint64_t* seqs, const float* s,
+                                     std::size_t n, std::uint64_t lo, std::uint64_t hi,
+                                     float floor, std::uint64_t* bits, float* vals,
+                                     std::uint32_t* idx) noexcept {
 #if KVEVICT_X86
   if (isa == Isa::avx512) return avx512::open_gather(seqs, s, n, lo, hi, floor, bits, vals, idx);
   if (isa == Isa::avx2) return avx2::open_gather(seqs, s, n, lo, hi, floor, bits, vals, idx);
 #endif
   return scalar::open_gather(seqs, s, n, lo, hi, floor, bits, vals, idx);
+}
+
+inline std::size_t open_gather_at(Isa isa, const std::uint64_t* seqs, const float* s,
+                                  std::size_t n, std::uint64_t lo, std::uint64_t hi, float floor,
+                                  std::uint64_t* bits, float* vals, std::uint32_t* idx) {
+  check_open_gather(seqs, s, n, bits, vals, idx);
+  return open_gather_level(isa, seqs, s, n, lo, hi, floor, bits, vals, idx);
+}
+
+/// decay_spike_gather: one pass at AVX-512; below it, decay_spike then open_gather.
+inline std::size_t decay_spike_gather_at(Isa isa, float* score, float* spike, const float* x,
+                                         const std::uint64_t* seqs, std::size_t n, float decay,
+                                         std::uint64_t latest, std::uint64_t band,
+                                         std::uint64_t lo, std::uint64_t hi, float floor,
+                                         std::uint64_t* bits, float* vals, std::uint32_t* idx) {
+  require_nonnull(score, n, "score");
+  require_nonnull(x, n, "x");
+  check_open_gather(seqs, spike, n, bits, vals, idx);
+#if KVEVICT_X86
+  if (isa == Isa::avx512)
+    return avx512::decay_spike_gather(score, spike, x, seqs, n, decay, latest, band, lo, hi,
+                                      floor, bits, vals, idx);
+  if (isa == Isa::avx2)
+    avx2::decay_spike(score, spike, x, seqs, n, decay, latest, band);
+  else
+#endif
+    scalar::decay_spike(score, spike, x, seqs, n, decay, latest, band);
+  return open_gather_level(isa, seqs, spike, n, lo, hi, floor, bits, vals, idx);
 }
 
 inline std::size_t lowest_masked_seq_at(Isa isa, const float* s, const std::uint64_t* seqs,
@@ -344,6 +494,28 @@ KVEVICT_KERNEL_FN std::size_t open_gather(const std::uint64_t* seqs, const float
                                           float floor, std::uint64_t* bits, float* vals,
                                           std::uint32_t* idx) {
   return detail::open_gather_at(active_isa(), seqs, s, n, lo, hi, floor, bits, vals, idx);
+}
+
+KVEVICT_KERNEL_FN std::size_t decay_spike_gather(Isa isa, float* score, float* spike,
+                                                 const float* x, const std::uint64_t* seqs,
+                                                 std::size_t n, float decay,
+                                                 std::uint64_t latest, std::uint64_t band,
+                                                 std::uint64_t lo, std::uint64_t hi, float floor,
+                                                 std::uint64_t* bits, float* vals,
+                                                 std::uint32_t* idx) {
+  detail::require_isa(isa);
+  return detail::decay_spike_gather_at(isa, score, spike, x, seqs, n, decay, latest, band, lo,
+                                       hi, floor, bits, vals, idx);
+}
+KVEVICT_KERNEL_FN std::size_t decay_spike_gather(float* score, float* spike, const float* x,
+                                                 const std::uint64_t* seqs, std::size_t n,
+                                                 float decay, std::uint64_t latest,
+                                                 std::uint64_t band, std::uint64_t lo,
+                                                 std::uint64_t hi, float floor,
+                                                 std::uint64_t* bits, float* vals,
+                                                 std::uint32_t* idx) {
+  return detail::decay_spike_gather_at(active_isa(), score, spike, x, seqs, n, decay, latest,
+                                       band, lo, hi, floor, bits, vals, idx);
 }
 
 KVEVICT_KERNEL_FN std::size_t lowest_masked_seq(Isa isa, const float* s,

@@ -8,8 +8,8 @@
 //                               Codec::decode and the scalar kernel call it)
 //   detail::qint_shape<D>(d)    whether the integer q.K path handles D (attention_quant.hpp)
 //
-// The kernels, quant_attention_probs / _output / _probs_qint<D>, are defined in
-// attention_quant.hpp. In a separate-kernels translation unit (config.hpp) they are only
+// The kernels, quant_attention_probs / _output / _probs_qint<D> and their _paged forms (over
+// a BlockTable), are defined in attention_quant.hpp. In a separate-kernels translation unit (config.hpp) they are only
 // declared here: kvevict_kernels compiles them for the formats of compiled_quant_format<D>
 // (Q8<G> and Q4<G> with G in {8, 16, 32, 64, 128}, and E4M3). A translation unit that attends
 // over another group size includes <kvevict/kernels/attention_quant.hpp> before the other
@@ -24,6 +24,9 @@
 
 #include "attention_scalar.hpp"
 #include "dispatch.hpp"
+#if KVEVICT_KERNELS_DECLARE_ONLY
+#include "attention_decode.hpp"  // BlockTable (declarations only in this mode: no intrinsics)
+#endif
 
 namespace kvevict::kernels {
 
@@ -125,6 +128,19 @@ template <class D>
 bool quant_attention_probs_qint(const float* q, std::size_t q_stride, std::size_t group,
                                 const std::uint8_t* rows, std::size_t row_bytes, std::size_t n,
                                 std::size_t d, float scale, float* probs);
+template <class D>
+bool quant_attention_probs_paged(const float* q, std::size_t q_stride, std::size_t group,
+                                 const std::uint8_t* rows, std::size_t row_bytes, BlockTable table,
+                                 std::size_t n, std::size_t d, float scale, float* probs) noexcept;
+template <class D>
+void quant_attention_output_paged(const float* probs, std::size_t group, const std::uint8_t* rows,
+                                  std::size_t row_bytes, BlockTable table, std::size_t n,
+                                  std::size_t d, float* out, std::size_t out_stride) noexcept;
+template <class D>
+bool quant_attention_probs_qint_paged(const float* q, std::size_t q_stride, std::size_t group,
+                                      const std::uint8_t* rows, std::size_t row_bytes,
+                                      BlockTable table, std::size_t n, std::size_t d, float scale,
+                                      float* probs);
 #endif
 
 }  // namespace kvevict::kernels

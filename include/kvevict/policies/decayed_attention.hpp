@@ -133,6 +133,7 @@ class DecayedAttention {
   }
   KVEVICT_DEFER void bind(const CacheShape& shape) {
     memo_.clear();
+    ahead_.assign(shape.capacity.size(), Ahead{});
     scores_.bind(shape);
     hkv_ = static_cast<std::size_t>(shape.geometry.n_kv_heads);
     decay_.clear();
@@ -162,10 +163,16 @@ class DecayedAttention {
   /// decay follows at the next eviction, as before; it is part of the saved state).
   KVEVICT_DEFER void on_budget(const CacheShape& shape) {
     memo_.clear();  // pooled_victims recomputes under the new capacities
+    for (Ahead& a : ahead_) a.valid = false;
     capacity_.assign(shape.capacity.begin(), shape.capacity.end());
   }
+  /// With recommended()'s reserve (ranked by spike, no dedup), the decision of a full
+  /// head's next append is taken at the end of its observe (decide_ahead), while the
+  /// columns it reads are in cache; here it is used when nothing changed since and the
+  /// view is the one it was taken for, else decided now. The same victim either way.
   template <class S>
   void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
+    if (take_ahead(v, out)) return;
     protect(v);
     pick(v, bits_.data(), out);
   }
@@ -278,10 +285,24 @@ class DecayedAttention {
     // A row older than the recent band at the next eviction counts as long-range.
     auto& sp = spikes_.of(a.layer, a.kv_head);
     const auto& sq = seqs_.of(a.layer, a.kv_head);
-    // One dispatched pass (kernels::decay_spike): the decayed score of every row, the spike
-    // of the rows with latest - seq >= band.
-    kernels::decay_spike(sc.data(), sp.data(), x, sq.data(), a.size, g, latest_[h],
-                         recent_for(capacity_[h]));
+    const std::size_t recent = recent_for(capacity_[h]);
+    if (dedups() || a.size == 0 || a.size != capacity_[h]) {
+      // One dispatched pass (kernels::decay_spike): the decayed score of every row, the
+      // spike of the rows with latest - seq >= band.
+      kernels::decay_spike(sc.data(), sp.data(), x, sq.data(), a.size, g, latest_[h], recent);
+      return;
+    }
+    // A full head (its next append evicts one row): the same pass also gathers that
+    // decision's protection bits and reserve candidates (kernels::decay_spike_gather), and
+    // the decision is taken now, while the columns are in cache (decide_ahead).
+    const std::uint64_t incoming = latest_[h] + 1;
+    detail::size_bits(bits_, a.size);
+    reserve_candidates(a.size);
+    cand_n_ = kernels::decay_spike_gather(sc.data(), sp.data(), x, sq.data(), a.size, g,
+                                          latest_[h], recent, config_.sinks,
+                                          incoming >= recent ? incoming - recent : 0, floor_[h],
+                                          bits_.data(), cand_spike_.data(), cand_row_.data());
+    decide_ahead(a.layer, a.kv_head, a.size);
   }
   /// Saved state for serialize.hpp: the configuration (checked on load), the per-head
   /// decays (they follow set_budget) and the scores.
@@ -378,6 +399,7 @@ class DecayedAttention {
     counts_ = std::move(counts);
     sigs_ = std::move(sigs);
     for (Band& b : bands_) b.valid = false;  // rebuilt from the loaded rows
+    for (Ahead& a : ahead_) a.valid = false;
     std::fill(floor_.begin(), floor_.end(), 0.0f);  // a hint only: reset with the rows
   }
   [[nodiscard]] const std::vector<float>& scores(int layer, int kv_head) const {
@@ -463,6 +485,14 @@ class DecayedAttention {
     // head's columns (decided next) so that their latency overlaps this decision.
     if (v.kv_head == 0) prefetch_rows(scores_.of(v.layer, v.kv_head));
     if (static_cast<std::size_t>(v.kv_head) + 1 < hkv_) prefetch_columns(v.layer, v.kv_head + 1);
+    protect_spiked(v);
+  }
+  /// protect's bits for the spike-ranked reserve without dedup (recalls() only): no state
+  /// but scratch and the reserve's threshold hint changes.
+  template <class S>
+  void protect_spiked(const HeadView<S>& v) {
+    const std::size_t h = head_index(v.layer, v.kv_head);
+    const std::size_t recent = recent_for(v.capacity);
     detail::size_bits(bits_, v.size);
     reserve_candidates(v.size);
     // seqs_ holds the view's arrival indices (on_append / on_move keep it in step with the
@@ -473,6 +503,58 @@ class DecayedAttention {
                                    detail::open_below(v, recent), floor_[h], bits_.data(),
                                    cand_spike_.data(), cand_row_.data());
     keep_recalled(v, true);
+  }
+  /// The end of observe, recommended()'s reserve, a full head (n == capacity_: its next
+  /// append evicts one row): that append's decision from the columns observe has just
+  /// written, for the view choose_victims will get (size, capacity, need 1, the next
+  /// arrival index; arrival indices from seqs_, which holds the view's), through the same
+  /// reserve and victim search as protect + pick, from the protection bits and candidates
+  /// observe gathered (what protect_spiked's open_gather gives for that view). Kept in ahead_
+  /// until the head's rows, scores or budget change (forget, on_budget, load_state);
+  /// take_ahead checks the view before using it. Changes no state but scratch and floor_
+  /// (a hint: the same rows are kept whatever it is).
+  void decide_ahead(int layer, int kv_head, std::size_t n) {
+    const std::size_t h = head_index(layer, kv_head);
+    Ahead& a = ahead_[h];
+    a.valid = false;
+    const std::size_t capacity = capacity_[h];
+    HeadView<float> v;
+    v.layer = layer;
+    v.kv_head = kv_head;
+    v.size = n;
+    v.capacity = capacity;
+    v.need = 1;
+    v.seqs = seqs_.of(layer, kv_head).data();
+    v.incoming_seq = latest_[h] + 1;
+    keep_recalled(v, true);
+    const std::size_t row = kernels::lowest_masked_seq(scores_.of(layer, kv_head).data(), v.seqs,
+                                                       n, bits_.data());
+    if (row == kernels::npos) return;  // decided (and refused) at the append
+    a.size = n;
+    a.capacity = capacity;
+    a.incoming_seq = v.incoming_seq;
+    a.row = static_cast<std::uint32_t>(row);
+    a.valid = true;
+  }
+  /// choose_victims from decide_ahead's decision when it was taken for this view (and
+  /// nothing changed since: forget clears it); sets what protect sets (the head's decay
+  /// and capacity).
+  template <class S>
+  bool take_ahead(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
+    const std::size_t h = head_index(v.layer, v.kv_head);
+    if (h >= ahead_.size()) return false;
+    Ahead& a = ahead_[h];
+    if (!a.valid || v.need != 1 || a.size != v.size || a.capacity != v.capacity ||
+        a.incoming_seq != v.incoming_seq)
+      return false;
+    a.valid = false;
+    decay_[h] = decay_for(v.capacity);
+    capacity_[h] = v.capacity;
+    out.push_back(a.row);
+    // The swap-remove and the append write these columns next, and the head's observe
+    // reads them after its attention step: start their reads now.
+    prefetch_columns(v.layer, v.kv_head);
+    return true;
   }
   /// Hints the cache to fetch the 64-byte lines of a column (no effect on results).
   template <class T>
@@ -740,6 +822,7 @@ class DecayedAttention {
   void forget(int layer, int kv_head) {
     const std::size_t h = head_index(layer, kv_head);
     if (h < memo_.size()) memo_[h].valid = false;
+    if (h < ahead_.size()) ahead_[h].valid = false;
   }
   std::size_t head_index(int layer, int kv_head) const {
     return static_cast<std::size_t>(layer) * hkv_ + static_cast<std::size_t>(kv_head);
@@ -772,6 +855,15 @@ class DecayedAttention {
     bool valid = false;
   };
   std::vector<Memo> memo_;
+  /// Per (layer, KV head): the next append's decision taken by decide_ahead and the view
+  /// it was taken for.
+  struct Ahead {
+    std::size_t size = 0, capacity = 0;
+    std::uint64_t incoming_seq = 0;
+    std::uint32_t row = 0;
+    bool valid = false;
+  };
+  std::vector<Ahead> ahead_;
   std::vector<float> cand_spike_, sum_;
   std::vector<std::uint32_t> cand_row_, top_;
   std::size_t cand_n_ = 0;  ///< candidates in cand_spike_ / cand_row_ (keep_recalled)

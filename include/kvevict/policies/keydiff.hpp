@@ -20,22 +20,28 @@
 // search evicts (the same row for every input, ties included: tested against it) by a
 // bounded candidate search. Per head the anchor is kept as exact fixed-point integers (each
 // unit key truncated to 2^-40, added on arrival, subtracted when the row leaves: no
-// drift), and each row keeps base_r, its similarity to the anchor A0 of the last rebase
-// (in float). As |k_hat_r| <= 1, k_hat_r . A is within |A - A0| of k_hat_r . A0, so with
-// the rounding bounds of the float bases, of the fixed point and of the exhaustive
-// search's own double sums, only the open rows with base_r within 2 |A - A0| (+ those
-// bounds) of the best open base can be the exhaustive search's victim. They are scored in
-// double against A; the best is taken when it beats every candidate with another key by
-// twice the bounds of both computations (rows with the same key bit for bit score the same
-// in the exhaustive search too: the oldest of them goes). Otherwise, and for need > 1, a
-// budget shrink, 2^22 rows, or a key norm outside [2^-40, 2^40], the exhaustive search
-// decides (its similarities become the bases). All rows are rebased (O(n d), float) when
-// the candidates exceed n / 4 + 8 or outweigh a rebase since the last one. The tracked
-// anchor is checked each decision against the live rows (count and two sums of their
-// arrival indices) and rebuilt when rows left another way. Cost: O(n) scans + the
-// candidates' O(c d) + the rebases; for random keys in high dimension the window
-// (Cauchy-Schwarz, tight only for rows along A - A0) holds many rows and rebases are
-// frequent (docs/benchmarks.md).
+// drift), and each row keeps base_r (in float, negated in the column): an upper bound of its
+// similarity to the anchor A0 of the last rebase, exact to rounding for the rows rescored
+// then. With D = A - A0 split into its part along A0 and
+// the rest Dp (beta = 1 + D . A0 / |A0|^2), k_hat_r . A <= beta base_r + |Dp| (+ the
+// rounding bounds of the float bases, of the fixed point and of the exhaustive search's
+// own double sums); the exact score S of the best open base bounds the victim's from
+// below, so only the open rows with beta base_r + |Dp| within those bounds of S can be the
+// exhaustive search's victim (kernels::gather_open_at_most). They are scored in double
+// against A; the best is taken when it beats every candidate with another key by twice the
+// bounds of both computations (rows with the same key bit for bit score the same in the
+// exhaustive search too: the oldest of them goes). Otherwise, and for need > 1, a budget
+// shrink, 2^22 rows, or a key norm outside [2^-40, 2^40], the exhaustive search decides
+// (its similarities become the bases). When the candidates scored since the last rebase
+// outweigh one, a partial rebase moves A0 to A: every base grows by |A - A0| (still an
+// upper bound) and the rows whose bound comes near S are rescored (kernels::
+// scaled_row_dots_at); more than half the rows, or keys not stored as float: a full rebase
+// (kernels::scaled_row_dots, AVX2 / AVX-512 bodies). The tracked anchor is checked each
+// decision against the live rows (count and two sums of their arrival indices) and rebuilt
+// when rows left another way. Cost: O(n) scans + the candidates' O(c d) + the rebases; for
+// random keys in high dimension the window (Cauchy-Schwarz, tight only for rows along D)
+// holds many rows where the top scores are dense, and rebases are frequent at 1K rows
+// (docs/policies/keydiff.md, "Cost").
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -43,9 +49,11 @@
 #include <cstring>
 #include <limits>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "../errors.hpp"
+#include "../kernels/row_dots.hpp"
 #include "common.hpp"
 
 namespace kvevict::policies {
@@ -92,6 +100,7 @@ class KeyDiff {
       base_.bind(shape);
       track_.assign(heads, Track{});
       anchor_now_.assign(d_, 0.0);
+      dx_.assign(d_, 0.0);
       for (auto& t : track_) {
         t.live.assign(d_, 0);
         t.a0i.assign(d_, 0);
@@ -164,7 +173,7 @@ class KeyDiff {
   /// Bounded candidate search (rescore_every = 1, not exhaustive): decisions taken by it,
   /// full rebases of the bases, and decisions left to the exhaustive search.
   struct SearchCounts {
-    std::uint64_t bounded = 0, rebases = 0, exhaustive = 0, rebuilds = 0;
+    std::uint64_t bounded = 0, rebases = 0, exhaustive = 0, rebuilds = 0, partial = 0;
   };
   [[nodiscard]] const SearchCounts& search_counts() const { return counts_; }
 
@@ -206,14 +215,23 @@ class KeyDiff {
   static constexpr int kShift = 40;                            // fixed point: 2^-40 per unit
   static constexpr std::size_t kMaxRows = std::size_t{1} << 22;  // |anchor| < 2^62
   static constexpr double kU = 0x1p-53;                         // double unit roundoff
+  // A partial rebase rescores the rows within kNear candidate windows of the best.
+  // Rebase budgets and the partial rebase's reach (cost only: any values give the same
+  // victims). Chosen on bench_scorers' keydiff_r1 at 1K-16K rows (d 128): after a full
+  // rebase, candidate work up to n / 4; after a partial one, up to its rows + n / 8; a
+  // partial rebase rescores the rows within 1.25 candidate windows (+ the shift) of the best.
+  static constexpr std::size_t kFullBudget = 4, kPartBudget = 1;
+  static constexpr double kNear = 1.25;
 
   struct Track {
     std::vector<std::int64_t> live;  // sum of the fixed-point unit keys of the tracked rows
     std::vector<std::int64_t> a0i;   // the anchor of the last rebase (fixed point)
     std::vector<double> a0;          // the same in double
     std::vector<float> a0f;          // and in float (what base_ was computed against)
+    double a0norm = 0.0;             // |a0|
     std::size_t work = 0;            // candidates scored since the last rebase
-    std::size_t count = 0, n0 = 0;   // tracked rows; rows at the last rebase
+    std::size_t count = 0, n0 = 0;   // tracked rows; most rows at a rebase since the full one
+    std::size_t budget = 0;          // candidate work (weighted) that triggers a rebase
     std::uint64_t sum = 0, sq = 0;   // sums of the tracked rows' seqs and squared low halves
     bool valid = false;              // live/count/sums describe the head's rows
     bool based = false;              // a0 and base_ are set
@@ -238,6 +256,9 @@ class KeyDiff {
       t.a0[j] = static_cast<double>(a[j]) * 0x1p-40;
       t.a0f[j] = static_cast<float>(t.a0[j]);
     }
+    double nn = 0.0;
+    for (std::size_t j = 0; j < d_; ++j) nn += t.a0[j] * t.a0[j];
+    t.a0norm = std::sqrt(nn);
     t.work = 0;
   }
   // Adds (sign +1) or subtracts (-1) the fixed-point unit key of `k` (inverse norm `in`).
@@ -275,7 +296,7 @@ class KeyDiff {
       const std::uint64_t seq = v.seqs[row], lo = seq & 0xffffffffu;
       t.sum += seq;
       t.sq += lo * lo;
-      if (t.based) base = dot8<float>(k.data(), t.a0f.data(), d_) * static_cast<float>(in);
+      if (t.based) base = -(dot8<float>(k.data(), t.a0f.data(), d_) * static_cast<float>(in));
     }
     base_.set(v.layer, v.kv_head, row, base);
   }
@@ -293,7 +314,7 @@ class KeyDiff {
       return;
     }
     auto& base = base_.of(v.layer, v.kv_head);
-    for (std::size_t r = 0; r < v.size; ++r) base[r] = static_cast<float>(-score_[r]);
+    for (std::size_t r = 0; r < v.size; ++r) base[r] = static_cast<float>(score_[r]);
     set_anchor(t, a_dec);
     t.n0 = v.size;
     t.based = true;
@@ -347,46 +368,70 @@ class KeyDiff {
     // last rebase (weighted 4: double, rows out of order) would exceed its cost.
     std::size_t limit = 8 + n / 4;
     for (int pass = 0; pass < 2; ++pass) {
-      if (!t.based) {  // rebase: every row against this decision's anchor
+      if (!t.based) {  // full rebase: every row against this decision's anchor
         ++counts_.rebases;
         set_anchor(t, a_dec_.data());
-        for (std::size_t r = 0; r < n; ++r)
-          base[r] = dot8<float>(v.key(r).data(), t.a0f.data(), d) * static_cast<float>(inv[r]);
+        if constexpr (std::is_same_v<S, float>) {  // dispatched (AVX2 / AVX-512 bodies)
+          kernels::scaled_row_dots(v.keys, n, d, t.a0f.data(), inv.data(), -1.0f, base.data());
+        } else {
+          for (std::size_t r = 0; r < n; ++r)
+            base[r] = -(dot8<float>(v.key(r).data(), t.a0f.data(), d) * static_cast<float>(inv[r]));
+        }
         t.n0 = n;
+        t.budget = n / kFullBudget + 16;
         t.based = true;
         limit = n;  // the window is the rounding bound alone: no second rebase
       }
-      double dd = 0.0;  // |A - A0|^2
+      // D = A - A0 (exact: fixed point), split into its part along A0 and the rest:
+      // k_hat_r . A = beta b_r + k_hat_r . Dp with b_r = k_hat_r . A0, beta = 1 + (D . e) /
+      // |A0| (e = A0 / |A0|) and Dp = D - (D . e) e, so |k_hat_r . A - beta b_r| <= |Dp|
+      // (+ the bounds): the drift of A along A0 (victims lie along it) widens nothing.
+      double dd = 0.0, da = 0.0;  // |D|^2, D . A0
       for (std::size_t j = 0; j < d; ++j) {
-        const double x = static_cast<double>(a_dec_[j] - t.a0i[j]) * 0x1p-40;
-        dd += x * x;
+        dx_[j] = static_cast<double>(a_dec_[j] - t.a0i[j]) * 0x1p-40;
+        dd += dx_[j] * dx_[j];
+        da += dx_[j] * t.a0[j];
       }
-      const double mb = 1.01 * (std::sqrt(dd) * (1.0 + 1e-9) + dq) + eb;
-      const double window = (2.0 * mb + 2.0 * (et + es)) * 1.001;
-      // The best open base, then the open rows within the window of it.
-      float best = -std::numeric_limits<float>::infinity();
-      bool any = false;
-      for (std::size_t r = 0; r < n; ++r)
-        if (v.seqs[r] >= lo && v.seqs[r] < hi) {
-          any = true;
-          best = std::max(best, base[r]);
+      double beta = 1.0, dp = std::sqrt(dd);
+      if (t.a0norm > 1e-6) {
+        const double alpha = da / t.a0norm, b = 1.0 + alpha / t.a0norm;
+        if (b >= 0.25) {  // otherwise Cauchy-Schwarz on D alone (beta 1)
+          double pp = 0.0;
+          for (std::size_t j = 0; j < d; ++j) {
+            const double x = dx_[j] - alpha * (t.a0[j] / t.a0norm);
+            pp += x * x;
+          }
+          beta = b;
+          dp = std::sqrt(pp) + 1e-9 * std::sqrt(dd);  // + the rounding of e, alpha and Dp
         }
-      if (!any) {  // no open row: it throws
+      }
+      // |k_hat_r . A_true - beta base_r| <= mb (A_true: the exact anchor, within dq of A).
+      const double mb = 1.01 * (dp * (1.0 + 1e-9) + dq) + 1.01 * beta * eb + 1e-12 * N;
+      // The best open base; its exact score S (within es of k_hat . A_true, the exhaustive
+      // search's within et) bounds the exhaustive victim's score from below, so a row with
+      // beta base_r + mb + et < S - es - et cannot be it.
+      // (base_ holds the negated bases: the best open base is the lowest open entry.)
+      const std::size_t bi0 = kernels::lowest_open(base.data(), v.seqs, n, lo, hi);
+      if (bi0 == kernels::npos) {  // no open row: it throws
         exhaustive_victims(v, t, a_dec_.data(), out);
         return;
       }
-      const double floor = static_cast<double>(best) - window;
-      cand_.clear();
-      for (std::size_t r = 0; r < n; ++r)
-        if (static_cast<double>(base[r]) >= floor && v.seqs[r] >= lo && v.seqs[r] < hi)
-          cand_.push_back(static_cast<std::uint32_t>(r));
-      if (pass == 0 && (cand_.size() > limit || t.work + 4 * cand_.size() > n)) {
-        t.based = false;
+      for (std::size_t j = 0; j < d; ++j) anchor_now_[j] = static_cast<double>(a_dec_[j]) * 0x1p-40;
+      const double s_best = dot8<double>(v.key(bi0).data(), anchor_now_.data(), d) * inv[bi0];
+      const double floor = (s_best - (mb + es + 2.0 * et) * 1.001) / beta - 1e-12 * (N + 1.0);
+      // The open rows with base >= floor, i.e. negated base <= -floor (rounded up to float).
+      float cut = static_cast<float>(-floor);
+      if (static_cast<double>(cut) < -floor) cut = std::nextafter(cut, std::numeric_limits<float>::infinity());
+      cand_.resize(n);
+      cand_.resize(kernels::gather_open_at_most(base.data(), v.seqs, n, lo, hi, cut, cand_.data()));
+      if (pass == 0 && (cand_.size() > limit || t.work + 4 * cand_.size() > t.budget)) {
+        partial_rebase(v, t, inv, base, std::sqrt(dd), N,
+                       s_best - kNear * (s_best - beta * floor));
+        limit = n;
         continue;
       }
       t.work += 4 * cand_.size();
       // Exact similarities of the candidates against this decision's anchor.
-      for (std::size_t j = 0; j < d; ++j) anchor_now_[j] = static_cast<double>(a_dec_[j]) * 0x1p-40;
       cand_score_.resize(cand_.size());
       std::size_t bi = 0;
       for (std::size_t i = 0; i < cand_.size(); ++i) {
@@ -425,6 +470,44 @@ class KeyDiff {
       return;
     }
   }
+  // Partial rebase at this decision's anchor A (a_dec_), previous anchor A0 (|A - A0| =
+  // dnorm): every stored base is an upper bound of k_hat_r . A0 (to within eb), so base_r +
+  // |A - A0| is one of k_hat_r . A (Cauchy-Schwarz). The rows whose shifted bound reaches
+  // `keep` (a score) are scored against A afresh; the others keep the shifted bound. Every
+  // base stays an upper bound of its row's similarity to the new anchor: the search above
+  // uses them as such only (the lower bound is an exact score). More than half the rows
+  // to rescore: a full rebase instead.
+  template <class S>
+  void partial_rebase(const HeadView<S>& v, Track& t, const std::vector<double>& inv,
+                      std::vector<float>& base, double dnorm, double N, double keep) {
+    const std::size_t n = v.size;
+    // The shift, rounded up with room for the float subtraction's rounding (at most
+    // 2^-24 (N + shift)).
+    const double shift = 1.01 * dnorm * (1.0 + 1e-9) + 0x1p-22 * (N + dnorm + 1.0);
+    // Negated: rows with -base_r - shift... i.e. base_r (negated) <= shift - keep.
+    const double c = shift - keep;
+    float cut = static_cast<float>(c);
+    if (static_cast<double>(cut) < c) cut = std::nextafter(cut, std::numeric_limits<float>::infinity());
+    near_.resize(n);
+    near_.resize(kernels::gather_open_at_most(base.data(), v.seqs, n, 0,
+                                              std::numeric_limits<std::uint64_t>::max(), cut,
+                                              near_.data()));
+    if (near_.size() > n / 2 || !std::is_same_v<S, float>) {
+      t.based = false;  // the full rebase (pass 1)
+      return;
+    }
+    ++counts_.partial;
+    float fs = static_cast<float>(shift);
+    if (static_cast<double>(fs) < shift) fs = std::nextafter(fs, std::numeric_limits<float>::infinity());
+    for (std::size_t r = 0; r < n; ++r) base[r] -= fs;
+    set_anchor(t, a_dec_.data());
+    if constexpr (std::is_same_v<S, float>)
+      kernels::scaled_row_dots_at(v.keys, d_, near_.data(), near_.size(), t.a0f.data(),
+                                  inv.data(), -1.0f, base.data());
+    t.n0 = std::max(t.n0, n);
+    t.budget = kPartBudget * near_.size() + n / 8 + 16;
+  }
+
   template <class S>
   void subtract_victims(const HeadView<S>& v, Track& t, const std::vector<double>& inv,
                         const std::vector<std::uint32_t>& out, std::size_t first) {
@@ -459,8 +542,8 @@ class KeyDiff {
   detail::RowColumn<float> base_;
   std::vector<Track> track_;
   std::vector<std::int64_t> a_dec_;
-  std::vector<double> anchor_now_;
-  std::vector<std::uint32_t> cand_;
+  std::vector<double> anchor_now_, dx_;
+  std::vector<std::uint32_t> cand_, near_;
   std::vector<double> cand_score_;
   SearchCounts counts_{};
 };

@@ -1,0 +1,231 @@
+// Row kernels of KeyDiff's bounded candidate search (policies/keydiff.hpp): the dot product
+// of every stored key with one anchor (its rebase, n x d multiply-adds), and the gather of
+// the open rows at or below a threshold (its candidates). One body per level (scalar, AVX2,
+// AVX-512); the untemplated entry points dispatch on active_isa() once per call.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+
+#include "dispatch.hpp"
+
+namespace kvevict::kernels {
+KVEVICT_KERNEL_FN void scaled_row_dots(const float* rows, std::size_t n, std::size_t d,
+                                       const float* a, const double* scale, float c, float* out);
+KVEVICT_KERNEL_FN void scaled_row_dots_at(const float* rows, std::size_t d,
+                                          const std::uint32_t* idx, std::size_t m,
+                                          const float* a, const double* scale, float c,
+                                          float* out);
+KVEVICT_KERNEL_FN std::size_t gather_open_at_most(const float* s, const std::uint64_t* seqs,
+                                                  std::size_t n, std::uint64_t lo,
+                                                  std::uint64_t hi, float t, std::uint32_t* idx);
+}  // namespace kvevict::kernels
+
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+#if KVEVICT_X86
+#include <immintrin.h>
+#endif
+
+namespace kvevict::kernels::detail {
+namespace scalar {
+KVEVICT_ALWAYS_INLINE float row_dot(const float* k, const float* a, std::size_t d) noexcept {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::size_t j = 0;
+  for (; j + 8 <= d; j += 8)
+    for (std::size_t t = 0; t < 8; ++t) acc[t] += k[j + t] * a[j + t];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; j < d; ++j) s += k[j] * a[j];
+  return s;
+}
+// Rows 0..n-1, or (idx not null) rows idx[0..n).
+inline void scaled_row_dots(const float* rows, std::size_t n, std::size_t d, const float* a,
+                            const double* scale, float c, float* out,
+                            const std::uint32_t* idx) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t r = idx != nullptr ? idx[i] : i;
+    out[r] = row_dot(rows + r * d, a, d) * static_cast<float>(scale[r]) * c;
+  }
+}
+KVEVICT_ALWAYS_INLINE std::size_t gather_open_at_most_body(const float* s,
+                                                           const std::uint64_t* seqs,
+                                                           std::size_t n, std::uint64_t lo,
+                                                           std::uint64_t span, float t,
+                                                           std::uint32_t* idx, std::size_t r,
+                                                           std::size_t count) noexcept {
+  for (; r < n; ++r) {
+    idx[count] = static_cast<std::uint32_t>(r);
+    count += static_cast<std::size_t>((s[r] <= t) & (seqs[r] - lo < span));
+  }
+  return count;
+}
+}  // namespace scalar
+
+#if KVEVICT_X86
+KVEVICT_SUPPRESS_INTRIN_WARNINGS_BEGIN
+namespace avx2 {
+// A multiply, then an add (the AVX2 level does not require FMA).
+KVEVICT_TARGET_AVX2 inline void scaled_row_dots(
+    const float* rows, std::size_t n, std::size_t d, const float* a, const double* scale, float c,
+    float* out, const std::uint32_t* idx) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t r = idx != nullptr ? idx[i] : i;
+    if (idx != nullptr && i + 4 < n) _mm_prefetch(reinterpret_cast<const char*>(rows + idx[i + 4] * d), _MM_HINT_T0);
+    const float* k = rows + r * d;
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    std::size_t j = 0;
+    for (; j + 16 <= d; j += 16) {
+      s0 = _mm256_add_ps(s0, _mm256_mul_ps(_mm256_loadu_ps(k + j), _mm256_loadu_ps(a + j)));
+      s1 = _mm256_add_ps(s1, _mm256_mul_ps(_mm256_loadu_ps(k + j + 8), _mm256_loadu_ps(a + j + 8)));
+    }
+    for (; j + 8 <= d; j += 8)
+      s0 = _mm256_add_ps(s0, _mm256_mul_ps(_mm256_loadu_ps(k + j), _mm256_loadu_ps(a + j)));
+    s0 = _mm256_add_ps(s0, s1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    float dot = _mm_cvtss_f32(h);
+    for (; j < d; ++j) dot += k[j] * a[j];
+    out[r] = dot * static_cast<float>(scale[r]) * c;
+  }
+}
+KVEVICT_TARGET_AVX2 inline std::size_t gather_open_at_most(const float* s,
+                                                           const std::uint64_t* seqs,
+                                                           std::size_t n, std::uint64_t lo,
+                                                           std::uint64_t span, float t,
+                                                           std::uint32_t* idx) noexcept {
+  const __m256 vt = _mm256_set1_ps(t);
+  const __m256i flip = _mm256_set1_epi64x(static_cast<long long>(0x8000000000000000ull));
+  const __m256i vlo = _mm256_set1_epi64x(static_cast<long long>(lo));
+  const __m256i vspan = _mm256_xor_si256(_mm256_set1_epi64x(static_cast<long long>(span)), flip);
+  std::size_t r = 0, count = 0;
+  for (; r + 8 <= n; r += 8) {
+    unsigned m = static_cast<unsigned>(
+        _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(s + r), vt, _CMP_LE_OQ)));
+    if (m == 0) continue;
+    const __m256i d0 = _mm256_xor_si256(
+        _mm256_sub_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(seqs + r)), vlo), flip);
+    const __m256i d1 = _mm256_xor_si256(
+        _mm256_sub_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(seqs + r + 4)), vlo),
+        flip);
+    m &= static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpgt_epi64(vspan, d0)))) |
+         (static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpgt_epi64(vspan, d1))))
+          << 4);
+    while (m != 0) {
+      idx[count++] = static_cast<std::uint32_t>(r + static_cast<std::size_t>(std::countr_zero(m)));
+      m &= m - 1;
+    }
+  }
+  return scalar::gather_open_at_most_body(s, seqs, n, lo, span, t, idx, r, count);
+}
+}  // namespace avx2
+
+namespace avx512 {
+KVEVICT_TARGET_AVX512 inline void scaled_row_dots(
+    const float* rows, std::size_t n, std::size_t d, const float* a, const double* scale, float c,
+    float* out, const std::uint32_t* idx) noexcept {
+  const std::size_t full = d / 16 * 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (d - full)) - 1u);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t r = idx != nullptr ? idx[i] : i;
+    if (idx != nullptr && i + 4 < n) _mm_prefetch(reinterpret_cast<const char*>(rows + idx[i + 4] * d), _MM_HINT_T0);
+    const float* k = rows + r * d;
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    std::size_t j = 0;
+    for (; j + 32 <= full; j += 32) {
+      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(k + j), _mm512_loadu_ps(a + j), s0);
+      s1 = _mm512_fmadd_ps(_mm512_loadu_ps(k + j + 16), _mm512_loadu_ps(a + j + 16), s1);
+    }
+    if (j < full) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(k + j), _mm512_loadu_ps(a + j), s0);
+    if (tail != 0)
+      s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, k + full), _mm512_maskz_loadu_ps(tail, a + full), s1);
+    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) * static_cast<float>(scale[r]) * c;
+  }
+}
+KVEVICT_TARGET_AVX512 inline std::size_t gather_open_at_most(const float* s,
+                                                             const std::uint64_t* seqs,
+                                                             std::size_t n, std::uint64_t lo,
+                                                             std::uint64_t span, float t,
+                                                             std::uint32_t* idx) noexcept {
+  const __m512 vt = _mm512_set1_ps(t);
+  const __m512i vlo = _mm512_set1_epi64(static_cast<long long>(lo));
+  const __m512i vspan = _mm512_set1_epi64(static_cast<long long>(span));
+  __m512i ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  std::size_t r = 0, count = 0;
+  for (; r + 16 <= n; r += 16, ids = _mm512_add_epi32(ids, step)) {
+    __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(s + r), vt, _CMP_LE_OQ);
+    if (m == 0) continue;
+    const __mmask8 o0 = _mm512_cmplt_epu64_mask(
+        _mm512_sub_epi64(_mm512_loadu_si512(seqs + r), vlo), vspan);
+    const __mmask8 o1 = _mm512_cmplt_epu64_mask(
+        _mm512_sub_epi64(_mm512_loadu_si512(seqs + r + 8), vlo), vspan);
+    m &= static_cast<__mmask16>(static_cast<unsigned>(o0) | (static_cast<unsigned>(o1) << 8));
+    _mm512_mask_compressstoreu_epi32(idx + count, m, ids);
+    count += static_cast<std::size_t>(std::popcount(static_cast<unsigned>(m)));
+  }
+  return scalar::gather_open_at_most_body(s, seqs, n, lo, span, t, idx, r, count);
+}
+}  // namespace avx512
+KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
+#endif
+inline void scaled_row_dots_at_level(const float* rows, std::size_t n, std::size_t d,
+                                     const float* a, const double* scale, float c, float* out,
+                                     const std::uint32_t* idx) {
+#if KVEVICT_X86
+  const Isa isa = active_isa();
+  if (isa == Isa::avx512) return avx512::scaled_row_dots(rows, n, d, a, scale, c, out, idx);
+  if (isa == Isa::avx2) return avx2::scaled_row_dots(rows, n, d, a, scale, c, out, idx);
+#endif
+  scalar::scaled_row_dots(rows, n, d, a, scale, c, out, idx);
+}
+}  // namespace kvevict::kernels::detail
+
+namespace kvevict::kernels {
+
+/// out[r] = (rows[r] . a) * float(scale[r]) * c for n rows of d floats (row-major), the dot
+/// product summed in float in a level-dependent order (a sum of d products: within the
+/// usual d-term bound of the exact value at every level, not bit-identical across levels).
+KVEVICT_KERNEL_FN void scaled_row_dots(const float* rows, std::size_t n, std::size_t d,
+                                       const float* a, const double* scale, float c, float* out) {
+  detail::require_nonnull(rows, n * d, "rows");
+  detail::require_nonnull(scale, n, "scale");
+  detail::require_nonnull(out, n, "out");
+  detail::scaled_row_dots_at_level(rows, n, d, a, scale, c, out, nullptr);
+}
+
+/// scaled_row_dots for the rows idx[0..m) only (out[idx[i]] written; rows read in that
+/// order, prefetched a few ahead).
+KVEVICT_KERNEL_FN void scaled_row_dots_at(const float* rows, std::size_t d,
+                                          const std::uint32_t* idx, std::size_t m,
+                                          const float* a, const double* scale, float c,
+                                          float* out) {
+  detail::require_nonnull(rows, m * d, "rows");
+  detail::require_nonnull(idx, m, "idx");
+  detail::require_nonnull(scale, m, "scale");
+  detail::require_nonnull(out, m, "out");
+  detail::scaled_row_dots_at_level(rows, m, d, a, scale, c, out, idx);
+}
+
+/// The rows r with s[r] <= t (NaN never) and lo <= seqs[r] < hi, in index order, into idx
+/// (at least n entries; entries past the returned count may be overwritten); returns how
+/// many. The same set at every level.
+KVEVICT_KERNEL_FN std::size_t gather_open_at_most(const float* s, const std::uint64_t* seqs,
+                                                  std::size_t n, std::uint64_t lo,
+                                                  std::uint64_t hi, float t, std::uint32_t* idx) {
+  detail::require_nonnull(s, n, "scores");
+  detail::require_nonnull(seqs, n, "seqs");
+  detail::require_nonnull(idx, n, "idx");
+  const std::uint64_t span = hi > lo ? hi - lo : 0;
+#if KVEVICT_X86
+  const Isa isa = active_isa();
+  if (isa == Isa::avx512)
+    return detail::avx512::gather_open_at_most(s, seqs, n, lo, span, t, idx);
+  if (isa == Isa::avx2) return detail::avx2::gather_open_at_most(s, seqs, n, lo, span, t, idx);
+#endif
+  return detail::scalar::gather_open_at_most_body(s, seqs, n, lo, span, t, idx, 0, 0);
+}
+
+}  // namespace kvevict::kernels
+
+#endif  // !KVEVICT_KERNELS_DECLARE_ONLY
