@@ -119,7 +119,7 @@ void top_mass_units(const float* mass, std::size_t n, std::size_t limit, std::si
   for (std::size_t i = 0; i < n; ++i) keep[i] = unit_keep[i / block];
 }
 template <class KvevictLazy = void>
-void keep_only(Eigen::Ref<RowMajorF> p, const std::vector<char>& keep) {
+void keep_only(Eigen::Ref<dependent_t<RowMajorF, KvevictLazy>> p, const std::vector<char>& keep) {
   const auto n = static_cast<std::size_t>(p.cols());
   for (Eigen::Index g = 0; g < p.rows(); ++g) {
     float s = 0.0f;
@@ -131,10 +131,10 @@ void keep_only(Eigen::Ref<RowMajorF> p, const std::vector<char>& keep) {
   }
 }
 template <class KvevictLazy = void>
-void restrict_to_top(Eigen::Ref<RowMajorF> p, std::size_t limit, std::size_t block = 1) {
+void restrict_to_top(Eigen::Ref<dependent_t<RowMajorF, KvevictLazy>> p, std::size_t limit, std::size_t block = 1) {
   const auto n = static_cast<std::size_t>(p.cols());
   if (limit >= n) return;
-  const Eigen::RowVectorXf mass = p.colwise().sum();
+  const dependent_t<Eigen::RowVectorXf, KvevictLazy> mass = p.colwise().sum();
   std::vector<char> keep;
   top_mass_units(mass.data(), n, limit, block, keep);
   keep_only(p, keep);
@@ -157,7 +157,8 @@ void restrict_attention(const Policy& policy, int layer, std::size_t hkv, ProbOf
   const auto n = static_cast<std::size_t>(prob_of(0).cols());
   const std::size_t limit = policy.attention_limit(layer, 0);
   if (limit >= n) return;
-  Eigen::RowVectorXf mass = Eigen::RowVectorXf::Zero(static_cast<Eigen::Index>(n));
+  using RowF = dependent_t<Eigen::RowVectorXf, Policy>;
+  RowF mass = RowF::Zero(static_cast<Eigen::Index>(n));
   for (std::size_t kh = 0; kh < hkv; ++kh) {
     auto p = prob_of(kh);
     require(static_cast<std::size_t>(p.cols()) == n, "attend: shared attention restriction: KV head ",
@@ -200,14 +201,15 @@ void group_output(const float* probs, std::size_t group, const Scalar* values, s
     kernels::attention_output_as<kv_format_of<Scalar>()>(probs, group, values, d, n, d, out, d);
   } else {
     using RowMajorS = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    using F = dependent_t<RowMajorF, Scalar>;
     const auto G = static_cast<Eigen::Index>(group), N = static_cast<Eigen::Index>(n),
                D = static_cast<Eigen::Index>(d);
-    Eigen::Map<RowMajorF> o(out, G, D);
+    Eigen::Map<F> o(out, G, D);
     if (n == 0) {
       o.setZero();
       return;
     }
-    o.noalias() = Eigen::Map<const RowMajorF>(probs, G, N) *
+    o.noalias() = Eigen::Map<const F>(probs, G, N) *
                   Eigen::Map<const RowMajorS>(values, N, D).template cast<float>();
   }
 }
@@ -314,7 +316,7 @@ void attend_step(Cache& cache, int layer, std::span<const float> queries, float*
     for (std::size_t kh = 0; kh < hkv; ++kh) probabilities(kh);
     restrict_attention(cache.policy(), layer, hkv, [&](std::size_t kh) {
       const auto n = cache.size(layer, static_cast<int>(kh));
-      return Eigen::Map<RowMajorF>(probs_of(kh, n), static_cast<Eigen::Index>(G), static_cast<Eigen::Index>(n));
+      return Eigen::Map<dependent_t<RowMajorF, Cache>>(probs_of(kh, n), static_cast<Eigen::Index>(G), static_cast<Eigen::Index>(n));
     });
     for (std::size_t kh = 0; kh < hkv; ++kh) output(kh);
   } else {
@@ -343,7 +345,7 @@ AttentionResult attend_reference(Cache& cache, int layer, std::span<const float>
   const Geometry& g = cache.geometry();
   const float scale = check_attend_args(g, layer, queries, options);
   const auto d = static_cast<std::size_t>(g.head_dim);
-  AttentionResult r;
+  dependent_t<AttentionResult, Cache> r;
   r.out.setZero(g.n_heads, g.head_dim);
   r.probs.resize(static_cast<std::size_t>(g.n_kv_heads));
   const int G = g.group();
@@ -360,7 +362,7 @@ AttentionResult attend_reference(Cache& cache, int layer, std::span<const float>
   using Policy = typename Cache::policy_type;
   if constexpr (RestrictsAttention<Policy>)
     restrict_attention(cache.policy(), layer, r.probs.size(),
-                       [&](std::size_t kh) { return Eigen::Ref<RowMajorF>(r.probs[kh]); });
+                       [&](std::size_t kh) { return Eigen::Ref<dependent_t<RowMajorF, Cache>>(r.probs[kh]); });
   for (int kh = 0; kh < g.n_kv_heads; ++kh) {
     const auto v = cache.values(layer, kh);
     const auto& p = r.probs[static_cast<std::size_t>(kh)];
@@ -392,7 +394,7 @@ AttentionResult attend(Cache& cache, int layer, std::span<const float> queries,
                        AttendOptions options = {}) {
   const Geometry& g = cache.geometry();
   detail::check_live(g, "attend");
-  AttentionResult r;
+  detail::dependent_t<AttentionResult, Cache> r;
   r.out.resize(g.n_heads, g.head_dim);
   r.probs.resize(static_cast<std::size_t>(g.n_kv_heads));
   const auto G = static_cast<Eigen::Index>(g.group());

@@ -27,6 +27,18 @@ constexpr kernels::KvFormat kv_format_of() noexcept {
 }
 static_assert(sizeof(Eigen::half) == 2 && sizeof(Eigen::bfloat16) == 2);
 
+/// T, named as a type that depends on D. A template's expressions whose types do not depend
+/// on its parameters are analysed where the template is defined, in every includer, whether
+/// or not it is ever instantiated (for an Eigen expression: its whole class hierarchy); a
+/// template that names its Eigen types through dependent_t<..., Param> pays that only where
+/// it is instantiated (issue 19's include cost).
+template <class T, class D>
+struct dependent_type {
+  using type = T;
+};
+template <class T, class D>
+using dependent_t = typename dependent_type<T, D>::type;
+
 /// The Eigen reference (the pre-kernel implementation, kept as the test oracle):
 /// out[g * n + i] = softmax_i(scale * q_g . k_i), scale 0 meaning 1 / sqrt(d).
 template <class Scalar>
@@ -35,7 +47,8 @@ void group_probabilities_reference(const Scalar* keys, std::size_t n, std::size_
                                    float scale = 0.0f) {
   if (n == 0) return;
   using RowMajorS = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  using RowMajorF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using RowMajorF =
+      Eigen::Matrix<dependent_t<float, Scalar>, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const auto rows = static_cast<Eigen::Index>(n);
   const auto dim = static_cast<Eigen::Index>(d);
   Eigen::Map<const RowMajorS> k(keys, rows, dim);

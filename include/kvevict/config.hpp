@@ -49,3 +49,12 @@
 #define KVEVICT_LAZY template <class KvevictLazy = void>
 #define KVEVICT_LAZY_DEF template <class KvevictLazy>
 #endif
+
+// KVEVICT_DEFER: in both modes, makes an in-class member of a non-template class (a policy)
+// a function template with one defaulted, unused parameter, as KVEVICT_LAZY does
+// header-only: its body's standard templates (vector, deque and hash-map members, the
+// sorts, the saved-state readers, kvevict::Error message builders) are instantiated only in
+// a translation unit that calls it, not in every includer. Calls are written as before. In
+// separate-kernels mode the common caches call these members inside kvevict_kernels only
+// (extern_templates.hpp). Not for virtual members or members whose address is taken.
+#define KVEVICT_DEFER template <class KvevictLazy = void>

@@ -79,8 +79,8 @@ class BuzzBeehive {
     unsigned level = 0;
   };
 
-  BuzzBeehive() : BuzzBeehive(Config{}) {}
-  explicit BuzzBeehive(Config c) : cfg_(c) {
+  KVEVICT_DEFER BuzzBeehive() : BuzzBeehive(Config{}) {}
+  KVEVICT_DEFER explicit BuzzBeehive(Config c) : cfg_(c) {
     kvevict::detail::require(c.window >= 1, "BuzzBeehive: window = ", c.window,
                              ", expected >= 1 (the incoming token is in the window)");
     kvevict::detail::require(
@@ -118,7 +118,7 @@ class BuzzBeehive {
   [[nodiscard]] std::size_t min_capacity() const {
     return cfg_.budget_mode ? cfg_.sinks + 3 : cfg_.sinks + cfg_.window + 2;
   }
-  void check_budget(const CacheShape& shape) const {
+  KVEVICT_DEFER void check_budget(const CacheShape& shape) const {
     if (cfg_.log_n) {
       // row_limit adds a head's old samples (at most its capacity) to S + W + T (+ 1):
       // that sum must not wrap for any finite capacity (unbounded: samples <= rows held).
@@ -233,11 +233,11 @@ class BuzzBeehive {
   void on_append(const HeadView<S>& v, std::size_t row) {
     scores_.set(v.layer, v.kv_head, row, 0.0f);  // the reference starts new tokens at 0 too
   }
-  void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
+  KVEVICT_DEFER void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     scores_.move(layer, kv_head, from, to);
   }
   /// H2O-style accumulation: the G query heads' probabilities summed, then added.
-  void observe(const AttentionView& a) {
+  KVEVICT_DEFER void observe(const AttentionView& a) {
     float* sc = scores_.of(a.layer, a.kv_head).data();
     const std::size_t n = a.size;
     // Group sum first (the container's one checked pass), then one add per row, as the

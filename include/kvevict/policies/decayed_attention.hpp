@@ -74,7 +74,7 @@ class DecayedAttention {
     RopeLayout rope = RopeLayout::interleaved;  ///< the engine's RoPE pairs (with recall_dedup)
   };
   DecayedAttention() = default;
-  explicit DecayedAttention(Config c) : config_(c) {
+  KVEVICT_DEFER explicit DecayedAttention(Config c) : config_(c) {
     kvevict::detail::require(std::isfinite(c.decay) && c.decay >= 0.0f && c.decay <= 1.0f,
                              "DecayedAttention: decay = ", c.decay, ", expected in [0, 1]");
     kvevict::detail::require(std::isfinite(c.horizon) && c.horizon >= 0.0f,
@@ -103,7 +103,7 @@ class DecayedAttention {
   }
   /// The setting recommended for streaming generation and for recalling early facts
   /// (chosen on held-in streams of stories260K, reported on held-out ones: docs/quality.md).
-  static DecayedAttention recommended() {
+  KVEVICT_DEFER static DecayedAttention recommended() {
     return DecayedAttention(Config{
         .sinks = 1, .horizon = 3.0f, .recent_fraction = 0.375f, .recall_fraction = 0.125f});
   }
@@ -131,7 +131,7 @@ class DecayedAttention {
   [[nodiscard]] std::size_t min_capacity() const {
     return detail::protected_plus_one(label_, {{"sinks", config_.sinks}, {"recent", config_.recent}});
   }
-  void bind(const CacheShape& shape) {
+  KVEVICT_DEFER void bind(const CacheShape& shape) {
     memo_.clear();
     ahead_.assign(shape.capacity.size(), Ahead{});
     scores_.bind(shape);
@@ -161,7 +161,7 @@ class DecayedAttention {
   /// set_budget: the recent band that decides which attention counts as long-range (the
   /// reserve's spikes) follows the new capacities at once, as a restored cache's does (the
   /// decay follows at the next eviction, as before; it is part of the saved state).
-  void on_budget(const CacheShape& shape) {
+  KVEVICT_DEFER void on_budget(const CacheShape& shape) {
     memo_.clear();  // pooled_victims recomputes under the new capacities
     for (Ahead& a : ahead_) a.valid = false;
     capacity_.assign(shape.capacity.begin(), shape.capacity.end());
@@ -258,7 +258,7 @@ class DecayedAttention {
       }
     }
   }
-  void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
+  KVEVICT_DEFER void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     forget(layer, kv_head);
     scores_.move(layer, kv_head, from, to);
     if (recalls()) {
@@ -268,7 +268,7 @@ class DecayedAttention {
       if (dedups()) sigs_.move(layer, kv_head, from, to);
     }
   }
-  void observe(const AttentionView& a) {
+  KVEVICT_DEFER void observe(const AttentionView& a) {
     forget(a.layer, a.kv_head);
     auto& sc = scores_.of(a.layer, a.kv_head);
     const std::size_t h = head_index(a.layer, a.kv_head);
@@ -306,7 +306,7 @@ class DecayedAttention {
   }
   /// Saved state for serialize.hpp: the configuration (checked on load), the per-head
   /// decays (they follow set_budget) and the scores.
-  void save_state(std::vector<std::uint8_t>& out) const {
+  KVEVICT_DEFER void save_state(std::vector<std::uint8_t>& out) const {
     kvevict::detail::ByteWriter w(out);
     w.put<float>(config_.decay);
     w.put<std::uint64_t>(config_.sinks);
@@ -328,7 +328,7 @@ class DecayedAttention {
       if (dedups()) sigs_.save(w);  // only with recall_dedup, likewise
     }
   }
-  void load_state(std::span<const std::uint8_t> in) {
+  KVEVICT_DEFER void load_state(std::span<const std::uint8_t> in) {
     memo_.clear();  // derived from the scores; pooled_victims recomputes without it
     kvevict::detail::ByteReader r(in);
     const auto decay = r.get<float>("DecayedAttention decay");
@@ -419,19 +419,19 @@ class DecayedAttention {
 
   // RecallRank::excess: per row, the sum and count of its long-range draws (the spike is
   // kept as for RecallRank::spike); kept apart from the default path.
-  void bind_excess(const CacheShape& shape) {
+  KVEVICT_DEFER void bind_excess(const CacheShape& shape) {
     draws_.bind(shape);
     counts_.bind(shape);
   }
-  void append_excess(int layer, int kv_head, std::size_t row) {
+  KVEVICT_DEFER void append_excess(int layer, int kv_head, std::size_t row) {
     draws_.set(layer, kv_head, row, 0.0f);
     counts_.set(layer, kv_head, row, 0u);
   }
-  void move_excess(int layer, int kv_head, std::size_t from, std::size_t to) {
+  KVEVICT_DEFER void move_excess(int layer, int kv_head, std::size_t from, std::size_t to) {
     draws_.move(layer, kv_head, from, to);
     counts_.move(layer, kv_head, from, to);
   }
-  void observe_excess(const AttentionView& a, float g) {
+  KVEVICT_DEFER void observe_excess(const AttentionView& a, float g) {
     auto& sc = scores_.of(a.layer, a.kv_head);
     auto& sp = spikes_.of(a.layer, a.kv_head);
     auto& dr = draws_.of(a.layer, a.kv_head);
@@ -564,13 +564,13 @@ class DecayedAttention {
     for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
   }
   /// prefetch_rows over the columns a decision and an observe read (recalls() only).
-  void prefetch_columns(int layer, int kv_head) const {
+  KVEVICT_DEFER void prefetch_columns(int layer, int kv_head) const {
     prefetch_rows(scores_.of(layer, kv_head));
     prefetch_rows(spikes_.of(layer, kv_head));
     prefetch_rows(seqs_.of(layer, kv_head));
   }
   /// keep_recalled's candidate buffers hold at least n entries (they only grow).
-  void reserve_candidates(std::size_t n) {
+  KVEVICT_DEFER void reserve_candidates(std::size_t n) {
     if (cand_spike_.size() < n) {
       cand_spike_.resize(n);
       cand_row_.resize(n);
@@ -672,7 +672,7 @@ class DecayedAttention {
   /// When the reserve is ranked from its last threshold, m exceeds k by a few rows, so those
   /// few smallest are kept in a small sorted buffer in one pass; otherwise the library's
   /// top-k select. Either way the same value.
-  float kth_largest(const float* s, std::size_t m, std::size_t k) {
+  KVEVICT_DEFER float kth_largest(const float* s, std::size_t m, std::size_t k) {
     constexpr std::size_t kSmall = 32;
     const std::size_t j = m - k + 1;
     if (j <= kSmall) {
@@ -811,7 +811,7 @@ class DecayedAttention {
     }
     b.lo = lo;
   }
-  void band_append(int layer, int kv_head, std::uint64_t seq, std::uint64_t sig) {
+  KVEVICT_DEFER void band_append(int layer, int kv_head, std::uint64_t seq, std::uint64_t sig) {
     Band& b = bands_[head_index(layer, kv_head)];
     if (!b.valid) return;  // rebuilt from the rows at the next decision
     ++b.count[sig];

@@ -92,8 +92,8 @@ class ExpectedAttention {
     std::size_t rescore_all_up_to = 0;
   };
 
-  ExpectedAttention() : ExpectedAttention(Config{}) {}
-  explicit ExpectedAttention(Config c) : config_(c) {
+  KVEVICT_DEFER ExpectedAttention() : ExpectedAttention(Config{}) {}
+  KVEVICT_DEFER explicit ExpectedAttention(Config c) : config_(c) {
     detail::require_fraction(name(), "recent_fraction", c.recent_fraction);
     kvevict::detail::require(c.query_window >= 1 && c.query_window <= (1u << 20), name(),
                              ": query_window = ", c.query_window, ", expected 1..", 1u << 20);
@@ -137,7 +137,7 @@ class ExpectedAttention {
     return detail::recent_rows(config_.recent, config_.recent_fraction, config_.sinks, capacity);
   }
 
-  void bind(const CacheShape& shape) {
+  KVEVICT_DEFER void bind(const CacheShape& shape) {
     const Geometry& g = shape.geometry;
     kvevict::detail::require(config_.rope == RopeLayout::none || g.head_dim % 2 == 0, name(),
                              ": head_dim = ", g.head_dim, ", expected even with RoPE");
@@ -213,7 +213,7 @@ class ExpectedAttention {
       if (config_.horizon > 0.0f) accf_.set(v.layer, v.kv_head, row, 0.0f);
     }
   }
-  void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
+  KVEVICT_DEFER void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     vnorms_.move(layer, kv_head, from, to);
     if (config_.horizon > 0.0f) acc_.move(layer, kv_head, from, to);
     if (amortised()) {
@@ -338,7 +338,7 @@ class ExpectedAttention {
 
   // Mean and covariance of query head g, moved to the future positions' average rotation:
   // mean_ = Rbar mu, cov_ = Rbar S Rbar^T (d x d).
-  void future_moments(const QueryStats& st, std::int64_t position) {
+  KVEVICT_DEFER void future_moments(const QueryStats& st, std::int64_t position) {
     const std::size_t d = d_;
     mean_.assign(d, 0.0);
     if (config_.covariance == Covariance::full) cov_.assign(d * d, 0.0);  // only it reads cov_
@@ -458,7 +458,7 @@ class ExpectedAttention {
   }
 
   // Keeps query head g's moved statistics (mean_, cov_) and log-normaliser for arrivals.
-  void freeze(std::size_t h, std::size_t g, const double* mean, double log_norm) {
+  KVEVICT_DEFER void freeze(std::size_t h, std::size_t g, const double* mean, double log_norm) {
     const std::size_t d = d_, i = h * group_ + g;
     std::copy(mean, mean + d, frozen_mean_.begin() + static_cast<std::ptrdiff_t>(i * d));
     if (config_.covariance == Covariance::full)

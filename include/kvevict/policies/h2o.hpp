@@ -19,7 +19,7 @@ class H2O {
     std::size_t sinks = 0;    ///< optional first rows never evicted (0 = plain H2O)
   };
   H2O() = default;
-  explicit H2O(Config c) : recent(c.recent), sinks(c.sinks) {}
+  KVEVICT_DEFER explicit H2O(Config c) : recent(c.recent), sinks(c.sinks) {}
   std::size_t recent = 10;  ///< read at bind()
   std::size_t sinks = 0;    ///< read at bind()
 
@@ -30,7 +30,7 @@ class H2O {
   [[nodiscard]] std::size_t min_capacity() const {
     return detail::protected_plus_one(name(), {{"sinks", sinks}, {"recent", recent}});
   }
-  void bind(const CacheShape& shape) {
+  KVEVICT_DEFER void bind(const CacheShape& shape) {
     inner_ = DecayedAttention({.decay = 1.0f, .sinks = sinks, .recent = recent});
     inner_.label_ = name();
     inner_.bind(shape);
@@ -55,18 +55,18 @@ class H2O {
   void on_append(const HeadView<S>& v, std::size_t row) {
     inner_.on_append(v, row);
   }
-  void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
+  KVEVICT_DEFER void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     inner_.on_move(layer, kv_head, from, to);
   }
-  void observe(const AttentionView& a) { inner_.observe(a); }
+  KVEVICT_DEFER void observe(const AttentionView& a) { inner_.observe(a); }
   /// Saved state (serialize.hpp): the configuration, checked on load, and every score.
-  void save_state(std::vector<std::uint8_t>& out) const {
+  KVEVICT_DEFER void save_state(std::vector<std::uint8_t>& out) const {
     kvevict::detail::ByteWriter w(out);
     w.put<std::uint64_t>(recent);
     w.put<std::uint64_t>(sinks);
     inner_.scores_.save(w);
   }
-  void load_state(std::span<const std::uint8_t> in) {
+  KVEVICT_DEFER void load_state(std::span<const std::uint8_t> in) {
     inner_.memo_.clear();  // derived from the scores; pooled_victims recomputes without it
     kvevict::detail::ByteReader r(in);
     const auto rc = r.get<std::uint64_t>("H2O recent");

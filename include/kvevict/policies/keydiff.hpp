@@ -70,7 +70,7 @@ class KeyDiff {
     bool exhaustive = false;
   };
   KeyDiff() = default;
-  explicit KeyDiff(Config c) : config_(c) {
+  KVEVICT_DEFER explicit KeyDiff(Config c) : config_(c) {
     detail::require_fraction(name(), "recent_fraction", c.recent_fraction);
     kvevict::detail::require(c.rescore_every >= 1 && c.rescore_every <= (1u << 20), name(),
                              ": rescore_every = ", c.rescore_every, ", expected 1..", 1u << 20);
@@ -85,7 +85,7 @@ class KeyDiff {
   [[nodiscard]] std::size_t recent_for(std::size_t capacity) const {
     return detail::recent_rows(config_.recent, config_.recent_fraction, config_.sinks, capacity);
   }
-  void bind(const CacheShape& shape) {
+  KVEVICT_DEFER void bind(const CacheShape& shape) {
     inv_norms_.bind(shape);
     d_ = static_cast<std::size_t>(shape.geometry.head_dim);
     hkv_ = static_cast<std::size_t>(shape.geometry.n_kv_heads);
@@ -164,7 +164,7 @@ class KeyDiff {
     }
     stale_.set(v.layer, v.kv_head, row, static_cast<float>(s));
   }
-  void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
+  KVEVICT_DEFER void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     inv_norms_.move(layer, kv_head, from, to);
     if (config_.rescore_every > 1) stale_.move(layer, kv_head, from, to);
     else if (!config_.exhaustive) base_.move(layer, kv_head, from, to);
@@ -250,7 +250,7 @@ class KeyDiff {
     return s;
   }
   // Anchor `a` (fixed point) of a rebase into t.a0i / a0 / a0f.
-  void set_anchor(Track& t, const std::int64_t* a) const {
+  KVEVICT_DEFER void set_anchor(Track& t, const std::int64_t* a) const {
     std::copy(a, a + d_, t.a0i.begin());
     for (std::size_t j = 0; j < d_; ++j) {
       t.a0[j] = static_cast<double>(a[j]) * 0x1p-40;

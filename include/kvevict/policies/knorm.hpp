@@ -14,7 +14,7 @@ class KNorm {
     std::size_t recent = 0;  ///< rows that arrived last, never evicted
   };
   KNorm() = default;
-  explicit KNorm(Config c) : sinks(c.sinks), recent(c.recent) {}
+  KVEVICT_DEFER explicit KNorm(Config c) : sinks(c.sinks), recent(c.recent) {}
   std::size_t sinks = 0;
   std::size_t recent = 0;
 
@@ -23,7 +23,7 @@ class KNorm {
   [[nodiscard]] std::size_t min_capacity() const {
     return detail::protected_plus_one(name(), {{"sinks", sinks}, {"recent", recent}});
   }
-  void bind(const CacheShape& shape) { norms_.bind(shape); }
+  KVEVICT_DEFER void bind(const CacheShape& shape) { norms_.bind(shape); }
   template <class S>
   void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
     const auto& nr = norms_.of(v.layer, v.kv_head);
@@ -40,15 +40,15 @@ class KNorm {
     for (const S& x : v.key(row)) s += static_cast<float>(x) * static_cast<float>(x);
     norms_.set(v.layer, v.kv_head, row, std::sqrt(s));
   }
-  void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
+  KVEVICT_DEFER void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     norms_.move(layer, kv_head, from, to);
   }
   /// Saved state (serialize.hpp): the configuration, checked on load (norms are rebuilt
   /// from the stored keys).
-  void save_state(std::vector<std::uint8_t>& out) const {
+  KVEVICT_DEFER void save_state(std::vector<std::uint8_t>& out) const {
     detail::save_config(out, {{"sinks", sinks}, {"recent", recent}});
   }
-  void load_state(std::span<const std::uint8_t> in) const {
+  KVEVICT_DEFER void load_state(std::span<const std::uint8_t> in) const {
     detail::check_config(in, name(), {{"sinks", sinks}, {"recent", recent}});
   }
 

@@ -16,7 +16,7 @@ class Random {
     std::size_t recent = 0;  ///< rows that arrived last, never evicted
   };
   Random() = default;
-  explicit Random(Config c) : seed(c.seed), sinks(c.sinks), recent(c.recent) {}
+  KVEVICT_DEFER explicit Random(Config c) : seed(c.seed), sinks(c.sinks), recent(c.recent) {}
   std::uint64_t seed = 0;
   std::size_t sinks = 0;
   std::size_t recent = 0;

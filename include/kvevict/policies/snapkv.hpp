@@ -41,7 +41,7 @@ class SnapKV {
   };
 
   SnapKV() = default;
-  explicit SnapKV(Config c) : config_(c) { observation().validate(name()); }
+  KVEVICT_DEFER explicit SnapKV(Config c) : config_(c) { observation().validate(name()); }
 
   static constexpr Signals signals = Signals::prefill_window;
   static constexpr const char* name() { return "SnapKV"; }
@@ -55,7 +55,7 @@ class SnapKV {
     return {config_.window, config_.kernel, config_.pooling};
   }
 
-  void bind(const CacheShape& shape) {
+  KVEVICT_DEFER void bind(const CacheShape& shape) {
     scores_.bind(shape);
     pending_.assign(shape.capacity.size(), {});
     live_window_.assign(shape.capacity.size(), {});
@@ -116,7 +116,7 @@ class SnapKV {
   /// Caps the rows a prompt selection on `layer` keeps below its capacity (window
   /// included), until set back with rows = Budget::kUnbounded: ChunkedXkvPrefill selects a
   /// layer whose budget is about to shrink under its current capacity with its new size.
-  void set_selection_limit(int layer, std::size_t rows) {
+  KVEVICT_DEFER void set_selection_limit(int layer, std::size_t rows) {
     kvevict::detail::require(layer >= 0 && static_cast<std::size_t>(layer) < limit_.size(),
                              "SnapKV::set_selection_limit: layer = ", layer, ", expected 0 <= layer < ",
                              limit_.size());
@@ -165,7 +165,7 @@ class SnapKV {
     }
     scores_.set(v.layer, v.kv_head, row, s);
   }
-  void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
+  KVEVICT_DEFER void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     scores_.move(layer, kv_head, from, to);
   }
 
@@ -182,7 +182,7 @@ class SnapKV {
   /// its latest prefill chunk, which a next chunk shorter than the window continues: a
   /// restored cache selects the next chunk as the original would). A save without that
   /// last part (written before it existed) loads with no window queries kept.
-  void save_state(std::vector<std::uint8_t>& out) const {
+  KVEVICT_DEFER void save_state(std::vector<std::uint8_t>& out) const {
     kvevict::detail::ByteWriter w(out);
     w.put<std::uint64_t>(config_.window);
     w.put<std::uint64_t>(config_.kernel);
@@ -198,7 +198,7 @@ class SnapKV {
       w.put_array(lw.q.data(), lw.q.size());
     }
   }
-  void load_state(std::span<const std::uint8_t> in) {
+  KVEVICT_DEFER void load_state(std::span<const std::uint8_t> in) {
     kvevict::detail::ByteReader r(in);
     const auto window = r.get<std::uint64_t>("SnapKV window");
     const auto kernel = r.get<std::uint64_t>("SnapKV kernel");
@@ -263,7 +263,7 @@ class SnapKV {
   /// block's end: the live stash's tail when it ends right before the block and its tokens
   /// are the last held rows, then the block's own. Becomes live in on_prefill_selected.
   void stage_window(const PrefillView& v, std::size_t idx) { build_window(v, idx, staged_window_[idx]); }
-  void build_window(const PrefillView& v, std::size_t idx, WindowQueries& st) const {
+  KVEVICT_DEFER void build_window(const PrefillView& v, std::size_t idx, WindowQueries& st) const {
     const std::size_t chunk = v.tokens - v.held;
     st.q.clear();
     st.rows = 0;

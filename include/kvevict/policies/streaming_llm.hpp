@@ -22,7 +22,7 @@ namespace detail {
 /// (StreamingLLM{.sinks = 1}).
 class OldestFirst {
  public:
-  void bind(const CacheShape& shape) {
+  KVEVICT_DEFER void bind(const CacheShape& shape) {
     heads_.assign(shape.capacity.size(), {});
     seqs_.bind(shape);
     hkv_ = static_cast<std::size_t>(shape.geometry.n_kv_heads);
@@ -53,11 +53,11 @@ class OldestFirst {
                              " evictable rows, need " + std::to_string(v.need));
     }
   }
-  void appended(int layer, int kv_head, std::size_t row, std::uint64_t seq, std::size_t sinks) {
+  KVEVICT_DEFER void appended(int layer, int kv_head, std::size_t row, std::uint64_t seq, std::size_t sinks) {
     seqs_.set(layer, kv_head, row, seq);
     if (seq >= sinks) heads_[index(layer, kv_head)].put(seq, static_cast<std::uint32_t>(row));
   }
-  void moved(int layer, int kv_head, std::size_t from, std::size_t to, std::size_t sinks) {
+  KVEVICT_DEFER void moved(int layer, int kv_head, std::size_t from, std::size_t to, std::size_t sinks) {
     const std::uint64_t seq = seqs_.of(layer, kv_head)[from];
     seqs_.move(layer, kv_head, from, to);
     if (seq >= sinks) heads_[index(layer, kv_head)].put(seq, static_cast<std::uint32_t>(to));
@@ -127,7 +127,7 @@ struct StreamingLLM {
   [[nodiscard]] std::size_t min_capacity() const {
     return detail::protected_plus_one(name(), {{"sinks", sinks}});
   }
-  void bind(const CacheShape& shape) { order.bind(shape); }
+  KVEVICT_DEFER void bind(const CacheShape& shape) { order.bind(shape); }
   /// Evicts the oldest non-sink rows: O(need) amortised, no scan over the rows.
   template <class S>
   void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
@@ -137,14 +137,14 @@ struct StreamingLLM {
   void on_append(const HeadView<S>& v, std::size_t row) {
     order.appended(v.layer, v.kv_head, row, v.seqs[row], sinks);
   }
-  void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
+  KVEVICT_DEFER void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     order.moved(layer, kv_head, from, to, sinks);
   }
   /// Saved state (serialize.hpp): the configuration, checked on load.
-  void save_state(std::vector<std::uint8_t>& out) const {
+  KVEVICT_DEFER void save_state(std::vector<std::uint8_t>& out) const {
     detail::save_config(out, {{"sinks", sinks}});
   }
-  void load_state(std::span<const std::uint8_t> in) const {
+  KVEVICT_DEFER void load_state(std::span<const std::uint8_t> in) const {
     detail::check_config(in, name(), {{"sinks", sinks}});
   }
 };

@@ -52,7 +52,7 @@ struct Allocation {
 
 /// A per-layer selection size turned into cache capacities: each layer holds its n_l
 /// selected tokens, the W-token window and the decode reserve.
-inline Budget selection_budget(const std::vector<long long>& tokens, std::size_t window,
+KVEVICT_DEFER inline Budget selection_budget(const std::vector<long long>& tokens, std::size_t window,
                                std::size_t decode_reserve = 0) {
   std::vector<long long> caps(tokens.size());
   for (std::size_t l = 0; l < tokens.size(); ++l) {
@@ -84,8 +84,8 @@ class XkvLayerAllocator {
     bool reference = false;
   };
 
-  explicit XkvLayerAllocator(const Geometry& g) : XkvLayerAllocator(g, Config{}) {}
-  XkvLayerAllocator(const Geometry& g, Config c) : geometry_(g), config_(c) {
+  KVEVICT_DEFER explicit XkvLayerAllocator(const Geometry& g) : XkvLayerAllocator(g, Config{}) {}
+  KVEVICT_DEFER XkvLayerAllocator(const Geometry& g, Config c) : geometry_(g), config_(c) {
     geometry_.validate();
     observation().validate("XkvLayerAllocator");
     kvevict::detail::require(config_.reference || config_.min_tokens > 0,
@@ -508,7 +508,7 @@ struct Profile {
   [[nodiscard]] int n_layers() const { return static_cast<int>(tokens.size()); }
 
   /// Checks the profile against a model: layer count and positive budgets.
-  void validate(const Geometry& g) const {
+  KVEVICT_DEFER void validate(const Geometry& g) const {
     kvevict::detail::require(static_cast<int>(tokens.size()) == g.n_layers,
                              "XKV profile: ", tokens.size(), " layers, expected ", g.n_layers,
                              " (the model's n_layers): profile is for another model");
@@ -516,11 +516,11 @@ struct Profile {
       kvevict::detail::require(tokens[l] > 0, "XKV profile: layer ", l, " budget = ", tokens[l],
                                ", expected > 0");
   }
-  [[nodiscard]] Budget budget(std::size_t decode_reserve = 0) const {
+  KVEVICT_DEFER [[nodiscard]] Budget budget(std::size_t decode_reserve = 0) const {
     return selection_budget(tokens, window, decode_reserve);
   }
 
-  [[nodiscard]] std::string to_text() const {
+  KVEVICT_DEFER [[nodiscard]] std::string to_text() const {
     // Formatted part by part as kvevict::Error messages are (errors.hpp).
     std::string out = kvevict::detail::concat(
         "# XKV per-layer budgets (arXiv 2412.05896), tokens per KV head, window excluded\n",
@@ -531,7 +531,7 @@ struct Profile {
     return out;
   }
 
-  static Profile from_text(const std::string& text) {
+  KVEVICT_DEFER static Profile from_text(const std::string& text) {
     std::istringstream in(text);
     std::string line;
     int line_no = 0;
@@ -663,24 +663,24 @@ KVEVICT_KERNEL_FN Profile Profile::load(const std::string& path) {
 /// get their own allocation; their element-wise mean (rounded) becomes the profile.
 class Calibrator {
  public:
-  Calibrator(int n_layers, std::size_t window) : window_(window) {
+  KVEVICT_DEFER Calibrator(int n_layers, std::size_t window) : window_(window) {
     kvevict::detail::require(n_layers > 0, "Calibrator: n_layers = ", n_layers, ", expected > 0");
     sums_.assign(static_cast<std::size_t>(n_layers), 0.0);
   }
   /// Sample prompts wanted for a task of `requests` prompts at the given fraction.
-  static std::size_t samples_wanted(std::size_t requests, double fraction = 0.1) {
+  KVEVICT_DEFER static std::size_t samples_wanted(std::size_t requests, double fraction = 0.1) {
     kvevict::detail::require(fraction > 0.0 && fraction <= 1.0, "Calibrator: fraction = ", fraction,
                              ", expected in (0, 1]");
     return static_cast<std::size_t>(std::ceil(fraction * static_cast<double>(requests)));
   }
-  void add(const Allocation& a) {
+  KVEVICT_DEFER void add(const Allocation& a) {
     kvevict::detail::require(a.tokens.size() == sums_.size(), "Calibrator::add: ", a.tokens.size(),
                              " layers, expected ", sums_.size());
     for (std::size_t l = 0; l < sums_.size(); ++l) sums_[l] += static_cast<double>(a.tokens[l]);
     ++samples_;
   }
   [[nodiscard]] std::size_t samples() const { return samples_; }
-  [[nodiscard]] Profile profile() const {
+  KVEVICT_DEFER [[nodiscard]] Profile profile() const {
     kvevict::detail::require(samples_ > 0, "Calibrator::profile: no samples, expected >= 1");
     Profile p;
     p.window = window_;
@@ -707,7 +707,7 @@ struct StagedBlock {
   std::size_t tokens = 0;
   std::vector<float> keys, values, window_queries;
 
-  void stage(std::int64_t first, std::size_t n, std::span<const float> k, std::span<const float> v,
+  KVEVICT_DEFER void stage(std::int64_t first, std::size_t n, std::span<const float> k, std::span<const float> v,
              std::span<const float> q, std::size_t window, std::size_t hq) {
     first_position = first;
     tokens = n;
@@ -721,7 +721,7 @@ struct StagedBlock {
   }
   /// The tokens x n_heads x d query block the container's prefill takes: zeros, then the
   /// window's queries.
-  void query_block(std::vector<float>& out, std::size_t hq) const {
+  KVEVICT_DEFER void query_block(std::vector<float>& out, std::size_t hq) const {
     out.assign(tokens * hq, 0.0f);
     std::copy(window_queries.begin(), window_queries.end(),
               out.end() - static_cast<std::ptrdiff_t>(window_queries.size()));
@@ -732,7 +732,7 @@ struct StagedBlock {
     cache.prefill(layer, first_position, tokens, keys, values, scratch);
   }
 };
-inline std::size_t staged_bytes(const std::vector<StagedBlock>& staged) {
+KVEVICT_DEFER inline std::size_t staged_bytes(const std::vector<StagedBlock>& staged) {
   std::size_t b = 0;
   for (const auto& s : staged) b += s.bytes();
   return b;
