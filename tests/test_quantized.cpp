@@ -573,6 +573,56 @@ TEST_CASE("the AVX-512 p.V across tile boundaries (Q4 span order put back per ca
   }
 }
 
+// p.V's per-column sums are in row order at every level whatever the lane a column takes
+// (AVX-512 Q4 with G a multiple of 32 accumulates in the widened bytes' order and puts the
+// output back): each output is exactly the fused multiply-add chain of the decoded values,
+// bit for bit, across tiles (600 rows) and head groups.
+template <class D>
+void check_pv_fma_chain(kvevict::kernels::Isa isa, std::size_t d, std::size_t G, std::uint64_t seed) {
+  namespace kk = kvevict::kernels;
+  const std::size_t n = 600, rb = D::row_bytes(d);
+  kvtest::Rng rng(seed);
+  std::vector<std::uint8_t> rows(n * rb);
+  for (auto& b : rows) b = static_cast<std::uint8_t>(rng.uniform(0, 255));
+  for (std::size_t i = 0; i < n; ++i)  // finite scales 2^-8..2^-6
+    for (std::size_t b = 0; b < d / D::group; ++b) {
+      const auto h = static_cast<std::uint16_t>(((7 + rng.uniform(0, 2)) << 10) | rng.uniform(0, 1023));
+      std::memcpy(rows.data() + i * rb + b * D::block_bytes, &h, 2);
+    }
+  std::vector<float> probs(G * n), out(G * d, -1.0f), want(G * d, 0.0f), blk(D::group);
+  for (auto& p : probs) p = static_cast<float>(rng.uniform(1, 1 << 20)) * 0x1p-20f;
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t b = 0; b < d / D::group; ++b) {
+      kk::detail::qdecode_block<D>(rows.data() + i * rb + b * D::block_bytes, blk.data());
+      for (std::size_t g = 0; g < G; ++g)
+        for (std::size_t j = 0; j < D::group; ++j) {
+          float& w = want[g * d + b * D::group + j];
+          w = std::fma(probs[g * n + i], blk[j], w);
+        }
+    }
+  if (isa == kk::Isa::avx512) kk::quant_attention_output_at<kk::Isa::avx512, D>(probs.data(), G, rows.data(), rb, n, d, out.data(), d);
+  else kk::quant_attention_output_at<kk::Isa::avx2, D>(probs.data(), G, rows.data(), rb, n, d, out.data(), d);
+  REQUIRE(std::memcmp(out.data(), want.data(), out.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("quantized p.V is the fused multiply-add chain over rows, bit for bit", "[quantized]") {
+  namespace kk = kvevict::kernels;
+  using kk::QDesc;
+  using kk::QKind;
+  for (const auto isa : {kk::Isa::avx2, kk::Isa::avx512}) {
+    if (!kk::isa_supported(isa) || static_cast<int>(isa) > static_cast<int>(kk::attention_isa())) continue;
+    for (std::size_t G : {std::size_t(4), std::size_t(5)}) {
+      INFO("isa " << kk::isa_name(isa) << " G " << G);
+      check_pv_fma_chain<QDesc<QKind::q4, 32>>(isa, 128, G, 960 + G);
+      check_pv_fma_chain<QDesc<QKind::q4, 32>>(isa, 96, G, 961 + G);
+      check_pv_fma_chain<QDesc<QKind::q4, 64>>(isa, 192, G, 962 + G);
+      check_pv_fma_chain<QDesc<QKind::q4, 128>>(isa, 256, G, 963 + G);
+      check_pv_fma_chain<QDesc<QKind::q4, 16>>(isa, 32, G, 964 + G);
+      check_pv_fma_chain<QDesc<QKind::q8, 32>>(isa, 128, G, 965 + G);
+    }
+  }
+}
+
 TEST_CASE("the quantized q.K over row blocks and head groups; p.V sharing a block's scale",
           "[quantized]") {
   // q.K runs blocks of kRows rows (4 at AVX-512, 2 at AVX2), then single rows, and per block

@@ -17,8 +17,9 @@
 // with G a multiple of 16; other shapes run the AVX2 level's choice). The AVX-512 level sums
 // 16 lanes where AVX2 sums 8, so its results differ from AVX2's in the last bits (both are
 // tested against a double reference). Q4 with G a multiple of 32 runs at the AVX-512 level
-// in span order (q4_span_order: the nibble lookup's order, the query permuted to it for q.K,
-// the p.V output put back in element order), so its sums are in another order again. The
+// in span order (q4_span_order: the nibble lookup's order, the query permuted to it for q.K;
+// p.V in the widened bytes' order, put back in element order), so its q.K sums are in another
+// order again (p.V's per-column sums are in row order at every level). The
 // integer q.K path at the AVX-512 level runs the VNNI kernel (VPDPBUSD, four query heads per
 // register) when has_avx512_vnni(), else AVX2's integer scores; the int32 block dots are the
 // same at every level, float sums in another order. kvevict::attend selects it with AttendOptions::quant_qk (attention.hpp).
@@ -127,7 +128,8 @@ constexpr std::size_t q4_span_element(std::size_t t) noexcept {
 /// Q4 at the AVX-512 level with G a multiple of 32 works in "span order": kernel position
 /// t (0..31) of each 32-element span holds element q4_span512_element(t) (the nibble
 /// lookup's natural order, attn_avx512::q_chunk_scaled). Its exact q.K reads the query
-/// permuted the same way; its p.V accumulates in that order and puts the output back.
+/// permuted the same way; its p.V accumulates in q4_span_element's order (the span's bytes
+/// widened, attn_avx512::q_output_block) and puts the output back.
 template <class D>
 inline constexpr bool q4_span_order = D::kind == QKind::q4 && D::group % 32 == 0;
 constexpr std::size_t q4_span512_element(std::size_t t) noexcept {
@@ -640,10 +642,24 @@ KVEVICT_ATTN_TARGET_AVX512 inline void q_output_block(const float* probs, std::s
     static_assert(kVecs * 16 % 64 == 0, "column blocks start at multiples of 64");
     constexpr int share = D::group % 64 == 0 ? 4 : (D::group % 32 == 0 ? 2 : 1);
     V x[NV], sc = vzero();
-    for (int v = 0; v < NV; ++v) {
-      const std::size_t e = c0 + static_cast<std::size_t>(v) * 16;
-      if (v % share == 0) sc = q_chunk_scale<D>(row, e);
-      x[v] = q_chunk_scaled<D>(row, e, sc);
+    if constexpr (q4_span_order<D>) {
+      // p.V's lanes are free (each column is summed alone, put back by q_output_order): a
+      // span's 16 bytes widened to 16 dwords (VPMOVZXBD) index its low nibbles directly
+      // (VPERMPS reads bits 0-3), the same dwords shifted by 4 its high nibbles. Lane t of
+      // the two vectors: elements q4_span_element(t) and q4_span_element(16 + t).
+      for (int v = 0; v < NV; v += 2) {
+        const std::size_t e = c0 + static_cast<std::size_t>(v) * 16;
+        if (v % share == 0) sc = q_chunk_scale<D>(row, e);
+        const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q_codes_at<D>(row, e))));
+        x[v] = _mm512_permutexvar_ps(w, sc);
+        if (v + 1 < NV) x[v + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32(w, 4), sc);
+      }
+    } else {
+      for (int v = 0; v < NV; ++v) {
+        const std::size_t e = c0 + static_cast<std::size_t>(v) * 16;
+        if (v % share == 0) sc = q_chunk_scale<D>(row, e);
+        x[v] = q_chunk_scaled<D>(row, e, sc);
+      }
     }
     for (int g = 0; g < GC; ++g) {
       const V pb = vset1(probs[static_cast<std::size_t>(g) * ld + i]);
@@ -671,7 +687,8 @@ KVEVICT_ATTN_TARGET_AVX512 inline void q_output_nv(std::size_t nv, const float* 
 
 /// out[g * out_stride + k] += sum_i probs[g * ld + i] * v_i[k] over one run of n contiguous
 /// stored rows, row by row in order whatever the tiling; k in kernel order (Q4 with G a
-/// multiple of 32: span order, put back by q_output_order once every run is added).
+/// multiple of 32: q4_span_element's order, put back by q_output_order once every run is
+/// added).
 template <class D>
 KVEVICT_ATTN_TARGET_AVX512 inline void q_accumulate_run(const float* probs, std::size_t ld,
                                                         std::size_t group, const std::uint8_t* rows,
@@ -706,13 +723,13 @@ KVEVICT_ATTN_TARGET_AVX512 inline void q_accumulate_run(const float* probs, std:
 template <class D>
 KVEVICT_ATTN_TARGET_AVX512 inline void q_output_order(std::size_t group, std::size_t d, float* out,
                                                       std::size_t out_stride) noexcept {
-  if constexpr (q4_span_order<D>) {  // span order -> element order
+  if constexpr (q4_span_order<D>) {  // q_output_block's order -> element order
     for (std::size_t g = 0; g < group; ++g)
       for (std::size_t s0 = 0; s0 < d; s0 += 32) {
         float* o = out + g * out_stride + s0;
         alignas(64) float t[32];
         std::memcpy(t, o, sizeof t);
-        for (std::size_t k = 0; k < 32; ++k) o[q4_span512_element(k)] = t[k];
+        for (std::size_t k = 0; k < 32; ++k) o[q4_span_element(k)] = t[k];
       }
   }
 }
