@@ -799,6 +799,14 @@ constexpr PoolOptions kPool{.floor_fraction = 0.25, .capacity = PoolOptions::Cap
 constexpr PoolOptions kPoolModel{.floor_fraction = 0.25,
                                  .capacity = PoolOptions::Capacity::share,
                                  .scope = PoolOptions::Scope::model};
+// kPoolModel with share-scaled costs (PoolOptions::share_exponent): each head's costs times
+// (its rows / B)^(1/2) before the pool compares them. Chosen with --adaptive --tune on
+// streams 0-7: the exponent of {1/4, 3/8, 1/2, 5/8, 3/4, 1} x floor {1/4, 1/2} with the
+// largest smallest share of the calibrated gain over the four budgets.
+constexpr PoolOptions kPoolScaled{.floor_fraction = 0.25,
+                                  .capacity = PoolOptions::Capacity::share,
+                                  .scope = PoolOptions::Scope::model,
+                                  .share_exponent = 0.5};
 // DuoAttention-style head typing from the calibration profile: the share of KV heads with
 // the most mass beyond a sink + window keeps a long cache, the rest sink + window. Chosen
 // with --adaptive --tune on streams 0-7.
@@ -832,6 +840,12 @@ void all_split_rows(std::size_t B, const AttentionAgeProfile& profile, Row&& row
   row("recommended() + calibrated per-head budgets, per-layer totals",
       policies::DecayedAttention::recommended(),
       profile.allocate(b, HeadAllocation{.floor = 4, .per_layer = true}));
+  row("recommended() + run-time per-head budgets, whole cache, share-scaled costs",
+      policies::DecayedAttention::recommended(), Budget::uniform(b).pooled(kPoolScaled));
+  PoolOptions layer = kPoolScaled;
+  layer.scope = PoolOptions::Scope::layer;
+  row("recommended() + run-time per-head budgets, per layer, share-scaled costs",
+      policies::DecayedAttention::recommended(), Budget::uniform(b).pooled(layer));
 }
 // --adaptive --tune: the pooled floor and the head typing on the tuning streams.
 template <class Row>
@@ -856,6 +870,14 @@ void tune_split_rows(std::size_t B, const AttentionAgeProfile& profile, Row&& ro
         row(fmt::format("H2O (recent B/4), pooled per {}, {}, floor {}", sc, c, f),
             policies::H2O({.recent = B / 4}), Budget::uniform(b).pooled(o));
       }
+  // Share-scaled costs (whole cache, share capacity): exponent x floor.
+  for (double e : {0.25, 0.375, 0.5, 0.625, 0.75, 1.0})
+    for (double f : {0.25, 0.5}) {
+      const PoolOptions o{.floor_fraction = f, .capacity = Cap::share, .scope = Scope::model,
+                          .share_exponent = e};
+      row(fmt::format("recommended(), pooled per model, share, floor {}, share-scaled costs {}", f, e),
+          rec, Budget::uniform(b).pooled(o));
+    }
   for (double rf : {0.25, 0.5, 0.75})
     for (double sf : {0.25, 0.5}) {
       const HeadTyping t{.retrieval_fraction = rf, .stream_fraction = sf};
