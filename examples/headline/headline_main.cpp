@@ -53,6 +53,7 @@ struct Args {
   bool reserve = false;   ///< --tune-reserve: the deduplicated-reserve grid
   bool trace = false;     ///< --trace-reserve: with --haystack, what the reserve ranks first
   bool adaptive = false;  ///< --adaptive: per-head budget splits at equal memory
+  bool groups = false;    ///< --groups: the KL table's rows also print each group's mean KL
 };
 
 // nullopt: exit 0 (--help, --list).
@@ -110,6 +111,8 @@ std::optional<Args> parse(int argc, char** argv) {
          "per-head budget splits at equal memory: uniform, calibrated (AttentionAgeProfile), "
          "run-time (Budget::pooled) and head typing (with --retrieval / --haystack: those measures)",
          a.adaptive);
+  p.flag("--groups", "KL table: each 4-stream group's mean KL after the row (paired shares)",
+         a.groups);
   p.flag("--paged", "block-granular eviction through PagedKV (the paged rows)", a.paged);
   p.flag("--block-policies",
          "block-granular and shared-cell rows of every policy through BlockGranular<P> "
@@ -270,6 +273,7 @@ struct Runner {
   std::size_t reference_budget = 0;
   std::vector<double> reference;  ///< StreamingLLM's KL per group at reference_budget
   ProtocolOptions protocol;       ///< --prompt / --prefill-block
+  bool print_groups = false;      ///< --groups
 
   template <class Policy>
   void row(std::size_t budget, const char* name, Policy policy, bool unbounded = false) {
@@ -297,8 +301,13 @@ struct Runner {
     }
     std::size_t won = 0;
     for (std::size_t g = 0; g < groups.size(); ++g) won += groups[g] < reference[g];
-    fmt::print("| {} | {} | {:.4f} | {:.4f}-{:.4f} | {}/{} | {:.3f} |\n", budget, name, all.mean_kl,
+    fmt::print("| {} | {} | {:.4f} | {:.4f}-{:.4f} | {}/{} | {:.3f} |", budget, name, all.mean_kl,
                 lo, hi, won, groups.size(), all.top1);
+    if (print_groups) {
+      for (double g : groups) fmt::print(" {:.5f}", g);
+      fmt::print(" |");
+    }
+    fmt::print("\n");
     std::fflush(stdout);
   }
 };
@@ -900,6 +909,7 @@ int main(int argc, char** argv) {
     r.protocol.prefill_block = a.prefill_block;
     r.protocol.prefill_select = a.prefill_select;
     r.protocol.skip = a.skip;
+    r.print_groups = a.groups;
     // The registry's knobs for --policies: the reference protocol's, with the model's RoPE.
     registry::Knobs knobs = registry::Knobs::reference_protocol();
     set_model_rope(knobs, r.model->config());
