@@ -9,6 +9,11 @@ find_package(nlohmann_json 3 REQUIRED)
 add_executable(kvevict_hf_tool ${CMAKE_CURRENT_SOURCE_DIR}/hf_tool.cpp)
 target_link_libraries(kvevict_hf_tool PRIVATE kvevict::kvevict kvevict_warnings fmt::fmt-header-only
                                               nlohmann_json::nlohmann_json)
+# The tool drives example code (examples/llama2c/hf.hpp): KVEVICT_QUICK_BUILD (CI) compiles it
+# at -O1 like the examples (CMakeLists.txt); the sanitizer pass runs the same test at -O0.
+if(KVEVICT_QUICK_BUILD)
+  target_compile_options(kvevict_hf_tool PRIVATE -O1)
+endif()
 # The first python3 that imports numpy (a pyenv shim first on PATH may lack it, Debian's
 # /usr/bin/python3 with python3-numpy has it); without one the test still runs and skips.
 find_package(Python3 COMPONENTS Interpreter)

@@ -22,12 +22,21 @@ if(TARGET kvevict_kernels)
   # and ::avx2, which a separate-kernels TU does not see.)
   # decayed_attention and snapkv (and README, odr: H2O, StreamingLLM, FullCache) run on the
   # KVCache<P> / attend() instantiations compiled into the library (extern_templates.hpp).
+  # Their own precompiled header (tests/CMakeLists.txt): KVEVICT_SEPARATE_KERNELS changes
+  # what kvevict.hpp declares.
+  if(KVEVICT_TEST_PCH)
+    kvevict_test_pch_owner(kvevict_test_pch_separate kvevict::kernels kvevict_catch_main
+                                                     kvevict_warnings)
+  endif()
   foreach(name errors hash_evict snapkv decayed_attention kernels_hamming kernels_simhash
           kernels_attention)
     add_executable(kvevict_test_${name}_separate ${CMAKE_CURRENT_SOURCE_DIR}/test_${name}.cpp)
     target_link_libraries(kvevict_test_${name}_separate
                           PRIVATE kvevict::kernels kvevict_catch_main kvevict_warnings)
     target_include_directories(kvevict_test_${name}_separate PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+    if(KVEVICT_TEST_PCH AND NOT name IN_LIST KVEVICT_TEST_NO_PCH)
+      target_precompile_headers(kvevict_test_${name}_separate REUSE_FROM kvevict_test_pch_separate)
+    endif()
     catch_discover_tests(kvevict_test_${name}_separate TEST_PREFIX "kernels library, ${name}: ")
   endforeach()
 endif()

@@ -1,0 +1,1 @@
+// The translation unit that owns the test executables' precompiled header (support/pch.hpp).
