@@ -147,6 +147,26 @@ TEST_CASE("pooled_victim_counts equals the brute-force rule on small layers", "[
   REQUIRE(checked > 1000);
   REQUIRE(uneven > 100);  // the split really moves between heads
 }
+TEST_CASE("share-scaled pool costs: finite costs scaled, reserve and protected rows kept", "[pool]") {
+  constexpr float inf = std::numeric_limits<float>::infinity(), top = std::numeric_limits<float>::max();
+  std::vector<float> c{0.5f, 2.0f, inf, top, std::nanf(""), 0.0f, top / 2};
+  kd::scale_pool_costs(c, 4, 16, 0.5);  // (4 / 16)^(1/2) = 1/2
+  REQUIRE(c[0] == 0.25f);
+  REQUIRE(c[1] == 1.0f);
+  REQUIRE(c[2] == inf);
+  REQUIRE(c[3] == top);
+  REQUIRE(std::isnan(c[4]));
+  REQUIRE(c[5] == 0.0f);
+  REQUIRE(c[6] == top / 4);
+  std::vector<float> big{top / 2, 1.0f};
+  kd::scale_pool_costs(big, 64, 16, 1.0);  // x4: clamped below FLT_MAX, still before the reserve
+  REQUIRE(big[0] < top);
+  REQUIRE(big[0] == std::nextafter(top, 0.0f));
+  REQUIRE(big[1] == 4.0f);
+  std::vector<float> same{0.3f, 0.7f};
+  kd::scale_pool_costs(same, 3, 16, 0.0);
+  REQUIRE(same == std::vector<float>{0.3f, 0.7f});
+}
 
 // A GQA layer whose KV heads look at different distances: head 0's queries spread
 // attention over every row, head 1's fall on the newest rows only. Probabilities are made
@@ -232,6 +252,13 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
         view.seqs = s.data();
         view.incoming_seq = hl < l ? t + 1 : t;
         if (!s.empty()) copy.eviction_costs(view, costs[j]);
+        if (o.share_exponent > 0.0 && !s.empty()) {
+          // Share-scaled costs, written out: finite costs below FLT_MAX times (n / B)^e.
+          const auto f = float(std::pow(double(s.size()) / double(B), o.share_exponent));
+          for (float& c : costs[j])
+            if (c < std::numeric_limits<float>::max())
+              c = std::min(c * f, std::nextafter(std::numeric_limits<float>::max(), 0.0f));
+        }
         floors.push_back(floor);
         ceilings.push_back(cache.max_rows(hl, h));
         before.push_back(s.size());
@@ -284,6 +311,19 @@ TEST_CASE("pooled DecayedAttention: total, floors, protection, bit-exact rows, b
   SECTION("recommended(), share capacity, model scope") {
     drive_and_check(rec, 32, {.floor_fraction = 0.25, .capacity = Cap::share, .scope = Scope::model}, 1,
                     rec.recent_for(8), true);
+  }
+  SECTION("recommended(), share capacity, share-scaled costs, per layer") {
+    drive_and_check(rec, 32, {.floor_fraction = 0.25, .capacity = Cap::share, .share_exponent = 0.5}, 1,
+                    rec.recent_for(8), true);
+  }
+  SECTION("recommended(), share capacity, share-scaled costs, model scope") {
+    drive_and_check(rec, 32,
+                    {.floor_fraction = 0.25, .capacity = Cap::share, .scope = Scope::model, .share_exponent = 0.5},
+                    1, rec.recent_for(8), true);
+  }
+  SECTION("H2O, share-scaled costs, model scope") {
+    drive_and_check(pol::H2O({.recent = 4, .sinks = 1}), 16, {.scope = Scope::model, .share_exponent = 1.0}, 1, 4,
+                    true);
   }
   SECTION("H2O") { drive_and_check(pol::H2O({.recent = 4, .sinks = 1}), 16, {.floor_fraction = 0.25}, 1, 4, true); }
   SECTION("H2O, model scope") {
@@ -379,6 +419,9 @@ TEST_CASE("pooled budgets: bad input is a kvevict::Error, save refuses", "[pool]
   REQUIRE_THROWS_AS(Budget::unbounded().pooled(), Error);
   REQUIRE_THROWS_WITH(Budget::uniform(8).pooled({.floor_fraction = 1.5}), Catch::Contains("floor_fraction = 1.5"));
   REQUIRE_THROWS_AS(Budget::uniform(8).pooled({.floor_fraction = std::nan("")}), Error);
+  REQUIRE_THROWS_WITH(Budget::uniform(8).pooled({.share_exponent = -0.5}), Catch::Contains("share_exponent = -0.5"));
+  REQUIRE_THROWS_WITH(Budget::uniform(8).pooled({.share_exponent = 9.0}), Catch::Contains("expected in [0, 8]"));
+  REQUIRE_THROWS_AS(Budget::uniform(8).pooled({.share_exponent = std::nan("")}), Error);
   const Geometry g{1, 2, 2, 4};
   KVCache<pol::H2O> c(g, Budget::uniform(8).pooled(), pol::H2O({.recent = 2}));
   REQUIRE_THROWS_WITH(kvevict::save_bytes(c), Catch::Contains("pooled"));

@@ -53,6 +53,7 @@ struct Args {
   bool reserve = false;   ///< --tune-reserve: the deduplicated-reserve grid
   bool trace = false;     ///< --trace-reserve: with --haystack, what the reserve ranks first
   bool adaptive = false;  ///< --adaptive: per-head budget splits at equal memory
+  bool groups = false;    ///< --groups: the KL table's rows also print each group's mean KL
 };
 
 // nullopt: exit 0 (--help, --list).
@@ -110,6 +111,8 @@ std::optional<Args> parse(int argc, char** argv) {
          "per-head budget splits at equal memory: uniform, calibrated (AttentionAgeProfile), "
          "run-time (Budget::pooled) and head typing (with --retrieval / --haystack: those measures)",
          a.adaptive);
+  p.flag("--groups", "KL table: each 4-stream group's mean KL after the row (paired shares)",
+         a.groups);
   p.flag("--paged", "block-granular eviction through PagedKV (the paged rows)", a.paged);
   p.flag("--block-policies",
          "block-granular and shared-cell rows of every policy through BlockGranular<P> "
@@ -270,6 +273,7 @@ struct Runner {
   std::size_t reference_budget = 0;
   std::vector<double> reference;  ///< StreamingLLM's KL per group at reference_budget
   ProtocolOptions protocol;       ///< --prompt / --prefill-block
+  bool print_groups = false;      ///< --groups
 
   template <class Policy>
   void row(std::size_t budget, const char* name, Policy policy, bool unbounded = false) {
@@ -297,8 +301,13 @@ struct Runner {
     }
     std::size_t won = 0;
     for (std::size_t g = 0; g < groups.size(); ++g) won += groups[g] < reference[g];
-    fmt::print("| {} | {} | {:.4f} | {:.4f}-{:.4f} | {}/{} | {:.3f} |\n", budget, name, all.mean_kl,
+    fmt::print("| {} | {} | {:.4f} | {:.4f}-{:.4f} | {}/{} | {:.3f} |", budget, name, all.mean_kl,
                 lo, hi, won, groups.size(), all.top1);
+    if (print_groups) {
+      for (double g : groups) fmt::print(" {:.5f}", g);
+      fmt::print(" |");
+    }
+    fmt::print("\n");
     std::fflush(stdout);
   }
 };
@@ -799,6 +808,14 @@ constexpr PoolOptions kPool{.floor_fraction = 0.25, .capacity = PoolOptions::Cap
 constexpr PoolOptions kPoolModel{.floor_fraction = 0.25,
                                  .capacity = PoolOptions::Capacity::share,
                                  .scope = PoolOptions::Scope::model};
+// kPoolModel with share-scaled costs (PoolOptions::share_exponent): each head's costs times
+// (its rows / B)^(1/2) before the pool compares them. Chosen with --adaptive --tune on
+// streams 0-7: the exponent of {1/4, 3/8, 1/2, 5/8, 3/4, 1} x floor {1/4, 1/2} with the
+// largest smallest share of the calibrated gain over the four budgets.
+constexpr PoolOptions kPoolScaled{.floor_fraction = 0.25,
+                                  .capacity = PoolOptions::Capacity::share,
+                                  .scope = PoolOptions::Scope::model,
+                                  .share_exponent = 0.5};
 // DuoAttention-style head typing from the calibration profile: the share of KV heads with
 // the most mass beyond a sink + window keeps a long cache, the rest sink + window. Chosen
 // with --adaptive --tune on streams 0-7.
@@ -832,6 +849,12 @@ void all_split_rows(std::size_t B, const AttentionAgeProfile& profile, Row&& row
   row("recommended() + calibrated per-head budgets, per-layer totals",
       policies::DecayedAttention::recommended(),
       profile.allocate(b, HeadAllocation{.floor = 4, .per_layer = true}));
+  row("recommended() + run-time per-head budgets, whole cache, share-scaled costs",
+      policies::DecayedAttention::recommended(), Budget::uniform(b).pooled(kPoolScaled));
+  PoolOptions layer = kPoolScaled;
+  layer.scope = PoolOptions::Scope::layer;
+  row("recommended() + run-time per-head budgets, per layer, share-scaled costs",
+      policies::DecayedAttention::recommended(), Budget::uniform(b).pooled(layer));
 }
 // --adaptive --tune: the pooled floor and the head typing on the tuning streams.
 template <class Row>
@@ -856,6 +879,14 @@ void tune_split_rows(std::size_t B, const AttentionAgeProfile& profile, Row&& ro
         row(fmt::format("H2O (recent B/4), pooled per {}, {}, floor {}", sc, c, f),
             policies::H2O({.recent = B / 4}), Budget::uniform(b).pooled(o));
       }
+  // Share-scaled costs (whole cache, share capacity): exponent x floor.
+  for (double e : {0.25, 0.375, 0.5, 0.625, 0.75, 1.0})
+    for (double f : {0.25, 0.5}) {
+      const PoolOptions o{.floor_fraction = f, .capacity = Cap::share, .scope = Scope::model,
+                          .share_exponent = e};
+      row(fmt::format("recommended(), pooled per model, share, floor {}, share-scaled costs {}", f, e),
+          rec, Budget::uniform(b).pooled(o));
+    }
   for (double rf : {0.25, 0.5, 0.75})
     for (double sf : {0.25, 0.5}) {
       const HeadTyping t{.retrieval_fraction = rf, .stream_fraction = sf};
@@ -878,6 +909,7 @@ int main(int argc, char** argv) {
     r.protocol.prefill_block = a.prefill_block;
     r.protocol.prefill_select = a.prefill_select;
     r.protocol.skip = a.skip;
+    r.print_groups = a.groups;
     // The registry's knobs for --policies: the reference protocol's, with the model's RoPE.
     registry::Knobs knobs = registry::Knobs::reference_protocol();
     set_model_rope(knobs, r.model->config());

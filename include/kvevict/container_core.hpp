@@ -444,6 +444,7 @@ class ContainerCore {
               throw std::logic_error(std::string("kvevict: policy ") + Policy::name() +
                                      " eviction_costs wrote " + std::to_string(c.size()) +
                                      " costs, expected " + std::to_string(h.size()));
+            scale_pool_costs(c, h.size(), pool.nominal[i], pool.exponent);
           }
           pool_fresh_[i] = 1;
         }

@@ -70,6 +70,14 @@ struct PoolOptions {
   /// refuses it, its engine locates only the stepping layer's rows).
   enum class Scope { layer, model };
   Scope scope = Scope::layer;
+  /// Share-scaled costs: before the pool compares them, each head's finite costs are
+  /// multiplied by (rows it holds / its nominal count)^share_exponent. A head's attention
+  /// is renormalised over the rows it holds, so the same row draws a larger share in a
+  /// head that gave rows up than it would in a fuller one; this undoes part of that, and
+  /// the split follows the heads' use further. 0 (the default): the policy's costs as
+  /// they are. Rows the policy marks +infinity or FLT_MAX (its reserve) keep their cost,
+  /// so the order within a head, and the head's own choice of victims, do not change.
+  double share_exponent = 0.0;
 };
 
 /// Rows a cache may hold: one count per (layer, KV head). `unbounded()` is the full cache.
@@ -145,6 +153,9 @@ class Budget {
     detail::require(o.scope == PoolOptions::Scope::layer || o.scope == PoolOptions::Scope::model,
                     "budget: pooled scope = ", static_cast<int>(o.scope),
                     ", expected PoolOptions::Scope::layer or model");
+    detail::require(std::isfinite(o.share_exponent) && o.share_exponent >= 0.0 &&
+                        o.share_exponent <= 8.0,
+                    "budget: pooled share_exponent = ", o.share_exponent, ", expected in [0, 8]");
     Budget b = *this;
     b.pooled_ = true;
     b.pool_ = o;

@@ -51,6 +51,8 @@ struct LayerPool {
   std::vector<std::size_t> floor;    ///< per (layer, KV head): rows it keeps at least
   std::vector<std::size_t> ceiling;  ///< per (layer, KV head): rows it may hold at most
   std::vector<std::size_t> chunk;    ///< per (layer, KV head): storage growth step
+  std::vector<std::size_t> nominal;  ///< per (layer, KV head): the budget's count
+  double exponent = 0.0;             ///< PoolOptions::share_exponent
 
   /// `caps` are the nominal capacities (layer-major); `min_rows` the policy's min_capacity().
   KVEVICT_DEFER static LayerPool resolve(const Geometry& g, const Budget& b, const std::vector<std::size_t>& caps,
@@ -62,6 +64,8 @@ struct LayerPool {
     p.model = b.pool_options().scope == PoolOptions::Scope::model;
     const std::size_t width = p.model ? caps.size() : static_cast<std::size_t>(g.n_kv_heads);
     const double f = b.pool_options().floor_fraction;
+    p.exponent = b.pool_options().share_exponent;
+    p.nominal = caps;
     for (std::size_t first = 0; first < caps.size(); first += width) {
       std::size_t total = 0, floors = 0;
       for (std::size_t i = first; i < first + width; ++i) {
@@ -89,6 +93,21 @@ struct LayerPool {
     return ceiling.empty() ? 0 : *std::max_element(ceiling.begin(), ceiling.end());
   }
 };
+
+/// PoolOptions::share_exponent: scales a head's `costs` (its `rows` rows) by
+/// (rows / nominal)^exponent, in place. Rows at FLT_MAX or above (the policy's reserve and
+/// never-evicted rows) and NaN keep their cost; a scaled cost stays below FLT_MAX, so it
+/// still ranks before the reserve.
+inline void scale_pool_costs(std::span<float> costs, std::size_t rows, std::size_t nominal,
+                             double exponent) {
+  if (exponent == 0.0 || costs.empty() || nominal == 0) return;
+  const auto f = static_cast<float>(
+      std::pow(static_cast<double>(rows) / static_cast<double>(nominal), exponent));
+  constexpr float top = std::numeric_limits<float>::max();
+  const float below = std::nextafter(top, 0.0f);
+  for (float& c : costs)
+    if (c < top) c = std::min(c * f, below);
+}
 
 /// Scratch of pooled_victim_counts (kept by the caller so a step allocates nothing new).
 struct PoolScratch {
