@@ -10,6 +10,7 @@
 // Numbers are written as fmt's "{}" writes them: integers in decimal, floating point in the
 // shortest digits that read back as the same value, fixed notation for decimal exponents
 // -4..15 and scientific beyond (format_number below).
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -121,12 +122,101 @@ template <class... Parts>
   return out;
 }
 
+/// One part of an error message with its type erased (issue 19's include cost): fail()
+/// packs its parts into an array of these and hands it to one function, fail_message,
+/// instead of compiling a formatter per argument list. Formatted as append_part formats
+/// the part it was made from.
+struct MessagePart {
+  enum class Kind : unsigned char { text, character, boolean, signed_int, unsigned_int, f32, f64, f80 };
+  Kind kind;
+  union {
+    struct {
+      const char* data;
+      std::size_t size;
+    } text;
+    char character;
+    bool boolean;
+    long long signed_int;
+    unsigned long long unsigned_int;
+    float f32;
+    double f64;
+    long double f80;
+  };
+};
+
+/// The MessagePart of one part (what append_part accepts).
+template <class T>
+MessagePart message_part(const T& part) {
+  MessagePart m;
+  if constexpr (std::is_convertible_v<const T&, std::string_view>) {
+    const std::string_view text(part);
+    m.kind = MessagePart::Kind::text;
+    m.text = {text.data(), text.size()};
+  } else if constexpr (std::is_same_v<T, char>) {
+    m.kind = MessagePart::Kind::character;
+    m.character = part;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    m.kind = MessagePart::Kind::boolean;
+    m.boolean = part;
+  } else if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+    m.kind = MessagePart::Kind::signed_int;
+    m.signed_int = static_cast<long long>(part);
+  } else if constexpr (std::is_integral_v<T>) {
+    m.kind = MessagePart::Kind::unsigned_int;
+    m.unsigned_int = static_cast<unsigned long long>(part);
+  } else if constexpr (std::is_same_v<T, float>) {
+    m.kind = MessagePart::Kind::f32;
+    m.f32 = part;
+  } else if constexpr (std::is_same_v<T, double>) {
+    m.kind = MessagePart::Kind::f64;
+    m.f64 = part;
+  } else if constexpr (std::is_same_v<T, long double>) {
+    m.kind = MessagePart::Kind::f80;
+    m.f80 = part;
+  } else if constexpr (std::is_enum_v<T>) {
+    return message_part(static_cast<std::underlying_type_t<T>>(part));
+  } else {
+    static_assert(std::is_arithmetic_v<T>, "kvevict::detail::fail: a message part is "
+                                           "text, a number, a bool or an enumeration");
+  }
+  return m;
+}
+
+/// Throws kvevict::Error("kvevict: " + the n parts formatted in order). Header-only: a
+/// function template (KVEVICT_LAZY), compiled only in a file that can fail; separate-kernels
+/// mode: defined once in kvevict_kernels.
+#if defined(KVEVICT_SEPARATE_KERNELS)
+[[noreturn]] void fail_message(const MessagePart* parts, std::size_t n);
+#endif
+#if !KVEVICT_KERNELS_DECLARE_ONLY
+KVEVICT_LAZY [[noreturn]] KVEVICT_KERNEL_FN void fail_message(const MessagePart* parts, std::size_t n) {
+  std::string message = "kvevict: ";
+  for (std::size_t i = 0; i < n; ++i) {
+    const MessagePart& p = parts[i];
+    switch (p.kind) {
+      case MessagePart::Kind::text: message.append(p.text.data, p.text.size); break;
+      case MessagePart::Kind::character: append_part(message, p.character); break;
+      case MessagePart::Kind::boolean: append_part(message, p.boolean); break;
+      case MessagePart::Kind::signed_int: append_part(message, p.signed_int); break;
+      case MessagePart::Kind::unsigned_int: append_part(message, p.unsigned_int); break;
+      case MessagePart::Kind::f32: append_part(message, p.f32); break;
+      case MessagePart::Kind::f64: append_part(message, p.f64); break;
+      case MessagePart::Kind::f80: append_part(message, p.f80); break;
+    }
+  }
+  throw Error(message);
+}
+#endif
+
 /// Throws kvevict::Error("kvevict: " + every part formatted in order).
 template <class... Parts>
 [[noreturn]] void fail(const Parts&... parts) {
-  std::string message = "kvevict: ";
-  append_parts(message, parts...);
-  throw Error(message);
+  if constexpr (sizeof...(Parts) == 0) {
+    fail_message(nullptr, 0);
+  } else {
+    const MessagePart list[] = {message_part(parts)...};
+    fail_message(list, sizeof...(Parts));
+  }
 }
 
 template <class... Parts>

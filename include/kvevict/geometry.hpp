@@ -23,7 +23,7 @@ struct Geometry {
   /// no caller divides by zero before its own check names the problem.
   [[nodiscard]] int group() const { return n_kv_heads > 0 ? n_heads / n_kv_heads : 0; }
 
-  void validate() const {
+  KVEVICT_DEFER void validate() const {
     detail::require(n_layers > 0, "geometry: n_layers = ", n_layers, ", expected > 0");
     detail::require(n_heads > 0, "geometry: n_heads = ", n_heads, ", expected > 0");
     detail::require(n_kv_heads > 0, "geometry: n_kv_heads = ", n_kv_heads, ", expected > 0");
@@ -95,7 +95,7 @@ class Budget {
   }
 
   /// One token count per layer (shared by that layer's KV heads).
-  static Budget per_layer(const std::vector<long long>& tokens) {
+  KVEVICT_DEFER static Budget per_layer(const std::vector<long long>& tokens) {
     detail::require(!tokens.empty(), "budget: per-layer vector is empty, expected one entry per layer");
     std::vector<std::size_t> v;
     for (std::size_t l = 0; l < tokens.size(); ++l) {
@@ -106,7 +106,7 @@ class Budget {
   }
 
   /// One token count per (layer, KV head): tokens[layer][kv_head].
-  static Budget per_head(const std::vector<std::vector<long long>>& tokens) {
+  KVEVICT_DEFER static Budget per_head(const std::vector<std::vector<long long>>& tokens) {
     detail::require(!tokens.empty(), "budget: per-head table is empty, expected one row per layer");
     std::vector<std::size_t> v;
     std::vector<std::size_t> widths;
@@ -121,7 +121,7 @@ class Budget {
   }
 
   /// Sugar: a fraction of a context length, rounded to nearest, at least one token.
-  static Budget ratio(double fraction, long long context_tokens) {
+  KVEVICT_DEFER static Budget ratio(double fraction, long long context_tokens) {
     detail::require(std::isfinite(fraction) && fraction > 0.0 && fraction <= 1.0,
                     "budget: ratio = ", fraction, ", expected in (0, 1]");
     detail::require(context_tokens > 0, "budget: context length = ", context_tokens,
@@ -140,7 +140,7 @@ class Budget {
   /// a policy without that hook keeps the nominal per-head capacities (the same decisions
   /// as without pooling). The nominal capacity is what a policy sees as
   /// HeadView::capacity (its protected band, decay and reserve follow it).
-  [[nodiscard]] Budget pooled(PoolOptions o = {}) const {
+  KVEVICT_DEFER [[nodiscard]] Budget pooled(PoolOptions o = {}) const {
     detail::require(kind_ != Kind::unbounded,
                     "budget: pooled() of an unbounded budget, expected a finite budget");
     detail::require(std::isfinite(o.floor_fraction) && o.floor_fraction >= 0.0 &&
@@ -165,7 +165,7 @@ class Budget {
   [[nodiscard]] const PoolOptions& pool_options() const { return pool_; }
 
   /// Checks the budget against a geometry (layer count, KV heads per layer).
-  void validate(const Geometry& g) const {
+  KVEVICT_DEFER void validate(const Geometry& g) const {
     if (kind_ == Kind::per_layer) {
       detail::require(counts_.size() == static_cast<std::size_t>(g.n_layers),
                       "budget: per-layer vector has ", counts_.size(), " entries, expected ",

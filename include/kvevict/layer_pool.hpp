@@ -55,7 +55,7 @@ struct LayerPool {
   double exponent = 0.0;             ///< PoolOptions::share_exponent
 
   /// `caps` are the nominal capacities (layer-major); `min_rows` the policy's min_capacity().
-  static LayerPool resolve(const Geometry& g, const Budget& b, const std::vector<std::size_t>& caps,
+  KVEVICT_DEFER static LayerPool resolve(const Geometry& g, const Budget& b, const std::vector<std::size_t>& caps,
                            std::size_t min_rows) {
     LayerPool p;
     if (!b.is_pooled()) return p;
@@ -148,7 +148,7 @@ struct PoolHead {
 /// Victims per head of one layer (counts[h]); see the header comment for the rule. Throws
 /// std::logic_error naming `policy` when the finite costs cannot cover what the layer must
 /// give up (a policy that marks too many rows as not evictable), before anything changed.
-inline void pooled_victim_counts(std::span<const PoolHead> heads, std::size_t total,
+KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, std::size_t total,
                                  std::vector<std::size_t>& counts, PoolScratch& s,
                                  const char* policy) {
   counts.assign(heads.size(), 0);

@@ -513,7 +513,7 @@ class DecayedAttention {
   /// until the head's rows, scores or budget change (forget, on_budget, load_state);
   /// take_ahead checks the view before using it. Changes no state but scratch and floor_
   /// (a hint: the same rows are kept whatever it is).
-  void decide_ahead(int layer, int kv_head, std::size_t n) {
+  KVEVICT_DEFER void decide_ahead(int layer, int kv_head, std::size_t n) {
     const std::size_t h = head_index(layer, kv_head);
     Ahead& a = ahead_[h];
     a.valid = false;
