@@ -277,7 +277,7 @@ AttentionView observed_view(const Geometry& g, int layer, int kv_head,
 }
 
 /// capacity[l * Hkv + h] of every (layer, KV head) under `b`.
-inline std::vector<std::size_t> resolve_capacities(const Geometry& g, const Budget& b) {
+KVEVICT_DEFER inline std::vector<std::size_t> resolve_capacities(const Geometry& g, const Budget& b) {
   std::vector<std::size_t> caps;
   caps.reserve(static_cast<std::size_t>(g.n_layers) * static_cast<std::size_t>(g.n_kv_heads));
   for (int l = 0; l < g.n_layers; ++l)

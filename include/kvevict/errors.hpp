@@ -208,9 +208,12 @@ KVEVICT_LAZY [[noreturn]] KVEVICT_KERNEL_FN void fail_message(const MessagePart*
 }
 #endif
 
-/// Throws kvevict::Error("kvevict: " + every part formatted in order).
+/// Throws kvevict::Error("kvevict: " + every part formatted in order). The parts are taken
+/// by value (a cold path: copies only when throwing) so that string literals decay to
+/// `const char*`: one fail / message_part instantiation per list of part types, not one per
+/// literal length (issue 19's include cost; require() below keeps its references).
 template <class... Parts>
-[[noreturn]] void fail(const Parts&... parts) {
+[[noreturn]] void fail(const Parts... parts) {
   if constexpr (sizeof...(Parts) == 0) {
     fail_message(nullptr, 0);
   } else {

@@ -92,7 +92,7 @@ class AttentionAgeProfile {
   /// (1 - u) x its greedy count + u x mean_rows, rounded so the total stays exact.
   KVEVICT_LAZY [[nodiscard]] std::vector<std::vector<long long>> allocate_rows(
       long long mean_rows, HeadAllocation o = {}) const;
-  KVEVICT_LAZY [[nodiscard]] Budget allocate(long long mean_rows, HeadAllocation o = {}) const {
+  KVEVICT_DEFER [[nodiscard]] Budget allocate(long long mean_rows, HeadAllocation o = {}) const {
     return Budget::per_head(allocate_rows(mean_rows, o));
   }
 
@@ -118,7 +118,7 @@ class AttentionAgeProfile {
   /// index first); every other head gets W rows. Ties: the lower head index is retrieval.
   KVEVICT_LAZY [[nodiscard]] std::vector<std::vector<long long>> type_heads_rows(
       long long mean_rows, HeadTyping o = {}) const;
-  KVEVICT_LAZY [[nodiscard]] Budget type_heads(long long mean_rows, HeadTyping o = {}) const {
+  KVEVICT_DEFER [[nodiscard]] Budget type_heads(long long mean_rows, HeadTyping o = {}) const {
     return Budget::per_head(type_heads_rows(mean_rows, o));
   }
 

@@ -249,7 +249,7 @@ class ExpectedAttention {
     std::vector<double> sum;      // d
     std::vector<double> outer;    // d x d
     std::size_t count = 0, next = 0, window = 1;
-    void reset(std::size_t d, std::size_t w, bool with_outer) {
+    KVEVICT_DEFER void reset(std::size_t d, std::size_t w, bool with_outer) {
       window = w;
       ring.assign(w * d, 0.0f);
       sum.assign(d, 0.0);

@@ -198,7 +198,7 @@ class HashEvictSimHash {
   /// time, starting from the held rows and their stored codes (the container then stores
   /// the chunk's kept rows in token order, so later ties may break differently than a
   /// token-by-token feed would).
-  KVEVICT_LAZY void prefill_keep(const PrefillView& pv, std::vector<std::uint32_t>& keep) {
+  KVEVICT_DEFER void prefill_keep(const PrefillView& pv, std::vector<std::uint32_t>& keep) {
     const std::size_t T = pv.tokens, C = pv.capacity, H = pv.held;
     if (T <= C) {
       for (std::size_t t = 0; t < T; ++t) keep.push_back(static_cast<std::uint32_t>(t));
@@ -423,7 +423,7 @@ class HashEvictSimHash {
   HeadState& head(int layer, int kv_head) { return heads_[index(layer, kv_head)]; }
 
   // Code of one vector: the layer's projection, padding bits beyond m * b cleared.
-  KVEVICT_LAZY void hash_into(int layer, const float* x, std::uint8_t* code) const {
+  KVEVICT_DEFER void hash_into(int layer, const float* x, std::uint8_t* code) const {
     projections_[static_cast<std::size_t>(layer)].hash_one(x, code);
     clear_padding(code, 1);
   }
@@ -434,7 +434,7 @@ class HashEvictSimHash {
     for (std::size_t i = 0; i < n; ++i) std::memset(codes + i * w + used, 0, w - used);
   }
   // Codes of the G queries (sum) or of their mean into qcodes_; returns how many.
-  KVEVICT_LAZY int hash_queries(int layer, const float* queries) {
+  KVEVICT_DEFER int hash_queries(int layer, const float* queries) {
     const std::size_t w = code_bytes(), d = static_cast<std::size_t>(dim_);
     const auto& proj = projections_[static_cast<std::size_t>(layer)];
     if (cfg_.combine == QueryCombine::sum || group_ == 1) {

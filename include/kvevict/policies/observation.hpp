@@ -116,7 +116,7 @@ KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN void window_importance(const PrefillView& v, 
 }  // namespace detail
 
 /// Pooled observation scores of the prefix [0, T - W) of one KV head (empty if T <= W).
-KVEVICT_LAZY inline void observation_scores(const PrefillView& v, const ObservationConfig& c,
+KVEVICT_DEFER inline void observation_scores(const PrefillView& v, const ObservationConfig& c,
                                std::vector<float>& out) {
   kvevict::detail::require(v.queries != nullptr,
                            "observation_scores: the prefill has no queries, expected T x n_heads "
@@ -193,7 +193,7 @@ inline void pool1d_by_seq(std::span<const float> in, const PrefillView& v, std::
 
 /// Indices of the n largest scores, larger first, ties to the lower index, returned in
 /// ascending index order. The tie rule is part of the contract (tests rely on it).
-inline std::vector<std::uint32_t> top_n_indices(std::span<const float> scores, std::size_t n) {
+KVEVICT_DEFER inline std::vector<std::uint32_t> top_n_indices(std::span<const float> scores, std::size_t n) {
   std::vector<std::uint32_t> idx(scores.size());
   std::iota(idx.begin(), idx.end(), 0u);
   n = std::min(n, idx.size());

@@ -42,14 +42,14 @@ struct Oracle {
   void on_append(const HeadView<S>&, std::size_t) {}
   void on_move(int, int, std::size_t, std::size_t) {}
   /// Saved state (serialize.hpp): the configuration, checked on load.
-  void save_state(std::vector<std::uint8_t>& out) const { detail::save_config(out, config_fields()); }
-  void load_state(std::span<const std::uint8_t> in) const {
+  KVEVICT_DEFER void save_state(std::vector<std::uint8_t>& out) const { detail::save_config(out, config_fields()); }
+  KVEVICT_DEFER void load_state(std::span<const std::uint8_t> in) const {
     detail::check_config(in, name(), config_fields());
   }
 
  private:
   // The block and shared fields only when set: a default Oracle saves what it always did.
-  [[nodiscard]] std::vector<detail::Field> config_fields() const {
+  KVEVICT_DEFER [[nodiscard]] std::vector<detail::Field> config_fields() const {
     std::vector<detail::Field> f{{"rows", rows}};
     if (block_tokens != 1 || shared) {
       f.emplace_back("block_tokens", block_tokens);

@@ -72,7 +72,7 @@ class SnapKV {
   /// Keeps all of a prompt that fits in capacity - decode_reserve; otherwise the window
   /// plus the top (capacity - decode_reserve - W) prefix tokens of this KV head. With held
   /// rows (chunked prefill) the view is the held rows plus the chunk, scored as above.
-  KVEVICT_LAZY void prefill_keep(const PrefillView& v, std::vector<std::uint32_t>& keep) {
+  KVEVICT_DEFER void prefill_keep(const PrefillView& v, std::vector<std::uint32_t>& keep) {
     const std::size_t idx = index(v.layer, v.kv_head);
     auto& p = pending_[idx];
     p = Pending{};
@@ -105,7 +105,7 @@ class SnapKV {
   /// held rows, then the chunk's prefix), computed whatever the capacity; nothing changes.
   /// Empty when the view has no more than W tokens. XKV's per-layer statistics under
   /// chunked prefill (ChunkedXkvPrefill) are these, before the selection runs.
-  KVEVICT_LAZY void prefill_scores(const PrefillView& v, std::vector<float>& pooled) const {
+  KVEVICT_DEFER void prefill_scores(const PrefillView& v, std::vector<float>& pooled) const {
     pooled.clear();
     if (v.tokens <= config_.window) return;
     WindowQueries w;
@@ -262,7 +262,7 @@ class SnapKV {
   /// staged_window_[idx] = the last min(W, ...) queries of what has arrived at this
   /// block's end: the live stash's tail when it ends right before the block and its tokens
   /// are the last held rows, then the block's own. Becomes live in on_prefill_selected.
-  void stage_window(const PrefillView& v, std::size_t idx) { build_window(v, idx, staged_window_[idx]); }
+  KVEVICT_DEFER void stage_window(const PrefillView& v, std::size_t idx) { build_window(v, idx, staged_window_[idx]); }
   KVEVICT_DEFER void build_window(const PrefillView& v, std::size_t idx, WindowQueries& st) const {
     const std::size_t chunk = v.tokens - v.held;
     st.q.clear();
@@ -287,7 +287,7 @@ class SnapKV {
       }
     st.rows = prev + own;
   }
-  KVEVICT_LAZY void pool_scores(const PrefillView& v, const WindowQueries& w, std::vector<float>& pooled) const {
+  KVEVICT_DEFER void pool_scores(const PrefillView& v, const WindowQueries& w, std::vector<float>& pooled) const {
     if (v.held == 0) {
       observation_scores(v, observation(), pooled);
       return;

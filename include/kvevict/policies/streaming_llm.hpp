@@ -72,7 +72,7 @@ class OldestFirst {
     std::size_t head = 0;
     std::uint64_t first = 0;
 
-    void put(std::uint64_t seq, std::uint32_t row) {
+    KVEVICT_DEFER void put(std::uint64_t seq, std::uint32_t row) {
       if (head == rows.size()) {  // empty: restart at this seq
         rows.clear();
         head = 0;

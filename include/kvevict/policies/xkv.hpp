@@ -106,7 +106,7 @@ class XkvLayerAllocator {
 
   /// Records layer statistics from its prefill: keys T x n_kv_heads x d, queries
   /// T x n_heads x d (only the last W rows are read). Costs W x T x H dot products.
-  KVEVICT_LAZY void observe_layer(int layer, std::size_t tokens, std::span<const float> keys,
+  KVEVICT_DEFER void observe_layer(int layer, std::size_t tokens, std::span<const float> keys,
                      std::span<const float> queries) {
     check_layer(layer, "observe_layer");
     const auto d = static_cast<std::size_t>(geometry_.head_dim);
@@ -147,7 +147,7 @@ class XkvLayerAllocator {
   /// Config::reference, one vector per query head (n_heads), as the reference ranks them.
   KVEVICT_LAZY void set_layer_scores(int layer, const std::vector<std::vector<float>>& pooled);
 
-  [[nodiscard]] bool ready() const {
+  KVEVICT_DEFER [[nodiscard]] bool ready() const {
     return std::all_of(layers_.begin(), layers_.end(), [](const auto& s) { return s.observed; });
   }
   /// Prompt tokens a layer can select from (T - W), once observed.
@@ -174,7 +174,7 @@ class XkvLayerAllocator {
 
   /// Budget mode: `total` selected tokens (per KV head, windows excluded) over all
   /// layers, maximising the mean R. Stops early only when every candidate is taken.
-  KVEVICT_LAZY [[nodiscard]] Allocation allocate(long long total) const {
+  KVEVICT_DEFER [[nodiscard]] Allocation allocate(long long total) const {
     if (config_.reference) {
       kvevict::detail::require(total >= 0, "XkvLayerAllocator::allocate: total = ", total,
                                " tokens, expected >= 0");
@@ -189,7 +189,7 @@ class XkvLayerAllocator {
 
   /// Target mode: the smallest allocation whose mean R reaches `target` (or all
   /// candidates, if the target is out of reach).
-  KVEVICT_LAZY [[nodiscard]] Allocation allocate_for_retention(double target) const {
+  KVEVICT_DEFER [[nodiscard]] Allocation allocate_for_retention(double target) const {
     kvevict::detail::require(std::isfinite(target) && target > 0.0 && target <= 1.0,
                              "XkvLayerAllocator::allocate_for_retention: target = ", target,
                              ", expected in (0, 1]");
@@ -233,7 +233,7 @@ class XkvLayerAllocator {
 
   // Reference mode: K/V repeated to every query head, so each query head is ranked on its
   // own pooled scores (the G-fold copy lives only for this call).
-  KVEVICT_LAZY void observe_layer_repeated(int layer, std::size_t tokens, std::span<const float> keys,
+  KVEVICT_DEFER void observe_layer_repeated(int layer, std::size_t tokens, std::span<const float> keys,
                               std::span<const float> queries) {
     const auto d = static_cast<std::size_t>(geometry_.head_dim);
     const auto H = static_cast<std::size_t>(geometry_.n_heads);
@@ -379,7 +379,7 @@ KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN Allocation XkvLayerAllocator::run_reference(
 #endif  // !KVEVICT_KERNELS_DECLARE_ONLY
 
 /// Same total, split evenly (remainder to the first layers): uniform SnapKV.
-inline std::vector<long long> uniform_budgets(int n_layers, long long total) {
+KVEVICT_DEFER inline std::vector<long long> uniform_budgets(int n_layers, long long total) {
   kvevict::detail::require(n_layers > 0, "uniform_budgets: n_layers = ", n_layers,
                            ", expected > 0");
   kvevict::detail::require(total >= n_layers, "uniform_budgets: total = ", total,
@@ -394,7 +394,7 @@ inline std::vector<long long> uniform_budgets(int n_layers, long long total) {
 /// mean per layer, clipped at `candidates` (T - W) when known, with the reference code's
 /// integer steps. Then the rounding residue is spread (shallow layers gain, deep layers
 /// lose) so the sum is exactly `total`: comparisons run at equal memory.
-inline std::vector<long long> pyramid_budgets(int n_layers, long long total,
+KVEVICT_DEFER inline std::vector<long long> pyramid_budgets(int n_layers, long long total,
                                               long long candidates = 0, double beta = 20.0,
                                               long long min_tokens = 1) {
   kvevict::detail::require(n_layers > 0, "pyramid_budgets: n_layers = ", n_layers,
@@ -451,7 +451,7 @@ inline std::vector<long long> pyramid_budgets(int n_layers, long long total,
 ///    selects max - l * steps. The total may overshoot L (C - W) (integer steps).
 /// Needs L >= 2 (the reference divides by L - 1) and C > W; a negative layer budget (the
 /// reference's top-k would fail) throws kvevict::Error.
-inline std::vector<long long> pyramid_budgets_reference(int n_layers, long long capacity,
+KVEVICT_DEFER inline std::vector<long long> pyramid_budgets_reference(int n_layers, long long capacity,
                                                         long long window, long long tokens,
                                                         long long beta = 20) {
   kvevict::detail::require(n_layers >= 2, "pyramid_budgets_reference: n_layers = ", n_layers,
