@@ -14,15 +14,30 @@
 #include "errors.hpp"
 
 namespace kvevict::metrics {
+// Compiled-kernels mode (config.hpp): declarations only, defined once in kvevict_kernels
+// (their addresses stay those of ordinary functions: tests/support/odr_exercise.hpp takes
+// two). Header-only: the inline definitions below.
+#if KVEVICT_KERNELS_DECLARE_ONLY
+double mass_recall(std::span<const float> probs, std::span<const std::uint8_t> kept);
+double output_relative_error(std::span<const float> probs, std::span<const std::uint8_t> kept,
+                             std::span<const float> values, std::size_t head_dim);
+double topk_recall(std::span<const float> probs, std::span<const std::uint8_t> kept,
+                   std::size_t k);
+std::vector<double> log_softmax(std::span<const float> logits);
+double kl_divergence(std::span<const float> logits_p, std::span<const float> logits_q);
+std::size_t argmax(std::span<const float> logits);
+bool top1_agreement(std::span<const float> logits_p, std::span<const float> logits_q);
+double negative_log_likelihood(std::span<const float> logits, std::size_t token);
+#else
 
 namespace detail {
-inline void same_size(std::size_t a, std::size_t b, const char* what) {
+KVEVICT_KERNEL_FN void same_size(std::size_t a, std::size_t b, const char* what) {
   kvevict::detail::require(a == b, what, ": sizes ", a, " and ", b, ", expected equal");
 }
 }  // namespace detail
 
 /// m(S) = sum of a_i over the kept rows: the attention mass a policy retained.
-inline double mass_recall(std::span<const float> probs, std::span<const std::uint8_t> kept) {
+KVEVICT_KERNEL_FN double mass_recall(std::span<const float> probs, std::span<const std::uint8_t> kept) {
   detail::same_size(probs.size(), kept.size(), "mass_recall");
   double m = 0.0;
   for (std::size_t i = 0; i < probs.size(); ++i)
@@ -32,7 +47,7 @@ inline double mass_recall(std::span<const float> probs, std::span<const std::uin
 
 /// ||o - o_S|| / ||o||, o = sum a_i v_i over all rows, o_S the same over the kept rows
 /// with the weights renormalised. values is n x d (row-major). 1.0 when nothing is kept.
-inline double output_relative_error(std::span<const float> probs,
+KVEVICT_KERNEL_FN double output_relative_error(std::span<const float> probs,
                                     std::span<const std::uint8_t> kept,
                                     std::span<const float> values, std::size_t head_dim) {
   detail::same_size(probs.size(), kept.size(), "output_relative_error");
@@ -59,7 +74,7 @@ inline double output_relative_error(std::span<const float> probs,
 }
 
 /// |S ∩ TopK(a)| / k, ties in a broken by lower index.
-inline double topk_recall(std::span<const float> probs, std::span<const std::uint8_t> kept,
+KVEVICT_KERNEL_FN double topk_recall(std::span<const float> probs, std::span<const std::uint8_t> kept,
                           std::size_t k) {
   detail::same_size(probs.size(), kept.size(), "topk_recall");
   kvevict::detail::require(k > 0 && k <= probs.size(), "topk_recall: k = ", k,
@@ -76,7 +91,7 @@ inline double topk_recall(std::span<const float> probs, std::span<const std::uin
 }
 
 /// log-softmax in double precision.
-inline std::vector<double> log_softmax(std::span<const float> logits) {
+KVEVICT_KERNEL_FN std::vector<double> log_softmax(std::span<const float> logits) {
   kvevict::detail::require(!logits.empty(), "log_softmax: empty logits, expected at least one");
   double m = -std::numeric_limits<double>::infinity();
   for (float x : logits) m = std::max(m, static_cast<double>(x));
@@ -89,7 +104,7 @@ inline std::vector<double> log_softmax(std::span<const float> logits) {
 }
 
 /// KL(P || Q) of the softmax distributions of two logit vectors (P: the full cache).
-inline double kl_divergence(std::span<const float> logits_p, std::span<const float> logits_q) {
+KVEVICT_KERNEL_FN double kl_divergence(std::span<const float> logits_p, std::span<const float> logits_q) {
   detail::same_size(logits_p.size(), logits_q.size(), "kl_divergence");
   const auto lp = log_softmax(logits_p);
   const auto lq = log_softmax(logits_q);
@@ -99,22 +114,23 @@ inline double kl_divergence(std::span<const float> logits_p, std::span<const flo
 }
 
 /// Index of the largest logit (lowest index on ties).
-inline std::size_t argmax(std::span<const float> logits) {
+KVEVICT_KERNEL_FN std::size_t argmax(std::span<const float> logits) {
   kvevict::detail::require(!logits.empty(), "argmax: empty logits, expected at least one");
   return static_cast<std::size_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
 /// Whether two logit vectors agree on their top-1 token.
-inline bool top1_agreement(std::span<const float> logits_p, std::span<const float> logits_q) {
+KVEVICT_KERNEL_FN bool top1_agreement(std::span<const float> logits_p, std::span<const float> logits_q) {
   detail::same_size(logits_p.size(), logits_q.size(), "top1_agreement");
   return argmax(logits_p) == argmax(logits_q);
 }
 
 /// -log p(token) under the softmax of the logits (for perplexity = exp(mean NLL)).
-inline double negative_log_likelihood(std::span<const float> logits, std::size_t token) {
+KVEVICT_KERNEL_FN double negative_log_likelihood(std::span<const float> logits, std::size_t token) {
   kvevict::detail::require(token < logits.size(), "negative_log_likelihood: token = ", token,
                            ", expected < vocabulary size ", logits.size());
   return -log_softmax(logits)[token];
 }
+#endif  // KVEVICT_KERNELS_DECLARE_ONLY
 
 }  // namespace kvevict::metrics
