@@ -293,7 +293,7 @@ std::uint64_t open_below(const HeadView<Scalar>& view, std::size_t recent) {
 /// Sets `bits` (protect_outside's layout, set = never evicted) for the rows of `view`
 /// outside [sinks, incoming - recent): the sinks and the recent band (Protection's rule).
 /// Sizes `bits` to one bit per row of an n-row head (same size on most steps: no call).
-inline void size_bits(std::vector<std::uint64_t>& bits, std::size_t n) {
+KVEVICT_DEFER inline void size_bits(std::vector<std::uint64_t>& bits, std::size_t n) {
   const std::size_t words = (n + 63) / 64;
   if (bits.size() != words) bits.resize(words);
 }

@@ -100,7 +100,7 @@ class OldestFirst {
       }
       rows[i] = row;
     }
-    void put_at(std::size_t j, std::uint32_t row) {
+    KVEVICT_DEFER void put_at(std::size_t j, std::uint32_t row) {
       head = 0;
       if (j >= rows.size()) rows.resize(j + 1, kNone);
       rows[j] = row;
