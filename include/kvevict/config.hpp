@@ -7,8 +7,8 @@
 // KVEVICT_SEPARATE_KERNELS (defined by the kvevict::kernels CMake target): the headers only
 // declare the dispatched kernel entry points, the quantized attention kernels of the common
 // formats (kernels/quant_format.hpp), SimHashProjection's members, the SnapKV
-// observation-window product, the number formatting of kvevict::Error messages and the
-// members of AttentionAgeProfile, XkvLayerAllocator, BuzzBeehive and Random whose bodies
+// observation-window product, the number formatting of kvevict::Error messages, the
+// metrics (metrics.hpp) and the members of AttentionAgeProfile, XkvLayerAllocator, BuzzBeehive and Random whose bodies
 // instantiate standard templates; the kvevict_kernels static library (src/kernels.cpp)
 // defines them once. A translation unit then includes neither <immintrin.h> nor <charconv>
 // and instantiates no SIMD kernel. The code is the same either way (the library compiles these very headers),
@@ -42,6 +42,8 @@
 // includer). Calls are written as before (f(args), p.f(args)). KVEVICT_LAZY goes on the
 // first declaration (with the default), KVEVICT_LAZY_DEF on a later out-of-class definition.
 // Separate-kernels mode: empty (ordinary functions; the heavy ones are in kvevict_kernels).
+// A function *defined* in a class or header with KVEVICT_LAZY would be an ordinary inline
+// function in that mode, compiled by every includer: use KVEVICT_DEFER there instead.
 #if defined(KVEVICT_SEPARATE_KERNELS)
 #define KVEVICT_LAZY
 #define KVEVICT_LAZY_DEF
