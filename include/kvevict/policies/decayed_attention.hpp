@@ -643,7 +643,7 @@ class DecayedAttention {
     // The kept rows' bits are collected per 64-row word in a register (a read-modify-write
     // of bits_ per row chains every row through a store and a reload); the candidates come
     // in row order, so a word is written once.
-    KeepWords kept(bits_.data());
+    KeepWords kept{bits_.data()};
     if (k == m) {
       // The minimum of positive spikes (no NaN, no -0): four running minima, the same value.
       constexpr float inf = std::numeric_limits<float>::infinity();
