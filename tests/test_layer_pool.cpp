@@ -74,6 +74,9 @@ TEST_CASE("pooled_victim_counts equals the brute-force rule on small layers", "[
   kvtest::Rng rng(16);
   kd::PoolScratch scratch;
   int checked = 0, uneven = 0;
+  // Prefixes kept from the previous trial's costs: a rescanned head (reuse false) takes
+  // only a guess at its bound from them, right or wrong.
+  std::vector<kd::PoolPrefix> stale(5);
   for (int trial = 0; trial < 3000; ++trial) {
     const std::size_t H = std::size_t(rng.uniform(1, 5));
     std::vector<std::size_t> incoming(H);
@@ -138,9 +141,25 @@ TEST_CASE("pooled_victim_counts equals the brute-force rule on small layers", "[
       threw2 = true;
     }
     REQUIRE(threw2 == threw);
+    // Rescanned with another trial's prefixes (the guessed bound), then stored for the next.
+    for (std::size_t h = 0; h < H; ++h) {
+      heads[h].prefix = &stale[h];
+      heads[h].reuse = false;
+      if (rng.chance(0.3))  // a guess far below or above every cost
+        for (auto& c : stale[h].rows) c.cost = rng.chance(0.5) ? -1.0f : 100.0f;
+    }
+    std::vector<std::size_t> counts3;
+    bool threw3 = false;
+    try {
+      kd::pooled_victim_counts(heads, total, counts3, scratch, "Test");
+    } catch (const std::logic_error&) {
+      threw3 = true;
+    }
+    REQUIRE(threw3 == threw);
     if (threw) continue;
     REQUIRE(counts == want);
     REQUIRE(counts2 == want);
+    REQUIRE(counts3 == want);
     ++checked;
     uneven += std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) != counts.end();
   }

@@ -119,6 +119,7 @@ struct PoolScratch {
     std::uint32_t head;
   };
   std::vector<Cand> head_rows, chosen;
+  std::vector<std::uint32_t> rows;  ///< a head's rows at or below a guessed bound
   static bool before(const Cand& a, const Cand& b) {
     if (a.cost != b.cost) return a.cost < b.cost;
     if (a.seq != b.seq) return a.seq < b.seq;
@@ -127,9 +128,10 @@ struct PoolScratch {
 };
 
 /// A head's cheapest rows as the last selection found them (sorted by PoolScratch::before),
-/// kept by the caller while the head's costs are unchanged: the next selection takes its
-/// rows from here instead of scanning the head again when the prefix is long enough (rows
-/// of a total order: the first k of the head's order are the first k of any longer prefix).
+/// kept by the caller: while the head's costs are unchanged (PoolHead::reuse) the next
+/// selection takes its rows from here instead of scanning the head again when the prefix is
+/// long enough (rows of a total order: the first k of the head's order are the first k of
+/// any longer prefix); after they changed, its costs only guess the bound of the next scan.
 struct PoolPrefix {
   std::vector<PoolScratch::Cand> rows;
   bool complete = false;  ///< rows holds every row with a finite cost
@@ -202,14 +204,39 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
       for (std::size_t r = 0; r < h.size; ++r) evictable += h.costs[r] <= top ? 1 : 0;
       auto& heap = s.head_rows;
       heap.clear();
-      std::size_t r = 0;
+      // First a guess at the bound, from the rows the head's last selection kept (its
+      // costs have moved since; 5% of margin): every finite row at or below it, gathered
+      // without branches, holds the head's `want` cheapest rows when there are at least
+      // `want` of them (a row above the guess comes after each of them), or all its finite
+      // rows when there are `evictable`. Else the scan below decides from scratch.
+      bool guessed = false;
+      if (h.prefix && !h.prefix->rows.empty() && want > 0) {
+        const auto& old = h.prefix->rows;
+        const float guess = std::min(old[std::min(want, old.size()) - 1].cost * 1.05f, top);
+        auto& idx = s.rows;
+        if (idx.size() < h.size) idx.resize(h.size);
+        std::size_t m = 0;
+        for (std::size_t r = 0; r < h.size; ++r) {
+          idx[m] = static_cast<std::uint32_t>(r);
+          m += h.costs[r] <= guess ? 1 : 0;
+        }
+        if (m >= want || m == evictable) {
+          for (std::size_t j = 0; j < m; ++j)
+            heap.push_back(PoolScratch::Cand{h.costs[idx[j]], h.seqs[idx[j]], head_of});
+          const auto keep = static_cast<std::ptrdiff_t>(std::min(want, m));
+          std::partial_sort(heap.begin(), heap.begin() + keep, heap.end(), less);
+          heap.resize(static_cast<std::size_t>(keep));
+          guessed = true;
+        }
+      }
+      std::size_t r = guessed ? h.size : 0;  // guessed: nothing left to scan
       for (; r < h.size && heap.size() < want; ++r) {
         const float c = h.costs[r];
         if (!(c <= top)) continue;  // +infinity or NaN
         heap.push_back(PoolScratch::Cand{c, h.seqs[r], head_of});
         std::push_heap(heap.begin(), heap.end(), less);
       }
-      if (want > 0 && heap.size() == want) {
+      if (!guessed && want > 0 && heap.size() == want) {
         float bound = heap.front().cost;  // the heap's largest cost
         for (; r < h.size; ++r) {
           const float c = h.costs[r];
@@ -222,7 +249,7 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
           bound = heap.front().cost;
         }
       }
-      std::sort_heap(s.head_rows.begin(), s.head_rows.end(), less);
+      if (!guessed) std::sort_heap(heap.begin(), heap.end(), less);
       take = s.head_rows.size();
       if (h.prefix) {
         h.prefix->rows.assign(s.head_rows.begin(), s.head_rows.begin() + static_cast<std::ptrdiff_t>(take));
