@@ -197,20 +197,19 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
       take = std::min(want, evictable);
       sorted = h.prefix->rows.data();
     } else {
-      // One scan keeping the `want` cheapest finite rows in a max-heap, then sorted. Most
-      // rows cost more than the heap's top and are rejected on the cost alone (also the
-      // infinite and NaN ones: !(c <= top)); the finite rows are counted apart.
-      constexpr float top = std::numeric_limits<float>::max();
-      for (std::size_t r = 0; r < h.size; ++r) evictable += h.costs[r] <= top ? 1 : 0;
-      auto& heap = s.head_rows;
-      heap.clear();
       // First a guess at the bound, from the rows the head's last selection kept (its
       // costs have moved since; 5% of margin): every finite row at or below it, gathered
       // without branches, holds the head's `want` cheapest rows when there are at least
       // `want` of them (a row above the guess comes after each of them), or all its finite
-      // rows when there are `evictable`. Else the scan below decides from scratch.
+      // rows when there are `evictable`. Else one scan keeping the `want` cheapest finite
+      // rows in a max-heap, then sorted: most rows cost more than the heap's top and are
+      // rejected on the cost alone (also the infinite and NaN ones: !(c <= bound)).
+      constexpr float top = std::numeric_limits<float>::max();
+      auto& heap = s.head_rows;
+      heap.clear();
       bool guessed = false;
-      if (h.prefix && !h.prefix->rows.empty() && want > 0) {
+      const bool has_guess = h.prefix && !h.prefix->rows.empty() && want > 0;
+      if (has_guess) {
         const auto& old = h.prefix->rows;
         const float guess = std::min(old[std::min(want, old.size()) - 1].cost * 1.05f, top);
         auto& idx = s.rows;
@@ -219,6 +218,7 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
         for (std::size_t r = 0; r < h.size; ++r) {
           idx[m] = static_cast<std::uint32_t>(r);
           m += h.costs[r] <= guess ? 1 : 0;
+          evictable += h.costs[r] <= top ? 1 : 0;
         }
         if (m >= want || m == evictable) {
           for (std::size_t j = 0; j < m; ++j)
@@ -229,6 +229,8 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
           guessed = true;
         }
       }
+      if (!has_guess)  // else counted with the guess
+        for (std::size_t r = 0; r < h.size; ++r) evictable += h.costs[r] <= top ? 1 : 0;
       std::size_t r = guessed ? h.size : 0;  // guessed: nothing left to scan
       for (; r < h.size && heap.size() < want; ++r) {
         const float c = h.costs[r];
