@@ -6,8 +6,8 @@
 // share_exponent 1/2). Per decode token every layer appends (the eviction decision +
 // storage), attends (the reference kernel) and observes. Thread CPU time per phase, summed
 // over the layers; the counters are per token. The caches of one B are filled once (B + 256
-// tokens, so the shares have moved) and kept across repetitions. 4 layers, H 32, Hkv 8,
-// head dim 128.
+// tokens, so the shares have moved) and kept across repetitions (at 4096 rows the fill
+// takes minutes). 4 layers, H 32, Hkv 8, head dim 128.
 //   bench_layer_pool --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
 
