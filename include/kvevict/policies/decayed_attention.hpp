@@ -196,14 +196,18 @@ class DecayedAttention {
     const std::size_t recent = recent_for(v.capacity);
     const std::uint64_t hi = v.incoming_seq >= recent ? v.incoming_seq - recent : 0;
     out.resize(v.size);
-    for (std::size_t r = 0; r < v.size; ++r) {
-      if (!((bits_[r >> 6] >> (r & 63)) & 1u)) {
-        out[r] = scale * sc[r];
-        continue;
+    // Every row's rate (one vectorisable pass), then the protected rows (the set bits) get
+    // theirs: FLT_MAX for the reserve, +infinity for the sinks and the recent band.
+    const float* scores = sc.data();
+    float* o = out.data();
+    for (std::size_t r = 0; r < v.size; ++r) o[r] = scale * scores[r];
+    for (std::size_t w = 0; w * 64 < v.size; ++w)
+      for (std::uint64_t b = bits_[w]; b != 0; b &= b - 1) {
+        const std::size_t r = w * 64 + static_cast<std::size_t>(std::countr_zero(b));
+        if (r >= v.size) break;
+        const bool reserve = v.seqs[r] >= config_.sinks && v.seqs[r] < hi;  // else sink or band
+        o[r] = reserve ? std::numeric_limits<float>::max() : std::numeric_limits<float>::infinity();
       }
-      const bool reserve = v.seqs[r] >= config_.sinks && v.seqs[r] < hi;  // else sink or band
-      out[r] = reserve ? std::numeric_limits<float>::max() : std::numeric_limits<float>::infinity();
-    }
     // Kept for pooled_victims: this pass's protection and what its reserve depended on.
     if (memo_.size() != capacity_.size()) memo_.resize(capacity_.size());
     Memo& m = memo_[h];
