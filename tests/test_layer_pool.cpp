@@ -74,6 +74,9 @@ TEST_CASE("pooled_victim_counts equals the brute-force rule on small layers", "[
   kvtest::Rng rng(16);
   kd::PoolScratch scratch;
   int checked = 0, uneven = 0;
+  // Prefixes kept from the previous trial's costs: a rescanned head (reuse false) takes
+  // only a guess at its bound from them, right or wrong.
+  std::vector<kd::PoolPrefix> stale(5);
   for (int trial = 0; trial < 3000; ++trial) {
     const std::size_t H = std::size_t(rng.uniform(1, 5));
     std::vector<std::size_t> incoming(H);
@@ -104,13 +107,17 @@ TEST_CASE("pooled_victim_counts equals the brute-force rule on small layers", "[
     std::vector<kd::PoolHead> heads;
     for (std::size_t h = 0; h < H; ++h)
       heads.push_back({costs[h].size(), incoming[h], floor[h], ceiling[h], costs[h].data(), seqs[h].data()});
+    // The selection's counts for a pool total, or true when it refused.
+    const auto refused = [&](std::size_t pool_total, std::vector<std::size_t>& out) {
+      try {
+        kd::pooled_victim_counts(heads, pool_total, out, scratch, "Test");
+      } catch (const std::logic_error&) {
+        return true;
+      }
+      return false;
+    };
     std::vector<std::size_t> counts;
-    bool threw = false;
-    try {
-      kd::pooled_victim_counts(heads, total, counts, scratch, "Test");
-    } catch (const std::logic_error&) {
-      threw = true;
-    }
+    const bool threw = refused(total, counts);
     const auto want = brute_counts(costs, seqs, floor, ceiling, incoming, total);
     // When the rule cannot be met the function refuses; otherwise the counts must match
     // and leave every head within its bounds and the layer within its total.
@@ -126,21 +133,24 @@ TEST_CASE("pooled_victim_counts equals the brute-force rule on small layers", "[
     std::vector<kd::PoolPrefix> prefixes(H);
     for (std::size_t h = 0; h < H; ++h) heads[h].prefix = &prefixes[h];
     std::vector<std::size_t> counts2;
-    try {
-      kd::pooled_victim_counts(heads, total + 3 - std::size_t(rng.uniform(0, 6)), counts2, scratch, "Test");
-    } catch (const std::logic_error&) {
-    }
+    refused(total + 3 - std::size_t(rng.uniform(0, 6)), counts2);
     for (auto& h : heads) h.reuse = true;
-    bool threw2 = false;
-    try {
-      kd::pooled_victim_counts(heads, total, counts2, scratch, "Test");
-    } catch (const std::logic_error&) {
-      threw2 = true;
-    }
+    const bool threw2 = refused(total, counts2);
     REQUIRE(threw2 == threw);
+    // Rescanned with another trial's prefixes (the guessed bound), then stored for the next.
+    for (std::size_t h = 0; h < H; ++h) {
+      heads[h].prefix = &stale[h];
+      heads[h].reuse = false;
+      if (rng.chance(0.3))  // a guess far below or above every cost
+        for (auto& c : stale[h].rows) c.cost = rng.chance(0.5) ? -1.0f : 100.0f;
+    }
+    std::vector<std::size_t> counts3;
+    const bool threw3 = refused(total, counts3);
+    REQUIRE(threw3 == threw);
     if (threw) continue;
     REQUIRE(counts == want);
     REQUIRE(counts2 == want);
+    REQUIRE(counts3 == want);
     ++checked;
     uneven += std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) != counts.end();
   }

@@ -449,7 +449,7 @@ class ContainerCore {
           pool_fresh_[i] = 1;
         }
         pool_heads_.push_back(PoolHead{h.size(), incoming(i), pool.floor[i], pool.ceiling[i], c.data(),
-                                       h.seq.data(), pool.model ? &pool_prefix_[i] : nullptr, reuse});
+                                       h.seq.data(), &pool_prefix_[i], reuse});
       }
       pooled_victim_counts(pool_heads_, total, pool_counts_, pool_scratch_, Policy::name());
       for (std::size_t i = first; i < last; ++i) {
@@ -929,7 +929,9 @@ class ContainerCore {
   LayerPool pool_;  ///< the pooled budget (pool_.on), else empty
   std::vector<std::vector<float>> pool_costs_;  ///< choose_pooled: costs per head
   std::vector<std::uint8_t> pool_fresh_;         ///< model scope: pool_costs_[i] still valid
-  std::vector<PoolPrefix> pool_prefix_;  ///< choose_pooled: each head's cheapest rows, sorted
+  /// choose_pooled: each head's cheapest rows, sorted (model scope: reused while the head is
+  /// unchanged; both scopes: the guessed bound of its next scan)
+  std::vector<PoolPrefix> pool_prefix_;
   /// Pooled heads that gave up rows: their storage grows by chunks only, never
   /// geometrically, so a layer's storage stays within its total + the chunks.
   std::vector<std::uint8_t> pool_settled_;

@@ -105,8 +105,10 @@ inline void scale_pool_costs(std::span<float> costs, std::size_t rows, std::size
       std::pow(static_cast<double>(rows) / static_cast<double>(nominal), exponent));
   constexpr float top = std::numeric_limits<float>::max();
   const float below = std::nextafter(top, 0.0f);
-  for (float& c : costs)
-    if (c < top) c = std::min(c * f, below);
+  for (float& c : costs) {  // branch-free, so it vectorises
+    const float scaled = std::min(c * f, below);
+    c = c < top ? scaled : c;
+  }
 }
 
 /// Scratch of pooled_victim_counts (kept by the caller so a step allocates nothing new).
@@ -117,6 +119,7 @@ struct PoolScratch {
     std::uint32_t head;
   };
   std::vector<Cand> head_rows, chosen;
+  std::vector<std::uint32_t> rows;  ///< a head's rows at or below a guessed bound
   static bool before(const Cand& a, const Cand& b) {
     if (a.cost != b.cost) return a.cost < b.cost;
     if (a.seq != b.seq) return a.seq < b.seq;
@@ -125,9 +128,10 @@ struct PoolScratch {
 };
 
 /// A head's cheapest rows as the last selection found them (sorted by PoolScratch::before),
-/// kept by the caller while the head's costs are unchanged: the next selection takes its
-/// rows from here instead of scanning the head again when the prefix is long enough (rows
-/// of a total order: the first k of the head's order are the first k of any longer prefix).
+/// kept by the caller: while the head's costs are unchanged (PoolHead::reuse) the next
+/// selection takes its rows from here instead of scanning the head again when the prefix is
+/// long enough (rows of a total order: the first k of the head's order are the first k of
+/// any longer prefix); after they changed, its costs only guess the bound of the next scan.
 struct PoolPrefix {
   std::vector<PoolScratch::Cand> rows;
   bool complete = false;  ///< rows holds every row with a finite cost
@@ -161,6 +165,19 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
   const auto fail = [&](const std::string& what) {
     throw std::logic_error(std::string("kvevict: policy ") + policy + ": " + what);
   };
+  // The rows the whole pool gives beyond what the ceilings force: the `left` cheapest of
+  // the heads' candidates, kept in a max-heap of that size while the heads are visited (a
+  // head's candidates come in order, so its first one that does not enter ends its turn).
+  std::size_t forced_total = 0;
+  for (const auto& h : heads) {
+    const std::size_t end = h.size + h.incoming;
+    forced_total += end > h.ceiling ? end - h.ceiling : 0;
+  }
+  const std::size_t left = need > forced_total ? need - forced_total : 0;
+  const auto less = [](const PoolScratch::Cand& a, const PoolScratch::Cand& b) {
+    return PoolScratch::before(a, b);
+  };
+  std::size_t offered = 0;  // candidates of every head above its forced rows
   s.chosen.clear();
   for (std::size_t hi = 0; hi < heads.size(); ++hi) {
     const auto& h = heads[hi];
@@ -180,24 +197,61 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
       take = std::min(want, evictable);
       sorted = h.prefix->rows.data();
     } else {
-      // One scan keeping the `want` cheapest finite rows in a max-heap (most rows fail the
-      // comparison with its top), then sorted.
-      s.head_rows.clear();
-      for (std::size_t r = 0; r < h.size; ++r) {
-        const float c = h.costs[r];
-        if (!(c <= std::numeric_limits<float>::max())) continue;  // +infinity or NaN
-        ++evictable;
-        const PoolScratch::Cand cand{c, h.seqs[r], head_of};
-        if (s.head_rows.size() < want) {
-          s.head_rows.push_back(cand);
-          std::push_heap(s.head_rows.begin(), s.head_rows.end(), PoolScratch::before);
-        } else if (want > 0 && PoolScratch::before(cand, s.head_rows.front())) {
-          std::pop_heap(s.head_rows.begin(), s.head_rows.end(), PoolScratch::before);
-          s.head_rows.back() = cand;
-          std::push_heap(s.head_rows.begin(), s.head_rows.end(), PoolScratch::before);
+      // First a guess at the bound, from the rows the head's last selection kept (its
+      // costs have moved since; 5% of margin): every finite row at or below it, gathered
+      // without branches, holds the head's `want` cheapest rows when there are at least
+      // `want` of them (a row above the guess comes after each of them), or all its finite
+      // rows when there are `evictable`. Else one scan keeping the `want` cheapest finite
+      // rows in a max-heap, then sorted: most rows cost more than the heap's top and are
+      // rejected on the cost alone (also the infinite and NaN ones: !(c <= bound)).
+      constexpr float top = std::numeric_limits<float>::max();
+      auto& heap = s.head_rows;
+      heap.clear();
+      bool guessed = false;
+      const bool has_guess = h.prefix && !h.prefix->rows.empty() && want > 0;
+      if (has_guess) {
+        const auto& old = h.prefix->rows;
+        const float guess = std::min(old[std::min(want, old.size()) - 1].cost * 1.05f, top);
+        auto& idx = s.rows;
+        if (idx.size() < h.size) idx.resize(h.size);
+        std::size_t m = 0;
+        for (std::size_t r = 0; r < h.size; ++r) {
+          idx[m] = static_cast<std::uint32_t>(r);
+          m += h.costs[r] <= guess ? 1 : 0;
+          evictable += h.costs[r] <= top ? 1 : 0;
+        }
+        if (m >= want || m == evictable) {
+          for (std::size_t j = 0; j < m; ++j)
+            heap.push_back(PoolScratch::Cand{h.costs[idx[j]], h.seqs[idx[j]], head_of});
+          const auto keep = static_cast<std::ptrdiff_t>(std::min(want, m));
+          std::partial_sort(heap.begin(), heap.begin() + keep, heap.end(), less);
+          heap.resize(static_cast<std::size_t>(keep));
+          guessed = true;
         }
       }
-      std::sort_heap(s.head_rows.begin(), s.head_rows.end(), PoolScratch::before);
+      if (!has_guess)  // else counted with the guess
+        for (std::size_t r = 0; r < h.size; ++r) evictable += h.costs[r] <= top ? 1 : 0;
+      std::size_t r = guessed ? h.size : 0;  // guessed: nothing left to scan
+      for (; r < h.size && heap.size() < want; ++r) {
+        const float c = h.costs[r];
+        if (!(c <= top)) continue;  // +infinity or NaN
+        heap.push_back(PoolScratch::Cand{c, h.seqs[r], head_of});
+        std::push_heap(heap.begin(), heap.end(), less);
+      }
+      if (!guessed && want > 0 && heap.size() == want) {
+        float bound = heap.front().cost;  // the heap's largest cost
+        for (; r < h.size; ++r) {
+          const float c = h.costs[r];
+          if (!(c <= bound)) continue;
+          const PoolScratch::Cand cand{c, h.seqs[r], head_of};
+          if (!less(cand, heap.front())) continue;
+          std::pop_heap(heap.begin(), heap.end(), less);
+          heap.back() = cand;
+          std::push_heap(heap.begin(), heap.end(), less);
+          bound = heap.front().cost;
+        }
+      }
+      if (!guessed) std::sort_heap(heap.begin(), heap.end(), less);
       take = s.head_rows.size();
       if (h.prefix) {
         h.prefix->rows.assign(s.head_rows.begin(), s.head_rows.begin() + static_cast<std::ptrdiff_t>(take));
@@ -209,22 +263,28 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
       fail("head " + std::to_string(hi) + " must give " + std::to_string(forced) +
            " rows to its ceiling but has " + std::to_string(evictable) + " evictable");
     counts[hi] = forced;
-    for (std::size_t j = forced; j < take; ++j) {
-      s.chosen.push_back(sorted[j]);
-      s.chosen.back().head = head_of;
+    offered += take - forced;
+    auto& chosen = s.chosen;
+    for (std::size_t j = forced; j < take && left > 0; ++j) {
+      PoolScratch::Cand cand = sorted[j];
+      cand.head = head_of;
+      if (chosen.size() < left) {
+        chosen.push_back(cand);
+        std::push_heap(chosen.begin(), chosen.end(), less);
+      } else if (less(cand, chosen.front())) {
+        std::pop_heap(chosen.begin(), chosen.end(), less);
+        chosen.back() = cand;
+        std::push_heap(chosen.begin(), chosen.end(), less);
+      } else {
+        break;
+      }
     }
   }
-  std::size_t forced_total = 0;
-  for (std::size_t c : counts) forced_total += c;
-  need = need > forced_total ? need - forced_total : 0;
-  if (need == 0) return;
-  if (s.chosen.size() < need)
-    fail("the layer must give up " + std::to_string(need) + " more rows but only " +
-         std::to_string(s.chosen.size()) + " are evictable above the heads' floors");
-  if (need < s.chosen.size())
-    std::nth_element(s.chosen.begin(), s.chosen.begin() + static_cast<std::ptrdiff_t>(need),
-                     s.chosen.end(), PoolScratch::before);
-  for (std::size_t i = 0; i < need; ++i) ++counts[s.chosen[i].head];
+  if (left == 0) return;
+  if (offered < left)
+    fail("the layer must give up " + std::to_string(left) + " more rows but only " +
+         std::to_string(offered) + " are evictable above the heads' floors");
+  for (const auto& c : s.chosen) ++counts[c.head];
 }
 
 /// Rows to allocate so `rows` fit in a pooled head holding `have` (0: enough already):

@@ -292,7 +292,7 @@ template <bool Tail>
 KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE unsigned decay_spike_gather16(
     float* score, float* spike, const float* x, const std::uint64_t* seqs, std::size_t r,
     __mmask16 lanes, __m512 g, __m512i vlatest, __m512i vband, __m512i vlo, __m512i vspan,
-    __m512 vfloor, float* vals, std::uint32_t* idx, std::size_t& count) noexcept {
+    __m512 vfloor, __m512i id, float* vals, std::uint32_t* idx, std::size_t& count) noexcept {
   const auto lo8 = static_cast<__mmask8>(lanes & 0xFFu);
   const auto hi8 = static_cast<__mmask8>(lanes >> 8);
   const __m512 xs = Tail ? _mm512_maskz_loadu_ps(lanes, x + r) : _mm512_loadu_ps(x + r);
@@ -326,9 +326,6 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE unsigned decay_spike_gather16(
       _mm512_mask_cmp_ps_mask(static_cast<__mmask16>(open), v, _mm512_setzero_ps(), _CMP_GT_OQ),
       v, vfloor, _CMP_GE_OQ);
   const auto k = static_cast<unsigned>(std::popcount(static_cast<unsigned>(c)));
-  const __m512i id = _mm512_add_epi32(
-      _mm512_set1_epi32(static_cast<int>(r)),
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   if (Tail) {
     const auto first = static_cast<__mmask16>((1u << k) - 1u);
     _mm512_mask_storeu_ps(vals + count, first, _mm512_maskz_compress_ps(c, v));
@@ -355,20 +352,23 @@ KVEVICT_TARGET_AVX512 inline std::size_t decay_spike_gather(
   const __m512i vlo = _mm512_set1_epi64(static_cast<long long>(lo));
   const __m512i vspan = _mm512_set1_epi64(static_cast<long long>(span));
   const __m512 vfloor = _mm512_set1_ps(floor);
+  const __m512i sixteen = _mm512_set1_epi32(16);
+  // The row indices of the block's lanes, advanced by 16 per block.
+  __m512i id = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   std::size_t count = 0;
   for (std::size_t base = 0, w = 0; base < n; base += 64, ++w) {
     const std::size_t m = n - base < 64 ? n - base : 64;
     std::uint64_t in = 0;
     std::size_t j = 0;
-    for (; j + 16 <= m; j += 16)
+    for (; j + 16 <= m; j += 16, id = _mm512_add_epi32(id, sixteen))
       in |= static_cast<std::uint64_t>(decay_spike_gather16<false>(
                 score, spike, x, seqs, base + j, 0xFFFF, g, vlatest, vband, vlo, vspan, vfloor,
-                vals, idx, count))
+                id, vals, idx, count))
             << j;
     if (j < m)
       in |= static_cast<std::uint64_t>(decay_spike_gather16<true>(
                 score, spike, x, seqs, base + j, static_cast<__mmask16>((1u << (m - j)) - 1u), g,
-                vlatest, vband, vlo, vspan, vfloor, vals, idx, count))
+                vlatest, vband, vlo, vspan, vfloor, id, vals, idx, count))
             << j;
     bits[w] = ~in;
   }

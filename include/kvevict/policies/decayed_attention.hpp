@@ -196,14 +196,18 @@ class DecayedAttention {
     const std::size_t recent = recent_for(v.capacity);
     const std::uint64_t hi = v.incoming_seq >= recent ? v.incoming_seq - recent : 0;
     out.resize(v.size);
-    for (std::size_t r = 0; r < v.size; ++r) {
-      if (!((bits_[r >> 6] >> (r & 63)) & 1u)) {
-        out[r] = scale * sc[r];
-        continue;
+    // Every row's rate (one vectorisable pass), then the protected rows (the set bits) get
+    // theirs: FLT_MAX for the reserve, +infinity for the sinks and the recent band.
+    const float* scores = sc.data();
+    float* o = out.data();
+    for (std::size_t r = 0; r < v.size; ++r) o[r] = scale * scores[r];
+    for (std::size_t w = 0; w * 64 < v.size; ++w)
+      for (std::uint64_t b = bits_[w]; b != 0; b &= b - 1) {
+        const std::size_t r = w * 64 + static_cast<std::size_t>(std::countr_zero(b));
+        if (r >= v.size) break;
+        const bool reserve = v.seqs[r] >= config_.sinks && v.seqs[r] < hi;  // else sink or band
+        o[r] = reserve ? std::numeric_limits<float>::max() : std::numeric_limits<float>::infinity();
       }
-      const bool reserve = v.seqs[r] >= config_.sinks && v.seqs[r] < hi;  // else sink or band
-      out[r] = reserve ? std::numeric_limits<float>::max() : std::numeric_limits<float>::infinity();
-    }
     // Kept for pooled_victims: this pass's protection and what its reserve depended on.
     if (memo_.size() != capacity_.size()) memo_.resize(capacity_.size());
     Memo& m = memo_[h];
@@ -597,7 +601,7 @@ class DecayedAttention {
     std::size_t evictable = 0;
     const std::size_t words = bits_.size();
     for (std::size_t w = 0; w < words; ++w)
-      evictable += static_cast<std::size_t>(std::popcount(~bits_[w]));  // bits past size are set
+      evictable += popcount64(~bits_[w]);  // bits past size are set
     // The candidates with rank > 0 and rank >= lo, in row order, into cand_spike_ /
     // cand_row_ [0, cand_n_) (the buffers only grow: no clearing per step).
     const auto collect = [&](float lo) {
@@ -640,13 +644,21 @@ class DecayedAttention {
     const std::size_t k = std::min(limit, m);
     last_reserve_ = k;  // m counts every candidate whenever it is below limit
     if (k == 0) return;
+    // The kept rows' bits are collected per 64-row word in a register (a read-modify-write
+    // of bits_ per row chains every row through a store and a reload); the candidates come
+    // in row order, so a word is written once.
+    KeepWords kept{bits_.data()};
     if (k == m) {
-      float t = std::numeric_limits<float>::infinity();
-      for (std::size_t i = 0; i < m; ++i) {
-        keep(cand_row_[i]);
-        t = std::min(t, cand_spike_[i]);
-      }
-      floor_[h] = t;
+      // The minimum of positive spikes (no NaN, no -0): four running minima, the same value.
+      constexpr float inf = std::numeric_limits<float>::infinity();
+      float t[4] = {inf, inf, inf, inf};
+      std::size_t i = 0;
+      for (; i + 4 <= m; i += 4)
+        for (std::size_t j = 0; j < 4; ++j) t[j] = std::min(t[j], cand_spike_[i + j]);
+      for (; i < m; ++i) t[0] = std::min(t[0], cand_spike_[i]);
+      for (i = 0; i < m; ++i) kept.add(cand_row_[i]);
+      kept.flush();
+      floor_[h] = std::min(std::min(t[0], t[1]), std::min(t[2], t[3]));
       return;
     }
     const float t = kth_largest(cand_spike_.data(), m, k);
@@ -656,12 +668,13 @@ class DecayedAttention {
     ties_.clear();
     for (std::size_t i = 0; i < m; ++i) {
       if (cand_spike_[i] > t) {
-        keep(cand_row_[i]);
+        kept.add(cand_row_[i]);
         ++above;
       } else if (cand_spike_[i] == t) {
         ties_.push_back({v.seqs[cand_row_[i]], cand_row_[i]});
       }
     }
+    kept.flush();
     const std::size_t take = k - above;
     if (take < ties_.size())
       std::nth_element(ties_.begin(), ties_.begin() + static_cast<std::ptrdiff_t>(take),
@@ -698,6 +711,30 @@ class DecayedAttention {
     float t = s[top_[0]];
     for (std::uint32_t i : top_) t = std::min(t, s[i]);
     return t;
+  }
+  /// Sets bits in a bit array, one 64-row word held in a register until a row of another
+  /// word comes (flush() writes the last).
+  struct KeepWords {
+    std::uint64_t* bits;
+    std::size_t word = 0;
+    std::uint64_t acc = 0;
+    void add(std::uint32_t r) {
+      const std::size_t w = r >> 6;
+      if (w != word) {
+        bits[word] |= acc;
+        word = w;
+        acc = 0;
+      }
+      acc |= std::uint64_t{1} << (r & 63);
+    }
+    void flush() const { bits[word] |= acc; }
+  };
+  /// Set bits of x, without std::popcount's library call (no POPCNT without -mpopcnt).
+  static std::size_t popcount64(std::uint64_t x) {
+    x = x - ((x >> 1) & 0x5555555555555555ULL);
+    x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL);
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0FULL;
+    return static_cast<std::size_t>((x * 0x0101010101010101ULL) >> 56);
   }
   struct Tie {
     std::uint64_t seq;
