@@ -125,6 +125,21 @@ struct PoolScratch {
     if (a.seq != b.seq) return a.seq < b.seq;
     return a.head < b.head;
   }
+  /// Keeps the `limit` first candidates (by before()) offered so far in the max-heap
+  /// `heap`: false when `c` is not among them (nothing changed).
+  static bool keep_first(std::vector<Cand>& heap, std::size_t limit, const Cand& c) {
+    const auto less = [](const Cand& a, const Cand& b) { return before(a, b); };
+    if (heap.size() < limit) {
+      heap.push_back(c);
+      std::push_heap(heap.begin(), heap.end(), less);
+      return true;
+    }
+    if (limit == 0 || !less(c, heap.front())) return false;
+    std::pop_heap(heap.begin(), heap.end(), less);
+    heap.back() = c;
+    std::push_heap(heap.begin(), heap.end(), less);
+    return true;
+  }
 };
 
 /// A head's cheapest rows as the last selection found them (sorted by PoolScratch::before),
@@ -235,19 +250,14 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
       for (; r < h.size && heap.size() < want; ++r) {
         const float c = h.costs[r];
         if (!(c <= top)) continue;  // +infinity or NaN
-        heap.push_back(PoolScratch::Cand{c, h.seqs[r], head_of});
-        std::push_heap(heap.begin(), heap.end(), less);
+        PoolScratch::keep_first(heap, want, PoolScratch::Cand{c, h.seqs[r], head_of});
       }
       if (!guessed && want > 0 && heap.size() == want) {
         float bound = heap.front().cost;  // the heap's largest cost
         for (; r < h.size; ++r) {
           const float c = h.costs[r];
           if (!(c <= bound)) continue;
-          const PoolScratch::Cand cand{c, h.seqs[r], head_of};
-          if (!less(cand, heap.front())) continue;
-          std::pop_heap(heap.begin(), heap.end(), less);
-          heap.back() = cand;
-          std::push_heap(heap.begin(), heap.end(), less);
+          if (!PoolScratch::keep_first(heap, want, PoolScratch::Cand{c, h.seqs[r], head_of})) continue;
           bound = heap.front().cost;
         }
       }
@@ -268,16 +278,7 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
     for (std::size_t j = forced; j < take && left > 0; ++j) {
       PoolScratch::Cand cand = sorted[j];
       cand.head = head_of;
-      if (chosen.size() < left) {
-        chosen.push_back(cand);
-        std::push_heap(chosen.begin(), chosen.end(), less);
-      } else if (less(cand, chosen.front())) {
-        std::pop_heap(chosen.begin(), chosen.end(), less);
-        chosen.back() = cand;
-        std::push_heap(chosen.begin(), chosen.end(), less);
-      } else {
-        break;
-      }
+      if (!PoolScratch::keep_first(chosen, left, cand)) break;
     }
   }
   if (left == 0) return;
