@@ -6,6 +6,10 @@
 # unpack (q_chunk_scaled's nibble broadcast, shift and VPERMPS) is replaced by its block table
 # itself: the same FMAs, tables, reductions and memory traffic with the unpack free (wrong
 # values: a bound, not a kernel). Q8 is unchanged in that build.
+# FREE_Q8_SCALE=1 adds a build of the first tree's headers in which the AVX-512 Q8 chunk is
+# not multiplied by its block scale (q_chunk_scaled returns q_chunk: the same loads, widening,
+# converts, FMAs and traffic without the 16 VMULPS per row of the two passes; a bound, wrong
+# values). Q4 is unchanged in that build.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 mode=$1 rounds=$2
@@ -32,6 +36,20 @@ s = s.replace(old, "  if constexpr (q4_span_order<D>) {\n    (void)row; (void)e;
 open(p, "w").write(s)
 PY
   build "$out/free" free_unpack
+fi
+if [[ ${FREE_Q8_SCALE:-0} == 1 ]]; then
+  mkdir -p "$out/noscale"
+  cp -r "$1/include" "$out/noscale/"
+  python3 - "$out/noscale/include/kvevict/kernels/attention_quant.hpp" <<'PY'
+import sys
+p = sys.argv[1]
+s = open(p).read()
+old = "  } else {\n    return vmul(q_chunk<D>(row, e), sc);\n  }\n}\n\n/// Asks for bytes"
+assert old in s, "q_chunk_scaled's Q8 branch not found"
+s = s.replace(old, "  } else {\n    (void)sc;\n    return q_chunk<D>(row, e);\n  }\n}\n\n/// Asks for bytes")
+open(p, "w").write(s)
+PY
+  build "$out/noscale" free_q8_scale
 fi
 for r in $(seq "$rounds"); do
   for t in "${tags[@]}"; do "$out/probe_$t" "$mode" 15 | grep -E '^q[48] ' | sed "s/^/$t /"; done

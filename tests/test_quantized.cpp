@@ -936,6 +936,31 @@ TEST_CASE("integer q.K: other formats and shapes run the exact kernel; bad queri
     REQUIRE_FALSE(kk::quant_attention_probs_qint<D>(q.data(), 64, 1, kb.data(), D::row_bytes(64), 4, 64, 0.1f, p.data()));
   }
 }
+TEST_CASE("integer q.K with d = 0: every score 0, the softmax uniform, at every level", "[quantized]") {
+  // The VNNI kernel's block loop runs at least once (its accumulators stay in registers), so
+  // d = 0 must not reach it: quant_attention_probs_qint_at runs the exact kernel's d = 0 case.
+  const std::vector<std::uint8_t> none(1);
+  const float qz = 0.0f;
+  auto check = [&](auto desc) {
+    using D = decltype(desc);
+    std::vector<float> p(3 * 5, -1.0f);
+    REQUIRE(kk::quant_attention_probs_qint_at<kk::Isa::scalar, D>(&qz, 0, 3, none.data(), 0, 5, 0, 0.5f, p.data()));
+    for (float x : p) REQUIRE(std::abs(x - 0.2f) <= 1e-6f);
+    if (kk::attention_isa() != kk::Isa::scalar) {
+      std::fill(p.begin(), p.end(), -1.0f);
+      REQUIRE(kk::quant_attention_probs_qint_at<kk::Isa::avx2, D>(&qz, 0, 3, none.data(), 0, 5, 0, 0.5f, p.data()));
+      for (float x : p) REQUIRE(std::abs(x - 0.2f) <= 1e-6f);
+    }
+    if (kk::attention_isa() == kk::Isa::avx512) {
+      std::fill(p.begin(), p.end(), -1.0f);
+      REQUIRE(kk::quant_attention_probs_qint_at<kk::Isa::avx512, D>(&qz, 0, 3, none.data(), 0, 5, 0, 0.5f, p.data()));
+      for (float x : p) REQUIRE(std::abs(x - 0.2f) <= 1e-6f);
+    }
+  };
+  check(kk::QDesc<kk::QKind::q8, 32>{});
+  check(kk::QDesc<kk::QKind::q4, 32>{});
+}
+
 namespace {
 // attend's integer q.K (AttendOptions::quant_qk) on a K/V-quantized cache: the kernel's
 // probabilities and p.V bit for bit, and the output within a stated distance of the exact path.
