@@ -23,33 +23,28 @@ build() {  # tree tag
   tags+=("$2")
 }
 for tree in "$@"; do build "$tree" "$(basename "$tree")"; done
-if [[ ${FREE_UNPACK:-0} == 1 ]]; then
-  mkdir -p "$out/free"
-  cp -r "$1/include" "$out/free/"
-  python3 - "$out/free/include/kvevict/kernels/attention_quant.hpp" <<'PY'
+# patched TAG OLD NEW: the first tree's headers with OLD replaced by NEW in
+# attention_quant.hpp (a scratch copy), built as TAG.
+patched() {
+  mkdir -p "$out/$1"
+  cp -r "$first/include" "$out/$1/"
+  python3 - "$out/$1/include/kvevict/kernels/attention_quant.hpp" "$2" "$3" <<'PY'
 import sys
-p = sys.argv[1]
+p, old, new = sys.argv[1:4]
 s = open(p).read()
-old = "  if constexpr (q4_span_order<D>) {\n    const std::uint8_t* p = q_codes_at<D>(row, e & ~std::size_t(31));"
-assert old in s, "q_chunk_scaled's Q4 branch not found"
-s = s.replace(old, "  if constexpr (q4_span_order<D>) {\n    (void)row; (void)e; return sc;\n    const std::uint8_t* p = q_codes_at<D>(row, e & ~std::size_t(31));")
-open(p, "w").write(s)
+assert s.count(old) == 1, "not found once in attention_quant.hpp: " + old
+open(p, "w").write(s.replace(old, new))
 PY
-  build "$out/free" free_unpack
+  build "$out/$1" "$1"
+}
+first=$1
+if [[ ${FREE_UNPACK:-0} == 1 ]]; then  # q_chunk_scaled's Q4 branch returns its block table
+  p=$'  if constexpr (q4_span_order<D>) {\n    const std::uint8_t* p = q_codes_at<D>(row, e & ~std::size_t(31));'
+  patched free_unpack "$p" "${p/\{/\{ (void)row; (void)e; return sc;}"
 fi
-if [[ ${FREE_Q8_SCALE:-0} == 1 ]]; then
-  mkdir -p "$out/noscale"
-  cp -r "$1/include" "$out/noscale/"
-  python3 - "$out/noscale/include/kvevict/kernels/attention_quant.hpp" <<'PY'
-import sys
-p = sys.argv[1]
-s = open(p).read()
-old = "  } else {\n    return vmul(q_chunk<D>(row, e), sc);\n  }\n}\n\n/// Asks for bytes"
-assert old in s, "q_chunk_scaled's Q8 branch not found"
-s = s.replace(old, "  } else {\n    (void)sc;\n    return q_chunk<D>(row, e);\n  }\n}\n\n/// Asks for bytes")
-open(p, "w").write(s)
-PY
-  build "$out/noscale" free_q8_scale
+if [[ ${FREE_Q8_SCALE:-0} == 1 ]]; then  # q_chunk_scaled's Q8 branch skips the scale multiply
+  patched free_q8_scale $'  } else {\n    return vmul(q_chunk<D>(row, e), sc);' \
+    $'  } else {\n    (void)sc;\n    return q_chunk<D>(row, e);'
 fi
 for r in $(seq "$rounds"); do
   for t in "${tags[@]}"; do "$out/probe_$t" "$mode" 15 | grep -E '^q[48] ' | sed "s/^/$t /"; done
