@@ -594,7 +594,7 @@ inline void check_masked_victim_n(std::size_t n) {
 }
 
 /// open_gather's argument checks (before anything is written).
-inline void check_open_gather(const std::uint64_t* seqs, const float* s, std::size_t n,
+inline void check_open_gather(const void* seqs, const float* s, std::size_t n,
                               const std::uint64_t* bits, const float* vals,
                               const std::uint32_t* idx) {
   require_nonnull(seqs, n, "seqs");
@@ -635,14 +635,14 @@ inline std::size_t lowest_masked_seq_at(Isa isa, const float* s, const std::uint
   return scalar::lowest_masked_seq(s, seqs, n, prot);
 }
 
-/// decay_spike_gather: one pass at AVX-512; below it, decay_spike then open_gather (then,
-/// for `lowest`, lowest_masked_seq with the gathered rows' bits set for the call).
-inline std::size_t decay_spike_gather_at(Isa isa, float* score, float* spike, const float* x,
-                                         const std::uint64_t* seqs, std::size_t n, float decay,
-                                         std::uint64_t latest, std::uint64_t band,
-                                         std::uint64_t lo, std::uint64_t hi, float floor,
-                                         std::uint64_t* bits, float* vals, std::uint32_t* idx,
-                                         std::size_t* lowest) {
+/// decay_spike_gather, 64- or 32-bit arrival indices: one pass at AVX-512; below it, 64-bit:
+/// decay_spike then open_gather (then, for `lowest`, lowest_masked_seq with the gathered
+/// rows' bits set for the call); 32-bit: one scalar pass.
+template <class Seq>
+std::size_t decay_spike_gather_at(Isa isa, float* score, float* spike, const float* x,
+                                  const Seq* seqs, std::size_t n, float decay, Seq latest,
+                                  Seq band, Seq lo, Seq hi, float floor, std::uint64_t* bits,
+                                  float* vals, std::uint32_t* idx, std::size_t* lowest) {
   require_nonnull(score, n, "score");
   require_nonnull(x, n, "x");
   check_open_gather(seqs, spike, n, bits, vals, idx);
@@ -653,49 +653,29 @@ inline std::size_t decay_spike_gather_at(Isa isa, float* score, float* spike, co
                                                   lo, hi, floor, bits, vals, idx, lowest)
                : avx512::decay_spike_gather<false>(score, spike, x, seqs, n, decay, latest, band,
                                                    lo, hi, floor, bits, vals, idx, nullptr);
-  if (isa == Isa::avx2)
-    avx2::decay_spike(score, spike, x, seqs, n, decay, latest, band);
-  else
 #endif
-    scalar::decay_spike(score, spike, x, seqs, n, decay, latest, band);
-  const std::size_t count = open_gather_level(isa, seqs, spike, n, lo, hi, floor, bits, vals, idx);
-  if (lowest != nullptr) {
-    // The gathered rows are open (bit clear): set for the search, cleared after it.
-    const auto flip = [&] {
-      for (std::size_t i = 0; i < count; ++i) bits[idx[i] >> 6] ^= std::uint64_t{1} << (idx[i] & 63);
-    };
-    flip();
-    *lowest = lowest_masked_seq_at(isa, score, seqs, n, bits);
-    flip();
-  }
-  return count;
-}
-
-/// decay_spike_gather over 32-bit arrival indices: one pass at AVX-512, one scalar pass below.
-inline std::size_t decay_spike_gather32_at(Isa isa, float* score, float* spike, const float* x,
-                                           const std::uint32_t* seqs, std::size_t n, float decay,
-                                           std::uint32_t latest, std::uint32_t band,
-                                           std::uint32_t lo, std::uint32_t hi, float floor,
-                                           std::uint64_t* bits, float* vals, std::uint32_t* idx,
-                                           std::size_t* lowest) {
-  require_nonnull(score, n, "score");
-  require_nonnull(x, n, "x");
-  require_nonnull(seqs, n, "seqs");
-  require_nonnull(spike, n, "values");
-  require_nonnull(bits, n, "bits");
-  require_nonnull(vals, n, "vals");
-  require_nonnull(idx, n, "idx");
-  check_masked_victim_n(n);
+  if constexpr (sizeof(Seq) == 4) {
+    return scalar::decay_spike_gather32(score, spike, x, seqs, n, decay, latest, band, lo, hi,
+                                        floor, bits, vals, idx, lowest);
+  } else {
 #if KVEVICT_X86
-  if (isa == Isa::avx512)
-    return lowest != nullptr
-               ? avx512::decay_spike_gather<true>(score, spike, x, seqs, n, decay, latest, band,
-                                                  lo, hi, floor, bits, vals, idx, lowest)
-               : avx512::decay_spike_gather<false>(score, spike, x, seqs, n, decay, latest, band,
-                                                   lo, hi, floor, bits, vals, idx, nullptr);
+    if (isa == Isa::avx2)
+      avx2::decay_spike(score, spike, x, seqs, n, decay, latest, band);
+    else
 #endif
-  return scalar::decay_spike_gather32(score, spike, x, seqs, n, decay, latest, band, lo, hi,
-                                      floor, bits, vals, idx, lowest);
+      scalar::decay_spike(score, spike, x, seqs, n, decay, latest, band);
+    const std::size_t count = open_gather_level(isa, seqs, spike, n, lo, hi, floor, bits, vals, idx);
+    if (lowest != nullptr) {
+      // The gathered rows are open (bit clear): set for the search, cleared after it.
+      const auto flip = [&] {
+        for (std::size_t i = 0; i < count; ++i) bits[idx[i] >> 6] ^= std::uint64_t{1} << (idx[i] & 63);
+      };
+      flip();
+      *lowest = lowest_masked_seq_at(isa, score, seqs, n, bits);
+      flip();
+    }
+    return count;
+  }
 }
 
 }  // namespace kvevict::kernels::detail
@@ -746,8 +726,8 @@ KVEVICT_KERNEL_FN std::size_t decay_spike_gather(Isa isa, float* score, float* s
                                                  std::uint64_t* bits, float* vals,
                                                  std::uint32_t* idx, std::size_t* lowest) {
   detail::require_isa(isa);
-  return detail::decay_spike_gather32_at(isa, score, spike, x, seqs, n, decay, latest, band, lo,
-                                         hi, floor, bits, vals, idx, lowest);
+  return detail::decay_spike_gather_at(isa, score, spike, x, seqs, n, decay, latest, band, lo,
+                                       hi, floor, bits, vals, idx, lowest);
 }
 KVEVICT_KERNEL_FN std::size_t decay_spike_gather(float* score, float* spike, const float* x,
                                                  const std::uint32_t* seqs, std::size_t n,
@@ -756,8 +736,8 @@ KVEVICT_KERNEL_FN std::size_t decay_spike_gather(float* score, float* spike, con
                                                  std::uint32_t hi, float floor,
                                                  std::uint64_t* bits, float* vals,
                                                  std::uint32_t* idx, std::size_t* lowest) {
-  return detail::decay_spike_gather32_at(active_isa(), score, spike, x, seqs, n, decay, latest,
-                                         band, lo, hi, floor, bits, vals, idx, lowest);
+  return detail::decay_spike_gather_at(active_isa(), score, spike, x, seqs, n, decay, latest,
+                                       band, lo, hi, floor, bits, vals, idx, lowest);
 }
 
 KVEVICT_KERNEL_FN std::size_t lowest_masked_seq(Isa isa, const float* s,

@@ -304,8 +304,8 @@ class DecayedAttention {
     // the decision is taken now, while the columns are in cache (decide_ahead).
     // The same pass also finds the lowest open row outside the candidates: with the
     // reserve ranked from these candidates, the victim is it or a candidate left out.
-    // While every arrival index fits 32 bits (a stream under 2^32 tokens) the pass reads
-    // them from seqs32_ (half the bytes; the same values).
+    // At the AVX-512 level, while every arrival index fits 32 bits (a stream under 2^32
+    // tokens), the pass reads them from seqs32_ (half the bytes; the same values): narrow().
     const std::uint64_t incoming = latest_[h] + 1;
     const std::uint64_t hi = incoming >= recent ? incoming - recent : 0;
     detail::size_bits(bits_, a.size);
@@ -610,11 +610,14 @@ class DecayedAttention {
     else
       prefetch_rows(seqs_.of(layer, kv_head));
   }
-  /// Whether head h's arrival indices, its band and the sinks all fit 32 bits (seqs32_
-  /// then holds them exactly): every arrival is at most latest_[h].
+  /// Whether head h's full-head pass reads seqs32_: at the AVX-512 level (below it the
+  /// 32-bit form is a scalar pass, the 64-bit one vectorised), while its arrival indices,
+  /// its band and the sinks all fit 32 bits (seqs32_ then holds them exactly: every arrival
+  /// is at most latest_[h]).
   [[nodiscard]] bool narrow(std::size_t h) const {
     constexpr std::uint64_t top = std::numeric_limits<std::uint32_t>::max();
-    return latest_[h] < top && config_.sinks <= top;
+    return latest_[h] < top && config_.sinks <= top &&
+           kernels::active_isa() == kernels::Isa::avx512;
   }
   /// keep_recalled's candidate buffers hold at least n entries (they only grow).
   KVEVICT_DEFER void reserve_candidates(std::size_t n) {
