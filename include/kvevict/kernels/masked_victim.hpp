@@ -8,8 +8,7 @@
 //    order, as those two calls);
 //  - decay_spike_gather: select.hpp's decay_spike (DecayedAttention's observe) then
 //    open_gather over the spikes it wrote (the next decision's bits and candidates), one pass
-//    at AVX-512; optionally also the lowest (score, seq) open row not gathered, the victim
-//    search of a decision whose reserve keeps the gathered rows;
+//    at AVX-512;
 //  - lowest_masked_seq: the unprotected row with the lowest (score, seq), the oldest among
 //    equal scores (the row argmin_masked and the equal-score scan of
 //    policies::detail::lowest_masked find), from one masked minimum and one equality pass.
@@ -41,46 +40,20 @@ KVEVICT_KERNEL_FN std::size_t open_gather(const std::uint64_t* seqs, const float
 /// decay_spike(score, spike, x, seqs, n, decay, latest, band), then
 /// open_gather(seqs, spike, n, lo, hi, floor, bits, vals, idx) over the updated spikes: the
 /// same scores, spikes, bits, values and indices, bit for bit; returns open_gather's count.
-/// With `lowest` (not null), the same pass also writes into *lowest the row with the lowest
-/// (new score, seq) among the rows left open and not gathered (lowest_masked_seq over the
-/// new scores with the gathered rows protected too: the oldest among equal scores, never a
-/// NaN score; npos when none): a victim search that the candidates the caller keeps out of
-/// its reserve complete.
 KVEVICT_KERNEL_FN std::size_t decay_spike_gather(Isa isa, float* score, float* spike,
                                                  const float* x, const std::uint64_t* seqs,
                                                  std::size_t n, float decay,
                                                  std::uint64_t latest, std::uint64_t band,
                                                  std::uint64_t lo, std::uint64_t hi, float floor,
                                                  std::uint64_t* bits, float* vals,
-                                                 std::uint32_t* idx,
-                                                 std::size_t* lowest = nullptr);
+                                                 std::uint32_t* idx);
 KVEVICT_KERNEL_FN std::size_t decay_spike_gather(float* score, float* spike, const float* x,
                                                  const std::uint64_t* seqs, std::size_t n,
                                                  float decay, std::uint64_t latest,
                                                  std::uint64_t band, std::uint64_t lo,
                                                  std::uint64_t hi, float floor,
                                                  std::uint64_t* bits, float* vals,
-                                                 std::uint32_t* idx,
-                                                 std::size_t* lowest = nullptr);
-/// decay_spike_gather over 32-bit arrival indices (a caller whose indices are all below
-/// 2^32): the same results as the 64-bit form given the same index values, with half the
-/// index bytes read.
-KVEVICT_KERNEL_FN std::size_t decay_spike_gather(Isa isa, float* score, float* spike,
-                                                 const float* x, const std::uint32_t* seqs,
-                                                 std::size_t n, float decay,
-                                                 std::uint32_t latest, std::uint32_t band,
-                                                 std::uint32_t lo, std::uint32_t hi, float floor,
-                                                 std::uint64_t* bits, float* vals,
-                                                 std::uint32_t* idx,
-                                                 std::size_t* lowest = nullptr);
-KVEVICT_KERNEL_FN std::size_t decay_spike_gather(float* score, float* spike, const float* x,
-                                                 const std::uint32_t* seqs, std::size_t n,
-                                                 float decay, std::uint32_t latest,
-                                                 std::uint32_t band, std::uint32_t lo,
-                                                 std::uint32_t hi, float floor,
-                                                 std::uint64_t* bits, float* vals,
-                                                 std::uint32_t* idx,
-                                                 std::size_t* lowest = nullptr);
+                                                 std::uint32_t* idx);
 /// The row with the lowest (s[r], seqs[r]) among the rows whose bit in protected_bits is
 /// clear (null: every row): the lowest score, the oldest (lowest seq) among equal scores
 /// (-0.0 == +0.0); NaN scores are never chosen; npos when no row qualifies.
@@ -142,42 +115,6 @@ inline std::size_t open_gather(const std::uint64_t* seqs, const float* s, std::s
                              &in, vals, idx, count);
     bits[w] = ~in;
   }
-  return count;
-}
-/// decay_spike_gather over 32-bit arrival indices, one row at a time (the levels below
-/// AVX-512): decay_spike's update, open_gather's bits and candidates, and with `lowest` the
-/// open rows not gathered offered to LowestOpen.
-inline std::size_t decay_spike_gather32(float* score, float* spike, const float* x,
-                                        const std::uint32_t* seqs, std::size_t n, float decay,
-                                        std::uint32_t latest, std::uint32_t band,
-                                        std::uint32_t lo, std::uint32_t hi, float floor,
-                                        std::uint64_t* bits, float* vals, std::uint32_t* idx,
-                                        std::size_t* lowest) noexcept {
-  const std::uint32_t span = hi > lo ? hi - lo : 0;
-  LowestOpen best;
-  std::size_t count = 0;
-  for (std::size_t base = 0, w = 0; base < n; base += 64, ++w) {
-    const std::size_t m = n - base < 64 ? n - base : 64;
-    std::uint64_t in = 0;
-    for (std::size_t j = 0; j < m; ++j) {
-      const std::size_t r = base + j;
-      const float prod = decay * score[r];
-      score[r] = prod + x[r];
-      if (static_cast<std::uint32_t>(latest - seqs[r]) >= band && spike[r] < x[r]) spike[r] = x[r];
-      if (!(static_cast<std::uint32_t>(seqs[r] - lo) < span)) continue;
-      in |= std::uint64_t{1} << j;
-      const float v = spike[r];
-      if (v > 0.0f && v >= floor) {
-        vals[count] = v;
-        idx[count] = static_cast<std::uint32_t>(r);
-        ++count;
-      } else {
-        best.offer(score[r], seqs[r], r);
-      }
-    }
-    bits[w] = ~in;
-  }
-  if (lowest != nullptr) *lowest = best.index;
   return count;
 }
 inline std::size_t lowest_masked_seq(const float* s, const std::uint64_t* seqs, std::size_t n,
@@ -344,124 +281,50 @@ KVEVICT_TARGET_AVX512 inline std::size_t open_gather(const std::uint64_t* seqs, 
   return count;
 }
 
-/// The per-lane running best of decay_spike_gather's `lowest`: each lane's lowest (score,
-/// seq) among the eligible rows it has seen (LowestOpen's rule per lane), and that row.
-/// 64-bit arrival indices take two 8-lane vectors (lanes 0-7, 8-15), 32-bit ones one.
-struct LaneLowest {
-  __m512 value;
-  __m512i seq0, seq1;
-  __m512i row;  ///< 0xFFFFFFFF: none yet
-};
-
-/// The arrival indices of 16 rows as unsigned lanes: 64-bit (two 8-lane halves) or 32-bit
-/// (one 16-lane vector), and the compares decay_spike_gather makes on them.
-template <class Seq>
-struct SeqLanes {
-  static constexpr bool wide = sizeof(Seq) == 8;
-  __m512i a, b;  ///< wide: rows 0-7 and 8-15; else a: rows 0-15
-  template <bool Tail>
-  KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE static SeqLanes load(const Seq* p,
-                                                                    __mmask16 lanes) noexcept {
-    if constexpr (wide) {
-      const auto lo8 = static_cast<__mmask8>(lanes & 0xFFu);
-      const auto hi8 = static_cast<__mmask8>(lanes >> 8);
-      return {Tail ? _mm512_maskz_loadu_epi64(lo8, p) : _mm512_loadu_si512(p),
-              Tail ? _mm512_maskz_loadu_epi64(hi8, p + 8) : _mm512_loadu_si512(p + 8)};
-    } else {
-      return {Tail ? _mm512_maskz_loadu_epi32(lanes, p) : _mm512_loadu_si512(p),
-              _mm512_setzero_si512()};
-    }
-  }
-  KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE static __m512i splat(Seq v) noexcept {
-    if constexpr (wide)
-      return _mm512_set1_epi64(static_cast<long long>(v));
-    else
-      return _mm512_set1_epi32(static_cast<int>(v));
-  }
-  /// The lanes (under k) with latest - seq >= band (unsigned).
-  KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __mmask16 aged(__mmask16 k, __m512i vlatest,
-                                                            __m512i vband) const noexcept {
-    if constexpr (wide)
-      return static_cast<__mmask16>(
-          static_cast<unsigned>(_mm512_mask_cmpge_epu64_mask(static_cast<__mmask8>(k & 0xFFu),
-                                                             _mm512_sub_epi64(vlatest, a), vband)) |
-          (static_cast<unsigned>(_mm512_mask_cmpge_epu64_mask(static_cast<__mmask8>(k >> 8),
-                                                              _mm512_sub_epi64(vlatest, b), vband))
-           << 8));
-    else
-      return _mm512_mask_cmpge_epu32_mask(k, _mm512_sub_epi32(vlatest, a), vband);
-  }
-  /// The lanes (under k) with seq - lo < span (unsigned).
-  KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __mmask16 within(__mmask16 k, __m512i vlo,
-                                                              __m512i vspan) const noexcept {
-    if constexpr (wide)
-      return static_cast<__mmask16>(
-          static_cast<unsigned>(_mm512_mask_cmplt_epu64_mask(static_cast<__mmask8>(k & 0xFFu),
-                                                             _mm512_sub_epi64(a, vlo), vspan)) |
-          (static_cast<unsigned>(_mm512_mask_cmplt_epu64_mask(static_cast<__mmask8>(k >> 8),
-                                                              _mm512_sub_epi64(b, vlo), vspan))
-           << 8));
-    else
-      return _mm512_mask_cmplt_epu32_mask(k, _mm512_sub_epi32(a, vlo), vspan);
-  }
-  /// The lanes (under k) whose seq is below the lane's best seq.
-  KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __mmask16 older(__mmask16 k,
-                                                             const LaneLowest& best) const noexcept {
-    if constexpr (wide)
-      return static_cast<__mmask16>(
-          static_cast<unsigned>(_mm512_mask_cmplt_epu64_mask(static_cast<__mmask8>(k & 0xFFu), a, best.seq0)) |
-          (static_cast<unsigned>(_mm512_mask_cmplt_epu64_mask(static_cast<__mmask8>(k >> 8), b, best.seq1))
-           << 8));
-    else
-      return _mm512_mask_cmplt_epu32_mask(k, a, best.seq0);
-  }
-  /// The lanes t of these seqs into the lanes' best.
-  KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE void take(__mmask16 t, LaneLowest& best) const noexcept {
-    if constexpr (wide) {
-      best.seq0 = _mm512_mask_mov_epi64(best.seq0, static_cast<__mmask8>(t & 0xFFu), a);
-      best.seq1 = _mm512_mask_mov_epi64(best.seq1, static_cast<__mmask8>(t >> 8), b);
-    } else {
-      best.seq0 = _mm512_mask_mov_epi32(best.seq0, t, a);
-    }
-  }
-};
-
 /// decay_spike_gather, 16 rows [r, r + 16) of which the `lanes` are live (all but in the
 /// tail): the decayed score (the product kept in a register through an empty asm, so it is
 /// never contracted into an FMA: a multiply, then an add, as the scalar body), the age test
-/// and the open test as unsigned compares of the arrival indices, the spike as max(x, spike)
-/// under the age mask (spike < x ? x : spike), then open_gather's compares and compress on
-/// the new spikes, without a branch. Full blocks store 16 candidate lanes at the running
-/// count (at most r: n entries do), the tail only the gathered ones. With Lowest, the open
-/// lanes not gathered update the lanes' best (LaneLowest). Returns the open lanes.
-template <bool Tail, bool Lowest, class Seq>
+/// and the open test as 8-lane unsigned 64-bit compares, the spike as max(x, spike) under
+/// the age mask (spike < x ? x : spike), then open_gather's compares and compress on the new
+/// spikes, without a branch. Full blocks store 16 candidate lanes at the running count (at
+/// most r: n entries do), the tail only the gathered ones. Returns the open lanes.
+template <bool Tail>
 KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE unsigned decay_spike_gather16(
-    float* score, float* spike, const float* x, const Seq* seqs, std::size_t r,
+    float* score, float* spike, const float* x, const std::uint64_t* seqs, std::size_t r,
     __mmask16 lanes, __m512 g, __m512i vlatest, __m512i vband, __m512i vlo, __m512i vspan,
-    __m512 vfloor, __m512i id, float* vals, std::uint32_t* idx, std::size_t& count,
-    LaneLowest& best) noexcept {
+    __m512 vfloor, __m512i id, float* vals, std::uint32_t* idx, std::size_t& count) noexcept {
+  const auto lo8 = static_cast<__mmask8>(lanes & 0xFFu);
+  const auto hi8 = static_cast<__mmask8>(lanes >> 8);
   const __m512 xs = Tail ? _mm512_maskz_loadu_ps(lanes, x + r) : _mm512_loadu_ps(x + r);
   __m512 prod =
       _mm512_mul_ps(g, Tail ? _mm512_maskz_loadu_ps(lanes, score + r) : _mm512_loadu_ps(score + r));
   __asm__("" : "+v"(prod));
-  const __m512 sc = _mm512_add_ps(prod, xs);
   if (Tail)
-    _mm512_mask_storeu_ps(score + r, lanes, sc);
+    _mm512_mask_storeu_ps(score + r, lanes, _mm512_add_ps(prod, xs));
   else
-    _mm512_storeu_ps(score + r, sc);
-  const auto sq = SeqLanes<Seq>::template load<Tail>(seqs + r, lanes);
-  const __mmask16 old = sq.aged(lanes, vlatest, vband);
+    _mm512_storeu_ps(score + r, _mm512_add_ps(prod, xs));
+  const __m512i s0 = Tail ? _mm512_maskz_loadu_epi64(lo8, seqs + r) : _mm512_loadu_si512(seqs + r);
+  const __m512i s1 =
+      Tail ? _mm512_maskz_loadu_epi64(hi8, seqs + r + 8) : _mm512_loadu_si512(seqs + r + 8);
+  const unsigned old =
+      static_cast<unsigned>(_mm512_mask_cmpge_epu64_mask(lo8, _mm512_sub_epi64(vlatest, s0), vband)) |
+      (static_cast<unsigned>(_mm512_mask_cmpge_epu64_mask(hi8, _mm512_sub_epi64(vlatest, s1), vband))
+       << 8);
   const __m512 sp0 = Tail ? _mm512_maskz_loadu_ps(lanes, spike + r) : _mm512_loadu_ps(spike + r);
-  const __m512 v = _mm512_mask_max_ps(sp0, old, xs, sp0);
+  const __m512 v = _mm512_mask_max_ps(sp0, static_cast<__mmask16>(old), xs, sp0);
   if (Tail)
     _mm512_mask_storeu_ps(spike + r, lanes, v);
   else
     _mm512_storeu_ps(spike + r, v);
-  const __mmask16 open = sq.within(lanes, vlo, vspan);
+  const unsigned open =
+      static_cast<unsigned>(_mm512_mask_cmplt_epu64_mask(lo8, _mm512_sub_epi64(s0, vlo), vspan)) |
+      (static_cast<unsigned>(_mm512_mask_cmplt_epu64_mask(hi8, _mm512_sub_epi64(s1, vlo), vspan))
+       << 8);
   // No branch on the open or gathered lanes (they vary from block to block): an empty
   // compress stores nothing that counts.
   const __mmask16 c = _mm512_mask_cmp_ps_mask(
-      _mm512_mask_cmp_ps_mask(open, v, _mm512_setzero_ps(), _CMP_GT_OQ), v, vfloor, _CMP_GE_OQ);
+      _mm512_mask_cmp_ps_mask(static_cast<__mmask16>(open), v, _mm512_setzero_ps(), _CMP_GT_OQ),
+      v, vfloor, _CMP_GE_OQ);
   const auto k = static_cast<unsigned>(std::popcount(static_cast<unsigned>(c)));
   if (Tail) {
     const auto first = static_cast<__mmask16>((1u << k) - 1u);
@@ -472,83 +335,42 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE unsigned decay_spike_gather16(
     _mm512_storeu_si512(idx + count, _mm512_maskz_compress_epi32(c, id));
   }
   count += k;
-  if constexpr (Lowest) {
-    // The open rows not gathered: a lower score, or an equal one (-0 == +0) and an older
-    // seq, replaces the lane's best (a NaN score compares neither).
-    const auto elig = static_cast<__mmask16>(open & ~c);
-    const __mmask16 lt = _mm512_mask_cmp_ps_mask(elig, sc, best.value, _CMP_LT_OQ);
-    const __mmask16 eq = _mm512_mask_cmp_ps_mask(elig, sc, best.value, _CMP_EQ_OQ);
-    const auto take = static_cast<__mmask16>(lt | sq.older(eq, best));
-    best.value = _mm512_mask_mov_ps(best.value, take, sc);
-    sq.take(take, best);
-    best.row = _mm512_mask_mov_epi32(best.row, take, id);
-  }
   return open;
 }
 
 /// decay_spike_gather in one pass, 16 rows at a time; the tail (n % 16 rows) as one masked
 /// block, not the scalar body: in this function the compiler may fuse a scalar multiply and
-/// add. With Lowest, each lane keeps its best open row not gathered (LaneLowest) and the
-/// lanes' bests are reduced by the same rule at the end into *lowest.
-template <bool Lowest, class Seq>
+/// add.
 KVEVICT_TARGET_AVX512 inline std::size_t decay_spike_gather(
-    float* score, float* spike, const float* x, const Seq* seqs, std::size_t n, float decay,
-    Seq latest, Seq band, Seq lo, Seq hi, float floor, std::uint64_t* bits, float* vals,
-    std::uint32_t* idx, std::size_t* lowest) noexcept {
-  using Lanes = SeqLanes<Seq>;
-  const Seq span = hi > lo ? static_cast<Seq>(hi - lo) : Seq{0};
+    float* score, float* spike, const float* x, const std::uint64_t* seqs, std::size_t n,
+    float decay, std::uint64_t latest, std::uint64_t band, std::uint64_t lo, std::uint64_t hi,
+    float floor, std::uint64_t* bits, float* vals, std::uint32_t* idx) noexcept {
+  const std::uint64_t span = hi > lo ? hi - lo : 0;
   const __m512 g = _mm512_set1_ps(decay);
-  const __m512i vlatest = Lanes::splat(latest);
-  const __m512i vband = Lanes::splat(band);
-  const __m512i vlo = Lanes::splat(lo);
-  const __m512i vspan = Lanes::splat(span);
+  const __m512i vlatest = _mm512_set1_epi64(static_cast<long long>(latest));
+  const __m512i vband = _mm512_set1_epi64(static_cast<long long>(band));
+  const __m512i vlo = _mm512_set1_epi64(static_cast<long long>(lo));
+  const __m512i vspan = _mm512_set1_epi64(static_cast<long long>(span));
   const __m512 vfloor = _mm512_set1_ps(floor);
   const __m512i sixteen = _mm512_set1_epi32(16);
   // The row indices of the block's lanes, advanced by 16 per block.
   __m512i id = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   std::size_t count = 0;
-  LaneLowest best{_mm512_set1_ps(std::numeric_limits<float>::infinity()),
-                  _mm512_set1_epi64(-1), _mm512_set1_epi64(-1), _mm512_set1_epi32(-1)};
   for (std::size_t base = 0, w = 0; base < n; base += 64, ++w) {
     const std::size_t m = n - base < 64 ? n - base : 64;
     std::uint64_t in = 0;
     std::size_t j = 0;
     for (; j + 16 <= m; j += 16, id = _mm512_add_epi32(id, sixteen))
-      in |= static_cast<std::uint64_t>(decay_spike_gather16<false, Lowest>(
+      in |= static_cast<std::uint64_t>(decay_spike_gather16<false>(
                 score, spike, x, seqs, base + j, 0xFFFF, g, vlatest, vband, vlo, vspan, vfloor,
-                id, vals, idx, count, best))
+                id, vals, idx, count))
             << j;
     if (j < m)
-      in |= static_cast<std::uint64_t>(decay_spike_gather16<true, Lowest>(
+      in |= static_cast<std::uint64_t>(decay_spike_gather16<true>(
                 score, spike, x, seqs, base + j, static_cast<__mmask16>((1u << (m - j)) - 1u), g,
-                vlatest, vband, vlo, vspan, vfloor, id, vals, idx, count, best))
+                vlatest, vband, vlo, vspan, vfloor, id, vals, idx, count))
             << j;
     bits[w] = ~in;
-  }
-  if constexpr (Lowest) {
-    // The lanes holding a row with the lowest value (never NaN: only compared rows enter),
-    // then the oldest of those (usually one lane).
-    const __mmask16 have = _mm512_cmpneq_epi32_mask(best.row, _mm512_set1_epi32(-1));
-    std::size_t found = npos;
-    if (have != 0) {
-      const float low = _mm512_mask_reduce_min_ps(have, best.value);
-      auto at = static_cast<unsigned>(
-          _mm512_mask_cmp_ps_mask(have, best.value, _mm512_set1_ps(low), _CMP_EQ_OQ));
-      alignas(64) Seq seq[16];
-      alignas(64) std::uint32_t row[16];
-      _mm512_store_si512(seq, best.seq0);
-      if constexpr (Lanes::wide) _mm512_store_si512(seq + 8, best.seq1);
-      _mm512_store_si512(row, best.row);
-      Seq oldest = 0;
-      for (; at != 0; at &= at - 1) {
-        const auto l = static_cast<std::size_t>(std::countr_zero(at));
-        if (found == npos || seq[l] < oldest) {
-          oldest = seq[l];
-          found = row[l];
-        }
-      }
-    }
-    *lowest = found;
   }
   return count;
 }
@@ -594,7 +416,7 @@ inline void check_masked_victim_n(std::size_t n) {
 }
 
 /// open_gather's argument checks (before anything is written).
-inline void check_open_gather(const void* seqs, const float* s, std::size_t n,
+inline void check_open_gather(const std::uint64_t* seqs, const float* s, std::size_t n,
                               const std::uint64_t* bits, const float* vals,
                               const std::uint32_t* idx) {
   require_nonnull(seqs, n, "seqs");
@@ -624,6 +446,27 @@ inline std::size_t open_gather_at(Isa isa, const std::uint64_t* seqs, const floa
   return open_gather_level(isa, seqs, s, n, lo, hi, floor, bits, vals, idx);
 }
 
+/// decay_spike_gather: one pass at AVX-512; below it, decay_spike then open_gather.
+inline std::size_t decay_spike_gather_at(Isa isa, float* score, float* spike, const float* x,
+                                         const std::uint64_t* seqs, std::size_t n, float decay,
+                                         std::uint64_t latest, std::uint64_t band,
+                                         std::uint64_t lo, std::uint64_t hi, float floor,
+                                         std::uint64_t* bits, float* vals, std::uint32_t* idx) {
+  require_nonnull(score, n, "score");
+  require_nonnull(x, n, "x");
+  check_open_gather(seqs, spike, n, bits, vals, idx);
+#if KVEVICT_X86
+  if (isa == Isa::avx512)
+    return avx512::decay_spike_gather(score, spike, x, seqs, n, decay, latest, band, lo, hi,
+                                      floor, bits, vals, idx);
+  if (isa == Isa::avx2)
+    avx2::decay_spike(score, spike, x, seqs, n, decay, latest, band);
+  else
+#endif
+    scalar::decay_spike(score, spike, x, seqs, n, decay, latest, band);
+  return open_gather_level(isa, seqs, spike, n, lo, hi, floor, bits, vals, idx);
+}
+
 inline std::size_t lowest_masked_seq_at(Isa isa, const float* s, const std::uint64_t* seqs,
                                         std::size_t n, const std::uint64_t* prot) {
   require_nonnull(s, n, "scores");
@@ -633,49 +476,6 @@ inline std::size_t lowest_masked_seq_at(Isa isa, const float* s, const std::uint
   if (isa == Isa::avx2) return avx2::lowest_masked_seq(s, seqs, n, prot);
 #endif
   return scalar::lowest_masked_seq(s, seqs, n, prot);
-}
-
-/// decay_spike_gather, 64- or 32-bit arrival indices: one pass at AVX-512; below it, 64-bit:
-/// decay_spike then open_gather (then, for `lowest`, lowest_masked_seq with the gathered
-/// rows' bits set for the call); 32-bit: one scalar pass.
-template <class Seq>
-std::size_t decay_spike_gather_at(Isa isa, float* score, float* spike, const float* x,
-                                  const Seq* seqs, std::size_t n, float decay, Seq latest,
-                                  Seq band, Seq lo, Seq hi, float floor, std::uint64_t* bits,
-                                  float* vals, std::uint32_t* idx, std::size_t* lowest) {
-  require_nonnull(score, n, "score");
-  require_nonnull(x, n, "x");
-  check_open_gather(seqs, spike, n, bits, vals, idx);
-#if KVEVICT_X86
-  if (isa == Isa::avx512)
-    return lowest != nullptr
-               ? avx512::decay_spike_gather<true>(score, spike, x, seqs, n, decay, latest, band,
-                                                  lo, hi, floor, bits, vals, idx, lowest)
-               : avx512::decay_spike_gather<false>(score, spike, x, seqs, n, decay, latest, band,
-                                                   lo, hi, floor, bits, vals, idx, nullptr);
-#endif
-  if constexpr (sizeof(Seq) == 4) {
-    return scalar::decay_spike_gather32(score, spike, x, seqs, n, decay, latest, band, lo, hi,
-                                        floor, bits, vals, idx, lowest);
-  } else {
-#if KVEVICT_X86
-    if (isa == Isa::avx2)
-      avx2::decay_spike(score, spike, x, seqs, n, decay, latest, band);
-    else
-#endif
-      scalar::decay_spike(score, spike, x, seqs, n, decay, latest, band);
-    const std::size_t count = open_gather_level(isa, seqs, spike, n, lo, hi, floor, bits, vals, idx);
-    if (lowest != nullptr) {
-      // The gathered rows are open (bit clear): set for the search, cleared after it.
-      const auto flip = [&] {
-        for (std::size_t i = 0; i < count; ++i) bits[idx[i] >> 6] ^= std::uint64_t{1} << (idx[i] & 63);
-      };
-      flip();
-      *lowest = lowest_masked_seq_at(isa, score, seqs, n, bits);
-      flip();
-    }
-    return count;
-  }
 }
 
 }  // namespace kvevict::kernels::detail
@@ -702,10 +502,10 @@ KVEVICT_KERNEL_FN std::size_t decay_spike_gather(Isa isa, float* score, float* s
                                                  std::uint64_t latest, std::uint64_t band,
                                                  std::uint64_t lo, std::uint64_t hi, float floor,
                                                  std::uint64_t* bits, float* vals,
-                                                 std::uint32_t* idx, std::size_t* lowest) {
+                                                 std::uint32_t* idx) {
   detail::require_isa(isa);
   return detail::decay_spike_gather_at(isa, score, spike, x, seqs, n, decay, latest, band, lo,
-                                       hi, floor, bits, vals, idx, lowest);
+                                       hi, floor, bits, vals, idx);
 }
 KVEVICT_KERNEL_FN std::size_t decay_spike_gather(float* score, float* spike, const float* x,
                                                  const std::uint64_t* seqs, std::size_t n,
@@ -713,31 +513,9 @@ KVEVICT_KERNEL_FN std::size_t decay_spike_gather(float* score, float* spike, con
                                                  std::uint64_t band, std::uint64_t lo,
                                                  std::uint64_t hi, float floor,
                                                  std::uint64_t* bits, float* vals,
-                                                 std::uint32_t* idx, std::size_t* lowest) {
+                                                 std::uint32_t* idx) {
   return detail::decay_spike_gather_at(active_isa(), score, spike, x, seqs, n, decay, latest,
-                                       band, lo, hi, floor, bits, vals, idx, lowest);
-}
-
-KVEVICT_KERNEL_FN std::size_t decay_spike_gather(Isa isa, float* score, float* spike,
-                                                 const float* x, const std::uint32_t* seqs,
-                                                 std::size_t n, float decay,
-                                                 std::uint32_t latest, std::uint32_t band,
-                                                 std::uint32_t lo, std::uint32_t hi, float floor,
-                                                 std::uint64_t* bits, float* vals,
-                                                 std::uint32_t* idx, std::size_t* lowest) {
-  detail::require_isa(isa);
-  return detail::decay_spike_gather_at(isa, score, spike, x, seqs, n, decay, latest, band, lo,
-                                       hi, floor, bits, vals, idx, lowest);
-}
-KVEVICT_KERNEL_FN std::size_t decay_spike_gather(float* score, float* spike, const float* x,
-                                                 const std::uint32_t* seqs, std::size_t n,
-                                                 float decay, std::uint32_t latest,
-                                                 std::uint32_t band, std::uint32_t lo,
-                                                 std::uint32_t hi, float floor,
-                                                 std::uint64_t* bits, float* vals,
-                                                 std::uint32_t* idx, std::size_t* lowest) {
-  return detail::decay_spike_gather_at(active_isa(), score, spike, x, seqs, n, decay, latest,
-                                       band, lo, hi, floor, bits, vals, idx, lowest);
+                                       band, lo, hi, floor, bits, vals, idx);
 }
 
 KVEVICT_KERNEL_FN std::size_t lowest_masked_seq(Isa isa, const float* s,

@@ -142,7 +142,6 @@ class DecayedAttention {
     if (recalls()) {
       spikes_.bind(shape);
       seqs_.bind(shape);
-      seqs32_.bind(shape);
       latest_.assign(shape.capacity.size(), 0);
       floor_.assign(shape.capacity.size(), 0.0f);
       if (excess()) bind_excess(shape);
@@ -251,7 +250,6 @@ class DecayedAttention {
     if (recalls()) {
       spikes_.set(v.layer, v.kv_head, row, 0.0f);
       seqs_.set(v.layer, v.kv_head, row, v.seqs[row]);
-      seqs32_.set(v.layer, v.kv_head, row, static_cast<std::uint32_t>(v.seqs[row]));
       latest_[head_index(v.layer, v.kv_head)] = v.seqs[row];
       if (excess()) append_excess(v.layer, v.kv_head, row);
       if (dedups()) {
@@ -270,7 +268,6 @@ class DecayedAttention {
     if (recalls()) {
       spikes_.move(layer, kv_head, from, to);
       seqs_.move(layer, kv_head, from, to);
-      seqs32_.move(layer, kv_head, from, to);
       if (excess()) move_excess(layer, kv_head, from, to);
       if (dedups()) sigs_.move(layer, kv_head, from, to);
     }
@@ -302,27 +299,14 @@ class DecayedAttention {
     // A full head (its next append evicts one row): the same pass also gathers that
     // decision's protection bits and reserve candidates (kernels::decay_spike_gather), and
     // the decision is taken now, while the columns are in cache (decide_ahead).
-    // The same pass also finds the lowest open row outside the candidates: with the
-    // reserve ranked from these candidates, the victim is it or a candidate left out.
-    // At the AVX-512 level, while every arrival index fits 32 bits (a stream under 2^32
-    // tokens), the pass reads them from seqs32_ (half the bytes; the same values): narrow().
     const std::uint64_t incoming = latest_[h] + 1;
-    const std::uint64_t hi = incoming >= recent ? incoming - recent : 0;
     detail::size_bits(bits_, a.size);
     reserve_candidates(a.size);
-    std::size_t lowest = kernels::npos;
-    if (narrow(h))
-      cand_n_ = kernels::decay_spike_gather(
-          sc.data(), sp.data(), x, seqs32_.of(a.layer, a.kv_head).data(), a.size, g,
-          static_cast<std::uint32_t>(latest_[h]), static_cast<std::uint32_t>(recent),
-          static_cast<std::uint32_t>(config_.sinks), static_cast<std::uint32_t>(hi), floor_[h],
-          bits_.data(), cand_spike_.data(), cand_row_.data(), &lowest);
-    else
-      cand_n_ = kernels::decay_spike_gather(sc.data(), sp.data(), x, sq.data(), a.size, g,
-                                            latest_[h], recent, config_.sinks, hi, floor_[h],
-                                            bits_.data(), cand_spike_.data(), cand_row_.data(),
-                                            &lowest);
-    decide_ahead(a.layer, a.kv_head, a.size, lowest);
+    cand_n_ = kernels::decay_spike_gather(sc.data(), sp.data(), x, sq.data(), a.size, g,
+                                          latest_[h], recent, config_.sinks,
+                                          incoming >= recent ? incoming - recent : 0, floor_[h],
+                                          bits_.data(), cand_spike_.data(), cand_row_.data());
+    decide_ahead(a.layer, a.kv_head, a.size);
   }
   /// Saved state for serialize.hpp: the configuration (checked on load), the per-head
   /// decays (they follow set_budget) and the scores.
@@ -533,12 +517,7 @@ class DecayedAttention {
   /// until the head's rows, scores or budget change (forget, on_budget, load_state);
   /// take_ahead checks the view before using it. Changes no state but scratch and floor_
   /// (a hint: the same rows are kept whatever it is).
-  ///
-  /// `lowest`: the lowest (score, seq) open row outside the gathered candidates (npos:
-  /// none). When the reserve was ranked from exactly those candidates, every row it keeps
-  /// is one of them, so the victim (lowest_masked_seq over the rows left open) is `lowest`
-  /// or a candidate the reserve left out; otherwise it is searched as before.
-  KVEVICT_DEFER void decide_ahead(int layer, int kv_head, std::size_t n, std::size_t lowest) {
+  KVEVICT_DEFER void decide_ahead(int layer, int kv_head, std::size_t n) {
     const std::size_t h = head_index(layer, kv_head);
     Ahead& a = ahead_[h];
     a.valid = false;
@@ -551,22 +530,9 @@ class DecayedAttention {
     v.need = 1;
     v.seqs = seqs_.of(layer, kv_head).data();
     v.incoming_seq = latest_[h] + 1;
-    const float* sc = scores_.of(layer, kv_head).data();
-    std::size_t row = lowest;
-    if (keep_recalled(v, true)) {
-      // The candidates left open, offered by the same rule: a lower score, or an equal one
-      // and an older arrival (NaN never). The reserve kept last_reserve_ of the cand_n_
-      // candidates: none is left open when it kept them all (the usual case).
-      for (std::size_t i = 0; last_reserve_ < cand_n_ && i < cand_n_; ++i) {
-        const std::uint32_t r = cand_row_[i];
-        if ((bits_[r >> 6] >> (r & 63)) & 1u) continue;
-        if (row == kernels::npos ? sc[r] == sc[r]
-                                 : sc[r] < sc[row] || (sc[r] == sc[row] && v.seqs[r] < v.seqs[row]))
-          row = r;
-      }
-    } else {
-      row = kernels::lowest_masked_seq(sc, v.seqs, n, bits_.data());
-    }
+    keep_recalled(v, true);
+    const std::size_t row = kernels::lowest_masked_seq(scores_.of(layer, kv_head).data(), v.seqs,
+                                                       n, bits_.data());
     if (row == kernels::npos) return;  // decided (and refused) at the append
     a.size = n;
     a.capacity = capacity;
@@ -605,19 +571,7 @@ class DecayedAttention {
   KVEVICT_DEFER void prefetch_columns(int layer, int kv_head) const {
     prefetch_rows(scores_.of(layer, kv_head));
     prefetch_rows(spikes_.of(layer, kv_head));
-    if (narrow(head_index(layer, kv_head)))
-      prefetch_rows(seqs32_.of(layer, kv_head));
-    else
-      prefetch_rows(seqs_.of(layer, kv_head));
-  }
-  /// Whether head h's full-head pass reads seqs32_: at the AVX-512 level (below it the
-  /// 32-bit form is a scalar pass, the 64-bit one vectorised), while its arrival indices,
-  /// its band and the sinks all fit 32 bits (seqs32_ then holds them exactly: every arrival
-  /// is at most latest_[h]).
-  [[nodiscard]] bool narrow(std::size_t h) const {
-    constexpr std::uint64_t top = std::numeric_limits<std::uint32_t>::max();
-    return latest_[h] < top && config_.sinks <= top &&
-           kernels::active_isa() == kernels::Isa::avx512;
+    prefetch_rows(seqs_.of(layer, kv_head));
   }
   /// keep_recalled's candidate buffers hold at least n entries (they only grow).
   KVEVICT_DEFER void reserve_candidates(std::size_t n) {
@@ -640,10 +594,8 @@ class DecayedAttention {
   /// the same either way.
   ///
   /// `gathered`: protect() already gathered the candidates at the last threshold (floor_).
-  /// Returns whether the candidates ranked (cand_row_ on return) are the ones gathered
-  /// before the call (`gathered` and no re-gather below the hint; false with dedup).
   template <class S>
-  bool keep_recalled(const HeadView<S>& v, bool gathered) {
+  void keep_recalled(const HeadView<S>& v, bool gathered) {
     const auto& sp = spikes_.of(v.layer, v.kv_head);
     const std::size_t h = head_index(v.layer, v.kv_head);
     std::size_t evictable = 0;
@@ -652,9 +604,7 @@ class DecayedAttention {
       evictable += popcount64(~bits_[w]);  // bits past size are set
     // The candidates with rank > 0 and rank >= lo, in row order, into cand_spike_ /
     // cand_row_ [0, cand_n_) (the buffers only grow: no clearing per step).
-    bool same = gathered;  // the candidates ranked are the ones gathered before the call
     const auto collect = [&](float lo) {
-      same = false;
       reserve_candidates(v.size);
       if (!excess()) {  // the spike is the rank: one dispatched pass over the open rows
         cand_n_ = kernels::gather_open(sp.data(), v.size, bits_.data(), lo, cand_spike_.data(),
@@ -684,16 +634,16 @@ class DecayedAttention {
     if (dedups()) {
       collect(0.0f);
       keep_distinct(v, limit, keep);
-      return false;
+      return;
     }
-    if (limit == 0) return same;
+    if (limit == 0) return;
     const float hint = excess() ? 0.0f : floor_[h];
     if (!gathered) collect(hint);
     if (hint > 0.0f && cand_n_ < limit) collect(0.0f);
     const std::size_t m = cand_n_;
     const std::size_t k = std::min(limit, m);
     last_reserve_ = k;  // m counts every candidate whenever it is below limit
-    if (k == 0) return same;
+    if (k == 0) return;
     // The kept rows' bits are collected per 64-row word in a register (a read-modify-write
     // of bits_ per row chains every row through a store and a reload); the candidates come
     // in row order, so a word is written once.
@@ -709,7 +659,7 @@ class DecayedAttention {
       for (i = 0; i < m; ++i) kept.add(cand_row_[i]);
       kept.flush();
       floor_[h] = std::min(std::min(t[0], t[1]), std::min(t[2], t[3]));
-      return same;
+      return;
     }
     const float t = kth_largest(cand_spike_.data(), m, k);
     floor_[h] = t;
@@ -730,7 +680,6 @@ class DecayedAttention {
       std::nth_element(ties_.begin(), ties_.begin() + static_cast<std::ptrdiff_t>(take),
                        ties_.end(), [](const Tie& a, const Tie& b) { return a.seq > b.seq; });
     for (std::size_t i = 0; i < take; ++i) keep(ties_[i].row);
-    return same;
   }
   /// The k-th largest of s[0, m) counting repeats (0 < k < m): the (m - k + 1)-th smallest.
   /// When the reserve is ranked from its last threshold, m exceeds k by a few rows, so those
@@ -924,8 +873,6 @@ class DecayedAttention {
   // Recall reserve (only bound when recall_fraction > 0).
   detail::RowColumn<float> spikes_;  ///< largest attention drawn while long-range
   detail::RowColumn<std::uint64_t> seqs_;  ///< arrival index, for the row's age in observe
-  /// seqs_ as 32-bit values (exact while narrow(): the full head's observe pass reads these)
-  detail::RowColumn<std::uint32_t> seqs32_;
   std::vector<std::uint64_t> latest_;  ///< per head: arrival index of the newest row
   std::vector<float> floor_;  ///< per head: the reserve's last threshold (keep_recalled's hint)
   detail::RowColumn<float> draws_;           ///< RecallRank::excess: sum of long-range draws
