@@ -320,6 +320,7 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
     if constexpr (I == Isa::avx512)
     {
       if (n <= avx512::kRankMaxN) return avx512::topk_rank(s, n, k, out);
+      if (avx512::topk_scaled(s, n, k, out)) return;
       avx512::topk_threshold(s, n, k, out);
       return;
     }
@@ -329,8 +330,11 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
   // 150-400 candidates (N(0,1) scores, 1K-16K rows), which topk_threshold finishes (loop over
   // 16 N(0,1) inputs, 2026-12-02: 1K / 4K / 8K / 16K rows 316-341 / 693-746 / 1314-1448 /
   // 3150-3229 ns against 527-536 / 1836-1856 / 6886-14938 / 8492-21438 ns before).
-  if constexpr (I == Isa::avx512)
+  if constexpr (I == Isa::avx512) {
     if (n > 512 && k <= 64 && avx512::topk_filter(s, n, k, out)) return;
+    if (n > 512 && n <= avx512::kScaledMaxN && k > 64 && avx512::topk_scaled(s, n, k, out))
+      return;
+  }
 #endif
   TopkScratch& sc = topk_scratch();
   auto grow = [](auto& v, std::size_t size) {

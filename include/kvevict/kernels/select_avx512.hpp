@@ -443,6 +443,135 @@ KVEVICT_TARGET_AVX512 inline std::int32_t topk_threshold(const float* s, std::si
   return t;
 }
 
+/// Largest n topk_scaled takes (its buffers live on the stack: about 9 n bytes).
+inline constexpr std::size_t kScaledMaxN = 1024;
+
+/// The bins of 16 floats x for topk_scaled: floor((hi - x) * scale) for numbers (0 .. 254
+/// for x in [lo, hi]: non-increasing in x, equal for equal x, -0 == +0), 255 for NaN (the
+/// unsigned conversion of NaN is 0xFFFFFFFF). The same instructions wherever a bin is
+/// computed, so bit-identical.
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512i scaled_bin16(__m512 x, __m512 vhi,
+                                                               __m512 vscale) noexcept {
+  return _mm512_min_epu32(_mm512_cvttps_epu32(_mm512_mul_ps(_mm512_sub_ps(vhi, x), vscale)),
+                          _mm512_set1_epi32(255));
+}
+
+/// Small-n float top-k (0 < k < n <= kScaledMaxN) by scaled bins: one pass takes the
+/// numbers' range [lo, hi]; each row's bin floor((hi - x) * 254 / (hi - lo)) (NaN 255) is
+/// packed 64 to a register and the k-th smallest bin t, with the count of rows below it,
+/// found by byte_select (a smaller bin is a larger score). On spread scores a bin holds a
+/// few rows (N(0,1), 256 rows: about 2 near any rank), where the order keys' high byte
+/// that topk_threshold searches first holds up to ~70 (one exponent). One pass left-packs
+/// the ids of the rows in bins below t (all taken) into out and the floats and ids of bin
+/// t's rows (index order) apart; the k - (rows below) best of those (larger first, ties to
+/// the lower index) are appended: up to 16 by each row's rank counted in a register, more
+/// by topk_threshold's k-th key. Same set as topk_exact (ties to the lower index, NaN last,
+/// -0 == +0); the ids are not in index order (bin t's come last). Returns false, out
+/// unwritten, when the numbers have no finite positive range (fewer than two distinct
+/// numbers, infinities) or the k-th row is a NaN.
+KVEVICT_TARGET_AVX512 inline bool topk_scaled(const float* s, std::size_t n, std::size_t k,
+                                              std::uint32_t* out) noexcept {
+  alignas(64) std::uint8_t qb[kScaledMaxN];            // bins, packing order (not row order)
+  alignas(64) float cand[kScaledMaxN + 16];            // bin t's floats, index order
+  alignas(64) std::uint32_t cid[kScaledMaxN + 16];     // and their ids
+  const std::size_t nv = (n + 15) / 16, nb = (n + 63) / 64;
+  const float inf = std::numeric_limits<float>::infinity();
+  const __m512 vnan = _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN());
+  // Rows past n read as NaN: bin 255, never compared true.
+  auto load = [&](std::size_t v) KVEVICT_TARGET_AVX512 __attribute__((always_inline)) {
+    if (16 * v + 16 <= n) return _mm512_loadu_ps(s + 16 * v);
+    const std::size_t r = n > 16 * v ? n - 16 * v : 0;
+    return _mm512_mask_loadu_ps(vnan, static_cast<__mmask16>((1u << r) - 1), s + 16 * v);
+  };
+  // The numbers' range: MINPS / MAXPS return their second operand when either is NaN.
+  __m512 mn0 = _mm512_set1_ps(inf), mn1 = mn0, mx0 = _mm512_set1_ps(-inf), mx1 = mx0;
+  std::size_t v = 0;
+  for (; v + 2 <= nv; v += 2) {
+    const __m512 x0 = load(v), x1 = load(v + 1);
+    mn0 = _mm512_min_ps(x0, mn0);
+    mx0 = _mm512_max_ps(x0, mx0);
+    mn1 = _mm512_min_ps(x1, mn1);
+    mx1 = _mm512_max_ps(x1, mx1);
+  }
+  if (v < nv) {
+    const __m512 x = load(v);
+    mn0 = _mm512_min_ps(x, mn0);
+    mx0 = _mm512_max_ps(x, mx0);
+  }
+  const float lo = _mm512_reduce_min_ps(_mm512_min_ps(mn0, mn1));
+  const float hi = _mm512_reduce_max_ps(_mm512_max_ps(mx0, mx1));
+  const float range = hi - lo;
+  const float scale = 254.0f / range;
+  // Fewer than two distinct numbers, an infinity, or a range too small or too large.
+  if (!(range > 0.0f && range <= std::numeric_limits<float>::max() &&
+        scale <= std::numeric_limits<float>::max()))
+    return false;
+  const __m512 vhi = _mm512_set1_ps(hi), vscale = _mm512_set1_ps(scale);
+  // The bins of 64 rows to a register (VPACKSSDW / VPACKUSWB: in range, no saturation; the
+  // lane order changes, which counting ignores); rows past n in bin 255.
+  for (std::size_t r = 0; r < nb; ++r) {
+    __m512i q[4];
+    for (std::size_t j = 0; j < 4; ++j)
+      q[j] = scaled_bin16(load(4 * r + j), vhi, vscale);
+    _mm512_store_si512(qb + 64 * r, _mm512_packus_epi16(_mm512_packs_epi32(q[0], q[1]),
+                                                        _mm512_packs_epi32(q[2], q[3])));
+  }
+  std::size_t c_lt = 0;  // rows in bins below t
+  const unsigned t = byte_select<false>(qb, nb, k, 0, &c_lt);
+  if (t == 255) return false;  // the k-th row is a NaN
+  // The ids of the rows in bins below t into out; bin t's floats and ids apart.
+  const __m512i vt = _mm512_set1_epi32(static_cast<int>(t));
+  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  std::size_t pos = 0, m = 0;
+  for (v = 0; v < nv; ++v) {
+    const __m512 x = load(v);
+    const __m512i q = scaled_bin16(x, vhi, vscale);
+    const __mmask16 eq = _mm512_cmpeq_epi32_mask(q, vt);
+    pos = emit_ids(out, pos, k, _mm512_cmplt_epu32_mask(q, vt), idx);
+    _mm512_storeu_ps(cand + m, _mm512_maskz_compress_ps(eq, x));  // 16 spare entries
+    _mm512_storeu_si512(cid + m, _mm512_maskz_compress_epi32(eq, idx));
+    m += static_cast<std::size_t>(_mm_popcnt_u32(eq));
+    idx = _mm512_add_epi32(idx, step);
+  }
+  const std::size_t need = k - pos;  // 1 .. m (pos == c_lt)
+  if (m <= 16) {
+    // Rank of each of bin t's rows: the rows before it in the order (a larger float, or an
+    // equal one at a lower index); the rows of rank < need are taken.
+    const auto in = static_cast<__mmask16>((1u << m) - 1);
+    const __m512i key = topk_skey16(_mm512_maskz_loadu_ps(in, cand));
+    const __m512i one = _mm512_set1_epi32(1);
+    __m512i rank = _mm512_setzero_si512();
+    for (std::size_t j = 0; j < m; ++j) {
+      const __m512i bj = _mm512_permutexvar_epi32(_mm512_set1_epi32(static_cast<int>(j)), key);
+      const auto after = static_cast<__mmask16>(0xFFFEu << j);  // lanes past j
+      rank = _mm512_mask_add_epi32(
+          rank,
+          static_cast<__mmask16>(_mm512_mask_cmple_epi32_mask(after, bj, key) |
+                                 _mm512_mask_cmplt_epi32_mask(static_cast<__mmask16>(~after), bj, key)),
+          rank, one);
+    }
+    compress_store(out + pos,
+                   _mm512_mask_cmplt_epi32_mask(in, rank, _mm512_set1_epi32(static_cast<int>(need))),
+                   _mm512_loadu_si512(cid));
+    return true;
+  }
+  if (need == m) {
+    std::copy_n(cid, m, out + pos);
+    return true;
+  }
+  // Many rows in bin t (clustered scores): the k-th key among them, then the rows before it.
+  std::size_t take_eq = 0;
+  const float tf = avx2::topk_skey_float(
+      topk_threshold<kScaledMaxN, false>(cand, m, need, nullptr, &take_eq));
+  for (std::size_t j = 0; j < m; ++j) {
+    const bool eq = cand[j] == tf;
+    if (cand[j] > tf || (eq && take_eq != 0)) out[pos++] = cid[j];
+    take_eq -= eq && take_eq != 0;
+  }
+  return true;
+}
+
 /// Most candidates topk_filter keeps before it gives up (its buffers live on the stack).
 inline constexpr std::size_t kFilterMaxM = kThresholdMaxN;
 
