@@ -445,6 +445,7 @@ KVEVICT_TARGET_AVX512 inline std::int32_t topk_threshold(const float* s, std::si
 
 /// Largest n topk_scaled takes (its buffers live on the stack: about 9 n bytes).
 inline constexpr std::size_t kScaledMaxN = 1024;
+inline constexpr int kScaledNaNBin = 255;
 
 /// The bins of 16 floats x for topk_scaled: floor((hi - x) * scale) for numbers (0 .. 254
 /// for x in [lo, hi]: non-increasing in x, equal for equal x, -0 == +0), 255 for NaN (the
@@ -453,7 +454,7 @@ inline constexpr std::size_t kScaledMaxN = 1024;
 KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512i scaled_bin16(__m512 x, __m512 vhi,
                                                                __m512 vscale) noexcept {
   return _mm512_min_epu32(_mm512_cvttps_epu32(_mm512_mul_ps(_mm512_sub_ps(vhi, x), vscale)),
-                          _mm512_set1_epi32(255));
+                          _mm512_set1_epi32(kScaledNaNBin));
 }
 
 /// Small-n float top-k (0 < k < n <= kScaledMaxN) by scaled bins: one pass takes the
@@ -470,10 +471,12 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512i scaled_bin16(__m512 x, __m51
 /// unwritten, when the numbers have no finite positive range (fewer than two distinct
 /// numbers, infinities) or the k-th row is a NaN.
 KVEVICT_TARGET_AVX512 inline bool topk_scaled(const float* s, std::size_t n, std::size_t k,
-                                              std::uint32_t* out) noexcept {
+                                              std::uint32_t* out, int depth = 0) noexcept {
   alignas(64) std::uint8_t qb[kScaledMaxN];            // bins, packing order (not row order)
   alignas(64) float cand[kScaledMaxN + 16];            // bin t's floats, index order
   alignas(64) std::uint32_t cid[kScaledMaxN + 16];     // and their ids
+  std::uint16_t hit_v[kScaledMaxN / 16];                // registers holding bin t's rows
+  __mmask16 hit_m[kScaledMaxN / 16];                    // and those rows
   const std::size_t nv = (n + 15) / 16, nb = (n + 63) / 64;
   const float inf = std::numeric_limits<float>::infinity();
   const __m512 vnan = _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN());
@@ -501,66 +504,89 @@ KVEVICT_TARGET_AVX512 inline bool topk_scaled(const float* s, std::size_t n, std
   const float lo = _mm512_reduce_min_ps(_mm512_min_ps(mn0, mn1));
   const float hi = _mm512_reduce_max_ps(_mm512_max_ps(mx0, mx1));
   const float range = hi - lo;
-  const float scale = 254.0f / range;
+  const float scale = static_cast<float>(kScaledNaNBin - 1) / range;
   // Fewer than two distinct numbers, an infinity, or a range too small or too large.
   if (!(range > 0.0f && range <= std::numeric_limits<float>::max() &&
         scale <= std::numeric_limits<float>::max()))
     return false;
   const __m512 vhi = _mm512_set1_ps(hi), vscale = _mm512_set1_ps(scale);
+  // Positive scores over more than 4 octaves (heavy-tailed, like accumulated attention):
+  // bins linear in the float bits instead (about log-scaled), else most rows share the
+  // lowest bins. bin = (bits(hi) - bits(x)) >> shift, 0 .. 254 for x in [lo, hi]
+  // (non-increasing in x, equal for equal x), NaN 255.
+  const bool log_bins = lo > 0.0f && hi > 16.0f * lo;
+  const auto hi_bits = std::bit_cast<std::uint32_t>(hi);
+  int shift = 0;
+  while (((hi_bits - std::bit_cast<std::uint32_t>(lo)) >> shift) > kScaledNaNBin - 1) ++shift;
+  const __m512i vhib = _mm512_set1_epi32(static_cast<int>(hi_bits));
+  const __m128i vshift = _mm_cvtsi32_si128(shift);
+  // The rest, compiled once per bin form.
+  auto finish = [&](auto log_form) KVEVICT_TARGET_AVX512 __attribute__((always_inline)) {
+  auto bin = [&](__m512 x) KVEVICT_TARGET_AVX512 __attribute__((always_inline)) {
+    if constexpr (!decltype(log_form)::value) {
+      return scaled_bin16(x, vhi, vscale);
+    } else {
+      return _mm512_mask_mov_epi32(
+          _mm512_srl_epi32(_mm512_sub_epi32(vhib, _mm512_castps_si512(x)), vshift),
+          _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(kScaledNaNBin));
+    }
+  };
   // The bins of 64 rows to a register (VPACKSSDW / VPACKUSWB: in range, no saturation; the
   // lane order changes, which counting ignores); rows past n in bin 255.
   for (std::size_t r = 0; r < nb; ++r) {
     __m512i q[4];
     for (std::size_t j = 0; j < 4; ++j)
-      q[j] = scaled_bin16(load(4 * r + j), vhi, vscale);
+      q[j] = bin(load(4 * r + j));
     _mm512_store_si512(qb + 64 * r, _mm512_packus_epi16(_mm512_packs_epi32(q[0], q[1]),
                                                         _mm512_packs_epi32(q[2], q[3])));
   }
   std::size_t c_lt = 0;  // rows in bins below t
   const unsigned t = byte_select<false>(qb, nb, k, 0, &c_lt);
-  if (t == 255) return false;  // the k-th row is a NaN
+  if (t == kScaledNaNBin) return false;  // the k-th row is a NaN
   // The ids of the rows in bins below t into out; bin t's floats and ids apart.
   const __m512i vt = _mm512_set1_epi32(static_cast<int>(t));
   __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i step = _mm512_set1_epi32(16);
-  std::size_t pos = 0, m = 0;
+  std::size_t pos = 0, nh = 0;
   for (v = 0; v < nv; ++v) {
-    const __m512 x = load(v);
-    const __m512i q = scaled_bin16(x, vhi, vscale);
+    const __m512i q = bin(load(v));
     const __mmask16 eq = _mm512_cmpeq_epi32_mask(q, vt);
     pos = emit_ids(out, pos, k, _mm512_cmplt_epu32_mask(q, vt), idx);
-    _mm512_storeu_ps(cand + m, _mm512_maskz_compress_ps(eq, x));  // 16 spare entries
-    _mm512_storeu_si512(cid + m, _mm512_maskz_compress_epi32(eq, idx));
-    m += static_cast<std::size_t>(_mm_popcnt_u32(eq));
+    // The few registers holding bin t's rows, noted without a branch or a compress.
+    hit_v[nh] = static_cast<std::uint16_t>(v);
+    hit_m[nh] = eq;
+    nh += eq != 0;
     idx = _mm512_add_epi32(idx, step);
   }
-  const std::size_t need = k - pos;  // 1 .. m (pos == c_lt)
-  if (m <= 16) {
-    // Rank of each of bin t's rows: the rows before it in the order (a larger float, or an
-    // equal one at a lower index); the rows of rank < need are taken.
-    const auto in = static_cast<__mmask16>((1u << m) - 1);
-    const __m512i key = topk_skey16(_mm512_maskz_loadu_ps(in, cand));
-    const __m512i one = _mm512_set1_epi32(1);
-    __m512i rank = _mm512_setzero_si512();
-    for (std::size_t j = 0; j < m; ++j) {
-      const __m512i bj = _mm512_permutexvar_epi32(_mm512_set1_epi32(static_cast<int>(j)), key);
-      const auto after = static_cast<__mmask16>(0xFFFEu << j);  // lanes past j
-      rank = _mm512_mask_add_epi32(
-          rank,
-          static_cast<__mmask16>(_mm512_mask_cmple_epi32_mask(after, bj, key) |
-                                 _mm512_mask_cmplt_epi32_mask(static_cast<__mmask16>(~after), bj, key)),
-          rank, one);
-    }
-    compress_store(out + pos,
-                   _mm512_mask_cmplt_epi32_mask(in, rank, _mm512_set1_epi32(static_cast<int>(need))),
-                   _mm512_loadu_si512(cid));
-    return true;
+  std::size_t m = 0;
+  for (std::size_t h = 0; h < nh; ++h) {
+    const std::size_t w = hit_v[h];
+    _mm512_storeu_ps(cand + m, _mm512_maskz_compress_ps(hit_m[h], load(w)));  // 16 spare
+    _mm512_storeu_si512(cid + m, _mm512_maskz_compress_epi32(
+                                     hit_m[h], _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(16 * w)),
+                                                                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15))));
+    m += static_cast<std::size_t>(_mm_popcnt_u32(hit_m[h]));
   }
+  const std::size_t need = k - pos;  // 1 .. m (pos == c_lt)
   if (need == m) {
     std::copy_n(cid, m, out + pos);
     return true;
   }
-  // Many rows in bin t (clustered scores): the k-th key among them, then the rows before it.
+  if (m <= kRankMaxN) {  // the need best of bin t's rows by their ranks
+    alignas(64) std::uint32_t local[kRankMaxN];
+    topk_rank(cand, m, need, local);
+    for (std::size_t j = 0; j < need; ++j) out[pos + j] = cid[local[j]];
+    return true;
+  }
+  // Many rows in bin t (clustered or heavy-tailed scores): bin t's rows binned again over
+  // their own range (twice at most), else the k-th key among them.
+  if (depth < 2) {
+    alignas(64) std::uint32_t local[kScaledMaxN];
+    if (topk_scaled(cand, m, need, local, depth + 1)) {
+      for (std::size_t j = 0; j < need; ++j) out[pos + j] = cid[local[j]];
+      return true;
+    }
+  }
   std::size_t take_eq = 0;
   const float tf = avx2::topk_skey_float(
       topk_threshold<kScaledMaxN, false>(cand, m, need, nullptr, &take_eq));
@@ -570,6 +596,8 @@ KVEVICT_TARGET_AVX512 inline bool topk_scaled(const float* s, std::size_t n, std
     take_eq -= eq && take_eq != 0;
   }
   return true;
+  };
+  return log_bins ? finish(std::true_type{}) : finish(std::false_type{});
 }
 
 /// Most candidates topk_filter keeps before it gives up (its buffers live on the stack).
