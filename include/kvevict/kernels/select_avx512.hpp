@@ -475,8 +475,8 @@ KVEVICT_TARGET_AVX512 inline bool topk_scaled(const float* s, std::size_t n, std
   alignas(64) std::uint8_t qb[kScaledMaxN];            // bins, packing order (not row order)
   alignas(64) float cand[kScaledMaxN + 16];            // bin t's floats, index order
   alignas(64) std::uint32_t cid[kScaledMaxN + 16];     // and their ids
-  std::uint16_t hit_v[kScaledMaxN / 16];                // registers holding bin t's rows
-  __mmask16 hit_m[kScaledMaxN / 16];                    // and those rows
+  std::uint16_t hit_v[kScaledMaxN / 64];                // 64-row blocks holding bin t's rows
+  std::uint64_t hit_m[kScaledMaxN / 64];                // and those rows
   const std::size_t nv = (n + 15) / 16, nb = (n + 63) / 64;
   const float inf = std::numeric_limits<float>::infinity();
   const __m512 vnan = _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN());
@@ -531,41 +531,53 @@ KVEVICT_TARGET_AVX512 inline bool topk_scaled(const float* s, std::size_t n, std
           _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(kScaledNaNBin));
     }
   };
-  // The bins of 64 rows to a register (VPACKSSDW / VPACKUSWB: in range, no saturation; the
-  // lane order changes, which counting ignores); rows past n in bin 255.
+  // The bins in row order, 64 to a register (VPMOVUSDB: NaN's 0xFFFFFFFF saturates to 255);
+  // rows past n in bin 255.
   for (std::size_t r = 0; r < nb; ++r) {
-    __m512i q[4];
-    for (std::size_t j = 0; j < 4; ++j)
-      q[j] = bin(load(4 * r + j));
-    _mm512_store_si512(qb + 64 * r, _mm512_packus_epi16(_mm512_packs_epi32(q[0], q[1]),
-                                                        _mm512_packs_epi32(q[2], q[3])));
+    __m128i q[4];
+    for (std::size_t j = 0; j < 4; ++j) q[j] = _mm512_cvtusepi32_epi8(bin(load(4 * r + j)));
+    _mm512_store_si512(
+        qb + 64 * r,
+        _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(q[0]),
+                                                                 q[1], 1),
+                                              q[2], 2),
+                           q[3], 3));
   }
   std::size_t c_lt = 0;  // rows in bins below t
   const unsigned t = byte_select<false>(qb, nb, k, 0, &c_lt);
   if (t == kScaledNaNBin) return false;  // the k-th row is a NaN
-  // The ids of the rows in bins below t into out; bin t's floats and ids apart.
-  const __m512i vt = _mm512_set1_epi32(static_cast<int>(t));
+  // The ids of the rows in bins below t into out (the bins compared 64 at a time); the
+  // 64-row blocks holding bin t's rows noted, without a branch, then their floats and ids
+  // left-packed apart (index order).
+  const __m512i vt = _mm512_set1_epi8(static_cast<char>(t));
   __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i step = _mm512_set1_epi32(16);
   std::size_t pos = 0, nh = 0;
-  for (v = 0; v < nv; ++v) {
-    const __m512i q = bin(load(v));
-    const __mmask16 eq = _mm512_cmpeq_epi32_mask(q, vt);
-    pos = emit_ids(out, pos, k, _mm512_cmplt_epu32_mask(q, vt), idx);
-    // The few registers holding bin t's rows, noted without a branch or a compress.
-    hit_v[nh] = static_cast<std::uint16_t>(v);
+  for (std::size_t r = 0; r < nb; ++r) {
+    const __m512i x = _mm512_load_si512(qb + 64 * r);
+    const std::uint64_t lt = _cvtmask64_u64(_mm512_cmplt_epu8_mask(x, vt));
+    const std::uint64_t eq = _cvtmask64_u64(_mm512_cmpeq_epi8_mask(x, vt));
+    for (int j = 0; j < 4; ++j) {
+      pos = emit_ids(out, pos, k, static_cast<__mmask16>(lt >> (16 * j)), idx);
+      idx = _mm512_add_epi32(idx, step);
+    }
+    hit_v[nh] = static_cast<std::uint16_t>(r);
     hit_m[nh] = eq;
     nh += eq != 0;
-    idx = _mm512_add_epi32(idx, step);
   }
   std::size_t m = 0;
   for (std::size_t h = 0; h < nh; ++h) {
-    const std::size_t w = hit_v[h];
-    _mm512_storeu_ps(cand + m, _mm512_maskz_compress_ps(hit_m[h], load(w)));  // 16 spare
-    _mm512_storeu_si512(cid + m, _mm512_maskz_compress_epi32(
-                                     hit_m[h], _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(16 * w)),
-                                                                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15))));
-    m += static_cast<std::size_t>(_mm_popcnt_u32(hit_m[h]));
+    const std::size_t r = hit_v[h];
+    for (std::size_t j = 0; j < 4; ++j) {
+      const auto e = static_cast<__mmask16>(hit_m[h] >> (16 * j));
+      const std::size_t row = 64 * r + 16 * j;
+      _mm512_storeu_ps(cand + m, _mm512_maskz_compress_ps(e, _mm512_maskz_loadu_ps(e, s + row)));
+      _mm512_storeu_si512(cid + m, _mm512_maskz_compress_epi32(
+                                       e, _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(row)),
+                                                           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8,
+                                                                             9, 10, 11, 12, 13, 14, 15))));
+      m += static_cast<std::size_t>(_mm_popcnt_u32(e));
+    }
   }
   const std::size_t need = k - pos;  // 1 .. m (pos == c_lt)
   if (need == m) {
