@@ -670,7 +670,7 @@ KVEVICT_TARGET_AVX512 inline bool topk_filter(const float* s, std::size_t n, std
   }
   if (m <= kRankMaxN)
     topk_rank(cf, m, k, local);
-  else
+  else if (!topk_scaled(cf, m, k, local))
     topk_threshold(cf, m, k, local);
   for (std::size_t j = 0; j < k; ++j) out[j] = ci[local[j]];
   return true;
