@@ -131,15 +131,34 @@ TEST_CASE("counting select fed by hamming_histogram", "[kernels][select][hamming
     }
 }
 
-/// topk_indices at `isa` selects ref_select's set and writes nothing past out[k).
-void check_topk(Isa isa, const std::vector<float>& s, std::size_t k) {
+/// topk_indices at `isa` selects ref_select's set (or *ref, in index order, when given) and
+/// writes nothing past out[k).
+void check_topk(Isa isa, const std::vector<float>& s, std::size_t k,
+                const std::vector<std::uint32_t>* ref = nullptr) {
   std::vector<std::uint32_t> out(k + 1, 0xDEADBEEF);
   at(isa, [&](auto I) { kk::topk_indices<I()>(s.data(), s.size(), k, out.data()); });
   REQUIRE(out[k] == 0xDEADBEEF);
   out.resize(k);
   std::sort(out.begin(), out.end());
-  REQUIRE(out == ref_select(s, k, float_better));
+  REQUIRE(out == (ref ? *ref : ref_select(s, k, float_better)));
 }
+
+#if KVEVICT_X86
+/// avx512::topk_scaled itself: when it takes the input, ref_select's set (or *ref) and
+/// nothing past out[k); when it refuses, nothing written. Returns whether it took it.
+bool check_scaled(const std::vector<float>& s, std::size_t k,
+                  const std::vector<std::uint32_t>* ref = nullptr) {
+  std::vector<std::uint32_t> out(k + 1, 0xDEADBEEF);
+  const bool ok = kk::detail::avx512::topk_scaled(s.data(), s.size(), k, out.data());
+  REQUIRE(out[ok ? k : 0] == 0xDEADBEEF);
+  if (ok) {
+    out.resize(k);
+    std::sort(out.begin(), out.end());
+    REQUIRE(out == (ref ? *ref : ref_select(s, k, float_better)));
+  }
+  return ok;
+}
+#endif
 
 TEST_CASE("topk_indices selects the k largest (ties to lower index, NaN last)",
           "[kernels][select]") {
@@ -348,26 +367,10 @@ TEST_CASE("topk_indices by scaled bins: every n to 1100, spread, clustered and s
         std::vector<std::uint32_t> ref(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
         std::sort(ref.begin(), ref.end());
         INFO("n " << n << " k " << k << " dist " << dist);
-        std::vector<std::uint32_t> out(k + 1, 0xDEADBEEF);
-        at(isa, [&](auto I) { kk::topk_indices<I()>(s.data(), n, k, out.data()); });
-        REQUIRE(out[k] == 0xDEADBEEF);
-        out.resize(k);
-        std::sort(out.begin(), out.end());
-        REQUIRE(out == ref);
+        check_topk(isa, s, k, &ref);
 #if KVEVICT_X86
-        if (isa == Isa::avx512 && n <= kk::detail::avx512::kScaledMaxN) {
-          std::vector<std::uint32_t> o2(k + 1, 0xDEADBEEF);
-          if (kk::detail::avx512::topk_scaled(s.data(), n, k, o2.data())) {
-            ++scaled_true;
-            REQUIRE(o2[k] == 0xDEADBEEF);
-            o2.resize(k);
-            std::sort(o2.begin(), o2.end());
-            REQUIRE(o2 == ref);
-          } else {
-            ++scaled_false;
-            REQUIRE(o2[0] == 0xDEADBEEF);  // refused: nothing written
-          }
-        }
+        if (isa == Isa::avx512 && n <= kk::detail::avx512::kScaledMaxN)
+          ++(check_scaled(s, k, &ref) ? scaled_true : scaled_false);
 #endif
       }
     }
@@ -377,17 +380,7 @@ TEST_CASE("topk_indices by scaled bins: every n to 1100, spread, clustered and s
     CHECK(scaled_false > 1000);
     // Each branch taken, with the set checked: rank path (a few rows per bin), the k-th key
     // of a crowded bin, a crowded bin taken whole; refusals.
-    auto run = [&](const std::vector<float>& s, std::size_t k) {
-      std::vector<std::uint32_t> out(k + 1, 0xDEADBEEF);
-      const bool ok = kk::detail::avx512::topk_scaled(s.data(), s.size(), k, out.data());
-      CHECK(out[k] == 0xDEADBEEF);
-      if (ok) {
-        out.resize(k);
-        std::sort(out.begin(), out.end());
-        CHECK(out == ref_select(s, k, float_better));
-      }
-      return ok;
-    };
+    auto run = [](const std::vector<float>& s, std::size_t k) { return check_scaled(s, k); };
     std::normal_distribution<float> g;
     std::vector<float> s(512);
     for (auto& v : s) v = g(rng);
