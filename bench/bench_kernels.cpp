@@ -40,6 +40,10 @@ namespace {
 const std::vector<std::int64_t> kSweep = {1 << 10, 1 << 12, 1 << 15, 1 << 18, 1 << 22};
 // Selection also at 256 rows (issue 13: >= 1.5x std::nth_element at every n >= 256).
 const std::vector<std::int64_t> kSelectSweep = {1 << 8, 1 << 10, 1 << 12, 1 << 13, 1 << 14, 1 << 15, 1 << 18, 1 << 22};
+// Float top-k: also the sizes between 256 and 1K rows, where the small-n paths change
+// (topk_threshold up to 512 rows, topk_filter / topk_band above).
+const std::vector<std::int64_t> kFloatTopkSweep = {256, 320, 384, 512, 768, 1 << 10, 1 << 12, 1 << 13, 1 << 14, 1 << 15, 1 << 18, 1 << 22};
+const std::vector<std::int64_t> kFloatTopkVariedSweep = {256, 320, 384, 512, 768, 1 << 10, 1 << 12};
 
 std::vector<std::uint8_t> random_bytes(std::size_t n, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -305,7 +309,7 @@ void register_float_topk(const char* label, int k_div) {
       }
       set_counters(st, n, 4);
     });
-    for (auto n : kSelectSweep) r->Arg(n);
+    for (auto n : kFloatTopkSweep) r->Arg(n);
   };
   reg("kvevict_dispatch", [](const auto& s, std::size_t k, auto& out, auto&, auto&, auto&) {
     kk::topk_indices(s.data(), s.size(), k, out.data());
@@ -336,7 +340,7 @@ void register_float_topk(const char* label, int k_div) {
         }
         set_counters(st, n, 4);
       });
-  for (auto n : kSelectSweep)
+  for (auto n : kFloatTopkSweep)
     if (n < 8192) prev->Arg(n);
   reg("std_nth_element_values", [](const auto& s, std::size_t k, auto&, auto& work, auto&, auto&) {
     // Values only (no indices): the cheapest std::nth_element use, a lower bound for std.
@@ -385,7 +389,7 @@ void register_float_topk_varied(const char* label, int k_div) {
           }
           set_counters(st, n, 4);
         });
-    for (std::int64_t n : {256, 1024, 4096}) r->Arg(n);
+    for (auto n : kFloatTopkVariedSweep) r->Arg(n);
   };
   reg("kvevict_dispatch", [](const auto& s, std::size_t k, auto& out, auto&, auto&) {
     kk::topk_indices(s.data(), s.size(), k, out.data());

@@ -131,15 +131,34 @@ TEST_CASE("counting select fed by hamming_histogram", "[kernels][select][hamming
     }
 }
 
-/// topk_indices at `isa` selects ref_select's set and writes nothing past out[k).
-void check_topk(Isa isa, const std::vector<float>& s, std::size_t k) {
+/// topk_indices at `isa` selects ref_select's set (or *ref, in index order, when given) and
+/// writes nothing past out[k).
+void check_topk(Isa isa, const std::vector<float>& s, std::size_t k,
+                const std::vector<std::uint32_t>* ref = nullptr) {
   std::vector<std::uint32_t> out(k + 1, 0xDEADBEEF);
   at(isa, [&](auto I) { kk::topk_indices<I()>(s.data(), s.size(), k, out.data()); });
   REQUIRE(out[k] == 0xDEADBEEF);
   out.resize(k);
   std::sort(out.begin(), out.end());
-  REQUIRE(out == ref_select(s, k, float_better));
+  REQUIRE(out == (ref ? *ref : ref_select(s, k, float_better)));
 }
+
+#if KVEVICT_X86
+/// avx512::topk_scaled itself: when it takes the input, ref_select's set (or *ref) and
+/// nothing past out[k); when it refuses, nothing written. Returns whether it took it.
+bool check_scaled(const std::vector<float>& s, std::size_t k,
+                  const std::vector<std::uint32_t>* ref = nullptr) {
+  std::vector<std::uint32_t> out(k + 1, 0xDEADBEEF);
+  const bool ok = kk::detail::avx512::topk_scaled(s.data(), s.size(), k, out.data());
+  REQUIRE(out[ok ? k : 0] == 0xDEADBEEF);
+  if (ok) {
+    out.resize(k);
+    std::sort(out.begin(), out.end());
+    REQUIRE(out == (ref ? *ref : ref_select(s, k, float_better)));
+  }
+  return ok;
+}
+#endif
 
 TEST_CASE("topk_indices selects the k largest (ties to lower index, NaN last)",
           "[kernels][select]") {
@@ -303,6 +322,84 @@ TEST_CASE("topk_indices above 512 rows: the group bound (k <= 64), the band, the
     CHECK_FALSE(kk::detail::avx512::topk_filter(s.data(), s.size(), 64, out.data()));  // < k
     for (auto& v : s) v = 2.0f;
     CHECK_FALSE(kk::detail::avx512::topk_filter(s.data(), s.size(), 64, out.data()));  // > max
+  }
+#endif
+}
+
+TEST_CASE("topk_indices by scaled bins: every n to 1100, spread, clustered and special scores",
+          "[kernels][select]") {
+  // avx512::topk_scaled (AVX-512 level, 33-512 rows, and k > 64 to 1024 rows): the range
+  // pass, the k-th bin, the rank of bin t's rows (up to 16), the k-th key of a crowded bin
+  // (clustered or outlier-stretched scores), every row of a crowded bin taken, and its
+  // refusals (an infinity, fewer than two distinct numbers, the k-th row a NaN). Each shape
+  // at every n from 1 to 1100 and k in {1, 2, 63, 64, 65, n/2, n-1}, the dispatched path
+  // and topk_scaled itself against the stable-sort reference.
+  std::mt19937_64 rng(384);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const Isa isa = kk::isa_supported(Isa::avx512) ? Isa::avx512
+                  : kk::isa_supported(Isa::avx2) ? Isa::avx2 : Isa::scalar;
+  std::size_t scaled_true = 0, scaled_false = 0;
+  for (std::size_t n = 1; n <= 1100; ++n)
+    for (int dist = 0; dist < 8; ++dist) {
+      std::vector<float> s(n);
+      std::normal_distribution<float> g;
+      for (std::size_t i = 0; i < n; ++i) {
+        switch (dist) {
+          case 0: s[i] = g(rng); break;
+          case 1: s[i] = std::exp(3.0f * g(rng)); break;  // heavy tail: crowded low bins
+          case 2: s[i] = static_cast<float>(rng() % 7) - 3.0f; break;  // ties
+          case 3: s[i] = rng() % 4 ? g(rng) : nan; break;
+          case 4: s[i] = rng() % 2 ? (rng() % 2 ? 0.0f : -0.0f) : g(rng); break;  // -0 == +0
+          case 5: s[i] = i == n / 3 ? inf : g(rng); break;  // no finite range
+          case 6: s[i] = i == n / 2 ? 1e30f : (i == n / 5 ? -1e30f : g(rng)); break;  // one bin
+          default: s[i] = i % 3 == 0 ? 1000.0f + g(rng) : g(rng); break;  // two clusters
+        }
+      }
+      // Reference: one stable sort, then each k's prefix in index order.
+      std::vector<std::uint32_t> order(n);
+      std::iota(order.begin(), order.end(), 0u);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](std::uint32_t a, std::uint32_t b) { return float_better(s[a], s[b]); });
+      for (std::size_t k : {std::size_t{1}, std::size_t{2}, std::size_t{63}, std::size_t{64},
+                            std::size_t{65}, n / 2, n - 1}) {
+        if (k == 0 || k >= n) continue;
+        std::vector<std::uint32_t> ref(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
+        std::sort(ref.begin(), ref.end());
+        INFO("n " << n << " k " << k << " dist " << dist);
+        check_topk(isa, s, k, &ref);
+#if KVEVICT_X86
+        if (isa == Isa::avx512 && n <= kk::detail::avx512::kScaledMaxN)
+          ++(check_scaled(s, k, &ref) ? scaled_true : scaled_false);
+#endif
+      }
+    }
+#if KVEVICT_X86
+  if (isa == Isa::avx512) {
+    CHECK(scaled_true > 20000);
+    CHECK(scaled_false > 1000);
+    // Each branch taken, with the set checked: rank path (a few rows per bin), the k-th key
+    // of a crowded bin, a crowded bin taken whole; refusals.
+    auto run = [](const std::vector<float>& s, std::size_t k) { return check_scaled(s, k); };
+    std::normal_distribution<float> g;
+    std::vector<float> s(512);
+    for (auto& v : s) v = g(rng);
+    CHECK(run(s, 64));
+    for (std::size_t i = 0; i < s.size(); ++i) s[i] = 1.0f + 1e-6f * static_cast<float>(i % 97);
+    s[7] = 1e6f;  // every other row in bin 254: its k-th key
+    CHECK(run(s, 64));
+    CHECK(run(s, 300));
+    std::vector<float> c(100);
+    for (std::size_t i = 0; i < c.size(); ++i)  // 30 rows in bin 0, all taken at k = 30
+      c[i] = i < 30 ? 1000.0f + 0.01f * static_cast<float>(i) : 0.01f * static_cast<float>(i);
+    CHECK(run(c, 30));
+    c[50] = -inf;
+    CHECK_FALSE(run(c, 30));  // no finite range
+    std::vector<float> e(100, 2.0f);
+    CHECK_FALSE(run(e, 30));  // one distinct number
+    for (std::size_t i = 0; i < 50; ++i) e[2 * i] = nan;
+    e[1] = 3.0f;
+    CHECK_FALSE(run(e, 60));  // the 60th row is a NaN
   }
 #endif
 }

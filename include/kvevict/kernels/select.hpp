@@ -320,17 +320,24 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
     if constexpr (I == Isa::avx512)
     {
       if (n <= avx512::kRankMaxN) return avx512::topk_rank(s, n, k, out);
+      if (avx512::topk_scaled(s, n, k, out)) return;
       avx512::topk_threshold(s, n, k, out);
       return;
     }
     if constexpr (I == Isa::avx2) return avx2::topk_threshold(s, n, k, out);
   }
+  // Scaled bins at AVX-512 (avx512::topk_scaled, stop 34): 33-512 rows, and k > 64 up to
+  // 1024 rows instead of topk_band (bench_kernels float_topk / float_topk_varied, main and
+  // branch alternating, docs/benchmarks.md "Branch sel, stop 34").
   // k <= 64 above 512 rows at AVX-512: a bound from 32 groups' two best rows leaves about
   // 150-400 candidates (N(0,1) scores, 1K-16K rows), which topk_threshold finishes (loop over
   // 16 N(0,1) inputs, 2026-12-02: 1K / 4K / 8K / 16K rows 316-341 / 693-746 / 1314-1448 /
   // 3150-3229 ns against 527-536 / 1836-1856 / 6886-14938 / 8492-21438 ns before).
-  if constexpr (I == Isa::avx512)
+  if constexpr (I == Isa::avx512) {
     if (n > 512 && k <= 64 && avx512::topk_filter(s, n, k, out)) return;
+    if (n > 512 && n <= avx512::kScaledMaxN && k > 64 && avx512::topk_scaled(s, n, k, out))
+      return;
+  }
 #endif
   TopkScratch& sc = topk_scratch();
   auto grow = [](auto& v, std::size_t size) {
@@ -550,7 +557,10 @@ KVEVICT_KERNEL_FN void counting_bottomk(const std::uint16_t* keys, std::size_t n
 /// key's high 16 bits found two or three bits per step by counting compares, then its low
 /// bits among the few keys sharing them; one left-packing pass emits the ids:
 /// topk_threshold); at AVX-512 up to 32 rows each row's rank counted in registers
-/// (topk_rank).
+/// (topk_rank), above that scaled bins first (avx512::topk_scaled: each row's bin of the
+/// numbers' range, 254 bins, found the same way; the few rows of the k-th bin ranked; it
+/// refuses infinities, fewer than two distinct numbers and a NaN k-th row, which go to
+/// topk_threshold), also for k > 64 up to 1024 rows and for topk_filter's candidates.
 /// Beyond 512 rows at AVX-512: for k <= 64 a lower bound on the k-th score (the smallest of
 /// 32 row groups' second-best scores) leaves a few hundred candidates for topk_threshold
 /// (avx512::topk_filter); otherwise up to 4096 rows one sampled bracket's band goes to

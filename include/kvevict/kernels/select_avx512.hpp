@@ -443,6 +443,175 @@ KVEVICT_TARGET_AVX512 inline std::int32_t topk_threshold(const float* s, std::si
   return t;
 }
 
+/// Largest n topk_scaled takes (its buffers live on the stack: about 9 n bytes).
+inline constexpr std::size_t kScaledMaxN = 1024;
+inline constexpr int kScaledNaNBin = 255;
+
+/// The bins of 16 floats x for topk_scaled: floor((hi - x) * scale) for numbers (0 .. 254
+/// for x in [lo, hi]: non-increasing in x, equal for equal x, -0 == +0), 255 for NaN (the
+/// unsigned conversion of NaN is 0xFFFFFFFF). The same instructions wherever a bin is
+/// computed, so bit-identical.
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512i scaled_bin16(__m512 x, __m512 vhi,
+                                                               __m512 vscale) noexcept {
+  return _mm512_min_epu32(_mm512_cvttps_epu32(_mm512_mul_ps(_mm512_sub_ps(vhi, x), vscale)),
+                          _mm512_set1_epi32(kScaledNaNBin));
+}
+
+/// Small-n float top-k (0 < k < n <= kScaledMaxN) by scaled bins: one pass takes the
+/// numbers' range [lo, hi]; each row's bin floor((hi - x) * 254 / (hi - lo)) (NaN 255) is
+/// packed 64 to a register and the k-th smallest bin t, with the count of rows below it,
+/// found by byte_select (a smaller bin is a larger score). On spread scores a bin holds a
+/// few rows (N(0,1), 256 rows: about 2 near any rank), where the order keys' high byte
+/// that topk_threshold searches first holds up to ~70 (one exponent). One pass left-packs
+/// the ids of the rows in bins below t (all taken) into out and the floats and ids of bin
+/// t's rows (index order) apart; the k - (rows below) best of those (larger first, ties to
+/// the lower index) are appended: up to 16 by each row's rank counted in a register, more
+/// by topk_threshold's k-th key. Same set as topk_exact (ties to the lower index, NaN last,
+/// -0 == +0); the ids are not in index order (bin t's come last). Returns false, out
+/// unwritten, when the numbers have no finite positive range (fewer than two distinct
+/// numbers, infinities) or the k-th row is a NaN.
+KVEVICT_TARGET_AVX512 inline bool topk_scaled(const float* s, std::size_t n, std::size_t k,
+                                              std::uint32_t* out, int depth = 0) noexcept {
+  alignas(64) std::uint8_t qb[kScaledMaxN];            // bins, packing order (not row order)
+  alignas(64) float cand[kScaledMaxN + 16];            // bin t's floats, index order
+  alignas(64) std::uint32_t cid[kScaledMaxN + 16];     // and their ids
+  std::uint16_t hit_v[kScaledMaxN / 64];                // 64-row blocks holding bin t's rows
+  std::uint64_t hit_m[kScaledMaxN / 64];                // and those rows
+  const std::size_t nv = (n + 15) / 16, nb = (n + 63) / 64;
+  const float inf = std::numeric_limits<float>::infinity();
+  const __m512 vnan = _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN());
+  // Rows past n read as NaN: bin 255, never compared true.
+  auto load = [&](std::size_t v) KVEVICT_TARGET_AVX512 __attribute__((always_inline)) {
+    if (16 * v + 16 <= n) return _mm512_loadu_ps(s + 16 * v);
+    const std::size_t r = n > 16 * v ? n - 16 * v : 0;
+    return _mm512_mask_loadu_ps(vnan, static_cast<__mmask16>((1u << r) - 1), s + 16 * v);
+  };
+  // The numbers' range: MINPS / MAXPS return their second operand when either is NaN.
+  __m512 mn0 = _mm512_set1_ps(inf), mn1 = mn0, mx0 = _mm512_set1_ps(-inf), mx1 = mx0;
+  std::size_t v = 0;
+  for (; v + 2 <= nv; v += 2) {
+    const __m512 x0 = load(v), x1 = load(v + 1);
+    mn0 = _mm512_min_ps(x0, mn0);
+    mx0 = _mm512_max_ps(x0, mx0);
+    mn1 = _mm512_min_ps(x1, mn1);
+    mx1 = _mm512_max_ps(x1, mx1);
+  }
+  if (v < nv) {
+    const __m512 x = load(v);
+    mn0 = _mm512_min_ps(x, mn0);
+    mx0 = _mm512_max_ps(x, mx0);
+  }
+  const float lo = _mm512_reduce_min_ps(_mm512_min_ps(mn0, mn1));
+  const float hi = _mm512_reduce_max_ps(_mm512_max_ps(mx0, mx1));
+  const float range = hi - lo;
+  const float scale = static_cast<float>(kScaledNaNBin - 1) / range;
+  // Fewer than two distinct numbers, an infinity, or a range too small or too large.
+  if (!(range > 0.0f && range <= std::numeric_limits<float>::max() &&
+        scale <= std::numeric_limits<float>::max()))
+    return false;
+  const __m512 vhi = _mm512_set1_ps(hi), vscale = _mm512_set1_ps(scale);
+  // Positive scores over more than 4 octaves (heavy-tailed, like accumulated attention):
+  // bins linear in the float bits instead (about log-scaled), else most rows share the
+  // lowest bins. bin = (bits(hi) - bits(x)) >> shift, 0 .. 254 for x in [lo, hi]
+  // (non-increasing in x, equal for equal x), NaN 255.
+  const bool log_bins = lo > 0.0f && hi > 16.0f * lo;
+  const auto hi_bits = std::bit_cast<std::uint32_t>(hi);
+  int shift = 0;
+  while (((hi_bits - std::bit_cast<std::uint32_t>(lo)) >> shift) > kScaledNaNBin - 1) ++shift;
+  const __m512i vhib = _mm512_set1_epi32(static_cast<int>(hi_bits));
+  const __m128i vshift = _mm_cvtsi32_si128(shift);
+  // The rest, compiled once per bin form.
+  auto finish = [&](auto log_form) KVEVICT_TARGET_AVX512 __attribute__((always_inline)) {
+  auto bin = [&](__m512 x) KVEVICT_TARGET_AVX512 __attribute__((always_inline)) {
+    if constexpr (!decltype(log_form)::value) {
+      return scaled_bin16(x, vhi, vscale);
+    } else {
+      return _mm512_mask_mov_epi32(
+          _mm512_srl_epi32(_mm512_sub_epi32(vhib, _mm512_castps_si512(x)), vshift),
+          _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(kScaledNaNBin));
+    }
+  };
+  // The bins in row order, 64 to a register (VPMOVUSDB: NaN's 0xFFFFFFFF saturates to 255);
+  // rows past n in bin 255.
+  for (std::size_t r = 0; r < nb; ++r) {
+    __m128i q[4];
+    for (std::size_t j = 0; j < 4; ++j) q[j] = _mm512_cvtusepi32_epi8(bin(load(4 * r + j)));
+    _mm512_store_si512(
+        qb + 64 * r,
+        _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(q[0]),
+                                                                 q[1], 1),
+                                              q[2], 2),
+                           q[3], 3));
+  }
+  std::size_t c_lt = 0;  // rows in bins below t
+  const unsigned t = byte_select<false>(qb, nb, k, 0, &c_lt);
+  if (t == kScaledNaNBin) return false;  // the k-th row is a NaN
+  // The ids of the rows in bins below t into out (the bins compared 64 at a time); the
+  // 64-row blocks holding bin t's rows noted, without a branch, then their floats and ids
+  // left-packed apart (index order).
+  const __m512i vt = _mm512_set1_epi8(static_cast<char>(t));
+  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  std::size_t pos = 0, nh = 0;
+  for (std::size_t r = 0; r < nb; ++r) {
+    const __m512i x = _mm512_load_si512(qb + 64 * r);
+    const std::uint64_t lt = _cvtmask64_u64(_mm512_cmplt_epu8_mask(x, vt));
+    const std::uint64_t eq = _cvtmask64_u64(_mm512_cmpeq_epi8_mask(x, vt));
+    for (int j = 0; j < 4; ++j) {
+      pos = emit_ids(out, pos, k, static_cast<__mmask16>(lt >> (16 * j)), idx);
+      idx = _mm512_add_epi32(idx, step);
+    }
+    hit_v[nh] = static_cast<std::uint16_t>(r);
+    hit_m[nh] = eq;
+    nh += eq != 0;
+  }
+  std::size_t m = 0;
+  for (std::size_t h = 0; h < nh; ++h) {
+    const std::size_t r = hit_v[h];
+    for (std::size_t j = 0; j < 4; ++j) {
+      const auto e = static_cast<__mmask16>(hit_m[h] >> (16 * j));
+      const std::size_t row = 64 * r + 16 * j;
+      _mm512_storeu_ps(cand + m, _mm512_maskz_compress_ps(e, _mm512_maskz_loadu_ps(e, s + row)));
+      _mm512_storeu_si512(cid + m, _mm512_maskz_compress_epi32(
+                                       e, _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(row)),
+                                                           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8,
+                                                                             9, 10, 11, 12, 13, 14, 15))));
+      m += static_cast<std::size_t>(_mm_popcnt_u32(e));
+    }
+  }
+  const std::size_t need = k - pos;  // 1 .. m (pos == c_lt)
+  if (need == m) {
+    std::copy_n(cid, m, out + pos);
+    return true;
+  }
+  if (m <= kRankMaxN) {  // the need best of bin t's rows by their ranks
+    alignas(64) std::uint32_t local[kRankMaxN];
+    topk_rank(cand, m, need, local);
+    for (std::size_t j = 0; j < need; ++j) out[pos + j] = cid[local[j]];
+    return true;
+  }
+  // Many rows in bin t (clustered or heavy-tailed scores): bin t's rows binned again over
+  // their own range (twice at most), else the k-th key among them.
+  if (depth < 2) {
+    alignas(64) std::uint32_t local[kScaledMaxN];
+    if (topk_scaled(cand, m, need, local, depth + 1)) {
+      for (std::size_t j = 0; j < need; ++j) out[pos + j] = cid[local[j]];
+      return true;
+    }
+  }
+  std::size_t take_eq = 0;
+  const float tf = avx2::topk_skey_float(
+      topk_threshold<kScaledMaxN, false>(cand, m, need, nullptr, &take_eq));
+  for (std::size_t j = 0; j < m; ++j) {
+    const bool eq = cand[j] == tf;
+    if (cand[j] > tf || (eq && take_eq != 0)) out[pos++] = cid[j];
+    take_eq -= eq && take_eq != 0;
+  }
+  return true;
+  };
+  return log_bins ? finish(std::true_type{}) : finish(std::false_type{});
+}
+
 /// Most candidates topk_filter keeps before it gives up (its buffers live on the stack).
 inline constexpr std::size_t kFilterMaxM = kThresholdMaxN;
 
@@ -501,7 +670,7 @@ KVEVICT_TARGET_AVX512 inline bool topk_filter(const float* s, std::size_t n, std
   }
   if (m <= kRankMaxN)
     topk_rank(cf, m, k, local);
-  else
+  else if (!topk_scaled(cf, m, k, local))
     topk_threshold(cf, m, k, local);
   for (std::size_t j = 0; j < k; ++j) out[j] = ci[local[j]];
   return true;
