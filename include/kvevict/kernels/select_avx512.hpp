@@ -275,8 +275,9 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE void byte_step(const std::uint8_t* v
 
 /// The k-th smallest byte of nb registers (plus `base` lanes below every byte) and the count
 /// below it, 2 bits per step (four steps). Up to 256 rows this was 3 + 3 + 2 bits (one step
-/// fewer, 17 candidates instead of 12): the compares and mask moves bind there too, and four
-/// 2-bit steps took 0.8x its time at 64-256 rows (topk_scaled, stop 34, branch sel2).
+/// fewer, 17 candidates instead of 12): the compares and mask moves bind there too, and with
+/// four 2-bit steps topk_indices took 0.70-0.96x its time at 48-256 rows (N(0,1) scores, a
+/// harness loop, best of 30 x 2000 calls; stop 34, branch sel2).
 template <bool Signed>
 KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE unsigned byte_select(const std::uint8_t* v,
                                                                 std::size_t nb, std::size_t k,
@@ -461,8 +462,8 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512i scaled_bin16(__m512 x, __m51
 /// that topk_threshold searches first holds up to ~70 (one exponent). One pass left-packs
 /// the ids of the rows in bins below t (all taken) into out and the floats and ids of bin
 /// t's rows (index order) apart; the k - (rows below) best of those (larger first, ties to
-/// the lower index) are appended: up to 16 by each row's rank counted in a register, more
-/// by topk_threshold's k-th key. Same set as topk_exact (ties to the lower index, NaN last,
+/// the lower index) are appended: up to 8 by ranks counted in scalar code, up to 32 by
+/// ranks counted in registers (topk_rank), more by binning again or topk_threshold's k-th key. Same set as topk_exact (ties to the lower index, NaN last,
 /// -0 == +0); the ids are not in index order (bin t's come last). Returns false, out
 /// unwritten, when the numbers have no finite positive range (fewer than two distinct
 /// numbers, infinities) or the k-th row is a NaN.
