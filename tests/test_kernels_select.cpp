@@ -329,7 +329,8 @@ TEST_CASE("topk_indices above 512 rows: the group bound (k <= 64), the band, the
 TEST_CASE("topk_indices by scaled bins: every n to 1100, spread, clustered and special scores",
           "[kernels][select]") {
   // avx512::topk_scaled (AVX-512 level, 33-512 rows, and k > 64 to 1024 rows): the range
-  // pass, the k-th bin, the rank of bin t's rows (up to 16), the k-th key of a crowded bin
+  // pass, the k-th bin, the rank of bin t's rows (up to 8 in scalar code, up to 32 by
+  // topk_rank), the k-th key of a crowded bin
   // (clustered or outlier-stretched scores), every row of a crowded bin taken, and its
   // refusals (an infinity, fewer than two distinct numbers, the k-th row a NaN). Each shape
   // at every n from 1 to 1100 and k in {1, 2, 63, 64, 65, n/2, n-1}, the dispatched path
@@ -389,6 +390,17 @@ TEST_CASE("topk_indices by scaled bins: every n to 1100, spread, clustered and s
     s[7] = 1e6f;  // every other row in bin 254: its k-th key
     CHECK(run(s, 64));
     CHECK(run(s, 300));
+    // Bin t with a few rows ranked in scalar code (kScaledScalarRankMaxM), the cut among
+    // equal floats (lowest index first) and among -0 / +0.
+    std::vector<float> w(200);
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i);
+    w[10] = w[50] = w[90] = 100.0f;  // four rows at 100; k = 101 takes rows 10 and 50
+    CHECK(run(w, 101));
+    CHECK(run(w, 100));
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) - 100.0f;
+    w[30] = w[170] = -0.0f;  // rows 30, 100 (+0), 170 at zero; k = 100 takes 30 and 100
+    CHECK(run(w, 100));
+    CHECK(run(w, 99));
     std::vector<float> c(100);
     for (std::size_t i = 0; i < c.size(); ++i)  // 30 rows in bin 0, all taken at k = 30
       c[i] = i < 30 ? 1000.0f + 0.01f * static_cast<float>(i) : 0.01f * static_cast<float>(i);

@@ -274,22 +274,17 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE void byte_step(const std::uint8_t* v
 }
 
 /// The k-th smallest byte of nb registers (plus `base` lanes below every byte) and the count
-/// below it, W bits per step: 3 + 3 + 2 up to 4 registers (the steps wait on their counts'
-/// latency, so 7 candidates cost about what 3 do), 2 bits per step above (the compares and
-/// mask moves bind).
+/// below it, 2 bits per step (four steps). Up to 256 rows this was 3 + 3 + 2 bits (one step
+/// fewer, 17 candidates instead of 12): the compares and mask moves bind there too, and with
+/// four 2-bit steps topk_indices took 0.70-0.96x its time at 48-256 rows (N(0,1) scores, a
+/// harness loop, best of 30 x 2000 calls; stop 34, branch sel2).
 template <bool Signed>
 KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE unsigned byte_select(const std::uint8_t* v,
                                                                 std::size_t nb, std::size_t k,
                                                                 std::size_t base,
                                                                 std::size_t* c_lt) noexcept {
   unsigned t = 0;
-  if (nb <= 4) {
-    byte_step<3, Signed>(v, nb, 5, k, base, &t, c_lt);
-    byte_step<3, Signed>(v, nb, 2, k, base, &t, c_lt);
-    byte_step<2, Signed>(v, nb, 0, k, base, &t, c_lt);
-  } else {
-    for (int b = 6; b >= 0; b -= 2) byte_step<2, Signed>(v, nb, b, k, base, &t, c_lt);
-  }
+  for (int b = 6; b >= 0; b -= 2) byte_step<2, Signed>(v, nb, b, k, base, &t, c_lt);
   return t;
 }
 
@@ -321,7 +316,7 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE std::size_t emit_ids(std::uint32_t* 
 
 /// Small-n float top-k (0 < k < n <= kThresholdMaxN) by a threshold search, no sampling and
 /// no sort. The signed order keys' high 16 bits T16 of the k-th key are found a byte at a
-/// time (byte_select: 3 + 3 + 2 bits per byte up to 256 rows, 2 bits per step above; per
+/// time (byte_select: 2 bits per step; per
 /// step one byte compare and one 64-bit popcount per candidate and 64 rows): first the high byte among the keys' high bytes (signed, packed 64 to a register),
 /// then the low byte among the second bytes of the keys sharing that high byte (the others
 /// set to 0xFF, above every candidate: their count below is known). This also gives the
@@ -446,6 +441,8 @@ KVEVICT_TARGET_AVX512 inline std::int32_t topk_threshold(const float* s, std::si
 /// Largest n topk_scaled takes (its buffers live on the stack: about 9 n bytes).
 inline constexpr std::size_t kScaledMaxN = 1024;
 inline constexpr int kScaledNaNBin = 255;
+/// Most rows of topk_scaled's bin t ranked in scalar code (more: topk_rank).
+inline constexpr std::size_t kScaledScalarRankMaxM = 8;
 
 /// The bins of 16 floats x for topk_scaled: floor((hi - x) * scale) for numbers (0 .. 254
 /// for x in [lo, hi]: non-increasing in x, equal for equal x, -0 == +0), 255 for NaN (the
@@ -465,8 +462,8 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512i scaled_bin16(__m512 x, __m51
 /// that topk_threshold searches first holds up to ~70 (one exponent). One pass left-packs
 /// the ids of the rows in bins below t (all taken) into out and the floats and ids of bin
 /// t's rows (index order) apart; the k - (rows below) best of those (larger first, ties to
-/// the lower index) are appended: up to 16 by each row's rank counted in a register, more
-/// by topk_threshold's k-th key. Same set as topk_exact (ties to the lower index, NaN last,
+/// the lower index) are appended: up to 8 by ranks counted in scalar code, up to 32 by
+/// ranks counted in registers (topk_rank), more by binning again or topk_threshold's k-th key. Same set as topk_exact (ties to the lower index, NaN last,
 /// -0 == +0); the ids are not in index order (bin t's come last). Returns false, out
 /// unwritten, when the numbers have no finite positive range (fewer than two distinct
 /// numbers, infinities) or the k-th row is a NaN.
@@ -516,8 +513,14 @@ KVEVICT_TARGET_AVX512 inline bool topk_scaled(const float* s, std::size_t n, std
   // (non-increasing in x, equal for equal x), NaN 255.
   const bool log_bins = lo > 0.0f && hi > 16.0f * lo;
   const auto hi_bits = std::bit_cast<std::uint32_t>(hi);
+  // The smallest shift with (bits(hi) - bits(lo)) >> shift <= 254, only for bit bins (no
+  // loop: on N(0,1) scores the wrapped difference of signed bits needs ~24 steps of one).
   int shift = 0;
-  while (((hi_bits - std::bit_cast<std::uint32_t>(lo)) >> shift) > kScaledNaNBin - 1) ++shift;
+  if (log_bins) {
+    const std::uint32_t d = hi_bits - std::bit_cast<std::uint32_t>(lo);
+    shift = std::max(0, static_cast<int>(std::bit_width(d)) - 8);
+    shift += (d >> shift) > static_cast<std::uint32_t>(kScaledNaNBin - 1);
+  }
   const __m512i vhib = _mm512_set1_epi32(static_cast<int>(hi_bits));
   const __m128i vshift = _mm_cvtsi32_si128(shift);
   // The rest, compiled once per bin form.
@@ -582,6 +585,19 @@ KVEVICT_TARGET_AVX512 inline bool topk_scaled(const float* s, std::size_t n, std
   const std::size_t need = k - pos;  // 1 .. m (pos == c_lt)
   if (need == m) {
     std::copy_n(cid, m, out + pos);
+    return true;
+  }
+  if (m <= kScaledScalarRankMaxM) {
+    // A few rows in bin t (the usual case on spread scores): each one's rank counted in
+    // scalar code, cheaper than topk_rank's register setup. Bin t holds numbers only (NaN
+    // is bin 255, refused above); float compares make -0 == +0; cand is in index order, so
+    // an equal float at a lower position ranks first.
+    for (std::size_t j = 0; j < m; ++j) {
+      std::size_t rank = 0;
+      for (std::size_t i = 0; i < m; ++i)
+        rank += cand[i] > cand[j] || (cand[i] == cand[j] && i < j);
+      if (rank < need) out[pos++] = cid[j];
+    }
     return true;
   }
   if (m <= kRankMaxN) {  // the need best of bin t's rows by their ranks
