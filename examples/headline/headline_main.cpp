@@ -625,6 +625,32 @@ void paged_rows(Runner& r, bool tune) {
     r.row(B, "token-level StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
   }
 }
+// The probability-free policy for block-granular costs (--block-expected, stop 35): with its
+// band of 3/8 or without (recent 1: the sink and recent blocks protect instead), its decayed
+// sums over decisions at horizon h (a full head decides once per block_tokens arrivals, so
+// h 3 x block_tokens is h 3 per token; 0: the current prediction alone), the mean of the
+// last W queries, the rotation averaged over n future positions.
+struct BlockPf {
+  bool band;
+  float h;
+  std::size_t w, n;
+};
+ExpectedAttention block_probfree(const ExpectedAttention& pf, BlockPf x) {
+  ExpectedAttention::Config c = pf.config();
+  if (!x.band) {
+    c.recent_fraction = 0.0f;
+    c.recent = 1;
+  }
+  c.horizon = x.h;
+  c.query_window = x.w;
+  c.future_positions = x.n;
+  return ExpectedAttention(c);
+}
+// The setting chosen on the tuning streams (docs/quality.md, stop 35): no band, h 3 per token.
+BlockPf block_probfree_chosen(std::uint32_t block_tokens) {
+  return {false, 3.0f * static_cast<float>(block_tokens), 1, 16};
+}
+
 // --block-policies: policies::BlockGranular<P> over the headline protocol (KVCache rows;
 // PagedCache keeps the same rows, tests/test_paged_cache.cpp). Equal memory: B token slots
 // per (layer, KV head): token-level rows hold B rows, block rows B / 16 blocks of 16.
@@ -676,6 +702,15 @@ void block_policy_rows(Runner& r, const std::vector<std::size_t>& budgets, const
     r.row(B, "block KeyDiff (1 sink, recent 3/8; votes)", BlockGranular(kKeyDiffBand, blocks(16, BlockScore::sum)));
     r.row(B, "token-level KeyDiff (1 sink, recent 3/8)", kKeyDiffBand);
     r.row(B, "block probability-free (votes)", BlockGranular(pf, blocks(16, BlockScore::sum)));
+    // Its eviction costs (expected attention per row) aggregated per block, the setting
+    // --block-expected chose on the tuning streams (no band, h 3 per token).
+    for (std::uint32_t bt : {16u, 8u})
+      for (BlockScore sc : {BlockScore::sum, BlockScore::max}) {
+        BlockGranularConfig c = blocks(bt, sc);
+        c.source = BlockSource::costs;
+        r.row(B, fmt::format("block {} probability-free, no band, h {} (costs, {})", bt, 3 * bt, to_string(sc)).c_str(),
+              BlockGranular(block_probfree(pf, block_probfree_chosen(bt)), c));
+      }
     r.row(B, "token-level probability-free", pf);
     r.row(B, "block HashEvict (votes)", BlockGranular(policies::HashEvictKey{}, blocks(16, BlockScore::sum)));
     r.row(B, "token-level HashEvict", policies::HashEvictKey{});
@@ -775,32 +810,12 @@ void block_expected_rows(Runner& r, const std::vector<std::size_t>& budgets, con
   };
   const auto rec = policies::DecayedAttention::recommended();
   const auto pf = with_model_rope(kProbabilityFree, mc);
-  // The probability-free policy with its band of 3/8 or without (recent 1: the sink and
-  // recent blocks protect instead), its decayed sums over decisions (one per block_tokens
-  // arrivals once full) at horizon h (0: the current prediction alone), the mean of the last
-  // W queries, the rotation averaged over n future positions.
-  struct Pf {
-    bool band;
-    float h;
-    std::size_t w, n;
-  };
-  const auto make = [&](Pf x) {
-    ExpectedAttention::Config c = pf.config();
-    if (!x.band) {
-      c.recent_fraction = 0.0f;
-      c.recent = 1;
-    }
-    c.horizon = x.h;
-    c.query_window = x.w;
-    c.future_positions = x.n;
-    return ExpectedAttention(c);
-  };
+  using Pf = BlockPf;
+  const auto make = [&](Pf x) { return block_probfree(pf, x); };
   const auto label = [](Pf x) {
     return fmt::format("{}, h {:g}, W {}, n {}", x.band ? "its band" : "no band", x.h, x.w, x.n);
   };
-  // The held-out rows' setting, chosen on the tuning streams (docs/quality.md, stop 35): no
-  // band, h 3 per token (3 x block_tokens per decision: a full head decides once a block).
-  const auto chosen = [](std::uint32_t bt) { return Pf{false, 3.0f * static_cast<float>(bt), 1, 16}; };
+  const auto chosen = block_probfree_chosen;
   const policies::DecayedAttention dplain({.sinks = 1, .recent = 1, .horizon = 3.0f});
   for (std::size_t B : budgets) {
     r.row(B, "token-level recommended()", rec);
