@@ -1,6 +1,7 @@
 // ExpectedAttention and KeyDiff against brute-force re-implementations written from the
 // papers' formulas with dense matrices (no running sums, no closed forms): same stream,
 // kept positions compared after every step; plus hand-checked cases and bad configurations.
+#include <kvevict/policies/block_granular.hpp>
 #include <kvevict/policies/expected_attention.hpp>
 #include <kvevict/policies/keydiff.hpp>
 #include <limits>
@@ -100,6 +101,49 @@ struct BruteExpected {
   std::vector<std::vector<double>> frozen_mean;
   std::vector<Mat> frozen_cov;
   std::vector<double> frozen_norm;
+  // BlockGranular<ExpectedAttention> (block > 0): a decision takes every row of the block
+  // (seq / block) with the lowest sum (or max) of the scores above, among the blocks after
+  // the first and before the newest held one that hold no sink and no recent-band row;
+  // blocks within 1e-5 of the lowest count as tied and the oldest goes.
+  std::uint64_t block = 0;
+  bool block_max = false;
+
+  // The positions a decision evicts, from each row's score.
+  template <class Score>
+  std::vector<std::int64_t> victims(std::uint64_t seq, std::size_t recent, Score&& score) const {
+    if (block == 0) return {brute_victim(rows, c.sinks, recent, seq, score)};
+    std::map<std::uint64_t, double> agg;
+    std::set<std::uint64_t> shut;
+    std::uint64_t newest = 0;
+    for (const auto& [p, r] : rows) newest = std::max(newest, r.seq / block);
+    for (const auto& [p, r] : rows) {
+      const std::uint64_t b = r.seq / block;
+      if (b < 1 || b + 1 > newest || r.seq < c.sinks || r.seq + recent >= seq) {
+        shut.insert(b);
+        continue;
+      }
+      const double x = static_cast<float>(score(p, r));  // the policy's costs are floats
+      auto [it, fresh] = agg.emplace(b, x);
+      if (!fresh) it->second = block_max ? std::max(it->second, x) : it->second + x;
+    }
+    std::int64_t best = -1;
+    double best_agg = 0.0;
+    for (const auto& [b, x] : agg)
+      if (!shut.count(b) && (best < 0 || x < best_agg - 1e-5)) best = static_cast<std::int64_t>(b), best_agg = x;
+    REQUIRE(best >= 0);
+    std::vector<std::int64_t> out;
+    for (const auto& [p, r] : rows)
+      if (r.seq / block == static_cast<std::uint64_t>(best)) out.push_back(p);
+    return out;
+  }
+  void erase(const std::vector<std::int64_t>& gone) {
+    for (std::int64_t victim : gone) {
+      rows.erase(victim);
+      acc.erase(victim);
+      accf.erase(victim);
+      stale.erase(victim);
+    }
+  }
 
   double z_of(const std::vector<double>& m, const Mat& Sr, const std::vector<float>& k) const {
     double lin = 0.0, quad = 0.0;
@@ -143,11 +187,7 @@ struct BruteExpected {
         score[p] = s;
       }
       const std::size_t recent = std::max(c.recent, static_cast<std::size_t>(c.recent_fraction * static_cast<float>(capacity)));
-      const auto victim = brute_victim(rows, c.sinks, recent, seq,
-                                       [&](std::int64_t p, const Row&) { return score[p]; });
-      rows.erase(victim);
-      accf.erase(victim);
-      stale.erase(victim);
+      erase(victims(seq, recent, [&](std::int64_t p, const Row&) { return score[p]; }));
     } else if (rows.size() >= capacity) {
       if (amortised) {
         frozen_mean.assign(static_cast<std::size_t>(G), {});
@@ -202,12 +242,7 @@ struct BruteExpected {
         }
         if (c.horizon > 0.0f) s = acc[p] = (1.0 - c.horizon / static_cast<double>(capacity)) * acc[p] + s;
       }
-      const auto victim = brute_victim(rows, c.sinks, recent, seq,
-                                       [&](std::int64_t p, const Row&) { return score[p]; });
-      rows.erase(victim);
-      acc.erase(victim);
-      accf.erase(victim);
-      stale.erase(victim);
+      erase(victims(seq, recent, [&](std::int64_t p, const Row&) { return score[p]; }));
     }
     rows[pos] = {seq, key, value};
     if (amortised) {  // scored on arrival against the last rescoring (0 before the first)
@@ -339,19 +374,27 @@ void compare(const Geometry& g, std::size_t cap, const Policy& policy, MakeBrute
 }
 
 void compare_expected(const ExpectedAttention::Config& c, int G, std::size_t cap,
-                      std::uint64_t seed, int d = 8) {
+                      std::uint64_t seed, int d = 8, std::uint32_t block = 0, bool block_max = false) {
   const Geometry g{2, 2 * G, 2, d};
-  compare(g, cap, ExpectedAttention(c),
-          [&] {
-            BruteExpected b{};
-            b.c = c;
-            b.d = d;
-            b.G = G;
-            b.capacity = cap;
-            b.queries.resize(static_cast<std::size_t>(G));
-            return b;
-          },
-          c.rope, c.rope_base, seed);
+  const auto brute = [&] {
+    BruteExpected b{};
+    b.c = c;
+    b.d = d;
+    b.G = G;
+    b.capacity = cap;
+    b.queries.resize(static_cast<std::size_t>(G));
+    b.block = block;
+    b.block_max = block_max;
+    return b;
+  };
+  if (block == 0) {
+    compare(g, cap, ExpectedAttention(c), brute, c.rope, c.rope_base, seed);
+    return;
+  }
+  const policies::BlockGranularConfig bc{.block_tokens = block, .sink_blocks = 1, .recent_blocks = 1,
+                                         .score = block_max ? BlockScore::max : BlockScore::sum,
+                                         .source = policies::BlockSource::costs};
+  compare(g, cap, policies::BlockGranular(ExpectedAttention(c), bc), brute, c.rope, c.rope_base, seed);
 }
 
 }  // namespace
@@ -752,4 +795,60 @@ TEST_CASE("rescore_every and float_logits: bad values are errors", "[scorers]") 
   CHECK_THROWS_AS(ExpectedAttention({.rescore_fraction = 1.0f}), Error);
   CHECK_THROWS_AS(ExpectedAttention({.rescore_fraction = -0.5f}), Error);
   CHECK_THROWS_AS(KeyDiff({.rescore_every = 0}), Error);
+}
+
+TEST_CASE("BlockGranular<ExpectedAttention>: the block with the lowest summed or max expected attention leaves (brute force)",
+          "[scorers]") {
+  // ExpectedAttention::eviction_costs: per row, the score its decision ranks by (decayed
+  // when horizon > 0; the kept scores between rescorings), +inf for its sinks and band.
+  using C = ExpectedAttention::Covariance;
+  for (int G : {1, 4})
+    for (bool mx : {false, true}) {
+      INFO("G " << G << (mx ? " max" : " sum"));
+      // The probability-free shape without its band (the block rows' setting), decayed.
+      compare_expected({.sinks = 1, .recent = 1, .query_window = 1, .future_positions = 16,
+                        .covariance = C::none, .horizon = 3.0f},
+                       G, 24, 900 + G, 8, 4, mx);
+      // Its band of 3/8 (protects the blocks it covers), window 4, 8-token blocks.
+      compare_expected({.sinks = 1, .recent_fraction = 0.375f, .query_window = 4,
+                        .future_positions = 4, .covariance = C::none, .horizon = 3.0f},
+                       G, 48, 910 + G, 8, 8, mx);
+      // The paper's form (covariance, 2 sinks, no decay).
+      compare_expected({.sinks = 2, .query_window = 16, .future_positions = 32}, G, 24, 920 + G, 8, 4, mx);
+      // Rescoring every 2nd decision (kept float scores, decayed), float logits.
+      compare_expected({.sinks = 1, .recent = 1, .query_window = 1, .future_positions = 16,
+                        .covariance = C::none, .horizon = 3.0f, .rescore_every = 2,
+                        .float_logits = true},
+                       G, 24, 930 + G, 8, 4, mx);
+    }
+}
+
+TEST_CASE("ExpectedAttention under a pooled budget: eviction_costs then pooled_victims keep choose_victims' rows",
+          "[scorers]") {
+  // One KV head per layer: the layer's pool is the head's capacity, so the pooled path
+  // (eviction_costs, then pooled_victims from its scores) must evict what choose_victims
+  // does, step for step, decayed sums and rescoring counts included.
+  using C = ExpectedAttention::Covariance;
+  const ExpectedAttention::Config cfgs[] = {
+      {.sinks = 1, .recent_fraction = 0.375f, .query_window = 1, .future_positions = 16,
+       .covariance = C::none, .horizon = 3.0f},
+      {.sinks = 1, .recent_fraction = 0.375f, .query_window = 1, .future_positions = 16,
+       .covariance = C::none, .horizon = 3.0f, .rescore_every = 3, .float_logits = true},
+      {.sinks = 2, .query_window = 16, .future_positions = 32}};
+  for (const auto& c : cfgs) {
+    const Geometry g{2, 4, 1, 8};
+    KVCache<ExpectedAttention> a(g, Budget::uniform(16).pooled(), ExpectedAttention(c));
+    KVCache<ExpectedAttention> b(g, Budget::uniform(16), ExpectedAttention(c));
+    REQUIRE(a.pooled());
+    kvtest::Rng rng(41);
+    for (int t = 0; t < 120; ++t)
+      for (int l = 0; l < 2; ++l) {
+        auto k = rng.normals(8), v = rng.normals(8), q = rng.normals(32);
+        a.append(l, t, k, v, q);
+        b.append(l, t, k, v, q);
+        const auto pa = a.positions(l, 0), pb = b.positions(l, 0);
+        INFO("t " << t << " layer " << l);
+        REQUIRE(std::vector<std::int64_t>(pa.begin(), pa.end()) == std::vector<std::int64_t>(pb.begin(), pb.end()));
+      }
+  }
 }

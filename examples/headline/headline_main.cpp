@@ -38,6 +38,7 @@ struct Args {
   std::vector<std::size_t> budgets{16, 32, 64, 128};
   bool paged = false;     ///< --paged: block-granular eviction through PagedKV
   bool block_policies = false;  ///< --block-policies: BlockGranular<P> rows (every policy)
+  bool block_expected = false;  ///< --block-expected: BlockGranular<ExpectedAttention> rows
   bool shared_cells = false;    ///< --shared-cells: per-head vs shared-cell rows, every combiner
   bool ceilings = false;        ///< --ceilings: the Oracle per token, per block, shared cells
   bool chunked_rows = false;    ///< --chunked-rows: XKV budgets from chunks, HashEvict's chunk rules
@@ -118,6 +119,10 @@ std::optional<Args> parse(int argc, char** argv) {
          "block-granular and shared-cell rows of every policy through BlockGranular<P> "
          "(--budgets; default 64,128,256)",
          a.block_policies);
+  p.flag("--block-expected",
+         "block-granular probability-free rows (ExpectedAttention's eviction costs, issue 14, "
+         "stop 35; with --tune the grid; --budgets, default 64,128,256)",
+         a.block_expected);
   p.flag("--chunked-rows",
          "with --prompt and --prefill-select: XKV budgets from the chunks against uniform "
          "budgets (same SnapKV selection, w 8, pool 7), and HashEvict's prompt rules with and "
@@ -620,6 +625,32 @@ void paged_rows(Runner& r, bool tune) {
     r.row(B, "token-level StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
   }
 }
+// The probability-free policy for block-granular costs (--block-expected, stop 35): with its
+// band of 3/8 or without (recent 1: the sink and recent blocks protect instead), its decayed
+// sums over decisions at horizon h (a full head decides once per block_tokens arrivals, so
+// h 3 x block_tokens is h 3 per token; 0: the current prediction alone), the mean of the
+// last W queries, the rotation averaged over n future positions.
+struct BlockPf {
+  bool band;
+  float h;
+  std::size_t w, n;
+};
+ExpectedAttention block_probfree(const ExpectedAttention& pf, BlockPf x) {
+  ExpectedAttention::Config c = pf.config();
+  if (!x.band) {
+    c.recent_fraction = 0.0f;
+    c.recent = 1;
+  }
+  c.horizon = x.h;
+  c.query_window = x.w;
+  c.future_positions = x.n;
+  return ExpectedAttention(c);
+}
+// The setting chosen on the tuning streams (docs/quality.md, stop 35): no band, h 3 per token.
+BlockPf block_probfree_chosen(std::uint32_t block_tokens) {
+  return {false, 3.0f * static_cast<float>(block_tokens), 1, 16};
+}
+
 // --block-policies: policies::BlockGranular<P> over the headline protocol (KVCache rows;
 // PagedCache keeps the same rows, tests/test_paged_cache.cpp). Equal memory: B token slots
 // per (layer, KV head): token-level rows hold B rows, block rows B / 16 blocks of 16.
@@ -671,6 +702,15 @@ void block_policy_rows(Runner& r, const std::vector<std::size_t>& budgets, const
     r.row(B, "block KeyDiff (1 sink, recent 3/8; votes)", BlockGranular(kKeyDiffBand, blocks(16, BlockScore::sum)));
     r.row(B, "token-level KeyDiff (1 sink, recent 3/8)", kKeyDiffBand);
     r.row(B, "block probability-free (votes)", BlockGranular(pf, blocks(16, BlockScore::sum)));
+    // Its eviction costs (expected attention per row) aggregated per block, the setting
+    // --block-expected chose on the tuning streams (no band, h 3 per token).
+    for (std::uint32_t bt : {16u, 8u})
+      for (BlockScore sc : {BlockScore::sum, BlockScore::max}) {
+        BlockGranularConfig c = blocks(bt, sc);
+        c.source = BlockSource::costs;
+        r.row(B, fmt::format("block {} probability-free, no band, h {} (costs, {})", bt, 3 * bt, to_string(sc)).c_str(),
+              BlockGranular(block_probfree(pf, block_probfree_chosen(bt)), c));
+      }
     r.row(B, "token-level probability-free", pf);
     r.row(B, "block HashEvict (votes)", BlockGranular(policies::HashEvictKey{}, blocks(16, BlockScore::sum)));
     r.row(B, "token-level HashEvict", policies::HashEvictKey{});
@@ -687,6 +727,126 @@ void block_policy_rows(Runner& r, const std::vector<std::size_t>& budgets, const
           BlockGranular(kKeyDiffBand, shared(blocks(16, BlockScore::sum), HeadCombine::sum)));
     r.row(B, "shared cells, token-level KeyDiff (votes, heads sum)",
           BlockGranular(kKeyDiffBand, shared(blocks(1, BlockScore::sum, 0, 0), HeadCombine::sum)));
+  }
+}
+
+// A block score from both predictions (--block-expected): per row, DecayedAttention's cost
+// (the decayed attention it drew) and ExpectedAttention's (the attention the coming queries
+// are expected to pay it), each divided by its head's open total, summed. +inf where
+// either policy protects the row. Per-token decisions (choose_victims) take the lowest sum.
+class MixedCosts {
+ public:
+  MixedCosts(policies::DecayedAttention d, ExpectedAttention e) : d_(std::move(d)), e_(std::move(e)) {}
+  static constexpr Signals signals =
+      static_cast<Signals>(static_cast<unsigned>(policies::DecayedAttention::signals) |
+                           static_cast<unsigned>(ExpectedAttention::signals));
+  static constexpr bool reads_stored_rows = true;  // ExpectedAttention reads the keys and values
+  static constexpr const char* name() { return "MixedCosts"; }
+  [[nodiscard]] std::size_t min_capacity() const { return std::max(d_.min_capacity(), e_.min_capacity()); }
+  void bind(const CacheShape& s) {
+    d_.bind(s);
+    e_.bind(s);
+  }
+  void on_budget(const CacheShape& s) { d_.on_budget(s); }
+  void observe(const AttentionView& a) { d_.observe(a); }
+  template <class S>
+  void on_append(const HeadView<S>& v, std::size_t row) {
+    d_.on_append(v, row);
+    e_.on_append(v, row);
+  }
+  void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
+    d_.on_move(layer, kv_head, from, to);
+    e_.on_move(layer, kv_head, from, to);
+  }
+  template <class S>
+  void eviction_costs(const HeadView<S>& v, std::vector<float>& out) {
+    d_.eviction_costs(v, a_);
+    e_.eviction_costs(v, b_);
+    const auto open_total = [](const std::vector<float>& c) {
+      double t = 0.0;
+      for (float x : c)
+        if (x < std::numeric_limits<float>::max()) t += x;
+      return t > 0.0 ? t : 1.0;
+    };
+    const double ta = open_total(a_), tb = open_total(b_);
+    out.resize(v.size);
+    for (std::size_t r = 0; r < v.size; ++r)
+      out[r] = std::isinf(a_[r]) || std::isinf(b_[r])
+                   ? std::numeric_limits<float>::infinity()
+                   : static_cast<float>(static_cast<double>(a_[r]) / ta + static_cast<double>(b_[r]) / tb);
+  }
+  template <class S>
+  void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
+    eviction_costs(v, c_);
+    std::vector<std::uint32_t> open;
+    for (std::size_t r = 0; r < v.size; ++r)
+      if (!std::isinf(c_[r])) open.push_back(static_cast<std::uint32_t>(r));
+    const std::size_t k = std::min(v.need, open.size());
+    std::partial_sort(open.begin(), open.begin() + static_cast<std::ptrdiff_t>(k), open.end(),
+                      [&](std::uint32_t x, std::uint32_t y) {
+                        return c_[x] < c_[y] || (c_[x] == c_[y] && v.seqs[x] < v.seqs[y]);
+                      });
+    out.insert(out.end(), open.begin(), open.begin() + static_cast<std::ptrdiff_t>(k));
+  }
+
+ private:
+  policies::DecayedAttention d_;
+  ExpectedAttention e_;
+  std::vector<float> a_, b_, c_;
+};
+
+// --block-expected: BlockGranular<ExpectedAttention> with source = costs (its eviction_costs:
+// expected attention per row, aggregated per block), against token-level recommended() and
+// probability-free at equal memory (B token slots per layer and KV head). --tune: the grid
+// (run on --seed 0 --streams 8); otherwise the chosen rows (docs/quality.md, stop 35).
+void block_expected_rows(Runner& r, const std::vector<std::size_t>& budgets, const Config& mc, bool tune) {
+  using policies::BlockGranular;
+  using policies::BlockGranularConfig;
+  using policies::BlockSource;
+  using policies::HeadCombine;
+  const auto blocks = [](std::uint32_t bt, BlockScore sc, bool sh = false) {
+    return BlockGranularConfig{.block_tokens = bt, .sink_blocks = 1, .recent_blocks = 1, .score = sc,
+                               .source = BlockSource::costs, .shared = sh, .combine = HeadCombine::sum};
+  };
+  const auto rec = policies::DecayedAttention::recommended();
+  const auto pf = with_model_rope(kProbabilityFree, mc);
+  using Pf = BlockPf;
+  const auto make = [&](Pf x) { return block_probfree(pf, x); };
+  const auto label = [](Pf x) {
+    return fmt::format("{}, h {:g}, W {}, n {}", x.band ? "its band" : "no band", x.h, x.w, x.n);
+  };
+  const auto chosen = block_probfree_chosen;
+  const policies::DecayedAttention dplain({.sinks = 1, .recent = 1, .horizon = 3.0f});
+  for (std::size_t B : budgets) {
+    r.row(B, "token-level recommended()", rec);
+    r.row(B, "token-level probability-free", pf);
+    for (std::uint32_t bt : {16u, 8u}) {
+      if (B < 3 * bt) continue;
+      std::vector<Pf> grid{{true, 3.0f, 1, 16}, chosen(bt)};
+      if (tune)
+        grid = {{true, 3.0f, 1, 16}, {true, 0.0f, 1, 16}, {false, 3.0f, 1, 16},
+                {false, 3.0f * static_cast<float>(bt), 1, 16}, {false, 0.0f, 1, 16},
+                {false, 0.0f, 4, 16}, {false, 0.0f, 16, 16}, {false, 0.0f, 1, 64},
+                {false, 0.0f, 1, 256}};
+      for (BlockScore sc : {BlockScore::sum, BlockScore::max})
+        for (Pf x : grid)
+          r.row(B, fmt::format("block {} probability-free, {} (costs, {})", bt, label(x), to_string(sc)).c_str(),
+                BlockGranular(make(x), blocks(bt, sc)));
+      r.row(B, fmt::format("block {} DecayedAttention h 3 (costs, sum)", bt).c_str(),
+            BlockGranular(dplain, blocks(bt, BlockScore::sum)));
+      std::vector<Pf> mixed{chosen(bt)};
+      if (tune) mixed = {Pf{false, 0.0f, 1, 16}, chosen(bt)};
+      for (BlockScore sc : {BlockScore::sum, BlockScore::max})
+        for (Pf x : mixed)
+          r.row(B, fmt::format("block {} DecayedAttention h 3 + probability-free {}, each / its head's total (costs, {})",
+                               bt, label(x), to_string(sc)).c_str(),
+                BlockGranular(MixedCosts(dplain, make(x)), blocks(bt, sc)));
+    }
+    if (!tune)
+      for (BlockScore sc : {BlockScore::sum, BlockScore::max})
+        r.row(B, fmt::format("shared cells, block 16 probability-free, {} (costs, {}; heads sum)", label(chosen(16)),
+                             to_string(sc)).c_str(),
+              BlockGranular(make(chosen(16)), blocks(16, sc, true)));
   }
 }
 
@@ -916,7 +1076,7 @@ int main(int argc, char** argv) {
     if (a.first_chunk) knobs.snapkv_chunked = policies::ChunkedPrefill::first_chunk;
     // The per-head rows need the calibration pass; --policies, --tune and --paged rows do not.
     const AttentionAgeProfile profile =
-        (a.policies.empty() && !a.tune && !a.paged && !a.block_policies && !a.shared_cells && !a.ceilings && !a.chunked_rows && !a.haystack &&
+        (a.policies.empty() && !a.tune && !a.paged && !a.block_policies && !a.block_expected && !a.shared_cells && !a.ceilings && !a.chunked_rows && !a.haystack &&
          !a.reserve) ||
                 a.adaptive
             ? calibrate(r.model)
@@ -1070,6 +1230,7 @@ int main(int argc, char** argv) {
     fmt::print("| budget | policy | mean KL | range over 4-stream groups | groups below {} | "
                "top-1 |\n",
                a.shared_cells || a.ceilings ? std::string("the per-head row")
+               : a.block_expected  ? std::string("token-level recommended()")
                : a.chunked_rows    ? std::string("uniform-w8")
                : a.paged           ? std::string("block StreamingLLM")
                : a.policies.empty() ? std::string("StreamingLLM (1 sink)")
@@ -1087,6 +1248,11 @@ int main(int argc, char** argv) {
     if (a.ceilings) {
       const bool dflt = a.budgets == std::vector<std::size_t>{16, 32, 64, 128};
       ceiling_rows(r, dflt ? std::vector<std::size_t>{64, 128, 256} : a.budgets);
+      return 0;
+    }
+    if (a.block_expected) {
+      const bool dflt = a.budgets == std::vector<std::size_t>{16, 32, 64, 128};
+      block_expected_rows(r, dflt ? std::vector<std::size_t>{64, 128, 256} : a.budgets, r.model->config(), a.tune);
       return 0;
     }
     if (a.block_policies) {

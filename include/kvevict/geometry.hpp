@@ -136,7 +136,7 @@ class Budget {
   /// (Scope::model) holds at most the sum of its KV heads' capacities, and how those rows
   /// split between the heads moves at run time. When a step would take the pool over its
   /// total, the victims are chosen across all its heads by the policy's comparable eviction
-  /// cost (the `eviction_costs` hook: DecayedAttention, H2O);
+  /// cost (the `eviction_costs` hook: DecayedAttention, H2O, ExpectedAttention);
   /// a policy without that hook keeps the nominal per-head capacities (the same decisions
   /// as without pooling). The nominal capacity is what a policy sees as
   /// HeadView::capacity (its protected band, decay and reserve follow it).

@@ -8,11 +8,12 @@
 //
 // Per-token costs, lower = evicted first (`BlockSource`):
 //   costs  the policy's eviction_costs (H2O, DecayedAttention: the accumulated or decayed
-//          attention each row drew; +inf / FLT_MAX where the policy protects a row: its
+//          attention each row drew; ExpectedAttention: the attention the coming queries are
+//          expected to pay it; +inf / FLT_MAX where the policy protects a row: its
 //          sinks, recent band, recall reserve)
 //   votes  any policy: its choose_victims asked for block_tokens victims; those rows cost 0,
-//          the others 1 (StreamingLLM: the oldest block; KeyDiff, ExpectedAttention,
-//          HashEvict, KNorm: the block holding most of the rows the policy would drop next)
+//          the others 1 (StreamingLLM: the oldest block; KeyDiff, ExpectedAttention (with
+//          source = votes), HashEvict, KNorm: the block holding most of the rows the policy would drop next)
 //   automatic (default): costs when the policy has eviction_costs, else votes.
 // A block containing a row the policy will not evict now (cost +inf: its sinks, its recent
 // band) is never chosen; a row it evicts last (FLT_MAX: DecayedAttention's recall reserve)
@@ -113,7 +114,7 @@ class BlockGranular {
                     ", expected a power of two in [1, 256]");
     kvevict::detail::require(config_.source != BlockSource::costs || kHasCosts,
                     "BlockGranular: source = costs, expected a policy with eviction_costs "
-                    "(H2O, DecayedAttention); use votes");
+                    "(H2O, DecayedAttention, ExpectedAttention); use votes");
     inner_.bind(shape);
   }
   [[nodiscard]] bool shared_decisions() const { return config_.shared; }
@@ -239,6 +240,13 @@ class BlockGranular {
     while (take < order_.size() && rows < std::max<std::size_t>(v.need, 1)) rows += acc_[order_[take++]].present;
     if (rows < v.need) {  // the protected blocks hold too much: the policy's own choice
       ++fallbacks_;
+      // After eviction_costs (a policy whose costs call is its decision's step, as
+      // ExpectedAttention's is), the choice from those costs' pass, not a second step.
+      if constexpr (kHasCosts && kvevict::detail::HasPooledVictims<Policy, S>)
+        if (config_.source != BlockSource::votes) {
+          inner_.pooled_victims(v, out);
+          return;
+        }
       inner_.choose_victims(v, out);
       return;
     }

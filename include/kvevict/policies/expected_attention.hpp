@@ -43,6 +43,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "../attention_core.hpp"
@@ -181,6 +182,8 @@ class ExpectedAttention {
       }
     }
     last_added_.assign(static_cast<std::size_t>(g.n_layers) * hkv_, kNone);
+    rank_.assign(last_added_.size(), {});
+    ranked_.assign(last_added_.size(), Ranked{});
   }
 
   template <class S>
@@ -191,18 +194,55 @@ class ExpectedAttention {
       return;
     }
     score_rows(v, false);
-    if (config_.horizon > 0.0f) {
-      auto& acc = acc_.of(v.layer, v.kv_head);
-      const double decay =
-          v.capacity == Budget::kUnbounded
-              ? 1.0
-              : std::clamp(1.0 - static_cast<double>(config_.horizon) / static_cast<double>(v.capacity), 0.0, 1.0);
-      for (std::size_t r = 0; r < v.size; ++r) score_[r] = acc[r] = decay * acc[r] + score_[r];
-    }
+    decay_scores(v);
     detail::evict_lowest_protected(v, score_, config_.sinks, recent_for(v.capacity), out, name());
+  }
+  /// Per-row costs for BlockGranular (a block's cost = the sum / mean / max of its rows')
+  /// and pooled budgets: each row's score as this decision ranks it (its expected attention
+  /// times ||v||, decayed when horizon > 0; between rescorings the kept scores), lower =
+  /// evicted first; +infinity for the sinks and the recent band (never evicted). The call
+  /// is the decision's step, as choose_victims' is: the queries are added, the rows
+  /// rescored and the decayed sums advanced, so a caller ranks by these costs instead of
+  /// calling choose_victims on the same view; pooled_victims then picks from them.
+  template <class S>
+  void eviction_costs(const HeadView<S>& v, std::vector<float>& out) {
+    add_queries(v);
+    const std::size_t n = v.size, h = head_index(v.layer, v.kv_head);
+    auto& rank = rank_[h];
+    if (amortised()) {
+      const float* r = amortised_rank(v);
+      rank.assign(r, r + n);
+    } else {
+      score_rows(v, false);
+      decay_scores(v);
+      rank.assign(score_.begin(), score_.begin() + static_cast<std::ptrdiff_t>(n));
+    }
+    const std::uint64_t hi = detail::open_below(v, recent_for(v.capacity));
+    out.resize(n);
+    for (std::size_t r = 0; r < n; ++r)
+      out[r] = v.seqs[r] < config_.sinks || v.seqs[r] >= hi ? std::numeric_limits<float>::infinity()
+                                                            : static_cast<float>(rank[r]);
+    ranked_[h] = Ranked{n, v.capacity, v.incoming_seq, true};
+  }
+  /// Pooled budgets: the victims choose_victims would take on the scores the last
+  /// eviction_costs call on this head ranked by (its view, need aside; no call since),
+  /// without a second step; otherwise choose_victims.
+  template <class S>
+  void pooled_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
+    const std::size_t h = head_index(v.layer, v.kv_head);
+    if (h < ranked_.size()) {
+      Ranked& m = ranked_[h];
+      if (m.valid && m.size == v.size && m.capacity == v.capacity && m.incoming_seq == v.incoming_seq) {
+        m.valid = false;
+        detail::evict_lowest_protected(v, rank_[h], config_.sinks, recent_for(v.capacity), out, name());
+        return;
+      }
+    }
+    choose_victims(v, out);
   }
   template <class S>
   void on_append(const HeadView<S>& v, std::size_t row) {
+    forget(v.layer, v.kv_head);
     add_queries(v);
     if (amortised() && lanes_arrival(v, row)) {
       // The value norm and the arrival's G logits in one pass over the row (G + 1
@@ -228,6 +268,7 @@ class ExpectedAttention {
     }
   }
   KVEVICT_DEFER void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
+    forget(layer, kv_head);
     vnorms_.move(layer, kv_head, from, to);
     if (config_.horizon > 0.0f) acc_.move(layer, kv_head, from, to);
     if (amortised()) {
@@ -444,46 +485,78 @@ class ExpectedAttention {
   template <class S>
   void amortised_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
     const std::size_t n = v.size;
-    auto& count = decisions_[head_index(v.layer, v.kv_head)];
-    auto& kept = stale_.of(v.layer, v.kv_head);
-    if (count++ % every(v.capacity) == 0) {
-      score_rows(v, true);
-      for (std::size_t r = 0; r < n; ++r) kept[r] = static_cast<float>(score_[r]);
-    }
-    const float* rank = kept.data();
+    const float* rank = amortised_kept(v);
     const std::size_t recent = recent_for(v.capacity);
     const std::uint64_t lo = config_.sinks, hi = detail::open_below(v, recent);
     if (config_.horizon > 0.0f) {
-      auto& acc = accf_.of(v.layer, v.kv_head);
-      const float decay =
-          v.capacity == Budget::kUnbounded
-              ? 1.0f
-              : static_cast<float>(std::clamp(1.0 - static_cast<double>(config_.horizon) /
-                                                         static_cast<double>(v.capacity),
-                                              0.0, 1.0));
-      // acc = decay x acc + kept (a multiply then an add, the values of kernels::decay_spike
-      // without its spike band) and, for one victim, the lowest (acc, seq) among the open
-      // rows in the same pass (kernels::decay_lowest_open: the row that the decay loop,
-      // protection bits, masked argmin and tie scan below would find).
+      // acc = decay x acc + kept (amortised_decay's values) and, for one victim, the lowest
+      // (acc, seq) among the open rows in the same pass (kernels::decay_lowest_open: the row
+      // that the decay loop, protection bits, masked argmin and tie scan below would find).
       if (v.need == 1) {
         prefetch_arrival(v);
         out.push_back(detail::open_victim(
-            kernels::decay_lowest_open(acc.data(), kept.data(), v.seqs, n, decay, lo, hi), name()));
+            kernels::decay_lowest_open(accf_.of(v.layer, v.kv_head).data(), rank, v.seqs, n,
+                                       float_decay(v.capacity), lo, hi),
+            name()));
         return;
       }
-      float* a = acc.data();
-      const float* k = kept.data();
-      for (std::size_t r = 0; r < n; ++r) {
-        const float prod = decay * a[r];
-        a[r] = prod + k[r];
-      }
-      rank = acc.data();
+      rank = amortised_decay(v, rank);
     } else if (v.need == 1) {
       out.push_back(detail::open_victim(kernels::lowest_open(rank, v.seqs, n, lo, hi), name()));
       return;
     }
     detail::evict_lowest_masked(
         v, rank, detail::protection_bits(v, config_.sinks, recent, bits_), out, name());
+  }
+  // The amortised decision's scores: the kept ones, all rows rescored on every R-th
+  // decision of the head (the decision is counted).
+  template <class S>
+  const float* amortised_kept(const HeadView<S>& v) {
+    auto& count = decisions_[head_index(v.layer, v.kv_head)];
+    auto& kept = stale_.of(v.layer, v.kv_head);
+    if (count++ % every(v.capacity) == 0) {
+      score_rows(v, true);
+      for (std::size_t r = 0; r < v.size; ++r) kept[r] = static_cast<float>(score_[r]);
+    }
+    return kept.data();
+  }
+  // acc = decay x acc + kept (a multiply then an add, the values of kernels::decay_spike
+  // without its spike band); returns acc.
+  template <class S>
+  const float* amortised_decay(const HeadView<S>& v, const float* kept) {
+    float* a = accf_.of(v.layer, v.kv_head).data();
+    const float decay = float_decay(v.capacity);
+    for (std::size_t r = 0; r < v.size; ++r) {
+      const float prod = decay * a[r];
+      a[r] = prod + kept[r];
+    }
+    return a;
+  }
+  // The scores an amortised decision ranks by (eviction_costs): kept, decayed when horizon > 0.
+  template <class S>
+  const float* amortised_rank(const HeadView<S>& v) {
+    const float* kept = amortised_kept(v);
+    return config_.horizon > 0.0f ? amortised_decay(v, kept) : kept;
+  }
+  [[nodiscard]] double decay_for(std::size_t capacity) const {
+    return capacity == Budget::kUnbounded
+               ? 1.0
+               : std::clamp(1.0 - static_cast<double>(config_.horizon) / static_cast<double>(capacity), 0.0, 1.0);
+  }
+  [[nodiscard]] float float_decay(std::size_t capacity) const {
+    return capacity == Budget::kUnbounded ? 1.0f : static_cast<float>(decay_for(capacity));
+  }
+  // horizon > 0: score_ <- acc <- decay x acc + score_ (the every-decision rule).
+  template <class S>
+  void decay_scores(const HeadView<S>& v) {
+    if (config_.horizon <= 0.0f) return;
+    auto& acc = acc_.of(v.layer, v.kv_head);
+    const double decay = decay_for(v.capacity);
+    for (std::size_t r = 0; r < v.size; ++r) score_[r] = acc[r] = decay * acc[r] + score_[r];
+  }
+  KVEVICT_DEFER void forget(int layer, int kv_head) {
+    const std::size_t h = head_index(layer, kv_head);
+    if (h < ranked_.size()) ranked_[h].valid = false;
   }
 
   // Keeps query head g's moved statistics (mean_, cov_) and log-normaliser for arrivals.
@@ -665,6 +738,15 @@ class ExpectedAttention {
     return true;
   }
 
+  // eviction_costs: per (layer, KV head), the scores it ranked by and the view they were
+  // for, which pooled_victims picks from (valid until the head changes).
+  struct Ranked {
+    std::size_t size = 0, capacity = 0;
+    std::uint64_t incoming_seq = 0;
+    bool valid = false;
+  };
+  std::vector<std::vector<double>> rank_;
+  std::vector<Ranked> ranked_;
   Config config_;
   std::size_t d_ = 0, group_ = 1, hkv_ = 1;
   detail::RowColumn<float> vnorms_;
