@@ -405,6 +405,29 @@ class KVCache
       Core::shrink_vector(h.v, cap * value_units());
     }
   }
+  // The core's phase 1, after every head of the step decided: each victim's K/V row (the
+  // last row's copy goes there) and the last row (copied, then the incoming row is encoded
+  // into its place) are requested for writing, so that the heads' misses overlap instead
+  // of each copy waiting on its own (after an attention step the rows are out of L2).
+  void prepare_head(int, int, std::size_t i, const std::vector<std::uint32_t>& victims) const {
+    if constexpr (!mixed) {
+      const auto& h = this->heads_[i];
+      if (victims.empty()) return;
+      const std::size_t kb = key_units(), vb = value_units();
+      const auto touch = [](const Unit* p, std::size_t units) {
+        const auto* b = reinterpret_cast<const char*>(p);
+        for (std::size_t o = 0; o < units * sizeof(Unit); o += 64) __builtin_prefetch(b + o, 1);
+      };
+      const auto row = [&](std::size_t r) {
+        touch(h.k.data() + r * kb, kb);
+        touch(h.v.data() + r * vb, vb);
+      };
+      for (std::uint32_t r : victims) row(r);
+      row(h.size() - 1);
+    } else {
+      (void)i, (void)victims;
+    }
+  }
   // Row r leaves (to the callback); the last row's K/V moves into it.
   void remove_row(int layer, int kv_head, std::size_t i, std::uint32_t r, std::size_t last) noexcept {
     auto& h = this->heads_[i];

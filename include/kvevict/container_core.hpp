@@ -15,7 +15,8 @@
 //                                make rows_data() valid (IndexCache gathers engine rows);
 //                                with an incoming row appended when given
 //   reserve_rows(i, n)           allocate room for n rows of head i (exact)
-//   prepare_head(layer, kv_head, i, victims)   more allocation before anything changes
+//   prepare_head(layer, kv_head, i, victims)   more allocation before anything changes (KVCache:
+//                                prefetches the rows the step will copy)
 //   prepare_step(layer, total_victims, max_rows)
 //   remove_row(layer, kv_head, i, r, last)     row r leaves, last row moves into r
 //                                              (called before the core moves pos/seq)

@@ -160,6 +160,7 @@ class ExpectedAttention {
       frozen_mean_.assign(heads * group_ * d_, 0.0);
       frozen_cov_.assign(full ? heads * group_ * d_ * d_ : 0, 0.0);
       frozen_norm_.assign(heads * group_, 0.0);
+      frozen_lanes_.assign(!full && group_ <= kArrivalLanes ? heads * group_ * d_ : 0, 0.0);
     }
     // Per rotated pair: theta and the sum over t = 0..n-1 of exp(i t theta).
     theta_.clear();
@@ -243,6 +244,19 @@ class ExpectedAttention {
   void on_append(const HeadView<S>& v, std::size_t row) {
     forget(v.layer, v.kv_head);
     add_queries(v);
+    if (amortised() && lanes_arrival(v, row)) {
+      // The value norm and the arrival's G logits in one pass over the row (G + 1
+      // independent sums, each in the order of the loops below: the same values).
+      float vn = 0.0f;
+      const double score = group_ == 4 ? arrival_one_pass<4>(v, row, vn) : arrival_one_pass<0>(v, row, vn);
+      vnorms_.set(v.layer, v.kv_head, row, vn);
+      if (config_.horizon > 0.0f) {
+        acc_.set(v.layer, v.kv_head, row, 0.0);
+        accf_.set(v.layer, v.kv_head, row, 0.0f);
+      }
+      stale_.set(v.layer, v.kv_head, row, static_cast<float>(score));
+      return;
+    }
     double s = 0.0;
     for (const S& x : v.value(row)) s += static_cast<double>(x) * static_cast<double>(x);
     const float vn = static_cast<float>(std::sqrt(s));
@@ -277,33 +291,46 @@ class ExpectedAttention {
   [[nodiscard]] Moments moments(int layer, int head) const {
     const auto& s = stats_[static_cast<std::size_t>(layer) * hkv_ * group_ +
                            static_cast<std::size_t>(head)];
-    return {s.count, &s.sum, &s.outer};
+    return {s.count, &s.sums(), &s.outer};
   }
 
  private:
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
-  static constexpr std::size_t kArrivalLanes = 16;  ///< groups up to this size: one pass
+  static constexpr std::size_t kArrivalLanes = 16;  ///< groups up to this size: arrival_one_pass
 
   // Sliding-window moments of one query head's un-rotated queries.
   struct QueryStats {
     std::vector<float> ring;      // window x d, the queries in the window
-    std::vector<double> sum;      // d
+    mutable std::vector<double> sum;  // d (window 1 without outer: see sums())
     std::vector<double> outer;    // d x d
     std::size_t count = 0, next = 0, window = 1;
+    mutable bool pending = false;  // window 1: sum not yet written from the ring
+    /// The sum of the window's queries (window 1 without outer products: 0.0 + q, written
+    /// from the kept query on the first read after add).
+    [[nodiscard]] const std::vector<double>& sums() const {
+      if (pending) {
+        for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = 0.0 + static_cast<double>(ring[i]);
+        pending = false;
+      }
+      return sum;
+    }
     KVEVICT_DEFER void reset(std::size_t d, std::size_t w, bool with_outer) {
       window = w;
       ring.assign(w * d, 0.0f);
       sum.assign(d, 0.0);
       outer.assign(with_outer ? d * d : 0, 0.0);  // only Covariance::full reads it
       count = next = 0;
+      pending = false;
     }
     void add(const float* q, std::size_t d) {
       if (window == 1 && outer.empty()) {
         // One query in the window (the registry's probfree): taking the old query out
         // leaves exactly +0.0 in every sum (x + (-x)), so the sum is 0.0 + q, the values of
-        // the general path below, in one write and without the ring.
-        double* s = sum.data();
-        for (std::size_t i = 0; i < d; ++i) s[i] = 0.0 + static_cast<double>(q[i]);
+        // the general path below. Only a rescoring reads it (every R-th decision), so the
+        // query is kept as it came (d floats, half the bytes of the sums) and the sum is
+        // written from it when read (sums()).
+        std::copy(q, q + d, ring.data());
+        pending = true;
         count = 1;
         return;
       }
@@ -385,7 +412,8 @@ class ExpectedAttention {
     if (config_.covariance == Covariance::full) cov_.assign(d * d, 0.0);  // only it reads cov_
     if (st.count == 0) return;
     const double n = static_cast<double>(st.count);
-    for (std::size_t i = 0; i < d; ++i) mean_[i] = st.sum[i] / n;
+    const std::vector<double>& sum = st.sums();
+    for (std::size_t i = 0; i < d; ++i) mean_[i] = sum[i] / n;
     if (config_.covariance == Covariance::full)
       for (std::size_t i = 0; i < d; ++i)
         for (std::size_t j = 0; j < d; ++j)
@@ -465,6 +493,7 @@ class ExpectedAttention {
       // (acc, seq) among the open rows in the same pass (kernels::decay_lowest_open: the row
       // that the decay loop, protection bits, masked argmin and tie scan below would find).
       if (v.need == 1) {
+        prefetch_arrival(v);
         out.push_back(detail::open_victim(
             kernels::decay_lowest_open(accf_.of(v.layer, v.kv_head).data(), rank, v.seqs, n,
                                        float_decay(v.capacity), lo, hi),
@@ -534,34 +563,66 @@ class ExpectedAttention {
   KVEVICT_DEFER void freeze(std::size_t h, std::size_t g, const double* mean, double log_norm) {
     const std::size_t d = d_, i = h * group_ + g;
     std::copy(mean, mean + d, frozen_mean_.begin() + static_cast<std::ptrdiff_t>(i * d));
+    if (!frozen_lanes_.empty())
+      for (std::size_t c = 0; c < d; ++c) frozen_lanes_[(h * d + c) * group_ + g] = mean[c];
     if (config_.covariance == Covariance::full)
       std::copy(cov_.begin(), cov_.end(), frozen_cov_.begin() + static_cast<std::ptrdiff_t>(i * d * d));
     frozen_norm_[i] = log_norm;
     frozen_[h] = 1;
   }
+  // The frozen means the head's arrival will read (arrival_one_pass, after every head of the
+  // step decided): requested now, so that they arrive while the decisions run.
+  template <class S>
+  void prefetch_arrival(const HeadView<S>& v) const {
+    if (frozen_lanes_.empty()) return;
+    const auto* p = reinterpret_cast<const char*>(frozen_lanes_.data() +
+                                                  head_index(v.layer, v.kv_head) * d_ * group_);
+    for (std::size_t o = 0; o < d_ * group_ * sizeof(double); o += 64) __builtin_prefetch(p + o);
+  }
+  // Whether an arrival is scored by arrival_one_pass (mean-only logits, G <= 16 lanes,
+  // statistics frozen, not a sink) rather than arrival_score.
+  template <class S>
+  bool lanes_arrival(const HeadView<S>& v, std::size_t row) const {
+    return frozen_[head_index(v.layer, v.kv_head)] != 0 && v.seqs[row] >= config_.sinks &&
+           config_.covariance == Covariance::none && group_ <= kArrivalLanes;
+  }
+  // on_append's value norm and an arrival's G mean-only logits in one loop over the row: the
+  // squares of the value and the G products with the frozen means (frozen_lanes_, laid out
+  // coordinate-major so that the G means of a coordinate are adjacent) go into G + 1
+  // independent sums, each added in coordinate order as the separate loops add them, so
+  // the norm and the score are the values of those loops. Gc: the group size when known
+  // at compile time (0: group_).
+  template <std::size_t Gc, class S>
+  double arrival_one_pass(const HeadView<S>& v, std::size_t row, float& vn) const {
+    const std::size_t G = Gc != 0 ? Gc : group_, d = d_, h = head_index(v.layer, v.kv_head);
+    const S* key = v.key(row).data();
+    const S* val = v.value(row).data();
+    const double* m = frozen_lanes_.data() + h * d * G;
+    double sq = 0.0;
+    double lin[Gc != 0 ? Gc : kArrivalLanes] = {};
+    for (std::size_t i = 0; i < d; ++i) {
+      const double x = static_cast<double>(val[i]);
+      sq += x * x;
+      const double k = static_cast<double>(key[i]);
+      for (std::size_t g = 0; g < G; ++g) lin[g] += m[i * G + g] * k;
+    }
+    vn = static_cast<float>(std::sqrt(sq));
+    const double root = std::sqrt(static_cast<double>(d));
+    double s = 0.0;
+    for (std::size_t g = 0; g < G; ++g) s += std::exp(lin[g] / root - frozen_norm_[h * group_ + g]);
+    s /= static_cast<double>(group_);
+    if (config_.value_norm) s = (s + static_cast<double>(config_.epsilon)) * static_cast<double>(vn);
+    return s;
+  }
   // A row appended between rescorings: exp(z - log-normaliser) under the last rescoring's
   // statistics, averaged over the group, times ||v||. 0 before the first rescoring (which
-  // rescores it anyway) and for the sinks, as score_rows leaves them.
+  // rescores it anyway) and for the sinks, as score_rows leaves them. Mean-only logits of
+  // a group of at most kArrivalLanes go through arrival_one_pass instead.
   template <class S>
   double arrival_score(const HeadView<S>& v, std::size_t row, float vn) const {
     const std::size_t h = head_index(v.layer, v.kv_head), d = d_;
     double s = 0.0;
-    if (frozen_[h] != 0 && v.seqs[row] >= config_.sinks &&
-        config_.covariance == Covariance::none && group_ <= kArrivalLanes) {
-      // The G mean-only logits in one pass over the key: G independent sums, each in the
-      // order logit() adds (the same values), instead of G passes of one dependent chain.
-      const S* key = v.key(row).data();
-      const double* m = frozen_mean_.data() + h * group_ * d;
-      double lin[kArrivalLanes] = {};
-      for (std::size_t i = 0; i < d; ++i) {
-        const double k = static_cast<double>(key[i]);
-        for (std::size_t g = 0; g < group_; ++g) lin[g] += m[g * d + i] * k;
-      }
-      const double root = std::sqrt(static_cast<double>(d));
-      for (std::size_t g = 0; g < group_; ++g)
-        s += std::exp(lin[g] / root - frozen_norm_[h * group_ + g]);
-      s /= static_cast<double>(group_);
-    } else if (frozen_[h] != 0 && v.seqs[row] >= config_.sinks) {
+    if (frozen_[h] != 0 && v.seqs[row] >= config_.sinks) {
       const S* key = v.key(row).data();
       for (std::size_t g = 0; g < group_; ++g) {
         const std::size_t i = h * group_ + g;
@@ -704,6 +765,7 @@ class ExpectedAttention {
   std::vector<std::uint64_t> decisions_, bits_;
   std::vector<unsigned char> frozen_;
   std::vector<double> frozen_mean_, frozen_cov_, frozen_norm_;
+  std::vector<double> frozen_lanes_;  ///< frozen means, (layer, KV head, coordinate, g)
   // Scratch (no allocation per step once warm).
   std::vector<float> buf_, qf_, probs_;
   std::vector<double> mean_, cov_, rc_, rs_, z_, score_, means_, norms_;
