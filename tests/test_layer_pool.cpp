@@ -646,6 +646,13 @@ TEST_CASE("pooled_victims equals choose_victims for every need, reserve bounded 
           const auto finite = std::size_t(std::count_if(
               costs.begin(), costs.end(), [](float c) { return c < std::numeric_limits<float>::max(); }));
           reserved += std::size_t(std::count(costs.begin(), costs.end(), std::numeric_limits<float>::max()));
+          // +infinity exactly for the sink (seq 0) and the recent band (arrived at or after
+          // incoming - recent), written out from the seqs.
+          const std::size_t recent = one.recent_for(capacity);
+          std::size_t wrong_protection = 0;
+          for (std::size_t r = 0; r < costs.size(); ++r)
+            wrong_protection += (costs[r] == std::numeric_limits<float>::infinity()) != (s[r] < 1 || s[r] + recent >= 40);
+          REQUIRE(wrong_protection == 0);
           view.need = need;
           std::vector<std::uint32_t> a, b;
           bool threw_a = false, threw_b = false;

@@ -34,6 +34,7 @@
 #include "checked.hpp"
 #include "errors.hpp"
 #include "geometry.hpp"
+#include "kernels/row_dots.hpp"
 
 namespace kvevict::detail {
 
@@ -229,12 +230,11 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
         const float guess = std::min(old[std::min(want, old.size()) - 1].cost * 1.05f, top);
         auto& idx = s.rows;
         if (idx.size() < h.size) idx.resize(h.size);
-        std::size_t m = 0;
-        for (std::size_t r = 0; r < h.size; ++r) {
-          idx[m] = static_cast<std::uint32_t>(r);
-          m += h.costs[r] <= guess ? 1 : 0;
-          evictable += h.costs[r] <= top ? 1 : 0;
-        }
+        // The dispatched gather (every arrival index below UINT64_MAX, i.e. every row: the
+        // counters never reach it), then the finite count (a pass that vectorises).
+        const std::size_t m = kernels::gather_open_at_most(
+            h.costs, h.seqs, h.size, 0, std::numeric_limits<std::uint64_t>::max(), guess, idx.data());
+        for (std::size_t r = 0; r < h.size; ++r) evictable += h.costs[r] <= top ? 1 : 0;
         if (m >= want || m == evictable) {
           for (std::size_t j = 0; j < m; ++j)
             heap.push_back(PoolScratch::Cand{h.costs[idx[j]], h.seqs[idx[j]], head_of});

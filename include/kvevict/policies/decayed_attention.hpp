@@ -194,20 +194,26 @@ class DecayedAttention {
     const auto& sc = scores_.of(v.layer, v.kv_head);
     const float scale = decay_[h] < 1.0f ? 1.0f - decay_[h] : 1.0f;
     const std::size_t recent = recent_for(v.capacity);
-    const std::uint64_t hi = v.incoming_seq >= recent ? v.incoming_seq - recent : 0;
     out.resize(v.size);
     // Every row's rate (one vectorisable pass), then the protected rows (the set bits) get
-    // theirs: FLT_MAX for the reserve, +infinity for the sinks and the recent band.
+    // theirs: +infinity for the sinks and the recent band (the rows outside [sinks,
+    // incoming - recent): one dispatched pass over the seqs, a subset of the bits), FLT_MAX
+    // for the rest of the bits, the reserve. Bits past size are set in both and skipped.
     const float* scores = sc.data();
     float* o = out.data();
     for (std::size_t r = 0; r < v.size; ++r) o[r] = scale * scores[r];
-    for (std::size_t w = 0; w * 64 < v.size; ++w)
-      for (std::uint64_t b = bits_[w]; b != 0; b &= b - 1) {
+    const std::uint64_t* outside = detail::protection_bits(v, config_.sinks, recent, outside_);
+    const auto mark = [&](std::size_t w, std::uint64_t b, float value) {
+      for (; b != 0; b &= b - 1) {
         const std::size_t r = w * 64 + static_cast<std::size_t>(std::countr_zero(b));
         if (r >= v.size) break;
-        const bool reserve = v.seqs[r] >= config_.sinks && v.seqs[r] < hi;  // else sink or band
-        o[r] = reserve ? std::numeric_limits<float>::max() : std::numeric_limits<float>::infinity();
+        o[r] = value;
       }
+    };
+    for (std::size_t w = 0; w * 64 < v.size; ++w) {
+      mark(w, bits_[w] & outside[w], std::numeric_limits<float>::infinity());
+      mark(w, bits_[w] & ~outside[w], std::numeric_limits<float>::max());
+    }
     // Kept for pooled_victims: this pass's protection and what its reserve depended on.
     if (memo_.size() != capacity_.size()) memo_.resize(capacity_.size());
     Memo& m = memo_[h];
@@ -881,6 +887,7 @@ class DecayedAttention {
   std::size_t head_dim_ = 0;
   // Scratch for choose_victims and observe (no allocation per step once warm).
   std::vector<std::uint64_t> bits_;  ///< protected (and reserved) rows, one bit each
+  std::vector<std::uint64_t> outside_;  ///< eviction_costs: the sinks and the recent band
   std::size_t last_evictable_ = 0, last_reserve_ = 0;  ///< keep_recalled's, for the memo
   /// Pooled budgets, per (layer, KV head): the protection eviction_costs computed last
   /// and the view it was computed for, reused by pooled_victims.
