@@ -244,26 +244,24 @@ class ExpectedAttention {
   void on_append(const HeadView<S>& v, std::size_t row) {
     forget(v.layer, v.kv_head);
     add_queries(v);
-    if (amortised() && lanes_arrival(v, row)) {
-      // The value norm and the arrival's G logits in one pass over the row (G + 1
-      // independent sums, each in the order of the loops below: the same values).
-      float vn = 0.0f;
-      const double score = group_ == 4 ? arrival_one_pass<4>(v, row, vn) : arrival_one_pass<0>(v, row, vn);
-      vnorms_.set(v.layer, v.kv_head, row, vn);
-      if (config_.horizon > 0.0f) {
-        acc_.set(v.layer, v.kv_head, row, 0.0);
-        accf_.set(v.layer, v.kv_head, row, 0.0f);
-      }
-      stale_.set(v.layer, v.kv_head, row, static_cast<float>(score));
-      return;
+    // Mean-only arrivals of a frozen head: the value norm and the G logits in one pass over
+    // the row (arrival_one_pass: G + 1 independent sums, each in the order of the loops
+    // here and in arrival_score, so the same values).
+    const bool one_pass = amortised() && lanes_arrival(v, row);
+    float vn = 0.0f;
+    double score = 0.0;
+    if (one_pass) {
+      score = group_ == 4 ? arrival_one_pass<4>(v, row, vn) : arrival_one_pass<0>(v, row, vn);
+    } else {
+      double s = 0.0;
+      for (const S& x : v.value(row)) s += static_cast<double>(x) * static_cast<double>(x);
+      vn = static_cast<float>(std::sqrt(s));
     }
-    double s = 0.0;
-    for (const S& x : v.value(row)) s += static_cast<double>(x) * static_cast<double>(x);
-    const float vn = static_cast<float>(std::sqrt(s));
     vnorms_.set(v.layer, v.kv_head, row, vn);
     if (config_.horizon > 0.0f) acc_.set(v.layer, v.kv_head, row, 0.0);
     if (amortised()) {
-      stale_.set(v.layer, v.kv_head, row, static_cast<float>(arrival_score(v, row, vn)));
+      if (!one_pass) score = arrival_score(v, row, vn);
+      stale_.set(v.layer, v.kv_head, row, static_cast<float>(score));
       if (config_.horizon > 0.0f) accf_.set(v.layer, v.kv_head, row, 0.0f);
     }
   }
@@ -610,9 +608,7 @@ class ExpectedAttention {
     const double root = std::sqrt(static_cast<double>(d));
     double s = 0.0;
     for (std::size_t g = 0; g < G; ++g) s += std::exp(lin[g] / root - frozen_norm_[h * group_ + g]);
-    s /= static_cast<double>(group_);
-    if (config_.value_norm) s = (s + static_cast<double>(config_.epsilon)) * static_cast<double>(vn);
-    return s;
+    return with_value_norm(s / static_cast<double>(group_), vn);
   }
   // A row appended between rescorings: exp(z - log-normaliser) under the last rescoring's
   // statistics, averaged over the group, times ||v||. 0 before the first rescoring (which
@@ -631,9 +627,11 @@ class ExpectedAttention {
       }
       s /= static_cast<double>(group_);
     }
-    if (config_.value_norm)
-      s = (s + static_cast<double>(config_.epsilon)) * static_cast<double>(vn);
-    return s;
+    return with_value_norm(s, vn);
+  }
+  // An arrival's group-mean score times ||v|| (plus epsilon) when value_norm is on.
+  [[nodiscard]] double with_value_norm(double s, float vn) const {
+    return config_.value_norm ? (s + static_cast<double>(config_.epsilon)) * static_cast<double>(vn) : s;
   }
 
   // score_[r] for every live row: the group's mean softmax of z over the scored rows (all
