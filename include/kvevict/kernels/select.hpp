@@ -316,6 +316,15 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
   // 1K rows it measured 475 against 590-665 ns there but no faster in bench_kernels
   // (float_topk k = 64: 611 against 480-500 ns), so topk_small keeps 1K.
   static_assert(512 <= avx512::kThresholdMaxN && 512 <= avx2::kThresholdMaxN);
+  // Small k at AVX-512 (stop 36): a bound from 128 row groups' maxima leaves about k + 20
+  // candidates (avx512::topk_group_max): 256-512 rows when 32 k <= n, and above 512 rows
+  // k <= 32, or k <= 64 from 2048 rows (to 16K), where it beat topk_scaled and topk_filter
+  // (N(0,1) scores, a harness loop, docs/benchmarks.md "Small-n select, stop 36").
+  if constexpr (I == Isa::avx512)
+    if (n >= 256 && n <= 16384 && k <= 64 &&
+        (n <= 512 ? 32 * k <= n : k <= 32 || n >= 2048) &&
+        avx512::topk_group_max(s, n, k, out))
+      return;
   if (n <= 512) {
     if constexpr (I == Isa::avx512)
     {
