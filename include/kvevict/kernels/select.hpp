@@ -570,9 +570,12 @@ KVEVICT_KERNEL_FN void counting_bottomk(const std::uint16_t* keys, std::size_t n
 /// numbers' range, 254 bins, found the same way; the few rows of the k-th bin ranked; it
 /// refuses infinities, fewer than two distinct numbers and a NaN k-th row, which go to
 /// topk_threshold), also for k > 64 up to 1024 rows and for topk_filter's candidates.
-/// Beyond 512 rows at AVX-512: for k <= 64 a lower bound on the k-th score (the smallest of
-/// 32 row groups' second-best scores) leaves a few hundred candidates for topk_threshold
-/// (avx512::topk_filter); otherwise up to 4096 rows one sampled bracket's band goes to
+/// Small k at AVX-512 (256-512 rows when 32 k <= n; above 512 rows k <= 32, or k <= 64 from
+/// 2048 to 16K rows): a lower bound on the k-th score from 128 row groups' maxima (the k-th
+/// largest maximum, or a smaller one) leaves about k + 20 candidates, ranked as topk_filter's
+/// (avx512::topk_group_max). Other k <= 64 beyond 512 rows at AVX-512: a lower bound on the
+/// k-th score (the smallest of 32 row groups' second-best scores) leaves a few hundred
+/// candidates for topk_threshold (avx512::topk_filter); otherwise up to 4096 rows one sampled bracket's band goes to
 /// topk_threshold (avx512::topk_band); either falls back to the next method.
 /// Method for n < 32768 beyond that: at AVX2 (and AVX-512) a sampled-bracket select
 /// (avx2::topk_small: a sorted 64-key sample brackets the k-th key, a pass comparing the

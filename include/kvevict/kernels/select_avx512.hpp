@@ -637,7 +637,10 @@ inline constexpr std::size_t kFilterMaxM = kThresholdMaxN;
 /// topk_rank (up to 32), topk_scaled or topk_threshold takes the k best among them, ids
 /// mapped back (the candidates keep index order, so ties still go to the lower index). Same
 /// set as topk_exact. Returns false, having written nothing, when the candidates are fewer
-/// than k (NaN among the k best) or more than kFilterMaxM.
+/// than k (NaN among the k best) or more than kFilterMaxM. Sparse (few candidates, most
+/// 16-row blocks without one): no VPCOMPRESSD for a block without a candidate (about 1.4 ns
+/// each on this AVX-512 CPU, stop 36); dense (topk_filter's few hundred): no branch.
+template <bool Sparse>
 KVEVICT_TARGET_AVX512 inline bool topk_above(const float* s, std::size_t n, std::size_t k,
                                              float lb, std::uint32_t* out) noexcept {
   alignas(64) float cf[kFilterMaxM + 16];
@@ -652,9 +655,7 @@ KVEVICT_TARGET_AVX512 inline bool topk_above(const float* s, std::size_t n, std:
     const auto valid = static_cast<__mmask16>((1u << r) - 1);
     const __m512 x = _mm512_maskz_loadu_ps(valid, s + i);
     const __mmask16 sel = _mm512_mask_cmp_ps_mask(valid, x, vl, _CMP_GE_OQ);
-    // No VPCOMPRESSD (about 1.4 ns each on this AVX-512 CPU, stop 36) for 16 rows without
-    // a candidate: most of them at small k.
-    if (sel != 0) {
+    if (!Sparse || sel != 0) {
       _mm512_storeu_ps(cf + m, _mm512_maskz_compress_ps(sel, x));  // 16 spare entries
       _mm512_storeu_si512(ci + m, _mm512_maskz_compress_epi32(sel, idx));
       m += static_cast<std::size_t>(_mm_popcnt_u32(sel));
@@ -701,7 +702,7 @@ KVEVICT_TARGET_AVX512 inline bool topk_filter(const float* s, std::size_t n, std
                                 s + i + 16 * static_cast<std::size_t>(g)));
   }
   // A group with fewer than two numbers keeps -inf: L = -inf, every number a candidate.
-  return topk_above(s, n, k, _mm512_reduce_min_ps(_mm512_min_ps(m2[0], m2[1])), out);
+  return topk_above<false>(s, n, k, _mm512_reduce_min_ps(_mm512_min_ps(m2[0], m2[1])), out);
 }
 
 /// Row groups topk_group_max takes the maxima of (8 registers of 16 lanes).
@@ -766,7 +767,7 @@ KVEVICT_TARGET_AVX512 inline bool topk_group_max(const float* s, std::size_t n, 
       m = _mm512_mask_min_ps(m, _mm512_cmple_epu32_mask(b[r], vt), mx[r], m);
     lb = _mm512_reduce_min_ps(m);
   }
-  return topk_above(s, n, k, lb, out);
+  return topk_above<true>(s, n, k, lb, out);
 }
 
 /// Most band rows topk_band hands to topk_threshold.
