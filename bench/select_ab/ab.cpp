@@ -16,8 +16,9 @@ void topk_B(const float*, std::size_t, std::size_t, std::uint32_t*);
 static double cpu_ns() { timespec t; clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t); return t.tv_sec * 1e9 + t.tv_nsec; }
 int main(int argc, char** argv) {
   std::vector<int> ns = {256, 320, 384, 512, 768, 1024, 2048, 4096};
-  std::vector<int> ks = {1, 4, 8, 12, 16, 32, 64};
-  if (argc > 1) { ns.clear(); ns.push_back(atoi(argv[1])); }
+  std::vector<int> ks = {1, 4, 8, 10, 12, 14, 16, 20, 32, 64};
+  if (const char* e = std::getenv("KS")) { ks.clear(); for (const char* p = e; *p;) { ks.push_back(std::atoi(p)); while (*p && *p != ',') ++p; if (*p) ++p; } }
+  if (argc > 1) { ns.clear(); for (int a = 1; a < argc; ++a) ns.push_back(atoi(argv[a])); }
   for (int n : ns) for (int k0 : ks) for (int varied = 0; varied < 2; ++varied) {
     int k = k0 ? k0 : n / 2;
     std::mt19937_64 rng(6); std::normal_distribution<float> g;
