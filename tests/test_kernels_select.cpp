@@ -236,6 +236,36 @@ TEST_CASE("topk_indices from 1 to 1100 rows: the small-n path's bracket and its 
       }
 }
 
+// Score shapes for the lower-bound paths (topk_filter, topk_group_max): spread, ties at the
+// bound, ascending / descending (the best in a few groups), fewer numbers than k,
+// infinities and zeros, the best in one group, -inf and NaN, every row a candidate (too
+// many), and (dist 9) one of 128 row groups without a number.
+static std::vector<float> bound_shape(int dist, std::size_t n, std::mt19937_64& rng) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> s(n);
+  std::normal_distribution<float> g;
+  for (std::size_t i = 0; i < n; ++i) {
+    switch (dist) {
+      case 0: s[i] = g(rng); break;
+      case 1: s[i] = static_cast<float>(rng() % 3); break;  // ties at the bound
+      case 2: s[i] = static_cast<float>(i); break;          // ascending: few candidates
+      case 3: s[i] = static_cast<float>(n - i); break;      // descending
+      case 4: s[i] = i % 37 == 0 ? g(rng) : nan; break;     // fewer numbers than k
+      case 5: {                                             // infinities, zeros, NaN
+        const float sp[] = {inf, -inf, 0.0f, -0.0f, nan, 1.0f, -1.0f};
+        s[i] = sp[rng() % 7];
+        break;
+      }
+      case 6: s[i] = i % 32 == 5 ? 100.0f + g(rng) : g(rng); break;  // best in one group
+      case 7: s[i] = rng() % 2 ? -inf : (rng() % 4 ? nan : g(rng)); break;
+      case 8: s[i] = 2.0f; break;  // every row a candidate: too many
+      default: s[i] = i % 128 == 3 ? nan : g(rng); break;  // group 3 has no number
+    }
+  }
+  return s;
+}
+
 TEST_CASE("topk_indices above 512 rows: the group bound (k <= 64), the band, their fallbacks",
           "[kernels][select]") {
   // At AVX-512 (avx512::topk_filter) the 32 groups' second-best scores bound the k-th from
@@ -247,25 +277,7 @@ TEST_CASE("topk_indices above 512 rows: the group bound (k <= 64), the band, the
   for (Isa isa : levels())
     for (std::size_t n : {513, 530, 1000, 1024, 1531, 4096, 8200})
       for (int dist = 0; dist < 9; ++dist) {
-        std::vector<float> s(n);
-        std::normal_distribution<float> g;
-        for (std::size_t i = 0; i < n; ++i) {
-          switch (dist) {
-            case 0: s[i] = g(rng); break;
-            case 1: s[i] = static_cast<float>(rng() % 3); break;  // ties at the bound
-            case 2: s[i] = static_cast<float>(i); break;          // ascending: few candidates
-            case 3: s[i] = static_cast<float>(n - i); break;      // descending
-            case 4: s[i] = i % 37 == 0 ? g(rng) : nan; break;     // fewer numbers than k
-            case 5: {                                             // infinities, zeros, NaN
-              const float sp[] = {inf, -inf, 0.0f, -0.0f, nan, 1.0f, -1.0f};
-              s[i] = sp[rng() % 7];
-              break;
-            }
-            case 6: s[i] = i % 32 == 5 ? 100.0f + g(rng) : g(rng); break;  // best in one group
-            case 7: s[i] = rng() % 2 ? -inf : (rng() % 4 ? nan : g(rng)); break;
-            default: s[i] = 2.0f; break;  // every row a candidate: too many
-          }
-        }
+        const std::vector<float> s = bound_shape(dist, n, rng);
         for (std::size_t k : {1, 2, 31, 32, 33, 63, 64}) {
           INFO("isa " << kk::isa_name(isa) << " n " << n << " k " << k << " dist " << dist);
           check_topk(isa, s, k);
@@ -322,6 +334,58 @@ TEST_CASE("topk_indices above 512 rows: the group bound (k <= 64), the band, the
     CHECK_FALSE(kk::detail::avx512::topk_filter(s.data(), s.size(), 64, out.data()));  // < k
     for (auto& v : s) v = 2.0f;
     CHECK_FALSE(kk::detail::avx512::topk_filter(s.data(), s.size(), 64, out.data()));  // > max
+  }
+#endif
+}
+
+TEST_CASE("topk_indices at small k by 128 groups' maxima (topk_group_max)", "[kernels][select]") {
+  // avx512::topk_group_max (AVX-512 level, 256-512 rows when 24 k <= n, above 512 rows k <=
+  // 32, to 16K rows k <= 64 from 2048): the k-th largest of 128 group maxima (found by
+  // scaled bins over the maxima) bounds the k-th score from below; the rows at or above it
+  // are ranked. On bound_shape's shapes (a group without a number: the bound falls to -inf;
+  // every row equal: too many candidates, refused), the dispatched path for k up to 64 and
+  // topk_group_max itself against the reference.
+  std::mt19937_64 rng(36);
+  std::size_t taken = 0, refused = 0;
+  for (std::size_t n : {256, 257, 300, 383, 512, 513, 777, 1024, 2048, 2100, 5000})
+    for (int dist = 0; dist < 10; ++dist) {
+      const std::vector<float> s = bound_shape(dist, n, rng);
+      std::vector<std::uint32_t> order(n);
+      std::iota(order.begin(), order.end(), 0u);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](std::uint32_t a, std::uint32_t b) { return float_better(s[a], s[b]); });
+      for (std::size_t k = 1; k <= 64; k += (k < 8 ? 1 : 7)) {
+        std::vector<std::uint32_t> ref(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
+        std::sort(ref.begin(), ref.end());
+        INFO("n " << n << " k " << k << " dist " << dist);
+        for (Isa isa : levels()) check_topk(isa, s, k, &ref);
+#if KVEVICT_X86
+        if (kk::isa_supported(Isa::avx512)) {
+          std::vector<std::uint32_t> out(k + 1, 0xDEADBEEF);
+          const bool ok = kk::detail::avx512::topk_group_max(s.data(), n, k, out.data());
+          REQUIRE(out[ok ? k : 0] == 0xDEADBEEF);
+          ++(ok ? taken : refused);
+          if (ok) {
+            out.resize(k);
+            std::sort(out.begin(), out.end());
+            REQUIRE(out == ref);
+          }
+        }
+#endif
+      }
+    }
+#if KVEVICT_X86
+  if (kk::isa_supported(Isa::avx512)) {
+    CHECK(taken > 500);
+    CHECK(refused > 50);
+    // Taken on spread scores; refused when every row is a candidate (more than kFilterMaxM).
+    std::vector<float> s(1024);
+    std::normal_distribution<float> g;
+    for (auto& v : s) v = g(rng);
+    std::vector<std::uint32_t> out(8);
+    CHECK(kk::detail::avx512::topk_group_max(s.data(), s.size(), 8, out.data()));
+    for (auto& v : s) v = 2.0f;
+    CHECK_FALSE(kk::detail::avx512::topk_group_max(s.data(), s.size(), 8, out.data()));
   }
 #endif
 }
