@@ -735,24 +735,38 @@ class ExpectedAttention {
       for (std::size_t i = 0; i < d; ++i) s += static_cast<double>(q[i]) * static_cast<double>(k[i]);
       return s * static_cast<double>(scale);
     };
-    for (std::size_t g = 0; g < G; ++g) {
-      const float* p = probs_.data() + g * n;
-      const float* q = qf_.data() + g * d;
-      std::size_t j = 0;
-      double total = 0.0;
-      for (std::size_t r = 0; r < n; ++r) {
-        if (p[r] > p[j]) j = r;
-        if (v.seqs[r] >= config_.sinks) total += static_cast<double>(p[r]);
+    // Per head g: j_g, its most probable row (the first of the largest), and the total over
+    // the scored rows, added in row order. The G heads side by side in one pass over the
+    // rows (G independent sums: the values of one loop per head, several times the
+    // throughput of one dependent chain of double additions).
+    most_.assign(G, 0);
+    totals_.assign(G, 0.0);
+    for (std::size_t r = 0; r < n; ++r) {
+      const bool scored = v.seqs[r] >= config_.sinks;
+      for (std::size_t g = 0; g < G; ++g) {
+        const float pr = probs_[g * n + r];
+        if (pr > probs_[g * n + most_[g]]) most_[g] = r;
+        if (scored) totals_[g] += static_cast<double>(pr);
       }
-      const double zj = dot(q, v.key(j).data());
-      if (v.incoming_key != nullptr)
-        total += static_cast<double>(p[j]) * std::exp(dot(q, v.incoming_key) - zj);
-      if (!(total > 1e-20 && total < HUGE_VAL)) return false;
-      const double inv = 1.0 / total;
-      for (std::size_t r = 0; r < n; ++r)
-        if (v.seqs[r] >= config_.sinks) score_[r] += static_cast<double>(p[r]) * inv;
-      norms_[g] = zj - std::log(static_cast<double>(p[j])) + std::log(total);
     }
+    inv_.resize(G);
+    for (std::size_t g = 0; g < G; ++g) {
+      const float* q = qf_.data() + g * d;
+      const std::size_t j = most_[g];
+      const double pj = static_cast<double>(probs_[g * n + j]);
+      double total = totals_[g];
+      const double zj = dot(q, v.key(j).data());
+      if (v.incoming_key != nullptr) total += pj * std::exp(dot(q, v.incoming_key) - zj);
+      if (!(total > 1e-20 && total < HUGE_VAL)) return false;
+      inv_[g] = 1.0 / total;
+      norms_[g] = zj - std::log(pj) + std::log(total);
+    }
+    // score_r = sum over g of p_g[r] / T_g, one pass per head (already independent per row;
+    // rows-outer with the G products inner compiles to other values when the compiler may
+    // contract a multiply and an add).
+    for (std::size_t g = 0; g < G; ++g)
+      for (std::size_t r = 0; r < n; ++r)
+        if (v.seqs[r] >= config_.sinks) score_[r] += static_cast<double>(probs_[g * n + r]) * inv_[g];
     if (keep)
       for (std::size_t g = 0; g < G; ++g)
         freeze(head_index(v.layer, v.kv_head), g, means_.data() + g * d, norms_[g]);
@@ -790,7 +804,8 @@ class ExpectedAttention {
   std::vector<double> frozen_lanes_;  ///< frozen means, (layer, KV head, coordinate, g)
   // Scratch (no allocation per step once warm).
   std::vector<float> buf_, qf_, probs_;
-  std::vector<double> mean_, cov_, rc_, rs_, z_, score_, means_, norms_;
+  std::vector<double> mean_, cov_, rc_, rs_, z_, score_, means_, norms_, totals_, inv_;
+  std::vector<std::size_t> most_;
 };
 
 }  // namespace kvevict::policies
