@@ -816,22 +816,36 @@ TEST_CASE("lowest_open is the decay loop, protection bits, masked argmin and tie
           const auto same = [&](const std::vector<float>& a) {
             return n == 0 || std::memcmp(a.data(), want.data(), n * sizeof(float)) == 0;
           };
-          std::vector<float> a = s0;
-          CHECK(kk::detail::scalar::lowest_open<true>(a.data(), x.data(), seqs.data(), n, decay, lo, hi) == best);
-          CHECK(same(a));
-          a = s0;
-          CHECK(kk::decay_lowest_open(a.data(), x.data(), seqs.data(), n, decay, lo, hi) == best);
-          CHECK(same(a));
-          CHECK(kk::lowest_open(s0.data(), seqs.data(), n, lo, hi) == still);
-#if KVEVICT_X86
-          if (avx2) {
-            a = s0;
-            CHECK(kk::detail::avx2::lowest_open<true>(a.data(), x.data(), seqs.data(), n, decay, lo, hi) == best);
+          // Every form on seqs (64-bit) or keys (32-bit), with their bounds.
+          const auto forms = [&](const auto& k, auto klo, auto khi) {
+            std::vector<float> a = s0;
+            CHECK(kk::detail::scalar::lowest_open<true>(a.data(), x.data(), k.data(), n, decay, klo, khi) == best);
             CHECK(same(a));
             a = s0;
-            CHECK(kk::detail::avx2::lowest_open<false>(a.data(), nullptr, seqs.data(), n, 0.0f, lo, hi) == still);
-          }
+            CHECK(kk::decay_lowest_open(a.data(), x.data(), k.data(), n, decay, klo, khi) == best);
+            CHECK(same(a));
+            CHECK(kk::lowest_open(s0.data(), k.data(), n, klo, khi) == still);
+#if KVEVICT_X86
+            if (avx2) {
+              a = s0;
+              CHECK(kk::detail::avx2::lowest_open<true>(a.data(), x.data(), k.data(), n, decay, klo, khi) == best);
+              CHECK(same(a));
+              a = s0;
+              CHECK(kk::detail::avx2::lowest_open<false>(a.data(), nullptr, k.data(), n, 0.0f, klo, khi) == still);
+            }
 #endif
+          };
+          forms(seqs, lo, hi);
+          // The 32-bit form on keys = seq + offset (offsets that put the keys below, across
+          // and at the top of the signed range; bounds clamped to n, which all seqs are
+          // below): the same scores and rows.
+          for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{0x7ffffff0u},
+                                       std::uint64_t{0xffffffffu} - n}) {
+            std::vector<std::uint32_t> keys(n);
+            for (std::size_t r = 0; r < n; ++r) keys[r] = static_cast<std::uint32_t>(seqs[r] + offset);
+            forms(keys, static_cast<std::uint32_t>(std::min<std::uint64_t>(lo, n) + offset),
+                  static_cast<std::uint32_t>(std::min<std::uint64_t>(hi, n) + offset));
+          }
         }
     }
   }

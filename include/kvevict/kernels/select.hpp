@@ -90,6 +90,11 @@ KVEVICT_KERNEL_FN std::size_t lowest_open(const float* s, const std::uint64_t* s
 KVEVICT_KERNEL_FN std::size_t decay_lowest_open(float* s, const float* x, const std::uint64_t* seqs,
                                                 std::size_t n, float decay, std::uint64_t lo,
                                                 std::uint64_t hi);
+KVEVICT_KERNEL_FN std::size_t lowest_open(const float* s, const std::uint32_t* keys, std::size_t n,
+                                          std::uint32_t lo, std::uint32_t hi);
+KVEVICT_KERNEL_FN std::size_t decay_lowest_open(float* s, const float* x, const std::uint32_t* keys,
+                                                std::size_t n, float decay, std::uint32_t lo,
+                                                std::uint32_t hi);
 }  // namespace kvevict::kernels
 
 #if !KVEVICT_KERNELS_DECLARE_ONLY
@@ -712,6 +717,21 @@ KVEVICT_KERNEL_FN std::size_t gather_open(const float* s, std::size_t n,
   return detail::scalar::gather_open(s, n, protected_bits, lo, vals, idx);
 }
 
+namespace detail {
+// lowest_open's dispatch for 64-bit seqs and 32-bit keys (AVX-512 CPUs run the AVX2 form).
+template <bool Decay, class K>
+inline std::size_t lowest_open_at(float* s, const float* x, const K* seqs, std::size_t n,
+                                  float decay, K lo, K hi) {
+  detail::require_nonnull(s, n, "scores");
+  if constexpr (Decay) detail::require_nonnull(x, n, "x");
+  detail::require_nonnull(seqs, n, "seqs");
+#if KVEVICT_X86
+  if (active_isa() != Isa::scalar) return avx2::lowest_open<Decay, K>(s, x, seqs, n, decay, lo, hi);
+#endif
+  return scalar::lowest_open<Decay, K>(s, x, seqs, n, decay, lo, hi);
+}
+}  // namespace detail
+
 /// The row with the lowest (s[r], seqs[r]) among the open rows, those with lo <= seqs[r] <
 /// hi: the lowest score, the oldest (lowest seq) among equal scores (-0.0 == +0.0); NaN
 /// scores are never chosen; npos when no row is open. In one pass over s and seqs: the
@@ -719,15 +739,8 @@ KVEVICT_KERNEL_FN std::size_t gather_open(const float* s, std::size_t n,
 /// the lowest seq (policies::detail::lowest_masked). (AVX-512 CPUs run the AVX2 form.)
 KVEVICT_KERNEL_FN std::size_t lowest_open(const float* s, const std::uint64_t* seqs, std::size_t n,
                                           std::uint64_t lo, std::uint64_t hi) {
-  detail::require_nonnull(s, n, "scores");
-  detail::require_nonnull(seqs, n, "seqs");
   // The no-decay form only reads s.
-  float* w = const_cast<float*>(s);
-#if KVEVICT_X86
-  if (active_isa() != Isa::scalar)
-    return detail::avx2::lowest_open<false>(w, nullptr, seqs, n, 0.0f, lo, hi);
-#endif
-  return detail::scalar::lowest_open<false>(w, nullptr, seqs, n, 0.0f, lo, hi);
+  return detail::lowest_open_at<false>(const_cast<float*>(s), nullptr, seqs, n, 0.0f, lo, hi);
 }
 
 /// s[r] = decay * s[r] + x[r] for every row (a multiply, then an add: never fused; the
@@ -736,14 +749,23 @@ KVEVICT_KERNEL_FN std::size_t lowest_open(const float* s, const std::uint64_t* s
 KVEVICT_KERNEL_FN std::size_t decay_lowest_open(float* s, const float* x, const std::uint64_t* seqs,
                                                 std::size_t n, float decay, std::uint64_t lo,
                                                 std::uint64_t hi) {
-  detail::require_nonnull(s, n, "scores");
-  detail::require_nonnull(x, n, "x");
-  detail::require_nonnull(seqs, n, "seqs");
-#if KVEVICT_X86
-  if (active_isa() != Isa::scalar)
-    return detail::avx2::lowest_open<true>(s, x, seqs, n, decay, lo, hi);
-#endif
-  return detail::scalar::lowest_open<true>(s, x, seqs, n, decay, lo, hi);
+  return detail::lowest_open_at<true>(s, x, seqs, n, decay, lo, hi);
+}
+
+/// lowest_open with 32-bit keys in place of the 64-bit seqs (the same rule in 32-bit
+/// unsigned arithmetic: open iff lo <= keys[r] < hi, ties to the lowest key): half the
+/// bytes per row for a caller that keeps order-preserving 32-bit keys of its open range
+/// (ExpectedAttention's seq keys).
+KVEVICT_KERNEL_FN std::size_t lowest_open(const float* s, const std::uint32_t* keys, std::size_t n,
+                                          std::uint32_t lo, std::uint32_t hi) {
+  return detail::lowest_open_at<false>(const_cast<float*>(s), nullptr, keys, n, 0.0f, lo, hi);
+}
+
+/// decay_lowest_open with 32-bit keys (lowest_open's 32-bit form after the same decay).
+KVEVICT_KERNEL_FN std::size_t decay_lowest_open(float* s, const float* x, const std::uint32_t* keys,
+                                                std::size_t n, float decay, std::uint32_t lo,
+                                                std::uint32_t hi) {
+  return detail::lowest_open_at<true>(s, x, keys, n, decay, lo, hi);
 }
 
 }  // namespace kvevict::kernels

@@ -883,22 +883,28 @@ KVEVICT_TARGET_AVX2 inline std::size_t gather_open(const float* s, std::size_t n
 }
 
 /// lowest_open / decay_lowest_open 8 rows at a time, one pass: the decayed score with a
-/// separate multiply and add (no FMA on this target), the open test as two 4-wide unsigned
-/// 64-bit compares (sign flip), and a compare of the 8 values against the running best
-/// value; only the open lanes at or below it (rare once a low value is found) go through
-/// the scalar (value, seq) rule, in row order.
-template <bool Decay>
-KVEVICT_TARGET_AVX2 inline std::size_t lowest_open(float* s, const float* x,
-                                                   const std::uint64_t* seqs, std::size_t n,
-                                                   float decay, std::uint64_t lo,
-                                                   std::uint64_t hi) noexcept {
-  const std::uint64_t span = hi > lo ? hi - lo : 0;
+/// separate multiply and add (no FMA on this target), the open test as unsigned compares
+/// (sign flip: two 4-wide 64-bit compares for 64-bit seqs, one 8-wide 32-bit compare for
+/// 32-bit keys), and a compare of the 8 values against the running best value; only the
+/// open lanes at or below it (rare once a low value is found) go through the scalar
+/// (value, seq) rule, in row order.
+template <bool Decay, class K>
+KVEVICT_TARGET_AVX2 inline std::size_t lowest_open(float* s, const float* x, const K* seqs,
+                                                   std::size_t n, float decay, K lo,
+                                                   K hi) noexcept {
+  constexpr bool wide = sizeof(K) == 8;
+  const K span = hi > lo ? static_cast<K>(hi - lo) : K{0};
   scalar::LowestOpen best;
   const __m256 g = _mm256_set1_ps(decay);
-  const __m256i flip = _mm256_set1_epi64x(static_cast<long long>(0x8000000000000000ull));
-  const __m256i vlo = _mm256_set1_epi64x(static_cast<long long>(lo));
   // seq - lo < span (unsigned)  <=>  (span ^ flip) > ((seq - lo) ^ flip) (signed)
-  const __m256i vspan = _mm256_xor_si256(_mm256_set1_epi64x(static_cast<long long>(span)), flip);
+  const __m256i flip = wide ? _mm256_set1_epi64x(static_cast<long long>(0x8000000000000000ull))
+                            : _mm256_set1_epi32(static_cast<int>(0x80000000u));
+  const __m256i vlo = wide ? _mm256_set1_epi64x(static_cast<long long>(lo))
+                           : _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(lo)));
+  const __m256i vspan = _mm256_xor_si256(
+      wide ? _mm256_set1_epi64x(static_cast<long long>(span))
+           : _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(span))),
+      flip);
   __m256 vbest = _mm256_set1_ps(best.value);
   std::size_t r = 0;
   for (; r + 8 <= n; r += 8) {
@@ -907,16 +913,23 @@ KVEVICT_TARGET_AVX2 inline std::size_t lowest_open(float* s, const float* x,
       v = _mm256_add_ps(_mm256_mul_ps(g, v), _mm256_loadu_ps(x + r));
       _mm256_storeu_ps(s + r, v);
     }
-    const __m256i d0 = _mm256_xor_si256(
-        _mm256_sub_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(seqs + r)), vlo),
-        flip);
-    const __m256i d1 = _mm256_xor_si256(
-        _mm256_sub_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(seqs + r + 4)), vlo),
-        flip);
-    const unsigned open =
-        static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpgt_epi64(vspan, d0)))) |
-        (static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpgt_epi64(vspan, d1))))
-         << 4);
+    unsigned open;
+    if constexpr (wide) {
+      const __m256i d0 = _mm256_xor_si256(
+          _mm256_sub_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(seqs + r)), vlo),
+          flip);
+      const __m256i d1 = _mm256_xor_si256(
+          _mm256_sub_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(seqs + r + 4)), vlo),
+          flip);
+      open = static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpgt_epi64(vspan, d0)))) |
+             (static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpgt_epi64(vspan, d1))))
+              << 4);
+    } else {
+      const __m256i d = _mm256_xor_si256(
+          _mm256_sub_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(seqs + r)), vlo),
+          flip);
+      open = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(vspan, d))));
+    }
     unsigned m = open & static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(v, vbest, _CMP_LE_OQ)));
     if (m != 0) {
       alignas(32) float vals[8];
@@ -929,7 +942,7 @@ KVEVICT_TARGET_AVX2 inline std::size_t lowest_open(float* s, const float* x,
       vbest = _mm256_set1_ps(best.value);
     }
   }
-  scalar::lowest_open_body<Decay>(s, x, seqs, n, decay, lo, span, best, r);
+  scalar::lowest_open_body<Decay, K>(s, x, seqs, n, decay, lo, span, best, r);
   return best.index;
 }
 

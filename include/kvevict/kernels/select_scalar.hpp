@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "dispatch.hpp"
 
@@ -407,12 +408,13 @@ struct LowestOpen {
 
 /// lowest_open / decay_lowest_open over rows [from, n): with Decay, s[r] = decay * s[r] +
 /// x[r] (a multiply then an add, never fused) first; then every row with seqs[r] - lo <
-/// span (unsigned: lo <= seq < lo + span) is offered to `best`.
-template <bool Decay>
-KVEVICT_ALWAYS_INLINE void lowest_open_body(float* s, const float* x, const std::uint64_t* seqs,
-                                            std::size_t n, float decay, std::uint64_t lo,
-                                            std::uint64_t span, LowestOpen& best,
-                                            std::size_t from = 0) noexcept {
+/// span (unsigned: lo <= seq < lo + span) is offered to `best`. K: 64-bit seqs or 32-bit
+/// keys (the same rule in 32-bit unsigned arithmetic).
+template <bool Decay, class K>
+KVEVICT_ALWAYS_INLINE void lowest_open_body(float* s, const float* x, const K* seqs,
+                                            std::size_t n, float decay, K lo, K span,
+                                            LowestOpen& best, std::size_t from = 0) noexcept {
+  static_assert(std::is_same_v<K, std::uint64_t> || std::is_same_v<K, std::uint32_t>);
   for (std::size_t r = from; r < n; ++r) {
     float v = s[r];
     if constexpr (Decay) {
@@ -420,14 +422,14 @@ KVEVICT_ALWAYS_INLINE void lowest_open_body(float* s, const float* x, const std:
       v = prod + x[r];
       s[r] = v;
     }
-    if (seqs[r] - lo < span) best.offer(v, seqs[r], r);
+    if (static_cast<K>(seqs[r] - lo) < span) best.offer(v, seqs[r], r);
   }
 }
-template <bool Decay>
-inline std::size_t lowest_open(float* s, const float* x, const std::uint64_t* seqs, std::size_t n,
-                               float decay, std::uint64_t lo, std::uint64_t hi) noexcept {
+template <bool Decay, class K>
+inline std::size_t lowest_open(float* s, const float* x, const K* seqs, std::size_t n,
+                               float decay, K lo, K hi) noexcept {
   LowestOpen best;
-  lowest_open_body<Decay>(s, x, seqs, n, decay, lo, hi > lo ? hi - lo : 0, best);
+  lowest_open_body<Decay, K>(s, x, seqs, n, decay, lo, hi > lo ? static_cast<K>(hi - lo) : K{0}, best);
   return best.index;
 }
 

@@ -154,6 +154,7 @@ class ExpectedAttention {
     const std::size_t heads = static_cast<std::size_t>(g.n_layers) * hkv_;
     if (amortised()) {
       stale_.bind(shape);
+      keys_.bind(shape);
       if (config_.horizon > 0.0f) accf_.bind(shape);
       decisions_.assign(heads, 0);
       frozen_.assign(heads, 0);
@@ -262,6 +263,7 @@ class ExpectedAttention {
     if (amortised()) {
       if (!one_pass) score = arrival_score(v, row, vn);
       stale_.set(v.layer, v.kv_head, row, static_cast<float>(score));
+      keys_.set(v.layer, v.kv_head, row, seq_key(v.seqs[row]));
       if (config_.horizon > 0.0f) accf_.set(v.layer, v.kv_head, row, 0.0f);
     }
   }
@@ -271,6 +273,7 @@ class ExpectedAttention {
     if (config_.horizon > 0.0f) acc_.move(layer, kv_head, from, to);
     if (amortised()) {
       stale_.move(layer, kv_head, from, to);
+      keys_.move(layer, kv_head, from, to);
       if (config_.horizon > 0.0f) accf_.move(layer, kv_head, from, to);
     }
   }
@@ -295,6 +298,16 @@ class ExpectedAttention {
  private:
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
   static constexpr std::size_t kArrivalLanes = 16;  ///< groups up to this size: arrival_one_pass
+  static constexpr std::uint64_t kKeyMax = std::numeric_limits<std::uint32_t>::max();
+
+  // A row's 32-bit seq key (amortised decisions): 0 for the sinks (never open), seq - sinks
+  // + 1 above them, saturated at 2^32 - 1. While the head's incoming seq is below 2^32 - 1
+  // every row that can be open (sinks <= seq < incoming) has its exact key, so lo <= seq <
+  // hi iff 1 <= key < seq_key(hi) and keys order those rows as their seqs do.
+  [[nodiscard]] std::uint32_t seq_key(std::uint64_t seq) const {
+    if (seq < config_.sinks) return 0;
+    return static_cast<std::uint32_t>(std::min<std::uint64_t>(seq - config_.sinks + 1, kKeyMax));
+  }
 
   // Sliding-window moments of one query head's un-rotated queries.
   struct QueryStats {
@@ -486,21 +499,31 @@ class ExpectedAttention {
     const float* rank = amortised_kept(v);
     const std::size_t recent = recent_for(v.capacity);
     const std::uint64_t lo = config_.sinks, hi = detail::open_below(v, recent);
+    // One victim with the head's 32-bit seq keys (seq_key) in place of the 64-bit seqs: half
+    // the bytes of the open test, the same rows open and the same order among them.
+    const std::vector<std::uint32_t>& keys = keys_.of(v.layer, v.kv_head);
+    const bool narrow = v.need == 1 && keys.size() == n && v.incoming_seq < kKeyMax;
+    const std::uint32_t lo32 = 1, hi32 = narrow && hi > lo ? seq_key(hi) : lo32;
     if (config_.horizon > 0.0f) {
       // acc = decay x acc + kept (amortised_decay's values) and, for one victim, the lowest
       // (acc, seq) among the open rows in the same pass (kernels::decay_lowest_open: the row
       // that the decay loop, protection bits, masked argmin and tie scan below would find).
       if (v.need == 1) {
         prefetch_arrival(v);
+        float* acc = accf_.of(v.layer, v.kv_head).data();
+        const float decay = float_decay(v.capacity);
         out.push_back(detail::open_victim(
-            kernels::decay_lowest_open(accf_.of(v.layer, v.kv_head).data(), rank, v.seqs, n,
-                                       float_decay(v.capacity), lo, hi),
+            narrow ? kernels::decay_lowest_open(acc, rank, keys.data(), n, decay, lo32, hi32)
+                   : kernels::decay_lowest_open(acc, rank, v.seqs, n, decay, lo, hi),
             name()));
         return;
       }
       rank = amortised_decay(v, rank);
     } else if (v.need == 1) {
-      out.push_back(detail::open_victim(kernels::lowest_open(rank, v.seqs, n, lo, hi), name()));
+      out.push_back(detail::open_victim(
+          narrow ? kernels::lowest_open(rank, keys.data(), n, lo32, hi32)
+                 : kernels::lowest_open(rank, v.seqs, n, lo, hi),
+          name()));
       return;
     }
     detail::evict_lowest_masked(
@@ -712,24 +735,38 @@ class ExpectedAttention {
       for (std::size_t i = 0; i < d; ++i) s += static_cast<double>(q[i]) * static_cast<double>(k[i]);
       return s * static_cast<double>(scale);
     };
-    for (std::size_t g = 0; g < G; ++g) {
-      const float* p = probs_.data() + g * n;
-      const float* q = qf_.data() + g * d;
-      std::size_t j = 0;
-      double total = 0.0;
-      for (std::size_t r = 0; r < n; ++r) {
-        if (p[r] > p[j]) j = r;
-        if (v.seqs[r] >= config_.sinks) total += static_cast<double>(p[r]);
+    // Per head g: j_g, its most probable row (the first of the largest), and the total over
+    // the scored rows, added in row order. The G heads side by side in one pass over the
+    // rows (G independent sums: the values of one loop per head, several times the
+    // throughput of one dependent chain of double additions).
+    most_.assign(G, 0);
+    totals_.assign(G, 0.0);
+    for (std::size_t r = 0; r < n; ++r) {
+      const bool scored = v.seqs[r] >= config_.sinks;
+      for (std::size_t g = 0; g < G; ++g) {
+        const float pr = probs_[g * n + r];
+        if (pr > probs_[g * n + most_[g]]) most_[g] = r;
+        if (scored) totals_[g] += static_cast<double>(pr);
       }
-      const double zj = dot(q, v.key(j).data());
-      if (v.incoming_key != nullptr)
-        total += static_cast<double>(p[j]) * std::exp(dot(q, v.incoming_key) - zj);
-      if (!(total > 1e-20 && total < HUGE_VAL)) return false;
-      const double inv = 1.0 / total;
-      for (std::size_t r = 0; r < n; ++r)
-        if (v.seqs[r] >= config_.sinks) score_[r] += static_cast<double>(p[r]) * inv;
-      norms_[g] = zj - std::log(static_cast<double>(p[j])) + std::log(total);
     }
+    inv_.resize(G);
+    for (std::size_t g = 0; g < G; ++g) {
+      const float* q = qf_.data() + g * d;
+      const std::size_t j = most_[g];
+      const double pj = static_cast<double>(probs_[g * n + j]);
+      double total = totals_[g];
+      const double zj = dot(q, v.key(j).data());
+      if (v.incoming_key != nullptr) total += pj * std::exp(dot(q, v.incoming_key) - zj);
+      if (!(total > 1e-20 && total < HUGE_VAL)) return false;
+      inv_[g] = 1.0 / total;
+      norms_[g] = zj - std::log(pj) + std::log(total);
+    }
+    // score_r = sum over g of p_g[r] / T_g, one pass per head (already independent per row;
+    // rows-outer with the G products inner compiles to other values when the compiler may
+    // contract a multiply and an add).
+    for (std::size_t g = 0; g < G; ++g)
+      for (std::size_t r = 0; r < n; ++r)
+        if (v.seqs[r] >= config_.sinks) score_[r] += static_cast<double>(probs_[g * n + r]) * inv_[g];
     if (keep)
       for (std::size_t g = 0; g < G; ++g)
         freeze(head_index(v.layer, v.kv_head), g, means_.data() + g * d, norms_[g]);
@@ -760,13 +797,15 @@ class ExpectedAttention {
   // (layer, KV head), decisions so far and whether statistics are frozen; per (layer, KV
   // head, query head), the frozen moved mean (covariance) and log-normaliser.
   detail::RowColumn<float> stale_, accf_;  ///< kept scores; their decayed sums (horizon > 0)
+  detail::RowColumn<std::uint32_t> keys_;   ///< per row, seq_key(seq)
   std::vector<std::uint64_t> decisions_, bits_;
   std::vector<unsigned char> frozen_;
   std::vector<double> frozen_mean_, frozen_cov_, frozen_norm_;
   std::vector<double> frozen_lanes_;  ///< frozen means, (layer, KV head, coordinate, g)
   // Scratch (no allocation per step once warm).
   std::vector<float> buf_, qf_, probs_;
-  std::vector<double> mean_, cov_, rc_, rs_, z_, score_, means_, norms_;
+  std::vector<double> mean_, cov_, rc_, rs_, z_, score_, means_, norms_, totals_, inv_;
+  std::vector<std::size_t> most_;
 };
 
 }  // namespace kvevict::policies
