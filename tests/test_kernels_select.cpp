@@ -855,6 +855,51 @@ TEST_CASE("lowest_open is the decay loop, protection bits, masked argmin and tie
 // threshold is the same set in index order at every level; the scaled dot products are
 // within the d-term float bound of the double dot product at every level, for all rows or
 // the rows of an index list (out written at those rows only).
+// gather_at_most (pooled_victim_counts' guessed-bound gather): the rows at or below the
+// threshold in index order and the count of finite values (not +inf, not NaN), at every level.
+TEST_CASE("gather_at_most agrees with its definition at every level", "[kernels][select]") {
+  std::mt19937_64 rng(29);
+  const bool avx2 = kk::isa_supported(Isa::avx2), avx512 = kk::isa_supported(Isa::avx512);
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  constexpr float top = std::numeric_limits<float>::max();
+  for (std::size_t n : {0u, 1u, 7u, 8u, 15u, 16u, 17u, 31u, 33u, 100u, 1000u}) {
+    std::vector<float> s(n);
+    for (auto& x : s) {
+      const auto k = rng() % 10;
+      x = k == 0 ? inf : k == 1 ? top : k == 2 ? std::numeric_limits<float>::quiet_NaN()
+                                               : static_cast<float>(rng() % 7) - 3.0f;
+    }
+    if (n > 4) s[3] = -0.0f, s[n - 1] = inf;
+    std::size_t finite_want = 0;
+    for (float x : s) finite_want += x <= top ? 1 : 0;
+    for (float t : {-4.0f, 0.0f, 1.0f, 5.0f, top, inf}) {
+      std::vector<std::uint32_t> want;
+      for (std::size_t r = 0; r < n; ++r)
+        if (s[r] <= t) want.push_back(static_cast<std::uint32_t>(r));
+      std::vector<std::uint32_t> idx(n + 1);
+      const auto got = [&](std::size_t m) { return std::vector<std::uint32_t>(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(m)); };
+      std::size_t fin = 12345;
+      CHECK(got(kk::gather_at_most(s.data(), n, t, idx.data(), &fin)) == want);
+      CHECK(fin == finite_want);
+      fin = 12345;
+      CHECK(got(kk::detail::scalar::gather_at_most_body(s.data(), n, t, idx.data(), &fin, 0, 0, 0)) == want);
+      CHECK(fin == finite_want);
+#if KVEVICT_X86
+      if (avx2) {
+        fin = 12345;
+        CHECK(got(kk::detail::avx2::gather_at_most(s.data(), n, t, idx.data(), &fin)) == want);
+        CHECK(fin == finite_want);
+      }
+      if (avx512) {
+        fin = 12345;
+        CHECK(got(kk::detail::avx512::gather_at_most(s.data(), n, t, idx.data(), &fin)) == want);
+        CHECK(fin == finite_want);
+      }
+#endif
+    }
+  }
+}
+
 TEST_CASE("gather_open_at_most and scaled_row_dots agree with their definitions at every level",
           "[kernels][select]") {
   std::mt19937_64 rng(23);

@@ -230,11 +230,9 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
         const float guess = std::min(old[std::min(want, old.size()) - 1].cost * 1.05f, top);
         auto& idx = s.rows;
         if (idx.size() < h.size) idx.resize(h.size);
-        // The dispatched gather (every arrival index below UINT64_MAX, i.e. every row: the
-        // counters never reach it), then the finite count (a pass that vectorises).
-        const std::size_t m = kernels::gather_open_at_most(
-            h.costs, h.seqs, h.size, 0, std::numeric_limits<std::uint64_t>::max(), guess, idx.data());
-        for (std::size_t r = 0; r < h.size; ++r) evictable += h.costs[r] <= top ? 1 : 0;
+        // The dispatched gather and the finite count in one pass over the costs (the
+        // arrival indices are read only for the rows gathered).
+        const std::size_t m = kernels::gather_at_most(h.costs, h.size, guess, idx.data(), &evictable);
         if (m >= want || m == evictable) {
           for (std::size_t j = 0; j < m; ++j)
             heap.push_back(PoolScratch::Cand{h.costs[idx[j]], h.seqs[idx[j]], head_of});

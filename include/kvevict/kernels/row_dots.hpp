@@ -20,6 +20,8 @@ KVEVICT_KERNEL_FN void scaled_row_dots_at(const float* rows, std::size_t d,
 KVEVICT_KERNEL_FN std::size_t gather_open_at_most(const float* s, const std::uint64_t* seqs,
                                                   std::size_t n, std::uint64_t lo,
                                                   std::uint64_t hi, float t, std::uint32_t* idx);
+KVEVICT_KERNEL_FN std::size_t gather_at_most(const float* s, std::size_t n, float t,
+                                             std::uint32_t* idx, std::size_t* finite);
 }  // namespace kvevict::kernels
 
 #if !KVEVICT_KERNELS_DECLARE_ONLY
@@ -57,6 +59,20 @@ KVEVICT_ALWAYS_INLINE std::size_t gather_open_at_most_body(const float* s,
     idx[count] = static_cast<std::uint32_t>(r);
     count += static_cast<std::size_t>((s[r] <= t) & (seqs[r] - lo < span));
   }
+  return count;
+}
+/// gather_at_most from row r on (count rows gathered and fin finite so far).
+KVEVICT_ALWAYS_INLINE std::size_t gather_at_most_body(const float* s, std::size_t n, float t,
+                                                      std::uint32_t* idx, std::size_t* finite,
+                                                      std::size_t r, std::size_t count,
+                                                      std::size_t fin) noexcept {
+  constexpr float top = 3.40282347e+38f;  // FLT_MAX
+  for (; r < n; ++r) {
+    idx[count] = static_cast<std::uint32_t>(r);
+    count += static_cast<std::size_t>(s[r] <= t);
+    fin += static_cast<std::size_t>(s[r] <= top);
+  }
+  *finite = fin;
   return count;
 }
 }  // namespace scalar
@@ -118,6 +134,24 @@ KVEVICT_TARGET_AVX2 inline std::size_t gather_open_at_most(const float* s,
   }
   return scalar::gather_open_at_most_body(s, seqs, n, lo, span, t, idx, r, count);
 }
+KVEVICT_TARGET_AVX2 inline std::size_t gather_at_most(const float* s, std::size_t n, float t,
+                                                      std::uint32_t* idx,
+                                                      std::size_t* finite) noexcept {
+  const __m256 vt = _mm256_set1_ps(t);
+  const __m256 vtop = _mm256_set1_ps(3.40282347e+38f);
+  std::size_t r = 0, count = 0, fin = 0;
+  for (; r + 8 <= n; r += 8) {
+    const __m256 x = _mm256_loadu_ps(s + r);
+    fin += static_cast<std::size_t>(
+        std::popcount(static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(x, vtop, _CMP_LE_OQ)))));
+    unsigned m = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(x, vt, _CMP_LE_OQ)));
+    while (m != 0) {
+      idx[count++] = static_cast<std::uint32_t>(r + static_cast<std::size_t>(std::countr_zero(m)));
+      m &= m - 1;
+    }
+  }
+  return scalar::gather_at_most_body(s, n, t, idx, finite, r, count, fin);
+}
 }  // namespace avx2
 
 namespace avx512 {
@@ -165,6 +199,25 @@ KVEVICT_TARGET_AVX512 inline std::size_t gather_open_at_most(const float* s,
     count += static_cast<std::size_t>(std::popcount(static_cast<unsigned>(m)));
   }
   return scalar::gather_open_at_most_body(s, seqs, n, lo, span, t, idx, r, count);
+}
+KVEVICT_TARGET_AVX512 inline std::size_t gather_at_most(const float* s, std::size_t n, float t,
+                                                        std::uint32_t* idx,
+                                                        std::size_t* finite) noexcept {
+  const __m512 vt = _mm512_set1_ps(t);
+  const __m512 vtop = _mm512_set1_ps(3.40282347e+38f);
+  __m512i ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  std::size_t r = 0, count = 0, fin = 0;
+  for (; r + 16 <= n; r += 16, ids = _mm512_add_epi32(ids, step)) {
+    const __m512 x = _mm512_loadu_ps(s + r);
+    fin += static_cast<std::size_t>(
+        std::popcount(static_cast<unsigned>(_mm512_cmp_ps_mask(x, vtop, _CMP_LE_OQ))));
+    const __mmask16 m = _mm512_cmp_ps_mask(x, vt, _CMP_LE_OQ);
+    if (m == 0) continue;
+    _mm512_mask_compressstoreu_epi32(idx + count, m, ids);
+    count += static_cast<std::size_t>(std::popcount(static_cast<unsigned>(m)));
+  }
+  return scalar::gather_at_most_body(s, n, t, idx, finite, r, count, fin);
 }
 }  // namespace avx512
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
@@ -224,6 +277,23 @@ KVEVICT_KERNEL_FN std::size_t gather_open_at_most(const float* s, const std::uin
   if (isa == Isa::avx2) return detail::avx2::gather_open_at_most(s, seqs, n, lo, span, t, idx);
 #endif
   return detail::scalar::gather_open_at_most_body(s, seqs, n, lo, span, t, idx, 0, 0);
+}
+
+/// The rows r with s[r] <= t (NaN never), in index order, into idx (at least n entries;
+/// entries past the returned count may be overwritten); returns how many, and sets *finite
+/// to the number of rows with s[r] <= FLT_MAX (neither +infinity nor NaN). One pass over s;
+/// the same set and count at every level.
+KVEVICT_KERNEL_FN std::size_t gather_at_most(const float* s, std::size_t n, float t,
+                                             std::uint32_t* idx, std::size_t* finite) {
+  detail::require_nonnull(s, n, "scores");
+  detail::require_nonnull(idx, n, "idx");
+  detail::require_nonnull(finite, 1, "finite");
+#if KVEVICT_X86
+  const Isa isa = active_isa();
+  if (isa == Isa::avx512) return detail::avx512::gather_at_most(s, n, t, idx, finite);
+  if (isa == Isa::avx2) return detail::avx2::gather_at_most(s, n, t, idx, finite);
+#endif
+  return detail::scalar::gather_at_most_body(s, n, t, idx, finite, 0, 0, 0);
 }
 
 }  // namespace kvevict::kernels

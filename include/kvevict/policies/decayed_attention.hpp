@@ -133,6 +133,7 @@ class DecayedAttention {
   }
   KVEVICT_DEFER void bind(const CacheShape& shape) {
     memo_.clear();
+    costed_.clear();
     ahead_.assign(shape.capacity.size(), Ahead{});
     scores_.bind(shape);
     hkv_ = static_cast<std::size_t>(shape.geometry.n_kv_heads);
@@ -163,6 +164,7 @@ class DecayedAttention {
   /// decay follows at the next eviction, as before; it is part of the saved state).
   KVEVICT_DEFER void on_budget(const CacheShape& shape) {
     memo_.clear();  // pooled_victims recomputes under the new capacities
+    costed_.clear();  // the new budget may not be pooled: decide ahead again until costed
     for (Ahead& a : ahead_) a.valid = false;
     capacity_.assign(shape.capacity.begin(), shape.capacity.end());
   }
@@ -189,20 +191,20 @@ class DecayedAttention {
   void eviction_costs(const HeadView<S>& view, std::vector<float>& out) {
     HeadView<S> v = view;
     v.need = std::max<std::size_t>(v.need, 1);
-    protect(v);
+    protect(v, &outside_);
     const std::size_t h = head_index(v.layer, v.kv_head);
     const auto& sc = scores_.of(v.layer, v.kv_head);
     const float scale = decay_[h] < 1.0f ? 1.0f - decay_[h] : 1.0f;
-    const std::size_t recent = recent_for(v.capacity);
     out.resize(v.size);
     // Every row's rate (one vectorisable pass), then the protected rows (the set bits) get
     // theirs: +infinity for the sinks and the recent band (the rows outside [sinks,
-    // incoming - recent): one dispatched pass over the seqs, a subset of the bits), FLT_MAX
-    // for the rest of the bits, the reserve. Bits past size are set in both and skipped.
+    // incoming - recent): protect's bits before the reserve was added, a subset of the
+    // bits), FLT_MAX for the rest of the bits, the reserve. Bits past size are set in both
+    // and skipped.
     const float* scores = sc.data();
     float* o = out.data();
     for (std::size_t r = 0; r < v.size; ++r) o[r] = scale * scores[r];
-    const std::uint64_t* outside = detail::protection_bits(v, config_.sinks, recent, outside_);
+    const std::uint64_t* outside = outside_.data();
     const auto mark = [&](std::size_t w, std::uint64_t b, float value) {
       for (; b != 0; b &= b - 1) {
         const std::size_t r = w * 64 + static_cast<std::size_t>(std::countr_zero(b));
@@ -225,6 +227,8 @@ class DecayedAttention {
     m.evictable = last_evictable_;
     m.reserve = last_reserve_;
     m.valid = true;
+    if (costed_.size() != capacity_.size()) costed_.assign(capacity_.size(), 0);
+    costed_[h] = 1;
   }
   /// Pooled budgets, the single protection pass: the victims choose_victims(view, out)
   /// would choose, for a head whose eviction_costs ran last on the same view (need aside)
@@ -296,9 +300,11 @@ class DecayedAttention {
     auto& sp = spikes_.of(a.layer, a.kv_head);
     const auto& sq = seqs_.of(a.layer, a.kv_head);
     const std::size_t recent = recent_for(capacity_[h]);
-    if (dedups() || a.size == 0 || a.size != capacity_[h]) {
+    if (dedups() || a.size == 0 || a.size != capacity_[h] || (h < costed_.size() && costed_[h])) {
       // One dispatched pass (kernels::decay_spike): the decayed score of every row, the
-      // spike of the rows with latest - seq >= band.
+      // spike of the rows with latest - seq >= band. A head ranked by eviction_costs (a
+      // pooled budget) takes its decisions from those costs (pooled_victims), so the next
+      // append's decision is not taken ahead for it.
       kernels::decay_spike(sc.data(), sp.data(), x, sq.data(), a.size, g, latest_[h], recent);
       return;
     }
@@ -475,18 +481,23 @@ class DecayedAttention {
   /// With the spike-ranked reserve and no dedup (recommended()'s rule), the protection bits
   /// and the reserve's candidates at its last threshold come from one kernel pass
   /// (kernels::open_gather: the bits of protect_outside, the candidates of gather_open).
+  ///
+  /// `outside` (optional): receives a copy of the bits of the sinks and the recent band
+  /// alone (protect_outside's bits, before the reserve is added), for eviction_costs.
   template <class S>
-  void protect(const HeadView<S>& v) {
+  void protect(const HeadView<S>& v, std::vector<std::uint64_t>* outside = nullptr) {
     const std::size_t h = head_index(v.layer, v.kv_head);
     decay_[h] = decay_for(v.capacity);
     capacity_[h] = v.capacity;
     const std::size_t recent = recent_for(v.capacity);
     if (!recalls()) {
       detail::protection_bits(v, config_.sinks, recent, bits_);
+      if (outside) outside->assign(bits_.begin(), bits_.end());
       return;
     }
     if (excess() || dedups()) {
       detail::protection_bits(v, config_.sinks, recent, bits_);
+      if (outside) outside->assign(bits_.begin(), bits_.end());
       keep_recalled(v, false);
       return;
     }
@@ -495,12 +506,12 @@ class DecayedAttention {
     // head's columns (decided next) so that their latency overlaps this decision.
     if (v.kv_head == 0) prefetch_rows(scores_.of(v.layer, v.kv_head));
     if (static_cast<std::size_t>(v.kv_head) + 1 < hkv_) prefetch_columns(v.layer, v.kv_head + 1);
-    protect_spiked(v);
+    protect_spiked(v, outside);
   }
   /// protect's bits for the spike-ranked reserve without dedup (recalls() only): no state
   /// but scratch and the reserve's threshold hint changes.
   template <class S>
-  void protect_spiked(const HeadView<S>& v) {
+  void protect_spiked(const HeadView<S>& v, std::vector<std::uint64_t>* outside = nullptr) {
     const std::size_t h = head_index(v.layer, v.kv_head);
     const std::size_t recent = recent_for(v.capacity);
     detail::size_bits(bits_, v.size);
@@ -512,6 +523,7 @@ class DecayedAttention {
                                    spikes_.of(v.layer, v.kv_head).data(), v.size, config_.sinks,
                                    detail::open_below(v, recent), floor_[h], bits_.data(),
                                    cand_spike_.data(), cand_row_.data());
+    if (outside) outside->assign(bits_.begin(), bits_.end());
     keep_recalled(v, true);
   }
   /// The end of observe, recommended()'s reserve, a full head (n == capacity_: its next
@@ -899,6 +911,10 @@ class DecayedAttention {
     bool valid = false;
   };
   std::vector<Memo> memo_;
+  /// Per (layer, KV head): 1 once eviction_costs ranked it (its decisions come from the
+  /// costs: observe skips decide_ahead for it). A speed hint only: choose_victims decides
+  /// the same rows without the early decision.
+  std::vector<std::uint8_t> costed_;
   /// Per (layer, KV head): the next append's decision taken by decide_ahead and the view
   /// it was taken for.
   struct Ahead {
