@@ -19,7 +19,8 @@ for n in 1024 4096 16384; do
     tag=$(basename "$tree")
     ir=()
     for s in $a $b; do
-      ir+=("$(valgrind --tool=callgrind --callgrind-out-file="$out/cg_${tag}_${n}_$s" \
+      ir+=("$(valgrind --tool=callgrind --toggle-collect="policy_step::ProbStream::refill*" \
+        --callgrind-out-file="$out/cg_${tag}_${n}_$s" \
         "$out/count_$tag" "$n" 8 "$s" 2>&1 | tee "$out/log_${tag}_${n}_$s" |
         sed -n 's/.*Collected : \([0-9]*\).*/\1/p')")
     done
