@@ -38,8 +38,8 @@ int main(int argc, char** argv) {
   const auto append = [&] {
     cache.append(0, static_cast<std::int64_t>(t), P.key(t, hkv), P.value(t, hkv));
   };
-  ProbStream probs;  // refill() is excluded from the counts: policy_step_count.sh runs
-                     // callgrind with --toggle-collect on it (not counted, as not timed)
+  ProbStream probs;  // policy_step_count.sh subtracts refill()'s instructions (untimed in
+                     // bench_policy_step)
   const auto step = [&] {
     append();
     if (probs.due(n * kGroup)) probs.refill(n * kGroup);
