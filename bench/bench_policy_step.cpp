@@ -30,9 +30,12 @@ template <class Policy>
 struct Run {
   KVCache<Policy> cache;
   int hkv;
+  std::size_t rows;  ///< the budget per KV head: probability windows are drawn this wide
   std::size_t t = 0;
+  ProbStream probs;
+  benchmark::State* timed = nullptr;  ///< set: probability draws are paused out of its timer
   Run(int h, std::size_t n, Policy p)
-      : cache(geometry(h), Budget::uniform(static_cast<long long>(n)), std::move(p)), hkv(h) {}
+      : cache(geometry(h), Budget::uniform(static_cast<long long>(n)), std::move(p)), hkv(h), rows(n) {}
 
   void append() {
     const Pool& P = pool();
@@ -42,9 +45,18 @@ struct Run {
     else
       cache.append(0, static_cast<std::int64_t>(t), P.key(t, hkv), P.value(t, hkv));
   }
+  // Every KV head reads (a prefix of) the step's window.
   void observe() {
-    if constexpr (has(Policy::signals, Signals::attention))
-      for (int h = 0; h < hkv; ++h) cache.observe(0, h, pool().probs(t, cache.size(0, h)));
+    if constexpr (has(Policy::signals, Signals::attention)) {
+      const std::size_t width = rows * kGroup;
+      if (probs.due(width)) {
+        if (timed) timed->PauseTiming();
+        probs.refill(width);
+        if (timed) timed->ResumeTiming();
+      }
+      for (int h = 0; h < hkv; ++h) cache.observe(0, h, probs.window(cache.size(0, h) * kGroup));
+      probs.advance();
+    }
   }
   void step() {
     append();
@@ -67,9 +79,28 @@ void BM_policy(benchmark::State& state, Policy policy) {
   const int hkv = static_cast<int>(state.range(1));
   Run<Policy> run(hkv, n, std::move(policy));
   run.fill(n);
+  run.timed = &state;
   for (auto _ : state) run.step();
   state.counters["n"] = static_cast<double>(n);
   state.counters["hkv"] = hkv;
+}
+
+// What BM_policy's timer keeps of its pauses around the probability draws: the same
+// refill cadence with no policy work (per step; BM_policy's figures include it).
+void BM_draw_pause(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  ProbStream probs;
+  const std::size_t width = n * kGroup;
+  for (auto _ : state) {
+    if (probs.due(width)) {
+      state.PauseTiming();
+      probs.refill(width);
+      state.ResumeTiming();
+    }
+    benchmark::DoNotOptimize(probs.window(width).data());
+    probs.advance();
+  }
+  state.counters["n"] = static_cast<double>(n);
 }
 
 void BM_attend(benchmark::State& state) {
@@ -96,10 +127,13 @@ void BM_buzz_steady(benchmark::State& state) {
   const int hkv = static_cast<int>(state.range(1));
   Run<policies::BuzzBeehive> run(hkv, n, buzz());
   run.fill(n);  // includes at least one rebuild, so the head now has room
+  run.timed = &state;
   for (auto _ : state) {
     if (run.cache.size(0, 0) + 1 >= n) {  // next step would rebuild: refill elsewhere
       state.PauseTiming();
+      run.timed = nullptr;
       run.step();
+      run.timed = &state;
       state.ResumeTiming();
     }
     run.step();
@@ -114,6 +148,7 @@ void BM_buzz_rebuild(benchmark::State& state) {
   const int hkv = static_cast<int>(state.range(1));
   Run<policies::BuzzBeehive> run(hkv, n, buzz());
   run.fill(n);
+  run.timed = &state;
   double period = 0;
   std::size_t rebuilds = 0;
   for (auto _ : state) {
@@ -150,6 +185,14 @@ policies::HashEvictQuery hash_query(int bits) {
 }  // namespace
 
 BENCHMARK(BM_attend)->Apply(sizes);
+// A fixed count: its timed work is tiny, so a minimum time would mean minutes of draws.
+BENCHMARK(BM_draw_pause)
+    ->Arg(1024)
+    ->Arg(4096)
+    ->Arg(16384)
+    ->Arg(65536)
+    ->Iterations(4096)
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_policy, streaming_llm, policies::StreamingLLM{})->Apply(sizes);
 BENCHMARK_CAPTURE(BM_policy, h2o, policies::H2O({.recent = 64}))->Apply(sizes);
 BENCHMARK_CAPTURE(BM_policy, decayed_recommended, policies::DecayedAttention::recommended())

@@ -1,11 +1,11 @@
 // DecayedAttention::recommended()'s decode step outside Google Benchmark, for instruction
 // counts (callgrind is exact and unaffected by other tenants, unlike timings): the same
 // step as bench_policy_step's BM_policy (cache.append with its eviction decision, then
-// cache.observe of every KV head), the same pool of token rows and probabilities.
+// cache.observe of every KV head), the same pool of token rows and stream of probabilities.
 //   policy_step_count N HKV STEPS
 // fills a cache of N rows per KV head (HKV heads, d = 128, G = 4), runs 256 warm-up steps,
-// then STEPS steps, and prints CPU µs per step and a checksum of the rows kept (equal
-// checksums: equal decisions). Instructions per step = the difference between two runs with
+// then STEPS steps, and prints CPU µs per step (including the probability draws) and a
+// checksum of the rows kept (equal checksums: equal decisions). Instructions per step = the difference between two runs with
 // different STEPS, divided by the difference in STEPS (bench/policy_step_count.sh).
 #include <cstdint>
 #include <cstdio>
@@ -38,9 +38,13 @@ int main(int argc, char** argv) {
   const auto append = [&] {
     cache.append(0, static_cast<std::int64_t>(t), P.key(t, hkv), P.value(t, hkv));
   };
+  ProbStream probs;  // policy_step_count.sh subtracts refill()'s instructions (untimed in
+                     // bench_policy_step)
   const auto step = [&] {
     append();
-    for (int h = 0; h < hkv; ++h) cache.observe(0, h, P.probs(t, cache.size(0, h)));
+    if (probs.due(n * kGroup)) probs.refill(n * kGroup);
+    for (int h = 0; h < hkv; ++h) cache.observe(0, h, probs.window(cache.size(0, h) * kGroup));
+    probs.advance();
     ++t;
   };
   while (cache.size(0, 0) < n) {  // fill without attention, then warm up (as BM_policy)

@@ -19,7 +19,7 @@ if [[ "${REPORT_ONLY:-0}" != 1 ]]; then
   fi
   cmake --build "$build" -j"${JOBS:-2}" --target bench_decode
   "$build/bench/bench_decode" --benchmark_repetitions="$reps" \
-    --benchmark_report_aggregates_only=true \
+    --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true \
     --benchmark_out="$json" --benchmark_out_format=json "$@"
 fi
 cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")

@@ -18,7 +18,7 @@ if [[ "${REPORT_ONLY:-0}" != 1 ]]; then
   cmake --build "$build" -j"${JOBS:-2}" --target bench_policy_step
   "$build/bench/bench_policy_step" --benchmark_repetitions="$reps" \
     --benchmark_report_aggregates_only=true --benchmark_min_time="$min_time" \
-    --benchmark_out="$json" --benchmark_out_format=json "$@"
+    --benchmark_enable_random_interleaving=true --benchmark_out="$json" --benchmark_out_format=json "$@"
 fi
 
 attend_rev=$(git -C "$root" log -1 --format='%h %s' -- include/kvevict/attention.hpp | cut -c1-90)
@@ -62,6 +62,9 @@ out.append(f"- CPU: **{ctx.get('cpu_model', '?')}**, {ctx.get('num_cpus')} logic
 out.append(f"- Run: {ctx.get('date')}; `bench/run_policy_step_bench.sh` (bench/bench_policy_step.cpp), medians of {max(1, int(data['benchmarks'][0].get('repetitions', 1)))} repetitions, **CPU time** (the machine is shared; wall time includes other tenants). Raw JSON: bench/results/policy_step.json.")
 out.append(f"- One layer, head dim 128, G = 4 query heads per KV head, a full cache of n rows per KV head. Policy step = `append` (eviction decision + K/V copy) + `observe` of every KV head (policies reading attention; the container's one-pass group sum and probability range check included). Attend step = `kvevict::attend(cache, 0, q, {{.observe = false}})` as on this branch (attention.hpp last changed by: {attend_rev}).")
 out.append("- BUZZ runs in budget mode (S + W + T = n); its amortised step = steady step + rebuild step / steps between rebuilds.")
+if any(f"BM_draw_pause/{n}/iterations:4096" in med for n in ns):
+    pause = ", ".join(f"{cpu_us(f'BM_draw_pause/{n}/iterations:4096'):.2f} µs at {n // 1024}K" for n in ns if f"BM_draw_pause/{n}/iterations:4096" in med)
+    out.append(f"- Attention probabilities: fresh draws every step (1e-4 x Exp(1), bench/policy_step_pool.hpp ProbStream), drawn in batches of at most 64 KB outside the timer; what the timer keeps of those pauses per step ({pause}; BM_draw_pause) is included in the rows of policies that read attention (H2O, DecayedAttention, BUZZ).")
 out.append("")
 for h in (1, 8):
     out.append(f"### Hkv = {h}: policy step as % of the attend step (µs per step in brackets)")
