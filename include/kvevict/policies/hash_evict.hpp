@@ -459,11 +459,16 @@ class HashEvictSimHash {
   }
   // mean_ = the sum of the G queries (scaling by 1/G would not change a sign bit: the sum
   // hashes like the mean).
+  // Each element is summed in query order from 0 (one pass over mean_, not G).
   void sum_queries(const float* queries) {
     const std::size_t d = static_cast<std::size_t>(dim_);
-    mean_.assign(d, 0.0f);
-    for (int g = 0; g < group_; ++g)
-      for (std::size_t j = 0; j < d; ++j) mean_[j] += queries[static_cast<std::size_t>(g) * d + j];
+    mean_.resize(d);
+    float* m = mean_.data();
+    for (std::size_t j = 0; j < d; ++j) m[j] = 0.0f + queries[j];
+    for (int g = 1; g < group_; ++g) {
+      const float* q = queries + static_cast<std::size_t>(g) * d;
+      for (std::size_t j = 0; j < d; ++j) m[j] += q[j];
+    }
   }
   // kc.code holds the code of v's incoming key: on_append stores the same key's code, so
   // the key is hashed once per step. (The key itself is compared too: an append that threw
