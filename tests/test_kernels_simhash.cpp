@@ -115,6 +115,19 @@ TEST_CASE("SimHash hash_one allocates nothing", "[kernels][simhash]") {
   }
 }
 
+namespace {
+// Removes x's component along column j: that projection is then ~0 (rounding noise).
+void zero_projection(const kk::SimHashProjection& p, std::vector<float>& x, int j) {
+  double dot = 0, nn = 0;
+  for (int i = 0; i < p.dim(); ++i) {
+    dot += double(x[static_cast<std::size_t>(i)]) * p.matrix()(i, j);
+    nn += double(p.matrix()(i, j)) * p.matrix()(i, j);
+  }
+  for (int i = 0; i < p.dim(); ++i)
+    x[static_cast<std::size_t>(i)] -= static_cast<float>(dot / nn * p.matrix()(i, j));
+}
+}  // namespace
+
 // hash_one's dispatched FMA projection must give the reference product's code bit for bit,
 // including vectors whose projections sit at the rounding limit (those take the fallback).
 TEST_CASE("SimHash FMA path agrees with the reference product", "[kernels][simhash]") {
@@ -132,15 +145,7 @@ TEST_CASE("SimHash FMA path agrees with the reference product", "[kernels][simha
       for (int trial = 0; trial < 300; ++trial) {
         for (auto& v : x) v = g(rng);
         if (trial % 3 == 1) {
-          // Remove the component along column j: that projection is ~0 (rounding noise).
-          const int j = trial % bits;
-          double dot = 0, nn = 0;
-          for (int i = 0; i < dim; ++i) {
-            dot += double(x[static_cast<std::size_t>(i)]) * p.matrix()(i, j);
-            nn += double(p.matrix()(i, j)) * p.matrix()(i, j);
-          }
-          for (int i = 0; i < dim; ++i)
-            x[static_cast<std::size_t>(i)] -= static_cast<float>(dot / nn * p.matrix()(i, j));
+          zero_projection(p, x, trial % bits);
         } else if (trial % 3 == 2) {
           for (auto& v : x) v *= 1e-25f;  // tiny: below the FMA path's range
         }
@@ -181,14 +186,7 @@ TEST_CASE("SimHash hash_two equals hash_one and the reference for each vector",
         for (auto& v : x1) v = g(rng);
         auto& edge = trial % 2 ? x1 : x0;  // which vector gets the edge case
         if (trial % 5 == 1 && dim > 1) {
-          const int j = trial % bits;  // projection j of `edge` is ~0 (rounding noise)
-          double dot = 0, nn = 0;
-          for (int i = 0; i < dim; ++i) {
-            dot += double(edge[static_cast<std::size_t>(i)]) * p.matrix()(i, j);
-            nn += double(p.matrix()(i, j)) * p.matrix()(i, j);
-          }
-          for (int i = 0; i < dim; ++i)
-            edge[static_cast<std::size_t>(i)] -= static_cast<float>(dot / nn * p.matrix()(i, j));
+          zero_projection(p, edge, trial % bits);
         } else if (trial % 5 == 2) {
           for (auto& v : edge) v *= 1e-25f;  // tiny: below the FMA path's range
         }
