@@ -458,8 +458,7 @@ class HashEvictSimHash {
     return 1;
   }
   // mean_ = the sum of the G queries (scaling by 1/G would not change a sign bit: the sum
-  // hashes like the mean).
-  // Each element is summed in query order from 0 (one pass over mean_, not G).
+  // hashes like the mean), each element summed in query order from 0.
   void sum_queries(const float* queries) {
     const std::size_t d = static_cast<std::size_t>(dim_);
     mean_.resize(d);
