@@ -115,6 +115,19 @@ TEST_CASE("SimHash hash_one allocates nothing", "[kernels][simhash]") {
   }
 }
 
+namespace {
+// Removes x's component along column j: that projection is then ~0 (rounding noise).
+void zero_projection(const kk::SimHashProjection& p, std::vector<float>& x, int j) {
+  double dot = 0, nn = 0;
+  for (int i = 0; i < p.dim(); ++i) {
+    dot += double(x[static_cast<std::size_t>(i)]) * p.matrix()(i, j);
+    nn += double(p.matrix()(i, j)) * p.matrix()(i, j);
+  }
+  for (int i = 0; i < p.dim(); ++i)
+    x[static_cast<std::size_t>(i)] -= static_cast<float>(dot / nn * p.matrix()(i, j));
+}
+}  // namespace
+
 // hash_one's dispatched FMA projection must give the reference product's code bit for bit,
 // including vectors whose projections sit at the rounding limit (those take the fallback).
 TEST_CASE("SimHash FMA path agrees with the reference product", "[kernels][simhash]") {
@@ -132,15 +145,7 @@ TEST_CASE("SimHash FMA path agrees with the reference product", "[kernels][simha
       for (int trial = 0; trial < 300; ++trial) {
         for (auto& v : x) v = g(rng);
         if (trial % 3 == 1) {
-          // Remove the component along column j: that projection is ~0 (rounding noise).
-          const int j = trial % bits;
-          double dot = 0, nn = 0;
-          for (int i = 0; i < dim; ++i) {
-            dot += double(x[static_cast<std::size_t>(i)]) * p.matrix()(i, j);
-            nn += double(p.matrix()(i, j)) * p.matrix()(i, j);
-          }
-          for (int i = 0; i < dim; ++i)
-            x[static_cast<std::size_t>(i)] -= static_cast<float>(dot / nn * p.matrix()(i, j));
+          zero_projection(p, x, trial % bits);
         } else if (trial % 3 == 2) {
           for (auto& v : x) v *= 1e-25f;  // tiny: below the FMA path's range
         }
@@ -158,4 +163,50 @@ TEST_CASE("SimHash FMA path agrees with the reference product", "[kernels][simha
       REQUIRE(batch == batch_ref);
     }
   }
+}
+
+// hash_two (at AVX-512 with 32 or 64 bits: one weight pass for two vectors, simhash_fma512
+// with NV = 2) gives hash_one's code for each vector, bit for bit: dims with and without a
+// 16-dim tail, the partial-sum tail (dims not a multiple of the kernel's P), either vector
+// near a zero projection or tiny (the whole pair then takes the fallback), and the two
+// vectors in either order.
+TEST_CASE("SimHash hash_two equals hash_one and the reference for each vector",
+          "[kernels][simhash]") {
+  std::mt19937_64 rng(29);
+  std::normal_distribution<float> g;
+  for (int dim : {1, 3, 7, 8, 12, 16, 17, 37, 64, 128, 131, 136}) {
+    for (int bits : {8, 16, 32, 64, 128, 256}) {
+      const kk::SimHashProjection p(dim, bits, 41 + static_cast<std::uint64_t>(dim));
+      const std::size_t w = static_cast<std::size_t>(bits) / 8;
+      const auto d = static_cast<std::size_t>(dim);
+      std::vector<float> x0(d), x1(d);
+      std::vector<std::uint8_t> c0(w), c1(w), r0(w), r1(w), one(w);
+      for (int trial = 0; trial < 200; ++trial) {
+        for (auto& v : x0) v = g(rng);
+        for (auto& v : x1) v = g(rng);
+        auto& edge = trial % 2 ? x1 : x0;  // which vector gets the edge case
+        if (trial % 5 == 1 && dim > 1) {
+          zero_projection(p, edge, trial % bits);
+        } else if (trial % 5 == 2) {
+          for (auto& v : edge) v *= 1e-25f;  // tiny: below the FMA path's range
+        }
+        p.hash_two(x0.data(), x1.data(), c0.data(), c1.data());
+        p.reference_one(x0.data(), r0.data());
+        p.reference_one(x1.data(), r1.data());
+        INFO("dim " << dim << " bits " << bits << " trial " << trial);
+        REQUIRE(c0 == r0);
+        REQUIRE(c1 == r1);
+        p.hash_one(x1.data(), one.data());
+        REQUIRE(one == c1);
+        p.hash_two(x1.data(), x0.data(), c1.data(), c0.data());  // swapped
+        REQUIRE(c0 == r0);
+        REQUIRE(c1 == r1);
+      }
+    }
+  }
+  const kk::SimHashProjection p(8, 64, 3);
+  std::vector<float> x(8, 1.0f);
+  std::vector<std::uint8_t> c(8);
+  REQUIRE_THROWS_AS(p.hash_two(x.data(), nullptr, c.data(), c.data()), std::invalid_argument);
+  REQUIRE_THROWS_AS(p.hash_two(x.data(), x.data(), c.data(), nullptr), std::invalid_argument);
 }

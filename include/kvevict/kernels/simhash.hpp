@@ -51,6 +51,12 @@ class SimHashProjection {
   /// Code of one dim-float vector; writes bits/8 bytes.
   KVEVICT_LAZY void hash_one(const float* x, std::uint8_t* code_out) const;
 
+  /// hash_one of two vectors: code0 = hash_one(x0), code1 = hash_one(x1), bit for bit. At
+  /// AVX-512 with 32 or 64 bits one pass over the weights computes both (HashEvict's query
+  /// mode hashes the queries' mean and the incoming key in the same step).
+  KVEVICT_LAZY void hash_two(const float* x0, const float* x1, std::uint8_t* code0,
+                             std::uint8_t* code1) const;
+
   /// hash_one by the reference Eigen product (what the FMA path must agree with).
   KVEVICT_LAZY void reference_one(const float* x, std::uint8_t* code_out) const;
 
@@ -298,56 +304,71 @@ __attribute__((target("avx2,fma"))) inline bool simhash_fma_cols(const float* x,
 }
 #undef KVEVICT_TARGET_AVX2_FMA_LAMBDA
 
-/// simhash_fma for bits = 16 B (B = 1, 2, 4; hash_one uses it for 32 and 64) at AVX-512, from the row-major matrix wt: row i
-/// of wt is B zmm vectors of weights (bit j in lane j % 16 of vector j / 16), so each dim is
-/// one broadcast of x[i] and B FMAs into 16-lane accumulators that hold the projections in
-/// bit order: no horizontal reduction of the projections, and one compare per 16 bits gives
-/// two code bytes as a mask. 8 / B partial sums per vector (dims i mod 8/B) keep the FMA
-/// chains short. Same contract and bound as simhash_fma (any order of the products and
-/// sums is within it), so the codes it returns are the ones simhash_fma returns.
-template <int B>
+/// simhash_fma for bits = 16 B (B = 1, 2, 4; hash_one uses it for 32 and 64) at AVX-512, of
+/// NV vectors xs[0..NV) into codes[0..NV), from the row-major matrix wt: row i of wt is B zmm
+/// vectors of weights (bit j in lane j % 16 of vector j / 16), so each dim is one broadcast
+/// of x[i] per vector and B FMAs per vector into 16-lane accumulators that hold the
+/// projections in bit order: no horizontal reduction of the projections, and one compare
+/// per 16 bits gives two code bytes as a mask. Each weight row is loaded once for the NV
+/// vectors (hash_two: the weights, 8 KiB per 16 bits at dim 128, come from L2 in a decode
+/// step, and one pass serves two codes). max(1, 8 / (B NV)) partial sums per accumulator
+/// (dims i mod P) keep 8 or more FMA chains in flight. Same contract and bound as
+/// simhash_fma, per vector (any order of the products and sums is within it), so the codes
+/// it returns are the ones simhash_fma returns; false when any vector needs the reference.
+template <int B, int NV = 1>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) inline bool simhash_fma512(
-    const float* x, std::size_t d, const float* wt, const float* thr,
-    std::uint8_t* code) noexcept {
-  constexpr int P = 8 / B;
+    const float* const* xs, std::size_t d, const float* wt, const float* thr,
+    std::uint8_t* const* codes) noexcept {
+  constexpr int P = 8 / (B * NV) > 0 ? 8 / (B * NV) : 1;
   constexpr std::size_t bits = 16 * B;
-  // The norm first: its reduction and square root overlap the projection's FMA stream.
-  __m512 q = _mm512_setzero_ps();
-  for (std::size_t j = 0; j < d; j += 16) {
-    const __mmask16 m = d - j >= 16 ? __mmask16{0xFFFF}
-                                    : static_cast<__mmask16>((1u << (d - j)) - 1u);
-    const __m512 xv = _mm512_maskz_loadu_ps(m, x + j);
-    q = _mm512_fmadd_ps(xv, xv, q);
+  const float* x[NV];
+  __m512 xn[NV];
+  for (int v = 0; v < NV; ++v) {
+    x[v] = xs[v];
+    // The norm first: its reduction and square root overlap the projection's FMA stream.
+    __m512 q = _mm512_setzero_ps();
+    for (std::size_t j = 0; j < d; j += 16) {
+      const __mmask16 m = d - j >= 16 ? __mmask16{0xFFFF}
+                                      : static_cast<__mmask16>((1u << (d - j)) - 1u);
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x[v] + j);
+      q = _mm512_fmadd_ps(xv, xv, q);
+    }
+    const float norm2 = _mm512_reduce_add_ps(q);
+    // Tiny (or non-finite) vectors: underflow breaks the relative bound; use the reference.
+    if (!(norm2 >= 0x1p-100f) || !(norm2 <= 0x1p+100f)) return false;
+    xn[v] = _mm512_set1_ps(std::sqrt(norm2));
   }
-  const float norm2 = _mm512_reduce_add_ps(q);
-  // Tiny (or non-finite) vectors: underflow breaks the relative bound; use the reference.
-  if (!(norm2 >= 0x1p-100f) || !(norm2 <= 0x1p+100f)) return false;
-  const __m512 xn = _mm512_set1_ps(std::sqrt(norm2));
-  __m512 acc[P][B];
-  for (int p = 0; p < P; ++p)
-    for (int b = 0; b < B; ++b) acc[p][b] = _mm512_setzero_ps();
+  __m512 acc[NV][P][B];
+  for (int v = 0; v < NV; ++v)
+    for (int p = 0; p < P; ++p)
+      for (int b = 0; b < B; ++b) acc[v][p][b] = _mm512_setzero_ps();
   std::size_t i = 0;
   for (; i + P <= d; i += P)
     for (int p = 0; p < P; ++p) {
-      const __m512 xb = _mm512_set1_ps(x[i + static_cast<std::size_t>(p)]);
       const float* w = wt + (i + static_cast<std::size_t>(p)) * bits;
-      for (int b = 0; b < B; ++b) acc[p][b] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(w + 16 * b), acc[p][b]);
+      for (int v = 0; v < NV; ++v) {
+        const __m512 xb = _mm512_set1_ps(x[v][i + static_cast<std::size_t>(p)]);
+        for (int b = 0; b < B; ++b)
+          acc[v][p][b] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(w + 16 * b), acc[v][p][b]);
+      }
     }
-  for (; i < d; ++i) {
-    const __m512 xb = _mm512_set1_ps(x[i]);
-    for (int b = 0; b < B; ++b)
-      acc[0][b] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(wt + i * bits + 16 * b), acc[0][b]);
-  }
-  for (int b = 0; b < B; ++b) {
-    for (int h = P / 2; h >= 1; h /= 2)  // pairwise: log2(P) dependent adds
-      for (int p = 0; p < h; ++p) acc[p][b] = _mm512_add_ps(acc[p][b], acc[p + h][b]);
-    const __m512 s = acc[0][b];
-    const __m512 bound = _mm512_mul_ps(_mm512_loadu_ps(thr + 16 * b), xn);
-    if (_mm512_cmp_ps_mask(_mm512_abs_ps(s), bound, _CMP_GT_OQ) != 0xFFFF) return false;
-    const auto m = static_cast<unsigned>(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GE_OQ));
-    code[2 * b] = static_cast<std::uint8_t>(m);
-    code[2 * b + 1] = static_cast<std::uint8_t>(m >> 8);
-  }
+  for (; i < d; ++i)
+    for (int v = 0; v < NV; ++v) {
+      const __m512 xb = _mm512_set1_ps(x[v][i]);
+      for (int b = 0; b < B; ++b)
+        acc[v][0][b] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(wt + i * bits + 16 * b), acc[v][0][b]);
+    }
+  for (int v = 0; v < NV; ++v)
+    for (int b = 0; b < B; ++b) {
+      for (int h = P / 2; h >= 1; h /= 2)  // pairwise: log2(P) dependent adds
+        for (int p = 0; p < h; ++p) acc[v][p][b] = _mm512_add_ps(acc[v][p][b], acc[v][p + h][b]);
+      const __m512 s = acc[v][0][b];
+      const __m512 bound = _mm512_mul_ps(_mm512_loadu_ps(thr + 16 * b), xn[v]);
+      if (_mm512_cmp_ps_mask(_mm512_abs_ps(s), bound, _CMP_GT_OQ) != 0xFFFF) return false;
+      const auto m = static_cast<unsigned>(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GE_OQ));
+      codes[v][2 * b] = static_cast<std::uint8_t>(m);
+      codes[v][2 * b + 1] = static_cast<std::uint8_t>(m >> 8);
+    }
   return true;
 }
 
@@ -478,8 +499,8 @@ KVEVICT_KERNEL_FN bool SimHashProjection::fma_one(const float* x, std::uint8_t* 
   // there (54 against 49 ns in one run, 75 against 91 in another); 2.4x at 64 bits.
   if ((bits_ == 32 || bits_ == 64) && active_isa() == Isa::avx512) {
     const auto d = static_cast<std::size_t>(dim_);
-    return bits_ == 32 ? detail::simhash_fma512<2>(x, d, wt_.data(), thr_.data(), code)
-                       : detail::simhash_fma512<4>(x, d, wt_.data(), thr_.data(), code);
+    return bits_ == 32 ? detail::simhash_fma512<2>(&x, d, wt_.data(), thr_.data(), &code)
+                       : detail::simhash_fma512<4>(&x, d, wt_.data(), thr_.data(), &code);
   }
   return dim_ % 8 == 0 && bits_ <= kColsMaxBits
              ? detail::simhash_fma_cols(x, dim_, bits_, matrix_.data(), thr_.data(), code)
@@ -524,6 +545,27 @@ KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN void SimHashProjection::hash_one(const float*
   if (active_isa() != Isa::scalar && fma_one(x, code_out)) return;
 #endif
   reference_one(x, code_out);
+}
+
+KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN void SimHashProjection::hash_two(const float* x0,
+                                                                   const float* x1,
+                                                                   std::uint8_t* code0,
+                                                                   std::uint8_t* code1) const {
+  if (x0 == nullptr || x1 == nullptr || code0 == nullptr || code1 == nullptr)
+    throw std::invalid_argument("kvevict::kernels::SimHashProjection::hash_two: null pointer");
+#if KVEVICT_X86
+  if ((bits_ == 32 || bits_ == 64) && active_isa() == Isa::avx512) {
+    const float* xs[2] = {x0, x1};
+    std::uint8_t* codes[2] = {code0, code1};
+    const auto d = static_cast<std::size_t>(dim_);
+    // False (a projection too near zero, or a tiny vector): both codes by hash_one below.
+    if (bits_ == 32 ? detail::simhash_fma512<2, 2>(xs, d, wt_.data(), thr_.data(), codes)
+                    : detail::simhash_fma512<4, 2>(xs, d, wt_.data(), thr_.data(), codes))
+      return;
+  }
+#endif
+  hash_one(x0, code0);
+  hash_one(x1, code1);
 }
 
 KVEVICT_LAZY_DEF KVEVICT_KERNEL_FN void SimHashProjection::reference_one(const float* x,

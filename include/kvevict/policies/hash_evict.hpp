@@ -159,14 +159,13 @@ class HashEvictSimHash {
     hs.codes.resize((row + 1) * w);  // row is the last live row: drop stale codes beyond it
     if (v.incoming_key != nullptr) {
       std::uint8_t* dst = hs.codes.data() + row * w;
-      if (key_code_.valid && key_code_.layer == v.layer && key_code_.kv_head == v.kv_head &&
-          key_code_.seq == v.incoming_seq &&
-          std::memcmp(key_code_.key.data(), v.incoming_key,
-                      key_code_.key.size() * sizeof(float)) == 0)
-        std::memcpy(dst, key_code_.code.data(), w);  // hashed already in choose_victims
+      KeyCode& kc = hs.key_code;
+      if (kc.valid && kc.seq == v.incoming_seq &&
+          std::memcmp(kc.key.data(), v.incoming_key, kc.key.size() * sizeof(float)) == 0)
+        std::memcpy(dst, kc.code.data(), w);  // hashed already in choose_victims
       else
         hash_into(v.layer, v.incoming_key, dst);
-      key_code_.valid = false;
+      kc.valid = false;
     } else {
       key_buf_.resize(static_cast<std::size_t>(dim_));
       const auto k = v.key(row);
@@ -353,12 +352,22 @@ class HashEvictSimHash {
     std::uint64_t seq;
     std::uint32_t row;
   };
+  /// The incoming key's code computed by choose_victims (key mode, and query mode with one
+  /// query code), reused by on_append. One per head: the container chooses every head's
+  /// victims before it appends to any head.
+  struct KeyCode {
+    std::uint64_t seq = 0;
+    bool valid = false;
+    std::vector<std::uint8_t> code;
+    std::vector<float> key;
+  };
   // Per (layer, KV head): the code column, and the rows still protected (at most
   // sinks + recent), so building the protection mask costs O(sinks + recent), not O(rows).
   struct HeadState {
     std::vector<std::uint8_t> codes;
     std::vector<Guard> guarded;
     std::vector<std::uint64_t> mask;  // all zero between calls
+    KeyCode key_code;
 
     void prune(std::uint64_t incoming_seq, const detail::Protection& p) {
       std::erase_if(guarded, [&](const Guard& g) { return !p.is_protected(g.seq, incoming_seq); });
@@ -435,7 +444,7 @@ class HashEvictSimHash {
   }
   // Codes of the G queries (sum) or of their mean into qcodes_; returns how many.
   KVEVICT_DEFER int hash_queries(int layer, const float* queries) {
-    const std::size_t w = code_bytes(), d = static_cast<std::size_t>(dim_);
+    const std::size_t w = code_bytes();
     const auto& proj = projections_[static_cast<std::size_t>(layer)];
     if (cfg_.combine == QueryCombine::sum || group_ == 1) {
       qcodes_.resize(static_cast<std::size_t>(group_) * w);
@@ -443,34 +452,66 @@ class HashEvictSimHash {
       clear_padding(qcodes_.data(), static_cast<std::size_t>(group_));
       return group_;
     }
-    mean_.assign(d, 0.0f);
-    for (int g = 0; g < group_; ++g)
-      for (std::size_t j = 0; j < d; ++j) mean_[j] += queries[static_cast<std::size_t>(g) * d + j];
-    // Scaling by 1/G would not change a sign bit: the sum hashes like the mean.
+    sum_queries(queries);
     qcodes_.resize(w);
     hash_into(layer, mean_.data(), qcodes_.data());
     return 1;
   }
+  // mean_ = the sum of the G queries (scaling by 1/G would not change a sign bit: the sum
+  // hashes like the mean), each element summed in query order from 0.
+  void sum_queries(const float* queries) {
+    const std::size_t d = static_cast<std::size_t>(dim_);
+    mean_.resize(d);
+    float* m = mean_.data();
+    for (std::size_t j = 0; j < d; ++j) m[j] = 0.0f + queries[j];
+    for (int g = 1; g < group_; ++g) {
+      const float* q = queries + static_cast<std::size_t>(g) * d;
+      for (std::size_t j = 0; j < d; ++j) m[j] += q[j];
+    }
+  }
+  // kc.code holds the code of v's incoming key: on_append stores the same key's code, so
+  // the key is hashed once per step. (The key itself is compared too: an append that threw
+  // may be retried with the same seq and another key.)
+  template <class S>
+  void remember_key(const HeadView<S>& v, KeyCode& kc) {
+    kc.key.assign(v.incoming_key, v.incoming_key + dim_);
+    kc.seq = v.incoming_seq;
+    kc.valid = true;
+  }
   // What the incoming token is scored against; returns the number of query codes. Without
   // an incoming token (set_budget shrinking) the newest cached row stands in for it.
   template <class S>
-  int query_codes(const HeadView<S>& v, const HeadState& hs) {
+  int query_codes(const HeadView<S>& v, HeadState& hs) {
     const std::size_t w = code_bytes();
     if constexpr (Mode == HashMode::query) {
-      if (v.queries != nullptr) return hash_queries(v.layer, v.queries);
+      if (v.queries != nullptr) {
+        // The queries' one code (their mean's, or the single query's) and the incoming key's
+        // in one pass over the projection (hash_two: the codes hash_one gives each); the
+        // key's code is kept for on_append, which would otherwise hash the key again.
+        const bool one_code = cfg_.combine == QueryCombine::mean || group_ == 1;
+        if (!one_code || v.incoming_key == nullptr) return hash_queries(v.layer, v.queries);
+        const float* x = v.queries;
+        if (group_ > 1) {
+          sum_queries(v.queries);
+          x = mean_.data();
+        }
+        KeyCode& kc = hs.key_code;
+        qcodes_.resize(w);
+        kc.valid = false;  // until the code below is the key's
+        kc.code.resize(w);
+        projections_[static_cast<std::size_t>(v.layer)].hash_two(x, v.incoming_key,
+                                                                 qcodes_.data(), kc.code.data());
+        clear_padding(qcodes_.data(), 1);
+        clear_padding(kc.code.data(), 1);
+        remember_key(v, kc);
+        return 1;
+      }
     }
     qcodes_.resize(w);
     if (v.incoming_key != nullptr) {
       hash_into(v.layer, v.incoming_key, qcodes_.data());
-      // on_append stores the same key's code: keep it so the key is hashed once per step.
-      // (The key itself is compared too: an append that threw may be retried with the same
-      // seq and another key.)
-      key_code_.code.assign(qcodes_.begin(), qcodes_.end());
-      key_code_.key.assign(v.incoming_key, v.incoming_key + dim_);
-      key_code_.layer = v.layer;
-      key_code_.kv_head = v.kv_head;
-      key_code_.seq = v.incoming_seq;
-      key_code_.valid = true;
+      hs.key_code.code.assign(qcodes_.begin(), qcodes_.end());
+      remember_key(v, hs.key_code);
     } else {
       const std::size_t newest =
           static_cast<std::size_t>(std::max_element(v.seqs, v.seqs + v.size) - v.seqs);
@@ -570,18 +611,7 @@ class HashEvictSimHash {
     }
   }
 
-  /// The incoming key's code computed by choose_victims (key mode), reused by on_append.
-  struct KeyCode {
-    int layer = 0;
-    int kv_head = 0;
-    std::uint64_t seq = 0;
-    bool valid = false;
-    std::vector<std::uint8_t> code;
-    std::vector<float> key;
-  };
-
   Config cfg_;
-  KeyCode key_code_;
   int width_ = 8;  // bits per stored code: m * b rounded up to a kernel width
   int n_kv_heads_ = 1;
   int dim_ = 0;
