@@ -632,6 +632,70 @@ KVEVICT_TARGET_AVX512 inline bool topk_scaled(const float* s, std::size_t n, std
 /// live on the stack).
 inline constexpr std::size_t kFilterMaxM = kThresholdMaxN;
 
+/// Most candidates past k topk_drop_worst takes (candidates: at most kRankMaxN).
+inline constexpr std::size_t kDropMaxD = 4;
+
+/// The k best of m candidates (k < m <= 16 R, m - k small: a bound that was not exact),
+/// floats cf and ids ci in index order: the m - k worst removed one at a time (the largest
+/// order key in registers, the highest index among equal keys: ties go to the lower
+/// index), the others' ids left-packed into out (index order). Some 30 cycles a removal,
+/// where topk_rank's m dependent broadcast steps took ~25-40 ns at m ~ 20 (stop 37).
+template <std::size_t R>
+KVEVICT_TARGET_AVX512 inline void topk_drop_worst(const float* cf, const std::uint32_t* ci,
+                                                  std::size_t m, std::size_t k,
+                                                  std::uint32_t* out) noexcept {
+  static_assert(R == 1 || R == 2);
+  const __m512i gone = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::min());
+  __m512i key[R];
+  __mmask16 alive[R];
+  for (std::size_t r = 0; r < R; ++r) {
+    const std::size_t left = m > 16 * r ? m - 16 * r : 0;
+    alive[r] = static_cast<__mmask16>(left >= 16 ? 0xFFFFu : (1u << left) - 1);
+    // Removed and missing lanes hold INT32_MIN, below every order key (+inf's is above it).
+    key[r] = _mm512_mask_mov_epi32(gone, alive[r],
+                                   topk_skey16(_mm512_maskz_loadu_ps(alive[r], cf + 16 * r)));
+  }
+  for (std::size_t d = m - k; d != 0; --d) {
+    __m512i mx = R == 2 ? _mm512_max_epi32(key[0], key[R - 1]) : key[0];
+    mx = _mm512_max_epi32(mx, _mm512_shuffle_i32x4(mx, mx, 0x4E));
+    mx = _mm512_max_epi32(mx, _mm512_shuffle_i32x4(mx, mx, 0xB1));
+    mx = _mm512_max_epi32(mx, _mm512_shuffle_epi32(mx, _MM_PERM_BADC));
+    mx = _mm512_max_epi32(mx, _mm512_shuffle_epi32(mx, _MM_PERM_CDAB));
+    std::uint32_t eq = _mm512_cmpeq_epi32_mask(key[0], mx);
+    if constexpr (R == 2) eq |= static_cast<std::uint32_t>(_mm512_cmpeq_epi32_mask(key[1], mx)) << 16;
+    const std::uint32_t last = 1u << (31 - std::countl_zero(eq));
+    for (std::size_t r = 0; r < R; ++r) {
+      const auto w = static_cast<__mmask16>(last >> (16 * r));
+      key[r] = _mm512_mask_mov_epi32(key[r], w, gone);
+      alive[r] = static_cast<__mmask16>(alive[r] & ~w);
+    }
+  }
+  const std::size_t c0 = compress_store(out, alive[0], _mm512_loadu_si512(ci));
+  if constexpr (R == 2) compress_store(out + c0, alive[1], _mm512_loadu_si512(ci + 16));
+}
+
+/// topk_above's finish: the k best (0 < k <= m <= kFilterMaxM) of m candidates, floats cf
+/// and ids ci in index order (ties to the lower index), ids into out.
+KVEVICT_TARGET_AVX512 inline void topk_of_candidates(const float* cf, const std::uint32_t* ci,
+                                                     std::size_t m, std::size_t k,
+                                                     std::uint32_t* out) noexcept {
+  if (m == k) {  // 16 ids a register (a call to memmove cost more at k <= 64)
+    for (std::size_t j = 0; j < k; j += 16) {
+      const auto w = static_cast<__mmask16>(k - j >= 16 ? 0xFFFFu : (1u << (k - j)) - 1);
+      _mm512_mask_storeu_epi32(out + j, w, _mm512_maskz_loadu_epi32(w, ci + j));
+    }
+    return;
+  }
+  if (m - k <= kDropMaxD && m <= kRankMaxN)
+    return m <= 16 ? topk_drop_worst<1>(cf, ci, m, k, out) : topk_drop_worst<2>(cf, ci, m, k, out);
+  alignas(64) std::uint32_t local[kFilterMaxM];
+  if (m <= kRankMaxN)
+    topk_rank(cf, m, k, local);
+  else if (!topk_scaled(cf, m, k, local))
+    topk_threshold(cf, m, k, local);
+  for (std::size_t j = 0; j < k; ++j) out[j] = ci[local[j]];
+}
+
 /// The k best rows (0 < k < n) given a lower bound lb on the k-th largest score: one pass
 /// left-packs the scores >= lb and their ids (float compares: NaN never, -0 == +0);
 /// topk_rank (up to 32), topk_scaled or topk_threshold takes the k best among them, ids
@@ -645,7 +709,6 @@ KVEVICT_TARGET_AVX512 inline bool topk_above(const float* s, std::size_t n, std:
                                              float lb, std::uint32_t* out) noexcept {
   alignas(64) float cf[kFilterMaxM + 16];
   alignas(64) std::uint32_t ci[kFilterMaxM + 16];
-  alignas(64) std::uint32_t local[kFilterMaxM];
   const __m512 vl = _mm512_set1_ps(lb);
   __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i step = _mm512_set1_epi32(16);
@@ -664,15 +727,7 @@ KVEVICT_TARGET_AVX512 inline bool topk_above(const float* s, std::size_t n, std:
     idx = _mm512_add_epi32(idx, step);
   }
   if (m < k) return false;
-  if (m == k) {
-    std::copy_n(ci, k, out);
-    return true;
-  }
-  if (m <= kRankMaxN)
-    topk_rank(cf, m, k, local);
-  else if (!topk_scaled(cf, m, k, local))
-    topk_threshold(cf, m, k, local);
-  for (std::size_t j = 0; j < k; ++j) out[j] = ci[local[j]];
+  topk_of_candidates(cf, ci, m, k, out);
   return true;
 }
 
@@ -762,10 +817,17 @@ KVEVICT_TARGET_AVX512 inline bool topk_group_max(const float* s, std::size_t n, 
     std::size_t c_lt = 0;
     const unsigned t = byte_select<false>(qb, R / 4, k, 0, &c_lt);
     const __m512i vt = _mm512_set1_epi32(static_cast<int>(t));
-    __m512 m = _mm512_set1_ps(std::numeric_limits<float>::infinity());
-    for (std::size_t r = 0; r < R; ++r)
-      m = _mm512_mask_min_ps(m, _mm512_cmple_epu32_mask(b[r], vt), mx[r], m);
-    lb = _mm512_reduce_min_ps(m);
+    // The groups in bins up to t, and the smallest of their maxima (a tree: short chains).
+    __mmask16 sel[R];
+    __m512 m[R];
+    const __m512 pinf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+    for (std::size_t r = 0; r < R; ++r) {
+      sel[r] = _mm512_cmple_epu32_mask(b[r], vt);
+      m[r] = _mm512_mask_mov_ps(pinf, sel[r], mx[r]);
+    }
+    for (std::size_t w = R / 2; w >= 1; w /= 2)
+      for (std::size_t r = 0; r < w; ++r) m[r] = _mm512_min_ps(m[r], m[r + w]);
+    lb = _mm512_reduce_min_ps(m[0]);
   }
   return topk_above<true>(s, n, k, lb, out);
 }
