@@ -465,6 +465,30 @@ TEST_CASE("topk_drop_worst: k best of up to 32 candidates by removing the worst"
         REQUIRE(out == ref);
         check_topk(Isa::avx512, s, k, &ref);
       }
+  // Up to 512 rows at k <= kGroupTop2MaxK the bound is the k-th of each lane's two best
+  // maxima (sorted in registers): never above the k-th score, so never refused on numbers
+  // (a bound too high would leave fewer than k candidates), and the same set; every n
+  // 256-512 (tails), k 1-12, spread and tied scores, a group of NaN (its maximum -inf).
+  for (std::size_t n = 256; n <= 512; n += 7)
+    for (std::size_t k = 1; k <= kk::detail::avx512::kGroupTop2MaxK; ++k) {
+      std::vector<float> s(n);
+      std::normal_distribution<float> g;
+      const int shape = static_cast<int>(n + k) % 3;
+      for (auto& v : s) v = shape == 1 ? std::round(g(rng) * 4.0f) : g(rng);
+      if (shape == 2)
+        for (std::size_t i = 5; i < n; i += 128) s[i] = std::numeric_limits<float>::quiet_NaN();
+      std::vector<std::uint32_t> order(n);
+      std::iota(order.begin(), order.end(), 0u);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](std::uint32_t a, std::uint32_t b) { return float_better(s[a], s[b]); });
+      std::vector<std::uint32_t> ref(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
+      std::sort(ref.begin(), ref.end());
+      std::vector<std::uint32_t> out(k);
+      INFO("n " << n << " k " << k << " shape " << shape);
+      REQUIRE(kk::detail::avx512::topk_group_max(s.data(), n, k, out.data()));
+      std::sort(out.begin(), out.end());
+      REQUIRE(out == ref);
+    }
 #endif
 }
 
