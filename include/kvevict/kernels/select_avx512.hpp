@@ -679,11 +679,10 @@ KVEVICT_TARGET_AVX512 inline void topk_drop_worst(const float* cf, const std::ui
 KVEVICT_TARGET_AVX512 inline void topk_of_candidates(const float* cf, const std::uint32_t* ci,
                                                      std::size_t m, std::size_t k,
                                                      std::uint32_t* out) noexcept {
-  if (m == k) {  // 16 ids a register (a call to memmove cost more at k <= 64)
-    for (std::size_t j = 0; j < k; j += 16) {
-      const auto w = static_cast<__mmask16>(k - j >= 16 ? 0xFFFFu : (1u << (k - j)) - 1);
-      _mm512_mask_storeu_epi32(out + j, w, _mm512_maskz_loadu_epi32(w, ci + j));
-    }
+  if (m == k) {  // one register up to 16 ids (a call to memmove cost more at k = 8)
+    if (k > 16) return static_cast<void>(std::copy_n(ci, k, out));
+    const auto w = static_cast<__mmask16>((1u << k) - 1);
+    _mm512_mask_storeu_epi32(out, w, _mm512_maskz_loadu_epi32(w, ci));
     return;
   }
   if (m - k <= kDropMaxD && m <= kRankMaxN)
@@ -880,17 +879,10 @@ KVEVICT_TARGET_AVX512 inline bool topk_group_max(const float* s, std::size_t n, 
     std::size_t c_lt = 0;
     const unsigned t = byte_select<false>(qb, R / 4, k, 0, &c_lt);
     const __m512i vt = _mm512_set1_epi32(static_cast<int>(t));
-    // The groups in bins up to t, and the smallest of their maxima (a tree: short chains).
-    __mmask16 sel[R];
-    __m512 m[R];
-    const __m512 pinf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
-    for (std::size_t r = 0; r < R; ++r) {
-      sel[r] = _mm512_cmple_epu32_mask(b[r], vt);
-      m[r] = _mm512_mask_mov_ps(pinf, sel[r], mx[r]);
-    }
-    for (std::size_t w = R / 2; w >= 1; w /= 2)
-      for (std::size_t r = 0; r < w; ++r) m[r] = _mm512_min_ps(m[r], m[r + w]);
-    lb = _mm512_reduce_min_ps(m[0]);
+    __m512 m = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+    for (std::size_t r = 0; r < R; ++r)
+      m = _mm512_mask_min_ps(m, _mm512_cmple_epu32_mask(b[r], vt), mx[r], m);
+    lb = _mm512_reduce_min_ps(m);
   }
   return topk_above<true>(s, n, k, lb, out);
 }
