@@ -670,8 +670,9 @@ KVEVICT_TARGET_AVX512 inline void topk_drop_worst(const float* cf, const std::ui
       alive[r] = static_cast<__mmask16>(alive[r] & ~w);
     }
   }
-  const std::size_t c0 = compress_store(out, alive[0], _mm512_loadu_si512(ci));
-  if constexpr (R == 2) compress_store(out + c0, alive[1], _mm512_loadu_si512(ci + 16));
+  const std::size_t c0 = compress_store(out, alive[0], _mm512_maskz_loadu_epi32(alive[0], ci));
+  if constexpr (R == 2)
+    compress_store(out + c0, alive[1], _mm512_maskz_loadu_epi32(alive[1], ci + 16));
 }
 
 /// topk_above's finish: the k best (0 < k <= m <= kFilterMaxM) of m candidates, floats cf
