@@ -452,12 +452,7 @@ TEST_CASE("topk_drop_worst: k best of up to 32 candidates by removing the worst"
           s[r] = 9.0f + static_cast<float>(e);
           s[r + 128] = 9.0f + static_cast<float>(e);
         }
-        std::vector<std::uint32_t> order(n);
-        std::iota(order.begin(), order.end(), 0u);
-        std::stable_sort(order.begin(), order.end(),
-                         [&](std::uint32_t a, std::uint32_t b) { return float_better(s[a], s[b]); });
-        std::vector<std::uint32_t> ref(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
-        std::sort(ref.begin(), ref.end());
+        const std::vector<std::uint32_t> ref = ref_select(s, k, float_better);
         std::vector<std::uint32_t> out(k);
         INFO("n " << n << " k " << k << " rep " << rep);
         REQUIRE(kk::detail::avx512::topk_group_max(s.data(), n, k, out.data()));
@@ -477,12 +472,7 @@ TEST_CASE("topk_drop_worst: k best of up to 32 candidates by removing the worst"
       for (auto& v : s) v = shape == 1 ? std::round(g(rng) * 4.0f) : g(rng);
       if (shape == 2)
         for (std::size_t i = 5; i < n; i += 128) s[i] = std::numeric_limits<float>::quiet_NaN();
-      std::vector<std::uint32_t> order(n);
-      std::iota(order.begin(), order.end(), 0u);
-      std::stable_sort(order.begin(), order.end(),
-                       [&](std::uint32_t a, std::uint32_t b) { return float_better(s[a], s[b]); });
-      std::vector<std::uint32_t> ref(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
-      std::sort(ref.begin(), ref.end());
+      const std::vector<std::uint32_t> ref = ref_select(s, k, float_better);
       std::vector<std::uint32_t> out(k);
       INFO("n " << n << " k " << k << " shape " << shape);
       REQUIRE(kk::detail::avx512::topk_group_max(s.data(), n, k, out.data()));
