@@ -579,8 +579,9 @@ KVEVICT_KERNEL_FN void counting_bottomk(const std::uint16_t* keys, std::size_t n
 /// topk_threshold), also for k > 64 up to 1024 rows and for topk_filter's candidates.
 /// Small k at AVX-512 (256-512 rows when 16 k <= n, k <= 16 or, from 384 rows, k <= 20;
 /// above 512 rows k <= 32, or k <= 64 from 2048 to 16K rows): a lower bound on the k-th
-/// score from 128 row groups' maxima (the k-th largest maximum, or a smaller one) leaves about k + 20 candidates, ranked as topk_filter's
-/// (avx512::topk_group_max). Other k <= 64 beyond 512 rows at AVX-512: a lower bound on the
+/// score from 128 row groups' maxima (the k-th largest maximum, or a smaller one) leaves
+/// about k + 20 candidates, ranked as topk_filter's (avx512::topk_group_max; up to 512 rows
+/// at k <= 12 the bound from each lane's two best maxima, sorted in registers). Other k <= 64 beyond 512 rows at AVX-512: a lower bound on the
 /// k-th score (the smallest of 32 row groups' second-best scores) leaves a few hundred
 /// candidates for topk_threshold (avx512::topk_filter); otherwise up to 4096 rows one sampled bracket's band goes to
 /// topk_threshold (avx512::topk_band); either falls back to the next method.
