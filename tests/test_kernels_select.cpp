@@ -339,8 +339,8 @@ TEST_CASE("topk_indices above 512 rows: the group bound (k <= 64), the band, the
 }
 
 TEST_CASE("topk_indices at small k by 128 groups' maxima (topk_group_max)", "[kernels][select]") {
-  // avx512::topk_group_max (AVX-512 level, 256-512 rows when 16 k <= n, k <= 16 (k <= 20
-  // from 384 rows), above
+  // avx512::topk_group_max (AVX-512 level, 256-512 rows when 24 k <= n, or 16 k <= n and
+  // k <= 16 (k <= 20 from 384 rows), above
   // 512 rows k <= 32, to 16K rows k <= 64 from 2048): the k-th largest of 128 group maxima
   // (scaled bins over the maxima; up to 512 rows at k <= 12 each lane's two best) bounds the k-th score from below; the rows at or above it
   // are ranked. On bound_shape's shapes (a group without a number: the bound falls to -inf;
