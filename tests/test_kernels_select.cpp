@@ -339,9 +339,10 @@ TEST_CASE("topk_indices above 512 rows: the group bound (k <= 64), the band, the
 }
 
 TEST_CASE("topk_indices at small k by 128 groups' maxima (topk_group_max)", "[kernels][select]") {
-  // avx512::topk_group_max (AVX-512 level, 256-512 rows when 24 k <= n, above 512 rows k <=
-  // 32, to 16K rows k <= 64 from 2048): the k-th largest of 128 group maxima (found by
-  // scaled bins over the maxima) bounds the k-th score from below; the rows at or above it
+  // avx512::topk_group_max (AVX-512 level, 256-512 rows when 24 k <= n, or 16 k <= n and
+  // k <= 16 (k <= 20 from 384 rows), above
+  // 512 rows k <= 32, to 16K rows k <= 64 from 2048): the k-th largest of 128 group maxima
+  // (scaled bins over the maxima; up to 512 rows at k <= 12 each lane's two best) bounds the k-th score from below; the rows at or above it
   // are ranked. On bound_shape's shapes (a group without a number: the bound falls to -inf;
   // every row equal: too many candidates, refused), the dispatched path for k up to 64 and
   // topk_group_max itself against the reference.
@@ -387,6 +388,98 @@ TEST_CASE("topk_indices at small k by 128 groups' maxima (topk_group_max)", "[ke
     for (auto& v : s) v = 2.0f;
     CHECK_FALSE(kk::detail::avx512::topk_group_max(s.data(), s.size(), 8, out.data()));
   }
+#endif
+}
+
+TEST_CASE("topk_drop_worst: k best of up to 32 candidates by removing the worst", "[kernels][select]") {
+  // avx512::topk_drop_worst (stop 37: topk_group_max's and topk_filter's finish when the
+  // candidates are at most 32 and at most 4 past k): the m - k worst (smallest, the highest
+  // index among equal) removed. Candidates in index order with their ids (every third row),
+  // few distinct values (ties), -0 / +0, infinities, and m from 2 to 32, against the
+  // stable-sort reference; and topk_group_max on inputs whose bound leaves a few extra rows.
+#if KVEVICT_X86
+  if (!kk::isa_supported(Isa::avx512)) return;
+  std::mt19937_64 rng(37);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int shape = 0; shape < 4; ++shape)
+    for (std::size_t m = 2; m <= 32; ++m)
+      for (std::size_t d = 1; d <= 4 && d < m; ++d)
+        for (int rep = 0; rep < 20; ++rep) {
+          const std::size_t k = m - d;
+          std::vector<float> cf(m + 16);
+          std::vector<std::uint32_t> ci(m + 16);
+          std::uniform_int_distribution<int> few(0, 3);
+          std::normal_distribution<float> g;
+          for (std::size_t j = 0; j < m; ++j) {
+            ci[j] = static_cast<std::uint32_t>(3 * j + 1);
+            const int v = few(rng);
+            cf[j] = shape == 0   ? g(rng)
+                    : shape == 1 ? static_cast<float>(v)
+                    : shape == 2 ? (v == 0 ? -0.0f : v == 1 ? 0.0f : v == 2 ? -1.0f : 1.0f)
+                                 : (v == 0 ? inf : v == 1 ? -inf : static_cast<float>(v));
+          }
+          std::vector<std::uint32_t> order(m);
+          std::iota(order.begin(), order.end(), 0u);
+          std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+            return float_better(cf[a], cf[b]);
+          });
+          std::vector<std::uint32_t> ref(k);
+          for (std::size_t j = 0; j < k; ++j) ref[j] = ci[order[j]];
+          std::sort(ref.begin(), ref.end());
+          std::vector<std::uint32_t> out(k + 1, 0xDEADBEEF);
+          kk::detail::avx512::topk_drop_worst<2>(cf.data(), ci.data(), m, k, out.data());
+          INFO("shape " << shape << " m " << m << " k " << k);
+          REQUIRE(out[k] == 0xDEADBEEF);
+          out.resize(k);
+          REQUIRE(std::is_sorted(out.begin(), out.end()));  // index order
+          REQUIRE(out == ref);
+          if (m <= 16) {
+            std::vector<std::uint32_t> out1(k);
+            kk::detail::avx512::topk_drop_worst<1>(cf.data(), ci.data(), m, k, out1.data());
+            REQUIRE(out1 == ref);
+          }
+        }
+  // topk_group_max where two of the k best share a group (rows g and g + 128): the bound
+  // is below the k-th score and the candidates exceed k by a few (the drop path), with ties.
+  for (std::size_t n : {256, 320, 384, 450, 512})
+    for (std::size_t k : {2, 8, 16, 20, 31})
+      for (int rep = 0; rep < 20; ++rep) {
+        if (16 * k > n + 200) continue;
+        std::vector<float> s(n);
+        std::normal_distribution<float> g;
+        for (auto& v : s) v = std::round(g(rng) * 8.0f) / 8.0f;  // ties
+        for (int e = 0; e < rep % 4 + 1; ++e) {
+          const std::size_t r = rng() % 128;
+          s[r] = 9.0f + static_cast<float>(e);
+          s[r + 128] = 9.0f + static_cast<float>(e);
+        }
+        const std::vector<std::uint32_t> ref = ref_select(s, k, float_better);
+        std::vector<std::uint32_t> out(k);
+        INFO("n " << n << " k " << k << " rep " << rep);
+        REQUIRE(kk::detail::avx512::topk_group_max(s.data(), n, k, out.data()));
+        std::sort(out.begin(), out.end());
+        REQUIRE(out == ref);
+        check_topk(Isa::avx512, s, k, &ref);
+      }
+  // Up to 512 rows at k <= kGroupTop2MaxK the bound is the k-th of each lane's two best
+  // maxima (sorted in registers): never above the k-th score, so never refused on numbers
+  // (a bound too high would leave fewer than k candidates), and the same set; every n
+  // 256-512 (tails), k 1-12, spread and tied scores, a group of NaN (its maximum -inf).
+  for (std::size_t n = 256; n <= 512; n += 7)
+    for (std::size_t k = 1; k <= kk::detail::avx512::kGroupTop2MaxK; ++k) {
+      std::vector<float> s(n);
+      std::normal_distribution<float> g;
+      const int shape = static_cast<int>(n + k) % 3;
+      for (auto& v : s) v = shape == 1 ? std::round(g(rng) * 4.0f) : g(rng);
+      if (shape == 2)
+        for (std::size_t i = 5; i < n; i += 128) s[i] = std::numeric_limits<float>::quiet_NaN();
+      const std::vector<std::uint32_t> ref = ref_select(s, k, float_better);
+      std::vector<std::uint32_t> out(k);
+      INFO("n " << n << " k " << k << " shape " << shape);
+      REQUIRE(kk::detail::avx512::topk_group_max(s.data(), n, k, out.data()));
+      std::sort(out.begin(), out.end());
+      REQUIRE(out == ref);
+    }
 #endif
 }
 

@@ -322,12 +322,15 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
   // (float_topk k = 64: 611 against 480-500 ns), so topk_small keeps 1K.
   static_assert(512 <= avx512::kThresholdMaxN && 512 <= avx2::kThresholdMaxN);
   // Small k at AVX-512 (stop 36): a bound from 128 row groups' maxima leaves about k + 20
-  // candidates (avx512::topk_group_max): 256-512 rows when 24 k <= n, and above 512 rows
-  // k <= 32, or k <= 64 from 2048 rows (to 16K), where it beat topk_scaled and topk_filter
-  // (N(0,1) scores, a harness loop, docs/benchmarks.md "Small-n select, stop 36").
+  // candidates (avx512::topk_group_max): 256-512 rows when 24 k <= n, or 16 k <= n and
+  // k <= 16 (k <= 20 from 384 rows) since stop 37's topk_drop_worst (k = 24-32 at 448-512
+  // rows and k = 20 at 320 rows stayed slower than topk_scaled), and above 512 rows k <= 32,
+  // or k <= 64 from 2048 rows (to 16K), where it beat topk_scaled and topk_filter (N(0,1)
+  // scores, in-process A/B, docs/benchmarks.md "Small-n select, stop 36" and "stop 37").
   if constexpr (I == Isa::avx512)
     if (n >= 256 && n <= 16384 && k <= 64 &&
-        (n <= 512 ? 24 * k <= n : k <= 32 || n >= 2048) &&
+        (n <= 512 ? 24 * k <= n || (16 * k <= n && k <= (n >= 384 ? 20u : 16u))
+                  : k <= 32 || n >= 2048) &&
         avx512::topk_group_max(s, n, k, out))
       return;
   if (n <= 512) {
@@ -575,10 +578,11 @@ KVEVICT_KERNEL_FN void counting_bottomk(const std::uint16_t* keys, std::size_t n
 /// numbers' range, 254 bins, found the same way; the few rows of the k-th bin ranked; it
 /// refuses infinities, fewer than two distinct numbers and a NaN k-th row, which go to
 /// topk_threshold), also for k > 64 up to 1024 rows and for topk_filter's candidates.
-/// Small k at AVX-512 (256-512 rows when 24 k <= n; above 512 rows k <= 32, or k <= 64 from
-/// 2048 to 16K rows): a lower bound on the k-th score from 128 row groups' maxima (the k-th
-/// largest maximum, or a smaller one) leaves about k + 20 candidates, ranked as topk_filter's
-/// (avx512::topk_group_max). Other k <= 64 beyond 512 rows at AVX-512: a lower bound on the
+/// Small k at AVX-512 (256-512 rows when 24 k <= n, or 16 k <= n and k <= 16 (20 from 384);
+/// above 512 rows k <= 32, or k <= 64 from 2048 to 16K rows): a lower bound on the k-th
+/// score from 128 row groups' maxima (the k-th largest maximum, or a smaller one) leaves
+/// about k + 20 candidates, ranked as topk_filter's (avx512::topk_group_max; up to 512 rows
+/// at k <= 12 the bound from each lane's two best maxima, sorted in registers). Other k <= 64 beyond 512 rows at AVX-512: a lower bound on the
 /// k-th score (the smallest of 32 row groups' second-best scores) leaves a few hundred
 /// candidates for topk_threshold (avx512::topk_filter); otherwise up to 4096 rows one sampled bracket's band goes to
 /// topk_threshold (avx512::topk_band); either falls back to the next method.

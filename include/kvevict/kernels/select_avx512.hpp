@@ -632,6 +632,70 @@ KVEVICT_TARGET_AVX512 inline bool topk_scaled(const float* s, std::size_t n, std
 /// live on the stack).
 inline constexpr std::size_t kFilterMaxM = kThresholdMaxN;
 
+/// Most candidates past k topk_drop_worst takes (candidates: at most kRankMaxN).
+inline constexpr std::size_t kDropMaxD = 4;
+
+/// The k best of m candidates (k < m <= 16 R, m - k small: a bound that was not exact),
+/// floats cf and ids ci in index order: the m - k worst removed one at a time (the largest
+/// order key in registers, the highest index among equal keys: ties go to the lower
+/// index), the others' ids left-packed into out (index order). Some 30 cycles a removal,
+/// where topk_rank's m dependent broadcast steps took ~25-40 ns at m ~ 20 (stop 37).
+template <std::size_t R>
+KVEVICT_TARGET_AVX512 inline void topk_drop_worst(const float* cf, const std::uint32_t* ci,
+                                                  std::size_t m, std::size_t k,
+                                                  std::uint32_t* out) noexcept {
+  static_assert(R == 1 || R == 2);
+  const __m512i gone = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::min());
+  __m512i key[R];
+  __mmask16 alive[R];
+  for (std::size_t r = 0; r < R; ++r) {
+    const std::size_t left = m > 16 * r ? m - 16 * r : 0;
+    alive[r] = static_cast<__mmask16>(left >= 16 ? 0xFFFFu : (1u << left) - 1);
+    // Removed and missing lanes hold INT32_MIN, below every order key (+inf's is above it).
+    key[r] = _mm512_mask_mov_epi32(gone, alive[r],
+                                   topk_skey16(_mm512_maskz_loadu_ps(alive[r], cf + 16 * r)));
+  }
+  for (std::size_t d = m - k; d != 0; --d) {
+    __m512i mx = R == 2 ? _mm512_max_epi32(key[0], key[R - 1]) : key[0];
+    mx = _mm512_max_epi32(mx, _mm512_shuffle_i32x4(mx, mx, 0x4E));
+    mx = _mm512_max_epi32(mx, _mm512_shuffle_i32x4(mx, mx, 0xB1));
+    mx = _mm512_max_epi32(mx, _mm512_shuffle_epi32(mx, _MM_PERM_BADC));
+    mx = _mm512_max_epi32(mx, _mm512_shuffle_epi32(mx, _MM_PERM_CDAB));
+    std::uint32_t eq = _mm512_cmpeq_epi32_mask(key[0], mx);
+    if constexpr (R == 2) eq |= static_cast<std::uint32_t>(_mm512_cmpeq_epi32_mask(key[1], mx)) << 16;
+    const std::uint32_t last = 1u << (31 - std::countl_zero(eq));
+    for (std::size_t r = 0; r < R; ++r) {
+      const auto w = static_cast<__mmask16>(last >> (16 * r));
+      key[r] = _mm512_mask_mov_epi32(key[r], w, gone);
+      alive[r] = static_cast<__mmask16>(alive[r] & ~w);
+    }
+  }
+  const std::size_t c0 = compress_store(out, alive[0], _mm512_maskz_loadu_epi32(alive[0], ci));
+  if constexpr (R == 2)
+    compress_store(out + c0, alive[1], _mm512_maskz_loadu_epi32(alive[1], ci + 16));
+}
+
+/// topk_above's finish: the k best (0 < k <= m <= kFilterMaxM) of m candidates, floats cf
+/// and ids ci in index order (ties to the lower index), ids into out.
+KVEVICT_TARGET_AVX512 inline void topk_of_candidates(const float* cf, const std::uint32_t* ci,
+                                                     std::size_t m, std::size_t k,
+                                                     std::uint32_t* out) noexcept {
+  if (m == k) {  // one register up to 16 ids (a call to memmove cost more at k = 8)
+    if (k > 16) return static_cast<void>(std::copy_n(ci, k, out));
+    const auto w = static_cast<__mmask16>((1u << k) - 1);
+    _mm512_mask_storeu_epi32(out, w, _mm512_maskz_loadu_epi32(w, ci));
+    return;
+  }
+  if (m - k <= kDropMaxD && m <= kRankMaxN)
+    return m <= 16 ? topk_drop_worst<1>(cf, ci, m, k, out) : topk_drop_worst<2>(cf, ci, m, k, out);
+  alignas(64) std::uint32_t local[kFilterMaxM];
+  if (m <= kRankMaxN)
+    topk_rank(cf, m, k, local);
+  else if (!topk_scaled(cf, m, k, local))
+    topk_threshold(cf, m, k, local);
+  for (std::size_t j = 0; j < k; ++j) out[j] = ci[local[j]];
+}
+
 /// The k best rows (0 < k < n) given a lower bound lb on the k-th largest score: one pass
 /// left-packs the scores >= lb and their ids (float compares: NaN never, -0 == +0);
 /// topk_rank (up to 32), topk_scaled or topk_threshold takes the k best among them, ids
@@ -645,7 +709,6 @@ KVEVICT_TARGET_AVX512 inline bool topk_above(const float* s, std::size_t n, std:
                                              float lb, std::uint32_t* out) noexcept {
   alignas(64) float cf[kFilterMaxM + 16];
   alignas(64) std::uint32_t ci[kFilterMaxM + 16];
-  alignas(64) std::uint32_t local[kFilterMaxM];
   const __m512 vl = _mm512_set1_ps(lb);
   __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i step = _mm512_set1_epi32(16);
@@ -664,15 +727,7 @@ KVEVICT_TARGET_AVX512 inline bool topk_above(const float* s, std::size_t n, std:
     idx = _mm512_add_epi32(idx, step);
   }
   if (m < k) return false;
-  if (m == k) {
-    std::copy_n(ci, k, out);
-    return true;
-  }
-  if (m <= kRankMaxN)
-    topk_rank(cf, m, k, local);
-  else if (!topk_scaled(cf, m, k, local))
-    topk_threshold(cf, m, k, local);
-  for (std::size_t j = 0; j < k; ++j) out[j] = ci[local[j]];
+  topk_of_candidates(cf, ci, m, k, out);
   return true;
 }
 
@@ -705,8 +760,41 @@ KVEVICT_TARGET_AVX512 inline bool topk_filter(const float* s, std::size_t n, std
   return topk_above<false>(s, n, k, _mm512_reduce_min_ps(_mm512_min_ps(m2[0], m2[1])), out);
 }
 
+/// One compare-exchange stage of a bitonic network on 16 lanes: lane i meets lane i ^ D and
+/// keeps the larger when (i & D) == 0 matches (i & S) == 0 (descending blocks of S lanes,
+/// S = 16: all descending). Values are never NaN here (float min / max).
+template <unsigned S, unsigned D>
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512 bitonic_step16(__m512 v) noexcept {
+  constexpr auto keep_max = [] {
+    unsigned m = 0;
+    for (unsigned i = 0; i < 16; ++i) m |= static_cast<unsigned>(((i & D) == 0) == ((i & S) == 0)) << i;
+    return static_cast<__mmask16>(m);
+  }();
+  const __m512i partner = _mm512_xor_si512(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+      _mm512_set1_epi32(static_cast<int>(D)));
+  const __m512 p = _mm512_permutexvar_ps(partner, v);
+  return _mm512_mask_blend_ps(keep_max, _mm512_min_ps(v, p), _mm512_max_ps(v, p));
+}
+
+/// A bitonic sequence of 16 floats (no NaN) sorted descending (4 steps).
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512 merge16_desc(__m512 v) noexcept {
+  return bitonic_step16<16, 1>(bitonic_step16<16, 2>(bitonic_step16<16, 4>(bitonic_step16<16, 8>(v))));
+}
+
+/// 16 floats (no NaN) sorted descending by a bitonic network (10 steps).
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512 sort16_desc(__m512 v) noexcept {
+  v = bitonic_step16<2, 1>(v);
+  v = bitonic_step16<4, 1>(bitonic_step16<4, 2>(v));
+  v = bitonic_step16<8, 1>(bitonic_step16<8, 2>(bitonic_step16<8, 4>(v)));
+  return merge16_desc(v);
+}
+
 /// Row groups topk_group_max takes the maxima of (8 registers of 16 lanes).
 inline constexpr std::size_t kGroupMaxG = 128;
+/// Largest k whose bound topk_group_max takes from each lane's two best maxima (up to 512
+/// rows).
+inline constexpr std::size_t kGroupTop2MaxK = 12;
 
 /// Float top-k for k <= 64 (0 < k < n) by a tighter lower bound: the rows fall in 128 groups
 /// (row i in group i % 128: eight registers of running maxima, NaN never entering), and any
@@ -716,8 +804,11 @@ inline constexpr std::size_t kGroupMaxG = 128;
 /// maximum in bins up to the k-th's bin t (at least k maxima are >= it). On N(0,1) scores
 /// (any order-preserving transform alike) that leaves about k + 20 candidates at k = 64
 /// (k + 3 at k = 32, at most ~110 at k = 64 over 3000 draws of 320-1024 rows) for
-/// topk_above. Same set as topk_exact. Returns false, having written nothing, when
-/// topk_above does (NaN among the k best, more than kFilterMaxM candidates).
+/// topk_above. Up to 512 rows at k <= kGroupTop2MaxK, L is instead the k-th largest of
+/// each lane's two best maxima (sorting networks, no bins). Any L above the k-th score
+/// leaves fewer than k candidates (a refusal), never a wrong set. Same set as topk_exact.
+/// Returns false, having written nothing, when topk_above does (NaN among the k best, more
+/// than kFilterMaxM candidates).
 KVEVICT_TARGET_AVX512 inline bool topk_group_max(const float* s, std::size_t n, std::size_t k,
                                                  std::uint32_t* out) noexcept {
   constexpr std::size_t R = kGroupMaxG / 16;
@@ -733,6 +824,33 @@ KVEVICT_TARGET_AVX512 inline bool topk_group_max(const float* s, std::size_t n, 
     mx[r] = _mm512_max_ps(_mm512_mask_loadu_ps(ninf, static_cast<__mmask16>((1u << c) - 1),
                                                s + i + 16 * r),
                           mx[r]);
+  }
+  if (n <= 4 * kGroupMaxG && k <= kGroupTop2MaxK) {
+    // Up to 512 rows at k <= 12 (stop 37): each lane's two best of its 8 maxima (a tree of
+    // pairs), both sorted, their 16 best merged (bitonic networks in registers): the k-th of
+    // those 32 is at most the k-th of the 128 (the same unless a lane holds 3 of the k best
+    // maxima), without the range, bins and byte search below (1.12-1.23x at 256-512 rows,
+    // k 4-12; at k = 16 a lane holding 3 of the 16 best left too many candidates).
+    auto top2 = [](__m512 a1, __m512 a2, __m512 b1, __m512 b2, __m512* h, __m512* l)
+                    KVEVICT_TARGET_AVX512 __attribute__((always_inline)) {
+      *h = _mm512_max_ps(a1, b1);
+      *l = _mm512_max_ps(_mm512_min_ps(a1, b1), _mm512_max_ps(a2, b2));
+    };
+    __m512 h[4], l[4];
+    for (std::size_t r = 0; r < 4; ++r) {
+      h[r] = _mm512_max_ps(mx[2 * r], mx[2 * r + 1]);
+      l[r] = _mm512_min_ps(mx[2 * r], mx[2 * r + 1]);
+    }
+    top2(h[0], l[0], h[1], l[1], &h[0], &l[0]);
+    top2(h[2], l[2], h[3], l[3], &h[2], &l[2]);
+    top2(h[0], l[0], h[2], l[2], &h[0], &l[0]);
+    const __m512 a = sort16_desc(h[0]), b = sort16_desc(l[0]);
+    const __m512 rev = _mm512_permutexvar_ps(
+        _mm512_setr_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), b);
+    const __m512 top = merge16_desc(_mm512_max_ps(a, rev));
+    const float lb2 = _mm512_cvtss_f32(
+        _mm512_permutexvar_ps(_mm512_set1_epi32(static_cast<int>(k - 1)), top));
+    return topk_above<true>(s, n, k, lb2, out);
   }
   __m512 lo4 = _mm512_min_ps(_mm512_min_ps(mx[0], mx[1]), _mm512_min_ps(mx[2], mx[3]));
   __m512 hi4 = _mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3]));
