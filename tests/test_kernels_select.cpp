@@ -836,28 +836,6 @@ TEST_CASE("lowest_open is the decay loop, protection bits, masked argmin and tie
 #endif
           };
           forms(seqs, lo, hi);
-          // lowest_unmasked / decay_lowest_unmasked: the protection bits given, the keys read
-          // for the ties (keys = seq + offset, in order, one offset near the top of the range).
-          for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{0xffffffffu} - n}) {
-            std::vector<std::uint32_t> keys(n);
-            for (std::size_t r = 0; r < n; ++r) keys[r] = static_cast<std::uint32_t>(seqs[r] + offset);
-            std::vector<float> a = s0;
-            CHECK(kk::detail::scalar::lowest_unmasked<true>(a.data(), x.data(), bits.data(), keys.data(), n, decay) == best);
-            CHECK(same(a));
-            a = s0;
-            CHECK(kk::decay_lowest_unmasked(a.data(), x.data(), bits.data(), keys.data(), n, decay) == best);
-            CHECK(same(a));
-            CHECK(kk::lowest_unmasked(s0.data(), bits.data(), keys.data(), n) == still);
-            CHECK(kk::detail::scalar::lowest_unmasked<false>(s0.data(), nullptr, bits.data(), keys.data(), n, 0.0f) == still);
-#if KVEVICT_X86
-            if (avx2) {
-              a = s0;
-              CHECK(kk::detail::avx2::lowest_unmasked<true>(a.data(), x.data(), bits.data(), keys.data(), n, decay) == best);
-              CHECK(same(a));
-              CHECK(kk::detail::avx2::lowest_unmasked<false>(s0.data(), nullptr, bits.data(), keys.data(), n, 0.0f) == still);
-            }
-#endif
-          }
           // The 32-bit form on keys = seq + offset (offsets that put the keys below, across
           // and at the top of the signed range; bounds clamped to n, which all seqs are
           // below): the same scores and rows.

@@ -95,12 +95,6 @@ KVEVICT_KERNEL_FN std::size_t lowest_open(const float* s, const std::uint32_t* k
 KVEVICT_KERNEL_FN std::size_t decay_lowest_open(float* s, const float* x, const std::uint32_t* keys,
                                                 std::size_t n, float decay, std::uint32_t lo,
                                                 std::uint32_t hi);
-KVEVICT_KERNEL_FN std::size_t lowest_unmasked(const float* s, const std::uint64_t* protected_bits,
-                                              const std::uint32_t* keys, std::size_t n);
-KVEVICT_KERNEL_FN std::size_t decay_lowest_unmasked(float* s, const float* x,
-                                                    const std::uint64_t* protected_bits,
-                                                    const std::uint32_t* keys, std::size_t n,
-                                                    float decay);
 }  // namespace kvevict::kernels
 
 #if !KVEVICT_KERNELS_DECLARE_ONLY
@@ -772,42 +766,6 @@ KVEVICT_KERNEL_FN std::size_t decay_lowest_open(float* s, const float* x, const 
                                                 std::size_t n, float decay, std::uint32_t lo,
                                                 std::uint32_t hi) {
   return detail::lowest_open_at<true>(s, x, keys, n, decay, lo, hi);
-}
-
-namespace detail {
-// lowest_unmasked's dispatch (AVX-512 CPUs run the AVX2 form).
-template <bool Decay>
-inline std::size_t lowest_unmasked_at(float* s, const float* x, const std::uint64_t* bits,
-                                      const std::uint32_t* keys, std::size_t n, float decay) {
-  detail::require_nonnull(s, n, "scores");
-  if constexpr (Decay) detail::require_nonnull(x, n, "x");
-  detail::require_nonnull(bits, n, "protected_bits");
-  detail::require_nonnull(keys, n, "keys");
-#if KVEVICT_X86
-  if (active_isa() != Isa::scalar) return avx2::lowest_unmasked<Decay>(s, x, bits, keys, n, decay);
-#endif
-  return scalar::lowest_unmasked<Decay>(s, x, bits, keys, n, decay);
-}
-}  // namespace detail
-
-/// The row with the lowest (s[r], keys[r]) among the rows whose bit in `protected_bits`
-/// (protect_outside's layout, set = never evicted) is clear: the lowest score, the lowest
-/// key among equal scores (-0.0 == +0.0); NaN never chosen; npos when every row is
-/// protected. The keys are read only for open rows at or below the running best: a caller
-/// that keeps the open rows as bits reads 4 bytes a row (s) plus 1 bit, where lowest_open
-/// reads the keys of every row as well.
-KVEVICT_KERNEL_FN std::size_t lowest_unmasked(const float* s, const std::uint64_t* protected_bits,
-                                              const std::uint32_t* keys, std::size_t n) {
-  return detail::lowest_unmasked_at<false>(const_cast<float*>(s), nullptr, protected_bits, keys, n, 0.0f);
-}
-
-/// s[r] = decay * s[r] + x[r] for every row (a multiply, then an add: never fused), then
-/// lowest_unmasked over the new s, in one pass.
-KVEVICT_KERNEL_FN std::size_t decay_lowest_unmasked(float* s, const float* x,
-                                                    const std::uint64_t* protected_bits,
-                                                    const std::uint32_t* keys, std::size_t n,
-                                                    float decay) {
-  return detail::lowest_unmasked_at<true>(s, x, protected_bits, keys, n, decay);
 }
 
 }  // namespace kvevict::kernels

@@ -946,42 +946,6 @@ KVEVICT_TARGET_AVX2 inline std::size_t lowest_open(float* s, const float* x, con
   return best.index;
 }
 
-/// lowest_unmasked / decay_lowest_unmasked 8 rows at a time: the decayed score (a separate
-/// multiply and add, as lowest_open), the open lanes from a byte of the protection bits, a
-/// compare of the 8 values against the running best; only the open lanes at or below it go
-/// through the scalar (value, key) rule, in row order, and only they read their keys.
-template <bool Decay>
-KVEVICT_TARGET_AVX2 inline std::size_t lowest_unmasked(float* s, const float* x,
-                                                       const std::uint64_t* bits,
-                                                       const std::uint32_t* keys, std::size_t n,
-                                                       float decay) noexcept {
-  scalar::LowestOpen best;
-  const __m256 g = _mm256_set1_ps(decay);
-  __m256 vbest = _mm256_set1_ps(best.value);
-  std::size_t r = 0;
-  for (; r + 8 <= n; r += 8) {
-    __m256 v = _mm256_loadu_ps(s + r);
-    if constexpr (Decay) {
-      v = _mm256_add_ps(_mm256_mul_ps(g, v), _mm256_loadu_ps(x + r));
-      _mm256_storeu_ps(s + r, v);
-    }
-    const unsigned open = ~static_cast<unsigned>(bits[r >> 6] >> (r & 63)) & 0xffu;
-    unsigned m = open & static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(v, vbest, _CMP_LE_OQ)));
-    if (m != 0) {
-      alignas(32) float vals[8];
-      _mm256_store_ps(vals, v);
-      do {
-        const auto j = static_cast<std::size_t>(std::countr_zero(m));
-        best.offer(vals[j], keys[r + j], r + j);
-        m &= m - 1;
-      } while (m != 0);
-      vbest = _mm256_set1_ps(best.value);
-    }
-  }
-  scalar::lowest_unmasked_body<Decay>(s, x, bits, keys, n, decay, best, r);
-  return best.index;
-}
-
 }  // namespace kvevict::kernels::detail::avx2
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif

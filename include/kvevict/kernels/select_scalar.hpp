@@ -433,32 +433,5 @@ inline std::size_t lowest_open(float* s, const float* x, const K* seqs, std::siz
   return best.index;
 }
 
-/// lowest_unmasked / decay_lowest_unmasked over rows [from, n): with Decay, s[r] = decay *
-/// s[r] + x[r] (a multiply then an add, never fused) first; then every row whose bit in
-/// `bits` (protect_outside's layout, set = never evicted) is clear is offered to `best`
-/// with its 32-bit key (read only for those rows).
-template <bool Decay>
-KVEVICT_ALWAYS_INLINE void lowest_unmasked_body(float* s, const float* x, const std::uint64_t* bits,
-                                                const std::uint32_t* keys, std::size_t n,
-                                                float decay, LowestOpen& best,
-                                                std::size_t from = 0) noexcept {
-  for (std::size_t r = from; r < n; ++r) {
-    float v = s[r];
-    if constexpr (Decay) {
-      const float prod = decay * v;
-      v = prod + x[r];
-      s[r] = v;
-    }
-    if (((bits[r >> 6] >> (r & 63)) & 1u) == 0) best.offer(v, keys[r], r);
-  }
-}
-template <bool Decay>
-inline std::size_t lowest_unmasked(float* s, const float* x, const std::uint64_t* bits,
-                                   const std::uint32_t* keys, std::size_t n, float decay) noexcept {
-  LowestOpen best;
-  lowest_unmasked_body<Decay>(s, x, bits, keys, n, decay, best);
-  return best.index;
-}
-
 }  // namespace scalar
 }  // namespace kvevict::kernels::detail

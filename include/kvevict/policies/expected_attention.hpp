@@ -40,7 +40,6 @@
 // is appended, from the last rescoring's query statistics and softmax normaliser, and a
 // decision is the decay and the victim search over the kept scores, O(n).
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -157,7 +156,6 @@ class ExpectedAttention {
       stale_.bind(shape);
       keys_.bind(shape);
       if (config_.horizon > 0.0f) accf_.bind(shape);
-      open_.assign(heads, OpenRows{});
       decisions_.assign(heads, 0);
       frozen_.assign(heads, 0);
       frozen_mean_.assign(heads * group_ * d_, 0.0);
@@ -267,7 +265,6 @@ class ExpectedAttention {
       stale_.set(v.layer, v.kv_head, row, static_cast<float>(score));
       keys_.set(v.layer, v.kv_head, row, seq_key(v.seqs[row]));
       if (config_.horizon > 0.0f) accf_.set(v.layer, v.kv_head, row, 0.0f);
-      open_append(head_index(v.layer, v.kv_head), row, v.seqs[row]);
     }
   }
   KVEVICT_DEFER void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
@@ -276,7 +273,6 @@ class ExpectedAttention {
     if (config_.horizon > 0.0f) acc_.move(layer, kv_head, from, to);
     if (amortised()) {
       stale_.move(layer, kv_head, from, to);
-      open_move(head_index(layer, kv_head), keys_.of(layer, kv_head), from, to);
       keys_.move(layer, kv_head, from, to);
       if (config_.horizon > 0.0f) accf_.move(layer, kv_head, from, to);
     }
@@ -516,10 +512,8 @@ class ExpectedAttention {
         prefetch_arrival(v);
         float* acc = accf_.of(v.layer, v.kv_head).data();
         const float decay = float_decay(v.capacity);
-        // With 32-bit keys, the open rows as bits kept between decisions (open_rows): the
-        // pass reads the kept scores and sums (8 B a row) and the keys of candidates only.
         out.push_back(detail::open_victim(
-            narrow ? kernels::decay_lowest_unmasked(acc, rank, open_rows(v, keys, recent, hi), keys.data(), n, decay)
+            narrow ? kernels::decay_lowest_open(acc, rank, keys.data(), n, decay, lo32, hi32)
                    : kernels::decay_lowest_open(acc, rank, v.seqs, n, decay, lo, hi),
             name()));
         return;
@@ -580,75 +574,6 @@ class ExpectedAttention {
     auto& acc = acc_.of(v.layer, v.kv_head);
     const double decay = decay_for(v.capacity);
     for (std::size_t r = 0; r < v.size; ++r) score_[r] = acc[r] = decay * acc[r] + score_[r];
-  }
-  // Amortised decisions with 32-bit keys: per head, the protected rows (protect_outside's
-  // layout: the sinks and the recent band) as bits, kept between decisions instead of
-  // derived from every row's key in each decision's pass. A row is appended protected (it
-  // arrives in the band) and its bit moves with it; each decision the band's lower end hi
-  // advances by one and the one row with seq hi - 1 (found through `ring`, seq -> row for
-  // the band's seqs, checked against its key) is opened. Anything else (first use, another
-  // band width or size, a jump of hi, a row not where the ring says) rebuilds the bits and
-  // the ring from the keys: the same open rows as the keys' test 1 <= key < seq_key(hi).
-  struct OpenRows {
-    bool valid = false;
-    std::uint64_t hi = 0;        ///< the band's lower end the bits are for
-    std::size_t recent = 0;      ///< the band's width they were built for
-    std::vector<std::uint64_t> bits;
-    std::vector<std::uint32_t> ring;  ///< row of seq s at s & (ring.size() - 1)
-  };
-  template <class S>
-  const std::uint64_t* open_rows(const HeadView<S>& v, const std::vector<std::uint32_t>& keys,
-                                 std::size_t recent, std::uint64_t hi) {
-    OpenRows& o = open_[head_index(v.layer, v.kv_head)];
-    const std::size_t n = v.size, words = (n + 63) / 64;
-    bool fresh = o.valid && o.recent == recent && o.bits.size() >= words &&
-                 (hi == o.hi || hi == o.hi + 1);
-    if (fresh && hi == o.hi + 1 && hi - 1 >= config_.sinks) {
-      const std::uint64_t seq = hi - 1;
-      const std::uint32_t row = o.ring[seq & (o.ring.size() - 1)];
-      fresh = row < n && keys[row] == seq_key(seq);
-      if (fresh) o.bits[row >> 6] &= ~(std::uint64_t{1} << (row & 63));
-    }
-    if (!fresh) {
-      o.bits.assign(words, 0);
-      o.ring.assign(std::bit_ceil(recent + 2), kNoRow);
-      const std::uint32_t khi = hi > config_.sinks ? seq_key(hi) : 1;
-      for (std::size_t r = 0; r < n; ++r) {
-        const std::uint32_t k = keys[r];
-        if (k >= 1 && k < khi) continue;  // open
-        o.bits[r >> 6] |= std::uint64_t{1} << (r & 63);
-        if (k >= khi) o.ring[(k + config_.sinks - 1) & (o.ring.size() - 1)] = static_cast<std::uint32_t>(r);
-      }
-      o.valid = true;
-      o.recent = recent;
-    }
-    o.hi = hi;
-    return o.bits.data();
-  }
-  // An appended row: protected (it arrives in the band), and the ring's row for its seq.
-  KVEVICT_DEFER void open_append(std::size_t h, std::size_t row, std::uint64_t seq) {
-    OpenRows& o = open_[h];
-    if (!o.valid) return;
-    if (o.bits.size() <= row >> 6) o.bits.resize((row >> 6) + 1, 0);
-    o.bits[row >> 6] |= std::uint64_t{1} << (row & 63);
-    o.ring[seq & (o.ring.size() - 1)] = static_cast<std::uint32_t>(row);
-  }
-  // A moved row (from -> to): its bit, and the ring's entry when it points at it. `keys`:
-  // the head's keys before the move.
-  KVEVICT_DEFER void open_move(std::size_t h, const std::vector<std::uint32_t>& keys,
-                               std::size_t from, std::size_t to) {
-    OpenRows& o = open_[h];
-    if (!o.valid) return;
-    if (o.bits.size() <= (std::max(from, to) >> 6) || from >= keys.size()) {
-      o.valid = false;
-      return;
-    }
-    const std::uint64_t bit = (o.bits[from >> 6] >> (from & 63)) & 1u;
-    o.bits[to >> 6] = (o.bits[to >> 6] & ~(std::uint64_t{1} << (to & 63))) | (bit << (to & 63));
-    if (keys[from] >= 1) {
-      std::uint32_t& slot = o.ring[(keys[from] + config_.sinks - 1) & (o.ring.size() - 1)];
-      if (slot == from) slot = static_cast<std::uint32_t>(to);
-    }
   }
   KVEVICT_DEFER void forget(int layer, int kv_head) {
     const std::size_t h = head_index(layer, kv_head);
@@ -873,8 +798,6 @@ class ExpectedAttention {
   // head, query head), the frozen moved mean (covariance) and log-normaliser.
   detail::RowColumn<float> stale_, accf_;  ///< kept scores; their decayed sums (horizon > 0)
   detail::RowColumn<std::uint32_t> keys_;   ///< per row, seq_key(seq)
-  std::vector<OpenRows> open_;              ///< per (layer, KV head): open_rows
-  static constexpr std::uint32_t kNoRow = std::numeric_limits<std::uint32_t>::max();
   std::vector<std::uint64_t> decisions_, bits_;
   std::vector<unsigned char> frozen_;
   std::vector<double> frozen_mean_, frozen_cov_, frozen_norm_;
