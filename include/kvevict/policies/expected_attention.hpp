@@ -741,13 +741,10 @@ class ExpectedAttention {
     // throughput of one dependent chain of double additions).
     most_.assign(G, 0);
     totals_.assign(G, 0.0);
-    for (std::size_t r = 0; r < n; ++r) {
-      const bool scored = v.seqs[r] >= config_.sinks;
-      for (std::size_t g = 0; g < G; ++g) {
-        const float pr = probs_[g * n + r];
-        if (pr > probs_[g * n + most_[g]]) most_[g] = r;
-        if (scored) totals_[g] += static_cast<double>(pr);
-      }
+    if (G == 4) {
+      most_totals<4>(v, n);
+    } else {
+      most_totals<0>(v, n);
     }
     inv_.resize(G);
     for (std::size_t g = 0; g < G; ++g) {
@@ -764,13 +761,65 @@ class ExpectedAttention {
     // score_r = sum over g of p_g[r] / T_g, one pass per head (already independent per row;
     // rows-outer with the G products inner compiles to other values when the compiler may
     // contract a multiply and an add).
-    for (std::size_t g = 0; g < G; ++g)
+    // Through local pointers: the member vectors' data pointers are not reloaded after
+    // every store (the same operations per row, in the same order).
+    double* sc = score_.data();
+    const std::uint64_t* seqs = v.seqs;
+    const std::uint64_t sinks = config_.sinks;
+    for (std::size_t g = 0; g < G; ++g) {
+      const float* pg = probs_.data() + g * n;
+      const double ig = inv_[g];
       for (std::size_t r = 0; r < n; ++r)
-        if (v.seqs[r] >= config_.sinks) score_[r] += static_cast<double>(probs_[g * n + r]) * inv_[g];
+        if (seqs[r] >= sinks) sc[r] += static_cast<double>(pg[r]) * ig;
+    }
     if (keep)
       for (std::size_t g = 0; g < G; ++g)
         freeze(head_index(v.layer, v.kv_head), g, means_.data() + g * d, norms_[g]);
     return true;
+  }
+
+  // score_rows_float's pass for most_ and totals_: per head g, the first row of the largest
+  // probability and the total of the scored rows' probabilities, added in row order (G
+  // independent sums). Kept in locals (Gc: the group size when known at compile time, 0:
+  // group_ up to kArrivalLanes, else the members), so that the sums and indices do not go
+  // through memory on every row.
+  template <std::size_t Gc, class S>
+  void most_totals(const HeadView<S>& v, std::size_t n) {
+    const std::size_t G = Gc != 0 ? Gc : group_;
+    const float* p = probs_.data();
+    const std::uint64_t* seqs = v.seqs;
+    const std::uint64_t sinks = config_.sinks;
+    if (Gc == 0 && G > kArrivalLanes) {
+      for (std::size_t r = 0; r < n; ++r) {
+        const bool scored = seqs[r] >= sinks;
+        for (std::size_t g = 0; g < G; ++g) {
+          const float pr = p[g * n + r];
+          if (pr > p[g * n + most_[g]]) most_[g] = r;
+          if (scored) totals_[g] += static_cast<double>(pr);
+        }
+      }
+      return;
+    }
+    constexpr std::size_t L = Gc != 0 ? Gc : kArrivalLanes;
+    std::size_t most[L] = {};
+    float top[L];
+    double total[L] = {};
+    for (std::size_t g = 0; g < G; ++g) top[g] = n > 0 ? p[g * n] : 0.0f;
+    for (std::size_t r = 0; r < n; ++r) {
+      const bool scored = seqs[r] >= sinks;
+      for (std::size_t g = 0; g < G; ++g) {
+        const float pr = p[g * n + r];
+        if (pr > top[g]) {
+          top[g] = pr;
+          most[g] = r;
+        }
+        if (scored) total[g] += static_cast<double>(pr);
+      }
+    }
+    for (std::size_t g = 0; g < G; ++g) {
+      most_[g] = most[g];
+      totals_[g] = total[g];
+    }
   }
 
   // eviction_costs: per (layer, KV head), the scores it ranked by and the view they were
