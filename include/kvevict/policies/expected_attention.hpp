@@ -671,11 +671,14 @@ class ExpectedAttention {
     if constexpr (kvevict::detail::kernel_scalar<S>)
       if (config_.float_logits) done = score_rows_float(v, position, keep);
     if (!done) score_rows_double(v, position, keep);
-    const auto& vn = vnorms_.of(v.layer, v.kv_head);
-    for (std::size_t r = 0; r < n; ++r) {
-      score_[r] /= static_cast<double>(group_);
-      if (config_.value_norm)
-        score_[r] = (score_[r] + static_cast<double>(config_.epsilon)) * static_cast<double>(vn[r]);
+    const float* vn = vnorms_.of(v.layer, v.kv_head).data();
+    double* sc = score_.data();
+    const auto group = static_cast<double>(group_);
+    const auto eps = static_cast<double>(config_.epsilon);
+    if (config_.value_norm) {
+      for (std::size_t r = 0; r < n; ++r) sc[r] = (sc[r] / group + eps) * static_cast<double>(vn[r]);
+    } else {
+      for (std::size_t r = 0; r < n; ++r) sc[r] /= group;
     }
   }
 
@@ -761,17 +764,17 @@ class ExpectedAttention {
     // score_r = sum over g of p_g[r] / T_g, one pass per head (already independent per row;
     // rows-outer with the G products inner compiles to other values when the compiler may
     // contract a multiply and an add).
-    // Through local pointers: the member vectors' data pointers are not reloaded after
-    // every store (the same operations per row, in the same order).
+    // Every row in the G passes (no branch: the loop vectorises), then the sinks back to
+    // +0.0, their value when skipped: the scored rows get the same operations in the same
+    // order, and a sink's sum (0.0 plus finite products) is discarded.
     double* sc = score_.data();
-    const std::uint64_t* seqs = v.seqs;
-    const std::uint64_t sinks = config_.sinks;
     for (std::size_t g = 0; g < G; ++g) {
       const float* pg = probs_.data() + g * n;
       const double ig = inv_[g];
-      for (std::size_t r = 0; r < n; ++r)
-        if (seqs[r] >= sinks) sc[r] += static_cast<double>(pg[r]) * ig;
+      for (std::size_t r = 0; r < n; ++r) sc[r] += static_cast<double>(pg[r]) * ig;
     }
+    for (std::size_t r = 0; r < n; ++r)
+      if (v.seqs[r] < config_.sinks) sc[r] = 0.0;
     if (keep)
       for (std::size_t g = 0; g < G; ++g)
         freeze(head_index(v.layer, v.kv_head), g, means_.data() + g * d, norms_[g]);
