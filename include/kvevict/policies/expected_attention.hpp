@@ -146,7 +146,7 @@ class ExpectedAttention {
     group_ = static_cast<std::size_t>(g.group());
     hkv_ = static_cast<std::size_t>(g.n_kv_heads);
     vnorms_.bind(shape);
-    if (config_.horizon > 0.0f) acc_.bind(shape);
+    if (config_.horizon > 0.0f && !amortised()) acc_.bind(shape);  // amortised: accf_
     stats_.assign(static_cast<std::size_t>(g.n_layers) * static_cast<std::size_t>(g.n_heads),
                   QueryStats{});
     const bool full = config_.covariance == Covariance::full;
@@ -259,7 +259,7 @@ class ExpectedAttention {
       vn = static_cast<float>(std::sqrt(s));
     }
     vnorms_.set(v.layer, v.kv_head, row, vn);
-    if (config_.horizon > 0.0f) acc_.set(v.layer, v.kv_head, row, 0.0);
+    if (config_.horizon > 0.0f && !amortised()) acc_.set(v.layer, v.kv_head, row, 0.0);
     if (amortised()) {
       if (!one_pass) score = arrival_score(v, row, vn);
       stale_.set(v.layer, v.kv_head, row, static_cast<float>(score));
@@ -270,7 +270,7 @@ class ExpectedAttention {
   KVEVICT_DEFER void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     forget(layer, kv_head);
     vnorms_.move(layer, kv_head, from, to);
-    if (config_.horizon > 0.0f) acc_.move(layer, kv_head, from, to);
+    if (config_.horizon > 0.0f && !amortised()) acc_.move(layer, kv_head, from, to);
     if (amortised()) {
       stale_.move(layer, kv_head, from, to);
       keys_.move(layer, kv_head, from, to);
@@ -837,7 +837,7 @@ class ExpectedAttention {
   Config config_;
   std::size_t d_ = 0, group_ = 1, hkv_ = 1;
   detail::RowColumn<float> vnorms_;
-  detail::RowColumn<double> acc_;  ///< decayed scores (horizon > 0 only)
+  detail::RowColumn<double> acc_;  ///< decayed scores (horizon > 0, not amortised)
   std::vector<QueryStats> stats_;            ///< per (layer, query head)
   std::vector<std::uint64_t> last_added_;    ///< per (layer, KV head): seq whose queries are in
   std::vector<double> theta_, future_re_, future_im_;  ///< per rotated pair
