@@ -4,6 +4,7 @@
 #include <kvevict/policies/block_granular.hpp>
 #include <kvevict/policies/expected_attention.hpp>
 #include <kvevict/policies/keydiff.hpp>
+#include <bit>
 #include <limits>
 #include <map>
 #include <set>
@@ -850,5 +851,32 @@ TEST_CASE("ExpectedAttention under a pooled budget: eviction_costs then pooled_v
         INFO("t " << t << " layer " << l);
         REQUIRE(std::vector<std::int64_t>(pa.begin(), pa.end()) == std::vector<std::int64_t>(pb.begin(), pb.end()));
       }
+  }
+}
+
+TEST_CASE("ExpectedAttention's float rescoring leaves the sinks' scores at +0.0", "[scorers]") {
+  // score_rows_float adds every row's probabilities (no per-row sink test, so the loop
+  // vectorises) and then sets the sinks back to +0.0, the value the skipped rows had:
+  // last_scores() holds exactly +0.0 for them and a positive score for every other row.
+  using C = ExpectedAttention::Covariance;
+  for (std::size_t sinks : {1u, 3u}) {
+    const ExpectedAttention::Config c{.sinks = sinks, .recent_fraction = 0.375f, .query_window = 1,
+                                      .future_positions = 16, .covariance = C::none,
+                                      .rope = RopeLayout::none, .horizon = 3.0f,
+                                      .float_logits = true, .rescore_fraction = 0.125f,
+                                      .rescore_all_up_to = 16};
+    KVCache<ExpectedAttention> cache(Geometry{1, 4, 1, 16}, Budget::uniform(16), ExpectedAttention(c));
+    kvtest::Rng rng(57);
+    for (int t = 0; t < 60; ++t) {
+      cache.append(0, t, rng.normals(16), rng.normals(16), rng.normals(64));
+      if (t < 16) continue;  // a decision (R 1 at 16 rows: a rescoring) from the 17th token on
+      const auto& s = cache.policy().last_scores();
+      REQUIRE(s.size() == 16);
+      INFO("t " << t);
+      for (std::size_t r = 0; r < s.size(); ++r) {
+        if (r < sinks) CHECK(std::bit_cast<std::uint64_t>(s[r]) == 0);
+        else CHECK(s[r] > 0.0);
+      }
+    }
   }
 }

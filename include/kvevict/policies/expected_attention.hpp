@@ -146,7 +146,7 @@ class ExpectedAttention {
     group_ = static_cast<std::size_t>(g.group());
     hkv_ = static_cast<std::size_t>(g.n_kv_heads);
     vnorms_.bind(shape);
-    if (config_.horizon > 0.0f) acc_.bind(shape);
+    if (config_.horizon > 0.0f && !amortised()) acc_.bind(shape);  // amortised: accf_
     stats_.assign(static_cast<std::size_t>(g.n_layers) * static_cast<std::size_t>(g.n_heads),
                   QueryStats{});
     const bool full = config_.covariance == Covariance::full;
@@ -259,7 +259,7 @@ class ExpectedAttention {
       vn = static_cast<float>(std::sqrt(s));
     }
     vnorms_.set(v.layer, v.kv_head, row, vn);
-    if (config_.horizon > 0.0f) acc_.set(v.layer, v.kv_head, row, 0.0);
+    if (config_.horizon > 0.0f && !amortised()) acc_.set(v.layer, v.kv_head, row, 0.0);
     if (amortised()) {
       if (!one_pass) score = arrival_score(v, row, vn);
       stale_.set(v.layer, v.kv_head, row, static_cast<float>(score));
@@ -270,7 +270,7 @@ class ExpectedAttention {
   KVEVICT_DEFER void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     forget(layer, kv_head);
     vnorms_.move(layer, kv_head, from, to);
-    if (config_.horizon > 0.0f) acc_.move(layer, kv_head, from, to);
+    if (config_.horizon > 0.0f && !amortised()) acc_.move(layer, kv_head, from, to);
     if (amortised()) {
       stale_.move(layer, kv_head, from, to);
       keys_.move(layer, kv_head, from, to);
@@ -671,11 +671,14 @@ class ExpectedAttention {
     if constexpr (kvevict::detail::kernel_scalar<S>)
       if (config_.float_logits) done = score_rows_float(v, position, keep);
     if (!done) score_rows_double(v, position, keep);
-    const auto& vn = vnorms_.of(v.layer, v.kv_head);
-    for (std::size_t r = 0; r < n; ++r) {
-      score_[r] /= static_cast<double>(group_);
-      if (config_.value_norm)
-        score_[r] = (score_[r] + static_cast<double>(config_.epsilon)) * static_cast<double>(vn[r]);
+    const float* vn = vnorms_.of(v.layer, v.kv_head).data();
+    double* sc = score_.data();
+    const auto group = static_cast<double>(group_);
+    const auto eps = static_cast<double>(config_.epsilon);
+    if (config_.value_norm) {
+      for (std::size_t r = 0; r < n; ++r) sc[r] = (sc[r] / group + eps) * static_cast<double>(vn[r]);
+    } else {
+      for (std::size_t r = 0; r < n; ++r) sc[r] /= group;
     }
   }
 
@@ -741,13 +744,10 @@ class ExpectedAttention {
     // throughput of one dependent chain of double additions).
     most_.assign(G, 0);
     totals_.assign(G, 0.0);
-    for (std::size_t r = 0; r < n; ++r) {
-      const bool scored = v.seqs[r] >= config_.sinks;
-      for (std::size_t g = 0; g < G; ++g) {
-        const float pr = probs_[g * n + r];
-        if (pr > probs_[g * n + most_[g]]) most_[g] = r;
-        if (scored) totals_[g] += static_cast<double>(pr);
-      }
+    if (G == 4) {
+      most_totals<4>(v, n);
+    } else {
+      most_totals<0>(v, n);
     }
     inv_.resize(G);
     for (std::size_t g = 0; g < G; ++g) {
@@ -764,13 +764,65 @@ class ExpectedAttention {
     // score_r = sum over g of p_g[r] / T_g, one pass per head (already independent per row;
     // rows-outer with the G products inner compiles to other values when the compiler may
     // contract a multiply and an add).
-    for (std::size_t g = 0; g < G; ++g)
-      for (std::size_t r = 0; r < n; ++r)
-        if (v.seqs[r] >= config_.sinks) score_[r] += static_cast<double>(probs_[g * n + r]) * inv_[g];
+    // Every row in the G passes (no branch: the loop vectorises), then the sinks back to
+    // +0.0, their value when skipped: the scored rows get the same operations in the same
+    // order, and a sink's sum (0.0 plus finite products) is discarded.
+    double* sc = score_.data();
+    for (std::size_t g = 0; g < G; ++g) {
+      const float* pg = probs_.data() + g * n;
+      const double ig = inv_[g];
+      for (std::size_t r = 0; r < n; ++r) sc[r] += static_cast<double>(pg[r]) * ig;
+    }
+    for (std::size_t r = 0; r < n; ++r)
+      if (v.seqs[r] < config_.sinks) sc[r] = 0.0;
     if (keep)
       for (std::size_t g = 0; g < G; ++g)
         freeze(head_index(v.layer, v.kv_head), g, means_.data() + g * d, norms_[g]);
     return true;
+  }
+
+  // score_rows_float's pass for most_ and totals_: per head g, the first row of the largest
+  // probability and the total of the scored rows' probabilities, added in row order (G
+  // independent sums). Kept in locals (Gc: the group size when known at compile time, 0:
+  // group_ up to kArrivalLanes, else the members), so that the sums and indices do not go
+  // through memory on every row.
+  template <std::size_t Gc, class S>
+  void most_totals(const HeadView<S>& v, std::size_t n) {
+    const std::size_t G = Gc != 0 ? Gc : group_;
+    const float* p = probs_.data();
+    const std::uint64_t* seqs = v.seqs;
+    const std::uint64_t sinks = config_.sinks;
+    if (Gc == 0 && G > kArrivalLanes) {
+      for (std::size_t r = 0; r < n; ++r) {
+        const bool scored = seqs[r] >= sinks;
+        for (std::size_t g = 0; g < G; ++g) {
+          const float pr = p[g * n + r];
+          if (pr > p[g * n + most_[g]]) most_[g] = r;
+          if (scored) totals_[g] += static_cast<double>(pr);
+        }
+      }
+      return;
+    }
+    constexpr std::size_t L = Gc != 0 ? Gc : kArrivalLanes;
+    std::size_t most[L] = {};
+    float top[L];
+    double total[L] = {};
+    for (std::size_t g = 0; g < G; ++g) top[g] = n > 0 ? p[g * n] : 0.0f;
+    for (std::size_t r = 0; r < n; ++r) {
+      const bool scored = seqs[r] >= sinks;
+      for (std::size_t g = 0; g < G; ++g) {
+        const float pr = p[g * n + r];
+        if (pr > top[g]) {
+          top[g] = pr;
+          most[g] = r;
+        }
+        if (scored) total[g] += static_cast<double>(pr);
+      }
+    }
+    for (std::size_t g = 0; g < G; ++g) {
+      most_[g] = most[g];
+      totals_[g] = total[g];
+    }
   }
 
   // eviction_costs: per (layer, KV head), the scores it ranked by and the view they were
@@ -785,7 +837,7 @@ class ExpectedAttention {
   Config config_;
   std::size_t d_ = 0, group_ = 1, hkv_ = 1;
   detail::RowColumn<float> vnorms_;
-  detail::RowColumn<double> acc_;  ///< decayed scores (horizon > 0 only)
+  detail::RowColumn<double> acc_;  ///< decayed scores (horizon > 0, not amortised)
   std::vector<QueryStats> stats_;            ///< per (layer, query head)
   std::vector<std::uint64_t> last_added_;    ///< per (layer, KV head): seq whose queries are in
   std::vector<double> theta_, future_re_, future_im_;  ///< per rotated pair
