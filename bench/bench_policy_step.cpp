@@ -26,6 +26,15 @@ namespace {
 
 using namespace policy_step;
 
+// Draws the next batch of probability windows when the stream is due, outside `timed`'s
+// timer when one is given (BM_policy's observe and BM_draw_pause share this cadence).
+void draw_when_due(ProbStream& probs, std::size_t width, benchmark::State* timed) {
+  if (!probs.due(width)) return;
+  if (timed) timed->PauseTiming();
+  probs.refill(width);
+  if (timed) timed->ResumeTiming();
+}
+
 template <class Policy>
 struct Run {
   KVCache<Policy> cache;
@@ -48,12 +57,7 @@ struct Run {
   // Every KV head reads (a prefix of) the step's window.
   void observe() {
     if constexpr (has(Policy::signals, Signals::attention)) {
-      const std::size_t width = rows * kGroup;
-      if (probs.due(width)) {
-        if (timed) timed->PauseTiming();
-        probs.refill(width);
-        if (timed) timed->ResumeTiming();
-      }
+      draw_when_due(probs, rows * kGroup, timed);
       for (int h = 0; h < hkv; ++h) cache.observe(0, h, probs.window(cache.size(0, h) * kGroup));
       probs.advance();
     }
@@ -92,11 +96,7 @@ void BM_draw_pause(benchmark::State& state) {
   ProbStream probs;
   const std::size_t width = n * kGroup;
   for (auto _ : state) {
-    if (probs.due(width)) {
-      state.PauseTiming();
-      probs.refill(width);
-      state.ResumeTiming();
-    }
+    draw_when_due(probs, width, &state);
     benchmark::DoNotOptimize(probs.window(width).data());
     probs.advance();
   }
