@@ -585,9 +585,10 @@ TEST_CASE("topk_scaled: packed bin order, bin t's rows gathered one by one or by
                 std::uint64_t{1} << (16 * q + 4 * L + i));
   if (!kk::isa_supported(Isa::avx512)) return;
   // Bin t holding c equal rows (ties, scattered over the 64-row blocks) and a few spread
-  // neighbours: up to 16 rows are gathered one at a time by their mask bits, more by
-  // compresses; the cut among the ties goes to the lowest indices (and the ranking after
-  // either gather: scalar up to 8 rows, topk_rank to 32, binning again beyond).
+  // neighbours: above 384 rows up to 16 rows are gathered one at a time by their mask
+  // bits, otherwise by compresses; the cut among the ties goes to the lowest indices (and
+  // the ranking after either gather: scalar up to 8 rows, topk_rank to 32, binning again
+  // beyond).
   std::mt19937_64 rng(38);
   std::normal_distribution<float> g;
   for (std::size_t n : {std::size_t{100}, std::size_t{384}, std::size_t{512}, std::size_t{1000}})
