@@ -573,6 +573,44 @@ TEST_CASE("topk_indices by scaled bins: every n to 1100, spread, clustered and s
 #endif
 }
 
+TEST_CASE("topk_scaled: packed bin order, bin t's rows gathered one by one or by compresses",
+          "[kernels][select]") {
+#if KVEVICT_X86
+  // The packed bins' mask bit 16 L + 4 q + i is row 16 q + 4 L + i (VPACKUSDW + VPACKUSWB):
+  // scaled_pack_rows puts each bit at its row.
+  for (unsigned L = 0; L < 4; ++L)
+    for (unsigned q = 0; q < 4; ++q)
+      for (unsigned i = 0; i < 4; ++i)
+        REQUIRE(kk::detail::avx512::scaled_pack_rows(std::uint64_t{1} << (16 * L + 4 * q + i)) ==
+                std::uint64_t{1} << (16 * q + 4 * L + i));
+  if (!kk::isa_supported(Isa::avx512)) return;
+  // Bin t holding c equal rows (ties, scattered over the 64-row blocks) and a few spread
+  // neighbours: above 384 rows up to 16 rows are gathered one at a time by their mask
+  // bits, otherwise by compresses; the cut among the ties goes to the lowest indices (and
+  // the ranking after either gather: scalar up to 8 rows, topk_rank to 32, binning again
+  // beyond).
+  std::mt19937_64 rng(38);
+  std::normal_distribution<float> g;
+  for (std::size_t n : {std::size_t{100}, std::size_t{384}, std::size_t{512}, std::size_t{1000}})
+    for (std::size_t c : {std::size_t{2}, std::size_t{7}, std::size_t{9}, std::size_t{15},
+                          std::size_t{16}, std::size_t{17}, std::size_t{31}, std::size_t{40}}) {
+      std::vector<float> s(n);
+      for (auto& v : s) v = g(rng);
+      std::vector<std::size_t> rows(n);
+      std::iota(rows.begin(), rows.end(), std::size_t{0});
+      std::shuffle(rows.begin(), rows.end(), rng);
+      for (std::size_t j = 0; j < c; ++j) s[rows[j]] = 1.0f;
+      std::size_t above = 0;
+      for (float v : s) above += v > 1.0f;
+      for (std::size_t k : {above + 1, above + c / 2, above + c - 1, above + c}) {
+        if (k == 0 || k >= n) continue;
+        INFO("n " << n << " ties " << c << " k " << k);
+        CHECK(check_scaled(s, k));
+      }
+    }
+#endif
+}
+
 TEST_CASE("argmax_masked / argmin_masked: lowest index on ties, NaN skipped, npos",
           "[kernels][select]") {
   std::mt19937_64 rng(4);

@@ -224,6 +224,24 @@ KVEVICT_TARGET_AVX512 inline void topk_rank(const float* s, std::size_t n, std::
                    _mm512_setr_epi32(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31));
 }
 
+/// byte_step's digit at bits b.. from the counts n[d] of its C candidates (lanes <= each,
+/// growing with d): the digit (how many count fewer than k) into *t, the count of the largest
+/// such candidate into *c_lt (unchanged when the digit is 0). No serial chain: the counts
+/// short of k are a prefix and the largest of them is the last.
+template <int C>
+KVEVICT_ALWAYS_INLINE void byte_digit(const std::size_t* n, int b, std::size_t k, unsigned* t,
+                                      std::size_t* c_lt) noexcept {
+  unsigned digit = 0;
+  std::size_t below = 0;
+  for (int d = 0; d < C; ++d) {
+    const bool short_of_k = n[d] < k;
+    digit += short_of_k;
+    below = std::max(below, short_of_k ? n[d] : 0);
+  }
+  *c_lt = digit != 0 ? below : *c_lt;
+  *t |= digit << b;
+}
+
 /// One step of topk_threshold's byte search, W bits at b..b+W-1: the counts of lanes <= each
 /// of the 2^W - 1 candidates t | d << b | (2^b - 1), d = 0 .. 2^W - 2 (byte patterns;
 /// Signed: lanes and candidates compare as signed bytes, their patterns offset by 0x80), over
@@ -259,18 +277,8 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE void byte_step(const std::uint8_t* v
     count(v + 64 * r + 64, cnt2);
   }
   if (r < nb) count(v + 64 * r, cnt);
-  // The digit and the count below it without a serial chain: the counts grow with d, so the
-  // ones short of k are a prefix and the largest of them is the last.
-  unsigned digit = 0;
-  std::size_t below = 0;
-  for (int d = 0; d < C; ++d) {
-    const std::size_t n_d = cnt[d] + cnt2[d];
-    const bool short_of_k = n_d < k;
-    digit += short_of_k;
-    below = std::max(below, short_of_k ? n_d : 0);
-  }
-  *c_lt = digit != 0 ? below : *c_lt;
-  *t |= digit << b;
+  for (int d = 0; d < C; ++d) cnt[d] += cnt2[d];
+  byte_digit<C>(cnt, b, k, t, c_lt);
 }
 
 /// The k-th smallest byte of nb registers (plus `base` lanes below every byte) and the count
@@ -454,6 +462,16 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512i scaled_bin16(__m512 x, __m51
                           _mm512_set1_epi32(kScaledNaNBin));
 }
 
+/// A 64-bit mask of topk_scaled's packed bins (bit 16 L + 4 q + i: row 16 q + 4 L + i) in
+/// row order (bit 16 q + 4 L + i): a transpose of 4 x 4 nibbles by two delta swaps.
+KVEVICT_ALWAYS_INLINE constexpr std::uint64_t scaled_pack_rows(std::uint64_t x) noexcept {
+  auto swap = [](std::uint64_t v, std::uint64_t lower, int d) {
+    const std::uint64_t t = ((v >> d) ^ v) & lower;
+    return v ^ t ^ (t << d);
+  };
+  return swap(swap(x, 0x00000000FF00FF00ull, 24), 0x0000F0F00000F0F0ull, 12);
+}
+
 /// Small-n float top-k (0 < k < n <= kScaledMaxN) by scaled bins: one pass takes the
 /// numbers' range [lo, hi]; each row's bin floor((hi - x) * 254 / (hi - lo)) (NaN 255) is
 /// packed 64 to a register and the k-th smallest bin t, with the count of rows below it,
@@ -484,22 +502,25 @@ KVEVICT_TARGET_AVX512 inline bool topk_scaled(const float* s, std::size_t n, std
     return _mm512_mask_loadu_ps(vnan, static_cast<__mmask16>((1u << r) - 1), s + 16 * v);
   };
   // The numbers' range: MINPS / MAXPS return their second operand when either is NaN.
-  __m512 mn0 = _mm512_set1_ps(inf), mn1 = mn0, mx0 = _mm512_set1_ps(-inf), mx1 = mx0;
+  // Four registers each (short MINPS / MAXPS chains), whole 64-row blocks without a test.
+  __m512 mn[4], mx[4];
+  for (int j = 0; j < 4; ++j) mn[j] = _mm512_set1_ps(inf), mx[j] = _mm512_set1_ps(-inf);
   std::size_t v = 0;
-  for (; v + 2 <= nv; v += 2) {
-    const __m512 x0 = load(v), x1 = load(v + 1);
-    mn0 = _mm512_min_ps(x0, mn0);
-    mx0 = _mm512_max_ps(x0, mx0);
-    mn1 = _mm512_min_ps(x1, mn1);
-    mx1 = _mm512_max_ps(x1, mx1);
-  }
-  if (v < nv) {
+  for (; 16 * v + 64 <= n; v += 4)
+    for (std::size_t j = 0; j < 4; ++j) {
+      const __m512 x = _mm512_loadu_ps(s + 16 * (v + j));
+      mn[j] = _mm512_min_ps(x, mn[j]);
+      mx[j] = _mm512_max_ps(x, mx[j]);
+    }
+  for (; v < nv; ++v) {
     const __m512 x = load(v);
-    mn0 = _mm512_min_ps(x, mn0);
-    mx0 = _mm512_max_ps(x, mx0);
+    mn[0] = _mm512_min_ps(x, mn[0]);
+    mx[0] = _mm512_max_ps(x, mx[0]);
   }
-  const float lo = _mm512_reduce_min_ps(_mm512_min_ps(mn0, mn1));
-  const float hi = _mm512_reduce_max_ps(_mm512_max_ps(mx0, mx1));
+  const float lo = _mm512_reduce_min_ps(
+      _mm512_min_ps(_mm512_min_ps(mn[0], mn[1]), _mm512_min_ps(mn[2], mn[3])));
+  const float hi = _mm512_reduce_max_ps(
+      _mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3])));
   const float range = hi - lo;
   const float scale = static_cast<float>(kScaledNaNBin - 1) / range;
   // Fewer than two distinct numbers, an infinity, or a range too small or too large.
@@ -534,27 +555,33 @@ KVEVICT_TARGET_AVX512 inline bool topk_scaled(const float* s, std::size_t n, std
           _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(kScaledNaNBin));
     }
   };
-  // The bins in row order, 64 to a register (VPMOVUSDB: NaN's 0xFFFFFFFF saturates to 255);
-  // rows past n in bin 255.
+  // The bins, 64 to a register, packed by VPACKUSDW + VPACKUSWB (bins <= 255: no
+  // saturation; NaN's 0xFFFFFFFF is clamped to 255 first), which interleave 4-row groups:
+  // byte 16 L + 4 q + i of block r is row 64 r + 16 q + 4 L + i (scaled_pack_rows); rows past
+  // n in bin 255.
+  // byte_select's first step (bins <= 63, 127, 191: constants) counted here, on the
+  // registers just packed: its compares overlap the bin arithmetic, one dependent step less.
+  std::size_t c1[3] = {0, 0, 0};
   for (std::size_t r = 0; r < nb; ++r) {
-    __m128i q[4];
-    for (std::size_t j = 0; j < 4; ++j) q[j] = _mm512_cvtusepi32_epi8(bin(load(4 * r + j)));
-    _mm512_store_si512(
-        qb + 64 * r,
-        _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(q[0]),
-                                                                 q[1], 1),
-                                              q[2], 2),
-                           q[3], 3));
+    const __m512i p01 = _mm512_packus_epi32(bin(load(4 * r)), bin(load(4 * r + 1)));
+    const __m512i p23 = _mm512_packus_epi32(bin(load(4 * r + 2)), bin(load(4 * r + 3)));
+    const __m512i q = _mm512_packus_epi16(p01, p23);
+    _mm512_store_si512(qb + 64 * r, q);
+    for (int d = 0; d < 3; ++d)
+      c1[d] += static_cast<std::size_t>(_mm_popcnt_u64(_cvtmask64_u64(
+          _mm512_cmple_epu8_mask(q, _mm512_set1_epi8(static_cast<char>(64 * d + 63))))));
   }
   std::size_t c_lt = 0;  // rows in bins below t
-  const unsigned t = byte_select<false>(qb, nb, k, 0, &c_lt);
+  unsigned t = 0;
+  byte_digit<3>(c1, 6, k, &t, &c_lt);
+  for (int b = 4; b >= 0; b -= 2) byte_step<2, false>(qb, nb, b, k, 0, &t, &c_lt);
   if (t == kScaledNaNBin) return false;  // the k-th row is a NaN
-  // The ids of the rows in bins below t into out (the bins compared 64 at a time); the
-  // 64-row blocks holding bin t's rows noted, without a branch, then their floats and ids
-  // left-packed apart (index order).
+  // The ids of the rows in bins below t into out (the bins compared 64 at a time, the ids
+  // in packing order); the 64-row blocks holding bin t's rows noted, without a branch, their
+  // masks put in row order, then their floats and ids left-packed apart (index order).
   const __m512i vt = _mm512_set1_epi8(static_cast<char>(t));
-  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i step = _mm512_set1_epi32(16);
+  const __m512i four = _mm512_set1_epi32(4), step = _mm512_set1_epi32(64 - 16);
+  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 32, 33, 34, 35, 48, 49, 50, 51);
   std::size_t pos = 0, nh = 0;
   for (std::size_t r = 0; r < nb; ++r) {
     const __m512i x = _mm512_load_si512(qb + 64 * r);
@@ -562,24 +589,47 @@ KVEVICT_TARGET_AVX512 inline bool topk_scaled(const float* s, std::size_t n, std
     const std::uint64_t eq = _cvtmask64_u64(_mm512_cmpeq_epi8_mask(x, vt));
     for (int j = 0; j < 4; ++j) {
       pos = emit_ids(out, pos, k, static_cast<__mmask16>(lt >> (16 * j)), idx);
-      idx = _mm512_add_epi32(idx, step);
+      idx = _mm512_add_epi32(idx, four);
     }
+    idx = _mm512_add_epi32(idx, step);
     hit_v[nh] = static_cast<std::uint16_t>(r);
     hit_m[nh] = eq;
     nh += eq != 0;
   }
+  // Bin t's rows in row order: above 384 rows, up to 16 of them (the usual case) one at a
+  // time by their mask bits, else by compresses of each 16-row part (against compresses
+  // the bit loop read 1.08x at 512 rows k = 64 and 1.06x at k = 256, 1.11x at 384 rows k =
+  // 64 but 0.92-0.93x on the repeated vectors at 320 rows k = 64 and 384 rows k = 192:
+  // in-process A/B, stop 38).
   std::size_t m = 0;
   for (std::size_t h = 0; h < nh; ++h) {
-    const std::size_t r = hit_v[h];
-    for (std::size_t j = 0; j < 4; ++j) {
-      const auto e = static_cast<__mmask16>(hit_m[h] >> (16 * j));
-      const std::size_t row = 64 * r + 16 * j;
-      _mm512_storeu_ps(cand + m, _mm512_maskz_compress_ps(e, _mm512_maskz_loadu_ps(e, s + row)));
-      _mm512_storeu_si512(cid + m, _mm512_maskz_compress_epi32(
-                                       e, _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(row)),
-                                                           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8,
-                                                                             9, 10, 11, 12, 13, 14, 15))));
-      m += static_cast<std::size_t>(_mm_popcnt_u32(e));
+    hit_m[h] = scaled_pack_rows(hit_m[h]);
+    m += static_cast<std::size_t>(_mm_popcnt_u64(hit_m[h]));
+  }
+  if (m <= 16 && n > 384) {
+    m = 0;
+    for (std::size_t h = 0; h < nh; ++h) {
+      const std::size_t base = 64 * static_cast<std::size_t>(hit_v[h]);
+      for (std::uint64_t e = hit_m[h]; e != 0; e &= e - 1) {
+        const std::size_t row = base + static_cast<std::size_t>(std::countr_zero(e));
+        cand[m] = s[row];
+        cid[m++] = static_cast<std::uint32_t>(row);
+      }
+    }
+  } else {
+    m = 0;
+    for (std::size_t h = 0; h < nh; ++h) {
+      const std::size_t r = hit_v[h];
+      for (std::size_t j = 0; j < 4; ++j) {
+        const auto e = static_cast<__mmask16>(hit_m[h] >> (16 * j));
+        const std::size_t row = 64 * r + 16 * j;
+        _mm512_storeu_ps(cand + m, _mm512_maskz_compress_ps(e, _mm512_maskz_loadu_ps(e, s + row)));
+        _mm512_storeu_si512(cid + m, _mm512_maskz_compress_epi32(
+                                         e, _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(row)),
+                                                             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8,
+                                                                               9, 10, 11, 12, 13, 14, 15))));
+        m += static_cast<std::size_t>(_mm_popcnt_u32(e));
+      }
     }
   }
   const std::size_t need = k - pos;  // 1 .. m (pos == c_lt)
@@ -592,11 +642,15 @@ KVEVICT_TARGET_AVX512 inline bool topk_scaled(const float* s, std::size_t n, std
     // scalar code, cheaper than topk_rank's register setup. Bin t holds numbers only (NaN
     // is bin 255, refused above); float compares make -0 == +0; cand is in index order, so
     // an equal float at a lower position ranks first.
-    for (std::size_t j = 0; j < m; ++j) {
+    // No branch on the data: every id stored at pos, which advances when it is taken (pos
+    // stays below k until the last taken id).
+    for (std::size_t j = 0; j < m && pos < k; ++j) {
+      const float c = cand[j];
       std::size_t rank = 0;
       for (std::size_t i = 0; i < m; ++i)
-        rank += cand[i] > cand[j] || (cand[i] == cand[j] && i < j);
-      if (rank < need) out[pos++] = cid[j];
+        rank += static_cast<std::size_t>((cand[i] > c) | ((cand[i] == c) & (i < j)));
+      out[pos] = cid[j];
+      pos += rank < need;
     }
     return true;
   }
