@@ -99,6 +99,28 @@ TEST_CASE("DecayedAttention RecallRank::excess and total agree with a brute-forc
   }
 }
 
+// Runs one head of 16 rows (1 sink, 6 recent, a 2-row reserve ranked by `rank`) for 400
+// steps; attention(t, x) gives row x's probability at step t (negative: a share of what the
+// others leave). True iff row 7 is never evicted.
+namespace {
+template <class Attention>
+bool row7_survives(DA::RecallRank rank, Attention attention) {
+  KVCache<DA> cache(Geometry{1, 1, 1, 4}, Budget::uniform(16),
+                    DA({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.375f,
+                        .recall_fraction = 0.125f, .recall_rank = rank}));
+  const std::vector<float> kv(4, 0.5f), q(4, 0.0f);
+  std::vector<float> probs;
+  for (int t = 0; t < 400; ++t) {
+    cache.append(0, t, kv, kv, q);
+    const auto pos = cache.positions(0, 0);
+    if (t > 7 && std::find(pos.begin(), pos.end(), 7) == pos.end()) return false;
+    kvtest::chosen_then_rest(pos, probs, [&](std::int64_t x) { return attention(t, x); });
+    cache.observe(0, 0, probs);
+  }
+  return true;
+}
+}  // namespace
+
 // Repetitive text: two rows (8, 9) act like sinks, drawing 0.3 of every query's attention;
 // their decayed score keeps them anyway. One row (the name, 7) draws a little while the
 // story is about it, is referred back to once from far away (0.25 at t = 30), then never
@@ -106,63 +128,31 @@ TEST_CASE("DecayedAttention RecallRank::excess and total agree with a brute-forc
 // and the name fades out of the decayed score; the excess spike of a row that always draws
 // the same is zero, so the reserve holds the name.
 TEST_CASE("RecallRank::excess keeps a rarely-recalled row against sink-like rows", "[recall]") {
-  const Geometry g{1, 1, 1, 4};
-  auto name_survives = [&](DA::RecallRank rank) {
-    KVCache<DA> cache(g, Budget::uniform(16),
-                      DA({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.375f,
-                          .recall_fraction = 0.125f, .recall_rank = rank}));
-    const std::vector<float> kv(4, 0.5f), q(4, 0.0f);
-    std::vector<float> probs;
-    for (int t = 0; t < 400; ++t) {
-      cache.append(0, t, kv, kv, q);
-      const auto pos = cache.positions(0, 0);
-      const bool has_name = std::find(pos.begin(), pos.end(), 7) != pos.end();
-      if (t > 7 && !has_name) return false;
-      kvtest::chosen_then_rest(pos, probs, [&](std::int64_t x) {
-        if (x == 8 || x == 9) return 0.3f;
-        if (x == 7) return t < 30 ? 0.05f : (t == 30 ? 0.25f : 0.0f);
-        return -1.0f;
-      });
-      cache.observe(0, 0, probs);
-    }
-    return true;
+  const auto attention = [](int t, std::int64_t x) {
+    if (x == 8 || x == 9) return 0.3f;
+    if (x == 7) return t < 30 ? 0.05f : (t == 30 ? 0.25f : 0.0f);
+    return -1.0f;
   };
-  CHECK(name_survives(DA::RecallRank::excess));
-  CHECK_FALSE(name_survives(DA::RecallRank::spike));
+  CHECK(row7_survives(DA::RecallRank::excess, attention));
+  CHECK_FALSE(row7_survives(DA::RecallRank::spike, attention));
 }
 
 // A repeated token whose copies each draw one large spike (0.3, ten steps after each
 // copy) against an old row (the intro, 7) that the story attends while it is new (0.1
 // until step 20) and then refers back to every 40 steps (0.2). The recent band (the copies
-// too) shares what is left; other old rows draw 0.002 a step. With a 2-row reserve the plain spike
-// keeps the two latest copies (0.3 > 0.2) and the intro fades out of the decayed score
-// between its recalls; its summed draws outgrow every copy's, so RecallRank::total keeps
-// it.
+// too) shares what is left; other old rows draw 0.002 a step. With a 2-row reserve the
+// plain spike keeps the two latest copies (0.3 > 0.2) and the intro fades out of the
+// decayed score between its recalls; its summed draws outgrow every copy's, so
+// RecallRank::total keeps it.
 TEST_CASE("RecallRank::total keeps a steadily attended old row against repeated spikes", "[recall]") {
-  const Geometry g{1, 1, 1, 4};
-  auto intro_survives = [&](DA::RecallRank rank) {
-    KVCache<DA> cache(g, Budget::uniform(16),
-                      DA({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.375f,
-                          .recall_fraction = 0.125f, .recall_rank = rank}));
-    const std::vector<float> kv(4, 0.5f), q(4, 0.0f);
-    std::vector<float> probs;
-    for (int t = 0; t < 400; ++t) {
-      cache.append(0, t, kv, kv, q);
-      const auto pos = cache.positions(0, 0);
-      const bool has_intro = std::find(pos.begin(), pos.end(), 7) != pos.end();
-      if (t > 7 && !has_intro) return false;
-      kvtest::chosen_then_rest(pos, probs, [&](std::int64_t x) {
-        if (x == 7) return t < 20 ? 0.1f : (t % 40 == 0 ? 0.2f : 0.0f);
-        if (t - x < 6) return -1.0f;
-        if (x > 7 && x % 8 == 0) return t - x == 10 ? 0.3f : 0.0f;  // the copies
-        return 0.002f;
-      });
-      cache.observe(0, 0, probs);
-    }
-    return true;
+  const auto attention = [](int t, std::int64_t x) {
+    if (x == 7) return t < 20 ? 0.1f : (t % 40 == 0 ? 0.2f : 0.0f);
+    if (t - x < 6) return -1.0f;
+    if (x > 7 && x % 8 == 0) return t - x == 10 ? 0.3f : 0.0f;  // the copies
+    return 0.002f;
   };
-  CHECK(intro_survives(DA::RecallRank::total));
-  CHECK_FALSE(intro_survives(DA::RecallRank::spike));
+  CHECK(row7_survives(DA::RecallRank::total, attention));
+  CHECK_FALSE(row7_survives(DA::RecallRank::spike, attention));
 }
 
 TEST_CASE("RecallRank::excess saves and restores; states of the two ranks do not mix",
