@@ -52,6 +52,7 @@ struct Args {
   bool first_chunk = false;        ///< --chunked-first-chunk
   std::size_t skip = 0;            ///< --skip
   bool reserve = false;   ///< --tune-reserve: the deduplicated-reserve grid
+  bool rank_grid = false;  ///< --tune-recall-rank: the reserve-rank grid (stop 38)
   bool trace = false;     ///< --trace-reserve: with --haystack, what the reserve ranks first
   bool adaptive = false;  ///< --adaptive: per-head budget splits at equal memory
   bool groups = false;    ///< --groups: the KL table's rows also print each group's mean KL
@@ -103,9 +104,13 @@ std::optional<Args> parse(int argc, char** argv) {
   p.flag("--tune-reserve",
          "the recall-reserve grid (key-signature deduplication) on the chosen measure",
          a.reserve);
+  p.flag("--tune-recall-rank",
+         "as --tune-reserve, the grid of reserve ranks (RecallRank::total) and shares (stop 38)",
+         a.rank_grid);
   p.flag("--trace-reserve",
          "with --haystack: per head, the rows with the largest long-range spike in the first "
-         "story (DecayedAttention rows)",
+         "story (DecayedAttention rows); per counted story, the cue's outcome and the heads "
+         "holding each intro position",
          a.trace);
   p.flag("--brief", "with --retrieval: only the rows of the compared policies", a.brief);
   p.flag("--adaptive",
@@ -143,6 +148,7 @@ std::optional<Args> parse(int argc, char** argv) {
   p.info("--list", "list the registry's policies, then exit",
          [] { fmt::print("policies:\n{}", kvevict::registry::listing()); });
   if (!p.parse(argc, argv)) return std::nullopt;
+  if (a.rank_grid) a.reserve = true;  // the same protocol, another grid
   if (a.model_dir.empty()) a.model_dir = KVEVICT_DEFAULT_MODEL_DIR;
   if (a.streams % 4 != 0)
     throw kvevict::cli::UsageError(
@@ -179,10 +185,51 @@ policies::DecayedAttention dedup_variant(policies::DecayedAttention::RecallDedup
 const policies::DecayedAttention kDistinct =
     dedup_variant(policies::DecayedAttention::RecallDedup::protected_rows, 0.1f);
 
+// The distinct-key reserve at recall fraction 1/4: on the tuning side (--tune-reserve) the
+// one setting tried that recalls at least as well as H2O on both retrieval measures at every
+// budget with KL below StreamingLLM's (docs/quality.md, "The filler measure at 128 rows,
+// stop 38"); reported held out beside recommended().
+policies::DecayedAttention distinct_quarter() {
+  auto c = kDistinct.config();
+  c.recall_fraction = 0.25f;
+  return policies::DecayedAttention(c);
+}
+const policies::DecayedAttention kDistinctQuarter = distinct_quarter();
+
+// --tune-recall-rank (stop 38): the reserve ranked by the sum of long-range draws
+// (RecallRank::total) at recall fractions 1/8, 3/16, 1/4, alone and with the distinct-key
+// reserve of kDistinct; and the spike-ranked reserve at 3/16 and 1/4 (no dedup).
+bool g_rank_grid = false;
+template <class F>
+void for_each_rank_candidate(F&& f) {
+  using DA = policies::DecayedAttention;
+  for (float rf : {0.125f, 0.1875f, 0.25f}) {
+    auto c = DA::recommended().config();
+    c.recall_fraction = rf;
+    if (rf != 0.125f) {
+      const std::string name = fmt::format("recommended(), recall {:.4f}", rf);
+      f(name.c_str(), DA(c));
+    }
+    c.recall_rank = DA::RecallRank::total;
+    const std::string total = fmt::format("recommended(), total-draw reserve, recall {:.4f}", rf);
+    f(total.c_str(), DA(c));
+    auto d = kDistinct.config();
+    d.recall_fraction = rf;
+    d.recall_rank = DA::RecallRank::total;
+    const std::string both =
+        fmt::format("recommended(), total-draw distinct reserve (step 0.10), recall {:.4f}", rf);
+    f(both.c_str(), DA(d));
+  }
+}
+
 // The --tune-reserve grid: deduplication among reserve rows or also against the protected
 // rows, signature step 0.05 / 0.1 / 0.2; recall fraction 1/8 (recommended()'s).
 template <class F>
 void for_each_reserve_candidate(F&& f) {
+  if (g_rank_grid) {
+    for_each_rank_candidate(f);
+    return;
+  }
   using D = policies::DecayedAttention::RecallDedup;
   for (D d : {D::reserve, D::protected_rows})
     for (float step : {0.05f, 0.1f, 0.2f}) {
@@ -521,14 +568,19 @@ void haystack_row(const std::shared_ptr<const Model>& model, const std::vector<H
   for (const auto& c : cases) {
     if (metrics::argmax(c.stream.logits(c.cue)) != static_cast<std::size_t>(c.second)) continue;
     Transformer<Policy> tf(model, b, policy);
+    std::vector<int> intro_heads(c.intro, 0);
+    double story_log = 0.0;
+    bool story_hit = false;
     for (std::size_t t = 0; t < c.stream.size(); ++t) {
       const auto q = tf.forward(c.stream.tokens[t], static_cast<int>(t));
       const auto p = c.stream.logits(t);
       kl += metrics::kl_divergence(p, q);
       ++kl_n;
       if (t != c.cue) continue;
-      hit += metrics::top1_agreement(p, q) ? 1 : 0;
-      log_kept += log_prob(q, c.second) - log_prob(p, c.second);
+      story_hit = metrics::top1_agreement(p, q);
+      story_log = log_prob(q, c.second) - log_prob(p, c.second);
+      hit += story_hit ? 1 : 0;
+      log_kept += story_log;
       const auto& g = model->config().geometry();
       for (int l = 0; l < g.n_layers; ++l)
         for (int h = 0; h < g.n_kv_heads; ++h) {
@@ -542,9 +594,18 @@ void haystack_row(const std::shared_ptr<const Model>& model, const std::vector<H
           }
           heads_hit += held;
           ++heads_n;
+          if (g_trace_reserve)  // per intro position: the heads that still hold it
+            for (std::int64_t x : pos)
+              if (static_cast<std::size_t>(x) < c.intro) ++intro_heads[static_cast<std::size_t>(x)];
           if constexpr (std::is_same_v<Policy, policies::DecayedAttention>)
             if (g_trace_reserve && n == 0) trace_spikes(tf.cache(), c, l, h, name, budget);
         }
+    }
+    if (g_trace_reserve) {  // --trace-reserve: per story, the cue's outcome and the intro kept
+      fmt::print("  story {} ({} tokens): top-1 {}, log p kept {:+.3f}, heads per intro position:",
+                 &c - cases.data(), c.stream.size(), story_hit ? "name" : "MISS", story_log);
+      for (int k : intro_heads) fmt::print(" {}", k);
+      fmt::print("\n");
     }
     ++n;
   }
@@ -1081,6 +1142,7 @@ int main(int argc, char** argv) {
                 a.adaptive
             ? calibrate(r.model)
             : AttentionAgeProfile(r.model->config().geometry(), 1);
+    g_rank_grid = a.rank_grid;
     if (a.haystack) {
       g_trace_reserve = a.trace;
       // --tune picks the tuning fillers (0-1); otherwise the held-out ones (2-3).
@@ -1120,6 +1182,8 @@ int main(int argc, char** argv) {
                      policies::DecayedAttention::recommended());
         haystack_row(r.model, cases, B, "recommended() with the excess-spike reserve", kExcess);
         haystack_row(r.model, cases, B, "recommended() with the distinct-key reserve", kDistinct);
+        haystack_row(r.model, cases, B, "recommended() with the distinct-key reserve, recall 1/4",
+                     kDistinctQuarter);
         haystack_row(r.model, cases, B, "ExpectedAttention (paper settings, 4 sinks)", with_model_rope(kExpectedPaper, r.model->config()));
         haystack_row(r.model, cases, B, "KeyDiff (paper settings)", kKeyDiffPaper);
         haystack_row(r.model, cases, B, "probability-free: 1 sink, 3/8 recent, decayed expected attention",
@@ -1181,6 +1245,8 @@ int main(int argc, char** argv) {
                         policies::DecayedAttention::recommended());
           retrieval_row(r.model, streams, B, "recommended() with the excess-spike reserve", kExcess);
           retrieval_row(r.model, streams, B, "recommended() with the distinct-key reserve", kDistinct);
+          retrieval_row(r.model, streams, B,
+                        "recommended() with the distinct-key reserve, recall 1/4", kDistinctQuarter);
           retrieval_row(r.model, streams, B,
                         "probability-free: 1 sink, 3/8 recent, decayed expected attention",
                         with_model_rope(kProbabilityFree, r.model->config()));
@@ -1360,6 +1426,7 @@ int main(int argc, char** argv) {
             profile.allocate(static_cast<long long>(B), kHalfPerHead));
       r.row(B, "recommended() with the excess-spike reserve", kExcess);
       r.row(B, "recommended() with the distinct-key reserve", kDistinct);
+      r.row(B, "recommended() with the distinct-key reserve, recall 1/4", kDistinctQuarter);
       r.row(B, "ExpectedAttention (paper settings, 4 sinks)", with_model_rope(kExpectedPaper, r.model->config()));
       r.row(B, "KeyDiff (paper settings)", kKeyDiffPaper);
       r.row(B, "KeyDiff (1 sink, recent 3/8)", kKeyDiffBand);

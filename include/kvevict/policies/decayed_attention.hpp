@@ -18,10 +18,11 @@
 // referred back to; attention a row draws while it is recent (previous-token heads) is
 // not counted, so the reserve does not fill with local rows.
 //
-// Repeated text gives every copy of a token its own spike. Two options (off in
-// recommended(), measured in docs/quality.md) keep it from filling the reserve:
-// RecallRank::excess ranks by spike minus mean long-range draw, RecallDedup keeps reserve
-// rows whose keys differ modulo RoPE (detail::key_signature).
+// Repeated text gives every copy of a token its own spike. Options (off in recommended(),
+// measured in docs/quality.md) keep it from filling the reserve: RecallRank::excess ranks
+// by spike minus mean long-range draw, RecallRank::total by the sum of long-range draws
+// (the oldest attended rows first, as H2O), RecallDedup keeps reserve rows whose keys
+// differ modulo RoPE (detail::key_signature).
 //
 // recommended() is the setting chosen on stories260K (docs/quality.md): h = 3,
 // f = 3/8, r = 1/8, one sink.
@@ -53,6 +54,11 @@ class DecayedAttention {
     /// attends alike (a repeated sentence boundary acting as a sink) scores near zero, a row
     /// attended rarely but strongly (a name referred back to) keeps its spike
     excess,
+    /// the sum of the row's long-range draws: H2O's accumulated score, counted only while
+    /// the row is older than the recent band. An old row that every query still attends a
+    /// little (the intro a later cue refers to) outranks a young repetition with one spike;
+    /// the rest of the cache stays ranked by the decayed score
+    total,
   };
   /// Which rows the recall reserve must differ from (by key signature, detail::key_signature:
   /// the same token in the same context, repeated at another position, has the same one).
@@ -86,9 +92,10 @@ class DecayedAttention {
         std::isfinite(c.recall_fraction) && c.recall_fraction >= 0.0f && c.recall_fraction < 1.0f,
         "DecayedAttention: recall_fraction = ", c.recall_fraction, ", expected in [0, 1)");
     kvevict::detail::require(
-        c.recall_rank == RecallRank::spike || c.recall_rank == RecallRank::excess,
+        c.recall_rank == RecallRank::spike || c.recall_rank == RecallRank::excess ||
+            c.recall_rank == RecallRank::total,
         "DecayedAttention: recall_rank = ", static_cast<int>(c.recall_rank),
-        ", expected RecallRank::spike or RecallRank::excess");
+        ", expected RecallRank::spike, excess or total");
     kvevict::detail::require(
         c.recall_dedup == RecallDedup::none || c.recall_dedup == RecallDedup::reserve ||
             c.recall_dedup == RecallDedup::protected_rows,
@@ -145,7 +152,7 @@ class DecayedAttention {
       seqs_.bind(shape);
       latest_.assign(shape.capacity.size(), 0);
       floor_.assign(shape.capacity.size(), 0.0f);
-      if (excess()) bind_excess(shape);
+      if (ranks_draws()) bind_excess(shape);
       if (dedups()) {
         kvevict::detail::require(config_.rope == RopeLayout::none || shape.geometry.head_dim % 2 == 0,
                                  "DecayedAttention: recall_dedup with RoPE pairs needs an even "
@@ -261,7 +268,7 @@ class DecayedAttention {
       spikes_.set(v.layer, v.kv_head, row, 0.0f);
       seqs_.set(v.layer, v.kv_head, row, v.seqs[row]);
       latest_[head_index(v.layer, v.kv_head)] = v.seqs[row];
-      if (excess()) append_excess(v.layer, v.kv_head, row);
+      if (ranks_draws()) append_excess(v.layer, v.kv_head, row);
       if (dedups()) {
         const std::uint64_t sg = v.incoming_key ? detail::key_signature(v.incoming_key, head_dim_,
                                                                         config_.rope, config_.dedup_step)
@@ -278,7 +285,7 @@ class DecayedAttention {
     if (recalls()) {
       spikes_.move(layer, kv_head, from, to);
       seqs_.move(layer, kv_head, from, to);
-      if (excess()) move_excess(layer, kv_head, from, to);
+      if (ranks_draws()) move_excess(layer, kv_head, from, to);
       if (dedups()) sigs_.move(layer, kv_head, from, to);
     }
   }
@@ -292,7 +299,7 @@ class DecayedAttention {
       for (std::size_t r = 0; r < a.size; ++r) sc[r] = g * sc[r] + x[r];
       return;
     }
-    if (excess()) {
+    if (ranks_draws()) {
       observe_excess(a, g);
       return;
     }
@@ -337,7 +344,10 @@ class DecayedAttention {
       spikes_.save(w);
       seqs_.save(w);
       for (std::uint64_t s : latest_) w.put<std::uint64_t>(s);
-      if (excess()) {  // only with RecallRank::excess: other states keep their format
+      if (ranks_draws()) {  // only with RecallRank::excess / total: other states keep their format
+        // total's state starts with a tag (excess's format predates it; its first word is a
+        // column count): the states of the two ranks do not mix either way
+        if (config_.recall_rank != RecallRank::excess) w.put<std::uint64_t>(kTotalTag);
         draws_.save(w);
         counts_.save(w);
       }
@@ -398,7 +408,12 @@ class DecayedAttention {
                                    " of head ", i, " has arrival ", got[r],
                                    ", expected the cache's ", rows[r]);
       }
-      if (excess()) {
+      if (ranks_draws()) {
+        if (config_.recall_rank != RecallRank::excess) {
+          const auto tag = r.get<std::uint64_t>("DecayedAttention recall_rank tag");
+          kvevict::detail::require(tag == kTotalTag, "DecayedAttention state: recall_rank tag ",
+                                   tag, ", expected ", kTotalTag, " (saved with another recall_rank)");
+        }
         draws.load(r, name(), valid);
         counts.load(r, name());
       }
@@ -430,7 +445,10 @@ class DecayedAttention {
   // H2O is this policy at decay 1; it keeps its own name and save format (h2o.hpp).
   friend class H2O;
   [[nodiscard]] bool recalls() const { return config_.recall_fraction > 0.0f; }
-  [[nodiscard]] bool excess() const { return config_.recall_rank == RecallRank::excess; }
+  /// The reserve ranks by the draws columns (RecallRank::excess or total), not the spike alone.
+  [[nodiscard]] bool ranks_draws() const { return config_.recall_rank != RecallRank::spike; }
+  /// The first word of RecallRank::total's draws state ("TOTAL" in ASCII).
+  static constexpr std::uint64_t kTotalTag = 0x4C41544F54ULL;
   [[nodiscard]] bool dedups() const { return config_.recall_dedup != RecallDedup::none; }
 
   // RecallRank::excess: per row, the sum and count of its long-range draws (the spike is
@@ -466,8 +484,10 @@ class DecayedAttention {
       }
     }
   }
-  /// The reserve's rank of row r under RecallRank::excess: spike - mean long-range draw.
-  [[nodiscard]] float excess_of(int layer, int kv_head, std::size_t r) const {
+  /// The reserve's rank of row r under RecallRank::excess (spike - mean long-range draw) or
+  /// RecallRank::total (the sum of its long-range draws).
+  [[nodiscard]] float rank_of(int layer, int kv_head, std::size_t r) const {
+    if (config_.recall_rank == RecallRank::total) return draws_.of(layer, kv_head)[r];
     const std::uint32_t n = counts_.of(layer, kv_head)[r];
     if (n == 0) return 0.0f;
     return spikes_.of(layer, kv_head)[r] - draws_.of(layer, kv_head)[r] / static_cast<float>(n);
@@ -495,7 +515,7 @@ class DecayedAttention {
       if (outside) outside->assign(bits_.begin(), bits_.end());
       return;
     }
-    if (excess() || dedups()) {
+    if (ranks_draws() || dedups()) {
       detail::protection_bits(v, config_.sinks, recent, bits_);
       if (outside) outside->assign(bits_.begin(), bits_.end());
       keep_recalled(v, false);
@@ -624,7 +644,7 @@ class DecayedAttention {
     // cand_row_ [0, cand_n_) (the buffers only grow: no clearing per step).
     const auto collect = [&](float lo) {
       reserve_candidates(v.size);
-      if (!excess()) {  // the spike is the rank: one dispatched pass over the open rows
+      if (!ranks_draws()) {  // the spike is the rank: one dispatched pass over the open rows
         cand_n_ = kernels::gather_open(sp.data(), v.size, bits_.data(), lo, cand_spike_.data(),
                                        cand_row_.data());
         return;
@@ -635,7 +655,7 @@ class DecayedAttention {
         while (open) {
           const std::size_t r = w * 64 + static_cast<std::size_t>(std::countr_zero(open));
           open &= open - 1;
-          const float rank = excess_of(v.layer, v.kv_head, r);
+          const float rank = rank_of(v.layer, v.kv_head, r);
           if (rank > 0.0f && rank >= lo) {
             cand_spike_[c] = rank;
             cand_row_[c] = static_cast<std::uint32_t>(r);
@@ -655,7 +675,7 @@ class DecayedAttention {
       return;
     }
     if (limit == 0) return;
-    const float hint = excess() ? 0.0f : floor_[h];
+    const float hint = ranks_draws() ? 0.0f : floor_[h];
     if (!gathered) collect(hint);
     if (hint > 0.0f && cand_n_ < limit) collect(0.0f);
     const std::size_t m = cand_n_;
