@@ -1108,3 +1108,51 @@ TEST_CASE("gather_open_at_most and scaled_row_dots agree with their definitions 
     check(out, &some);
   }
 }
+
+TEST_CASE("arrival_dots: the squared norm and G dot products in 8 lanes at every level",
+          "[kernels][select]") {
+  std::mt19937_64 rng(29);
+  std::normal_distribution<float> nd;
+  const bool avx2 = kk::isa_supported(Isa::avx2);
+  for (std::size_t d : {1u, 7u, 8u, 9u, 16u, 33u, 128u})
+    for (std::size_t G : {1u, 3u, 4u}) {
+      std::vector<float> key(d), val(d);
+      std::vector<double> means(G * d);
+      for (auto& x : key) x = nd(rng);
+      for (auto& x : val) x = nd(rng) * 3.0f;
+      for (auto& x : means) x = static_cast<double>(nd(rng)) * (1.0 + 1.0 / 3.0);  // full mantissas
+      // The definition: coordinate i into lane i % 8 in order, then the tree.
+      auto lanes = [&](auto a, auto b) {
+        double l[8] = {};
+        for (std::size_t i = 0; i < d; ++i) {
+          const double p = static_cast<double>(a[i]) * static_cast<double>(b[i]);
+          l[i % 8] += p;
+        }
+        return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+      };
+      std::vector<double> want(G);
+      for (std::size_t g = 0; g < G; ++g) want[g] = lanes(means.data() + g * d, key.data());
+      const double want_sq = lanes(val.data(), val.data());
+      // Within rounding of the ordered sums (what the lanes replace).
+      for (std::size_t g = 0; g < G; ++g) {
+        double ordered = 0.0, mag = 0.0;
+        for (std::size_t i = 0; i < d; ++i) {
+          ordered += means[g * d + i] * static_cast<double>(key[i]);
+          mag += std::fabs(means[g * d + i] * static_cast<double>(key[i]));
+        }
+        CHECK(std::fabs(want[g] - ordered) <= 2.0 * static_cast<double>(d) * 0x1p-52 * mag);
+      }
+      using Fn = double (*)(const float*, const float*, const double*, std::size_t, std::size_t,
+                            double*);
+      std::vector<Fn> levels{&kk::detail::scalar::arrival_dots, &kk::arrival_dots};
+#if KVEVICT_X86
+      if (avx2) levels.push_back(&kk::detail::avx2::arrival_dots);
+#endif
+      for (Fn fn : levels) {
+        std::vector<double> lin(G + 1, 7.0);
+        CHECK(fn(key.data(), val.data(), means.data(), G, d, lin.data()) == want_sq);
+        for (std::size_t g = 0; g < G; ++g) CHECK(lin[g] == want[g]);
+        CHECK(lin[G] == 7.0);  // untouched
+      }
+    }
+}

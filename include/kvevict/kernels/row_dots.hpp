@@ -1,7 +1,9 @@
 // Row kernels of KeyDiff's bounded candidate search (policies/keydiff.hpp): the dot product
 // of every stored key with one anchor (its rebase, n x d multiply-adds), and the gather of
 // the open rows at or below a threshold (its candidates). One body per level (scalar, AVX2,
-// AVX-512); the untemplated entry points dispatch on active_isa() once per call.
+// AVX-512); the untemplated entry points dispatch on active_isa() once per call. Also
+// ExpectedAttention's arrival (arrival_dots: one row's squared norm and G dot products in
+// double, scalar and AVX2 bodies with the same values).
 #pragma once
 
 #include <bit>
@@ -22,6 +24,8 @@ KVEVICT_KERNEL_FN std::size_t gather_open_at_most(const float* s, const std::uin
                                                   std::uint64_t hi, float t, std::uint32_t* idx);
 KVEVICT_KERNEL_FN std::size_t gather_at_most(const float* s, std::size_t n, float t,
                                              std::uint32_t* idx, std::size_t* finite);
+KVEVICT_KERNEL_FN double arrival_dots(const float* key, const float* val, const double* means,
+                                      std::size_t group, std::size_t d, double* lin);
 }  // namespace kvevict::kernels
 
 #if !KVEVICT_KERNELS_DECLARE_ONLY
@@ -74,6 +78,30 @@ KVEVICT_ALWAYS_INLINE std::size_t gather_at_most_body(const float* s, std::size_
   }
   *finite = fin;
   return count;
+}
+/// arrival_dots' lanes: coordinate i goes into lane i % 8 (in coordinate order, each
+/// product rounded before its add), and the 8 lanes are added as a tree.
+constexpr std::size_t kArrivalDotLanes = 8;
+KVEVICT_ALWAYS_INLINE double lane_tree(const double* l) noexcept {
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+/// Lanes of sum_i a[i] * b[i] from coordinate i = from on (a scalar tail or the whole sum).
+template <class A>
+KVEVICT_ALWAYS_INLINE void lane_dots(const A* a, const float* b, std::size_t from, std::size_t d,
+                                     double* l) noexcept {
+  for (std::size_t i = from; i < d; ++i)
+    l[i % kArrivalDotLanes] += static_cast<double>(a[i]) * static_cast<double>(b[i]);
+}
+inline double arrival_dots(const float* key, const float* val, const double* means,
+                           std::size_t group, std::size_t d, double* lin) noexcept {
+  for (std::size_t g = 0; g < group; ++g) {
+    double l[kArrivalDotLanes] = {};
+    lane_dots(means + g * d, key, 0, d, l);
+    lin[g] = lane_tree(l);
+  }
+  double l[kArrivalDotLanes] = {};
+  lane_dots(val, val, 0, d, l);
+  return lane_tree(l);
 }
 }  // namespace scalar
 
@@ -151,6 +179,39 @@ KVEVICT_TARGET_AVX2 inline std::size_t gather_at_most(const float* s, std::size_
     }
   }
   return scalar::gather_at_most_body(s, n, t, idx, finite, r, count, fin);
+}
+// arrival_dots 8 coordinates at a time: lanes 0-3 and 4-7 in two registers, a multiply then
+// an add (no FMA at this level), the tail coordinates through the scalar lanes.
+KVEVICT_TARGET_AVX2 inline double lane_dot(const double* a, const float* b, std::size_t d) noexcept {
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  std::size_t i = 0;
+  for (; i + 8 <= d; i += 8) {
+    lo = _mm256_add_pd(lo, _mm256_mul_pd(_mm256_loadu_pd(a + i), _mm256_cvtps_pd(_mm_loadu_ps(b + i))));
+    hi = _mm256_add_pd(hi, _mm256_mul_pd(_mm256_loadu_pd(a + i + 4), _mm256_cvtps_pd(_mm_loadu_ps(b + i + 4))));
+  }
+  alignas(32) double l[scalar::kArrivalDotLanes];
+  _mm256_store_pd(l, lo);
+  _mm256_store_pd(l + 4, hi);
+  scalar::lane_dots(a, b, i, d, l);
+  return scalar::lane_tree(l);
+}
+KVEVICT_TARGET_AVX2 inline double arrival_dots(const float* key, const float* val,
+                                               const double* means, std::size_t group,
+                                               std::size_t d, double* lin) noexcept {
+  for (std::size_t g = 0; g < group; ++g) lin[g] = lane_dot(means + g * d, key, d);
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  std::size_t i = 0;
+  for (; i + 8 <= d; i += 8) {
+    const __m256d a = _mm256_cvtps_pd(_mm_loadu_ps(val + i));
+    const __m256d b = _mm256_cvtps_pd(_mm_loadu_ps(val + i + 4));
+    lo = _mm256_add_pd(lo, _mm256_mul_pd(a, a));
+    hi = _mm256_add_pd(hi, _mm256_mul_pd(b, b));
+  }
+  alignas(32) double l[scalar::kArrivalDotLanes];
+  _mm256_store_pd(l, lo);
+  _mm256_store_pd(l + 4, hi);
+  scalar::lane_dots(val, val, i, d, l);
+  return scalar::lane_tree(l);
 }
 }  // namespace avx2
 
@@ -294,6 +355,25 @@ KVEVICT_KERNEL_FN std::size_t gather_at_most(const float* s, std::size_t n, floa
   if (isa == Isa::avx2) return detail::avx2::gather_at_most(s, n, t, idx, finite);
 #endif
   return detail::scalar::gather_at_most_body(s, n, t, idx, finite, 0, 0, 0);
+}
+
+/// ExpectedAttention's arrival (policies/expected_attention.hpp): returns sum_i val[i]^2 and
+/// sets lin[g] = sum_i means[g * d + i] * key[i] for g < group, in double, each sum in 8
+/// lanes (coordinate i into lane i % 8, in coordinate order, every product rounded before its
+/// add) added ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)): independent chains of d / 8
+/// adds where one ordered sum is a chain of d. The same values at every level (AVX-512 CPUs
+/// run the AVX2 body), as long as the compiler does not fuse the scalar body's multiply-adds
+/// (no FMA in the target flags).
+KVEVICT_KERNEL_FN double arrival_dots(const float* key, const float* val, const double* means,
+                                      std::size_t group, std::size_t d, double* lin) {
+  detail::require_nonnull(key, d, "key");
+  detail::require_nonnull(val, d, "val");
+  detail::require_nonnull(means, group * d, "means");
+  detail::require_nonnull(lin, group, "lin");
+#if KVEVICT_X86
+  if (active_isa() != Isa::scalar) return detail::avx2::arrival_dots(key, val, means, group, d, lin);
+#endif
+  return detail::scalar::arrival_dots(key, val, means, group, d, lin);
 }
 
 }  // namespace kvevict::kernels

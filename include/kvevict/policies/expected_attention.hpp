@@ -44,9 +44,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "../attention_core.hpp"
+#include "../kernels/row_dots.hpp"
 #include "../errors.hpp"
 #include "common.hpp"
 
@@ -246,13 +248,17 @@ class ExpectedAttention {
     forget(v.layer, v.kv_head);
     add_queries(v);
     // Mean-only arrivals of a frozen head: the value norm and the G logits in one pass over
-    // the row (arrival_one_pass: G + 1 independent sums, each in the order of the loops
-    // here and in arrival_score, so the same values).
+    // the row (float storage: arrival_lanes, each sum in 8 lanes; otherwise
+    // arrival_one_pass: G + 1 independent sums, each in the order of the loops here and in
+    // arrival_score, so the same values).
     const bool one_pass = amortised() && lanes_arrival(v, row);
     float vn = 0.0f;
     double score = 0.0;
     if (one_pass) {
-      score = group_ == 4 ? arrival_one_pass<4>(v, row, vn) : arrival_one_pass<0>(v, row, vn);
+      if constexpr (std::is_same_v<S, float>)
+        score = arrival_lanes(v, row, vn);
+      else
+        score = group_ == 4 ? arrival_one_pass<4>(v, row, vn) : arrival_one_pass<0>(v, row, vn);
     } else {
       double s = 0.0;
       for (const S& x : v.value(row)) s += static_cast<double>(x) * static_cast<double>(x);
@@ -591,13 +597,13 @@ class ExpectedAttention {
     frozen_norm_[i] = log_norm;
     frozen_[h] = 1;
   }
-  // The frozen means the head's arrival will read (arrival_one_pass, after every head of the
+  // The frozen means the head's arrival will read (arrival_lanes or arrival_one_pass, after every head of the
   // step decided): requested now, so that they arrive while the decisions run.
   template <class S>
   void prefetch_arrival(const HeadView<S>& v) const {
     if (frozen_lanes_.empty()) return;
-    const auto* p = reinterpret_cast<const char*>(frozen_lanes_.data() +
-                                                  head_index(v.layer, v.kv_head) * d_ * group_);
+    const std::vector<double>& m = std::is_same_v<S, float> ? frozen_mean_ : frozen_lanes_;
+    const auto* p = reinterpret_cast<const char*>(m.data() + head_index(v.layer, v.kv_head) * d_ * group_);
     for (std::size_t o = 0; o < d_ * group_ * sizeof(double); o += 64) __builtin_prefetch(p + o);
   }
   // Whether an arrival is scored by arrival_one_pass (mean-only logits, G <= 16 lanes,
@@ -631,6 +637,23 @@ class ExpectedAttention {
     const double root = std::sqrt(static_cast<double>(d));
     double s = 0.0;
     for (std::size_t g = 0; g < G; ++g) s += std::exp(lin[g] / root - frozen_norm_[h * group_ + g]);
+    return with_value_norm(s / static_cast<double>(group_), vn);
+  }
+  // arrival_one_pass for float storage through kernels::arrival_dots: the squared value
+  // norm and the G products with the frozen means (frozen_mean_, g-major) each summed in 8
+  // lanes (coordinate i into lane i % 8, then a tree), so that no sum is a chain of d
+  // dependent adds (the ordered sums' latency was most of an arrival's time). The values
+  // differ from the ordered sums' by the rounding of the additions (about 1e-16 relative).
+  template <class S>
+  double arrival_lanes(const HeadView<S>& v, std::size_t row, float& vn) const {
+    const std::size_t d = d_, h = head_index(v.layer, v.kv_head);
+    double lin[kArrivalLanes] = {};
+    const double sq = kernels::arrival_dots(v.key(row).data(), v.value(row).data(),
+                                            frozen_mean_.data() + h * group_ * d, group_, d, lin);
+    vn = static_cast<float>(std::sqrt(sq));
+    const double root = std::sqrt(static_cast<double>(d));
+    double s = 0.0;
+    for (std::size_t g = 0; g < group_; ++g) s += std::exp(lin[g] / root - frozen_norm_[h * group_ + g]);
     return with_value_norm(s / static_cast<double>(group_), vn);
   }
   // A row appended between rescorings: exp(z - log-normaliser) under the last rescoring's
