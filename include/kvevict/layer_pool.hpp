@@ -262,7 +262,8 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
         auto& idx = s.rows;
         if (idx.size() < h.size) idx.resize(h.size);
         // The dispatched gather and the finite count in one pass over the costs (the
-        // arrival indices are read only for the rows gathered).
+        // arrival indices are read only for the gathered rows that can be among the `want`
+        // first: pool_contenders).
         const std::size_t m = kernels::gather_at_most(h.costs, h.size, guess, idx.data(), &evictable);
         if (m >= want || m == evictable) {
           const std::size_t keep = std::min(want, m);
