@@ -157,6 +157,48 @@ TEST_CASE("pooled_victim_counts equals the brute-force rule on small layers", "[
   REQUIRE(checked > 1000);
   REQUIRE(uneven > 100);  // the split really moves between heads
 }
+TEST_CASE("pool_contenders keeps every row that can be among the first k, and no more", "[pool]") {
+  kvtest::Rng rng(38);
+  std::vector<float> scratch;
+  int trimmed = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    const std::size_t rows = std::size_t(rng.uniform(1, 60));
+    std::vector<float> costs(rows);
+    std::vector<std::uint64_t> seqs(rows);
+    for (std::size_t r = 0; r < rows; ++r) {
+      costs[r] = float(rng.uniform(0, 6)) * 0.5f - (rng.chance(0.1) ? 0.0f : 0.25f);  // many ties
+      if (rng.chance(0.05)) costs[r] = -0.0f;
+      seqs[r] = r;
+    }
+    std::shuffle(seqs.begin(), seqs.end(), rng.engine());
+    std::vector<std::uint32_t> idx;  // a gathered subset, in row order
+    for (std::size_t r = 0; r < rows; ++r)
+      if (rng.chance(0.7)) idx.push_back(std::uint32_t(r));
+    const std::size_t m = idx.size(), keep = std::size_t(rng.uniform(0, long(m) + 2));
+    const auto order = [&](std::uint32_t a, std::uint32_t b) {
+      return costs[a] != costs[b] ? costs[a] < costs[b] : seqs[a] < seqs[b];
+    };
+    std::vector<std::uint32_t> all = idx;
+    std::sort(all.begin(), all.end(), order);
+    const std::size_t want = std::min(keep, m);
+    std::vector<std::uint32_t> got = idx;
+    const std::size_t n = kd::pool_contenders(costs.data(), got.data(), m, keep, scratch);
+    INFO("trial " << trial << " m " << m << " keep " << keep);
+    REQUIRE(n >= want);
+    REQUIRE(n <= m);
+    // Exactly the rows at or below the keep-th cost (every row when keep >= m, none at 0).
+    const float kth = want == 0 ? -1.0f : costs[all[want - 1]];
+    std::size_t expected = 0;
+    for (std::uint32_t r : idx) expected += keep >= m || (want > 0 && costs[r] <= kth) ? 1 : 0;
+    REQUIRE(n == expected);
+    std::vector<std::uint32_t> front(got.begin(), got.begin() + long(n));
+    std::sort(front.begin(), front.end(), order);
+    REQUIRE(std::vector<std::uint32_t>(front.begin(), front.begin() + long(want)) ==
+            std::vector<std::uint32_t>(all.begin(), all.begin() + long(want)));
+    trimmed += n < m;
+  }
+  REQUIRE(trimmed > 500);  // the cut really drops rows
+}
 TEST_CASE("share-scaled pool costs: finite costs scaled, reserve and protected rows kept", "[pool]") {
   constexpr float inf = std::numeric_limits<float>::infinity(), top = std::numeric_limits<float>::max();
   std::vector<float> c{0.5f, 2.0f, inf, top, std::nanf(""), 0.0f, top / 2};

@@ -121,6 +121,7 @@ struct PoolScratch {
   };
   std::vector<Cand> head_rows, chosen;
   std::vector<std::uint32_t> rows;  ///< a head's rows at or below a guessed bound
+  std::vector<float> bound;         ///< pool_contenders: the gathered rows' costs
   static bool before(const Cand& a, const Cand& b) {
     if (a.cost != b.cost) return a.cost < b.cost;
     if (a.seq != b.seq) return a.seq < b.seq;
@@ -142,6 +143,28 @@ struct PoolScratch {
     return true;
   }
 };
+
+/// Of the rows idx[0, m) (costs[idx[j]] finite, not NaN), moves to the front those that
+/// can be among the `keep` first by (cost, seq): the rows costing at most the keep-th
+/// smallest cost (ties included), and returns how many (at least keep; m when keep >= m).
+/// The costs are hot (just written) and the arrival indices cold, so the caller reads the
+/// arrival indices of these rows only. `scratch` holds the m costs.
+inline std::size_t pool_contenders(const float* costs, std::uint32_t* idx, std::size_t m,
+                                   std::size_t keep, std::vector<float>& scratch) {
+  if (keep >= m) return m;
+  if (keep == 0) return 0;
+  scratch.resize(m);
+  for (std::size_t j = 0; j < m; ++j) scratch[j] = costs[idx[j]];
+  std::nth_element(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(keep - 1), scratch.end());
+  const float kth = scratch[keep - 1];
+  std::size_t n = 0;
+  for (std::size_t j = 0; j < m; ++j) {
+    const std::uint32_t r = idx[j];
+    idx[n] = r;
+    n += costs[r] <= kth ? 1 : 0;
+  }
+  return n;
+}
 
 /// A head's cheapest rows as the last selection found them (sorted by PoolScratch::before),
 /// kept by the caller: while the head's costs are unchanged (PoolHead::reuse) the next
@@ -178,6 +201,14 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
   bool over_ceiling = false;
   for (const auto& h : heads) over_ceiling |= h.size + h.incoming > h.ceiling;
   if (need == 0 && !over_ceiling) return;
+  // The kept prefixes are cold (read once per step, by the reuse or the guessed bound):
+  // start their reads for every head at once.
+  for (const auto& h : heads)
+    if (h.prefix && !h.prefix->rows.empty()) {
+      const auto* p = reinterpret_cast<const char*>(h.prefix->rows.data());
+      const std::size_t bytes = std::min<std::size_t>(h.prefix->rows.size(), 10) * sizeof(PoolScratch::Cand);
+      for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
+    }
   const auto fail = [&](const std::string& what) {
     throw std::logic_error(std::string("kvevict: policy ") + policy + ": " + what);
   };
@@ -231,14 +262,16 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
         auto& idx = s.rows;
         if (idx.size() < h.size) idx.resize(h.size);
         // The dispatched gather and the finite count in one pass over the costs (the
-        // arrival indices are read only for the rows gathered).
+        // arrival indices are read only for the gathered rows that can be among the `want`
+        // first: pool_contenders).
         const std::size_t m = kernels::gather_at_most(h.costs, h.size, guess, idx.data(), &evictable);
         if (m >= want || m == evictable) {
-          for (std::size_t j = 0; j < m; ++j)
+          const std::size_t keep = std::min(want, m);
+          const std::size_t n = pool_contenders(h.costs, idx.data(), m, keep, s.bound);
+          for (std::size_t j = 0; j < n; ++j)
             heap.push_back(PoolScratch::Cand{h.costs[idx[j]], h.seqs[idx[j]], head_of});
-          const auto keep = static_cast<std::ptrdiff_t>(std::min(want, m));
-          std::partial_sort(heap.begin(), heap.begin() + keep, heap.end(), less);
-          heap.resize(static_cast<std::size_t>(keep));
+          std::partial_sort(heap.begin(), heap.begin() + static_cast<std::ptrdiff_t>(keep), heap.end(), less);
+          heap.resize(keep);
           guessed = true;
         }
       }
