@@ -181,13 +181,19 @@ KVEVICT_TARGET_AVX2 inline std::size_t gather_at_most(const float* s, std::size_
   return scalar::gather_at_most_body(s, n, t, idx, finite, r, count, fin);
 }
 // arrival_dots 8 coordinates at a time: lanes 0-3 and 4-7 in two registers, a multiply then
-// an add (no FMA at this level), the tail coordinates through the scalar lanes.
-KVEVICT_TARGET_AVX2 inline double lane_dot(const double* a, const float* b, std::size_t d) noexcept {
+// an add (no FMA at this level), the tail coordinates through the scalar lanes. A is double
+// (the means) or float (the value row, widened as the scalar body widens it).
+KVEVICT_TARGET_AVX2 inline __m256d lane_load(const double* a) noexcept { return _mm256_loadu_pd(a); }
+KVEVICT_TARGET_AVX2 inline __m256d lane_load(const float* a) noexcept {
+  return _mm256_cvtps_pd(_mm_loadu_ps(a));
+}
+template <class A>
+KVEVICT_TARGET_AVX2 inline double lane_dot(const A* a, const float* b, std::size_t d) noexcept {
   __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
   std::size_t i = 0;
   for (; i + 8 <= d; i += 8) {
-    lo = _mm256_add_pd(lo, _mm256_mul_pd(_mm256_loadu_pd(a + i), _mm256_cvtps_pd(_mm_loadu_ps(b + i))));
-    hi = _mm256_add_pd(hi, _mm256_mul_pd(_mm256_loadu_pd(a + i + 4), _mm256_cvtps_pd(_mm_loadu_ps(b + i + 4))));
+    lo = _mm256_add_pd(lo, _mm256_mul_pd(lane_load(a + i), _mm256_cvtps_pd(_mm_loadu_ps(b + i))));
+    hi = _mm256_add_pd(hi, _mm256_mul_pd(lane_load(a + i + 4), _mm256_cvtps_pd(_mm_loadu_ps(b + i + 4))));
   }
   alignas(32) double l[scalar::kArrivalDotLanes];
   _mm256_store_pd(l, lo);
@@ -199,19 +205,7 @@ KVEVICT_TARGET_AVX2 inline double arrival_dots(const float* key, const float* va
                                                const double* means, std::size_t group,
                                                std::size_t d, double* lin) noexcept {
   for (std::size_t g = 0; g < group; ++g) lin[g] = lane_dot(means + g * d, key, d);
-  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
-  std::size_t i = 0;
-  for (; i + 8 <= d; i += 8) {
-    const __m256d a = _mm256_cvtps_pd(_mm_loadu_ps(val + i));
-    const __m256d b = _mm256_cvtps_pd(_mm_loadu_ps(val + i + 4));
-    lo = _mm256_add_pd(lo, _mm256_mul_pd(a, a));
-    hi = _mm256_add_pd(hi, _mm256_mul_pd(b, b));
-  }
-  alignas(32) double l[scalar::kArrivalDotLanes];
-  _mm256_store_pd(l, lo);
-  _mm256_store_pd(l + 4, hi);
-  scalar::lane_dots(val, val, i, d, l);
-  return scalar::lane_tree(l);
+  return lane_dot(val, val, d);
 }
 }  // namespace avx2
 
