@@ -193,27 +193,34 @@ inline bool has_avx512_vnni() noexcept {
 #endif
 }
 
+namespace detail {
 /// True when the CPU runs the AVX-512 level and has AVX512_VBMI and AVX512_VBMI2 (VPERMB,
-/// VPCOMPRESSB), and KVEVICT_ISA allows that sub-level (unset or "avx512vbmi2"; "avx512"
-/// keeps the plain AVX-512 kernels, so both run on such a CPU). Read once per process; used
-/// by the AVX-512 float top-k (select.hpp). Throws std::invalid_argument if KVEVICT_ISA
-/// holds an unknown value.
-inline bool has_avx512_vbmi2() {
-#if KVEVICT_X86
-  static const bool vbmi2 = [] {
-    if (detected_isa() != Isa::avx512 || !detail::env_allows_vbmi2()) return false;
+/// VPCOMPRESSB), whatever KVEVICT_ISA says; read once per process.
+inline bool cpu_has_avx512_vbmi2() noexcept {
 #if KVEVICT_COMPILED_AVX512 && defined(__AVX512VBMI__) && defined(__AVX512VBMI2__)
-    return true;
-#else
+  return true;
+#elif KVEVICT_X86
+  static const bool vbmi2 = [] {
+    if (detected_isa() != Isa::avx512) return false;
     unsigned a = 0, b = 0, c = 0, d = 0;
     __cpuid_count(7, 0, a, b, c, d);
     return ((c >> 1) & 1) != 0 && ((c >> 6) & 1) != 0;
-#endif
   }();
   return vbmi2;
 #else
   return false;
 #endif
+}
+}  // namespace detail
+
+/// The AVX-512 level's VBMI2 sub-level: the CPU has AVX512_VBMI and AVX512_VBMI2
+/// (detail::cpu_has_avx512_vbmi2) and KVEVICT_ISA allows it (unset or "avx512vbmi2";
+/// "avx512" keeps the plain AVX-512 kernels, so both run on such a CPU). Read once per
+/// process; used by the AVX-512 float top-k (select.hpp). Throws std::invalid_argument if
+/// KVEVICT_ISA holds an unknown value.
+inline bool has_avx512_vbmi2() {
+  static const bool vbmi2 = detail::cpu_has_avx512_vbmi2() && detail::env_allows_vbmi2();
+  return vbmi2;
 }
 
 /// True when kernels pinned to `isa` may run on this CPU.
