@@ -547,6 +547,37 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512i scaled_log_bin16(__m512 x, _
       _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(kScaledNaNBin));
 }
 
+/// 64 bins (0 .. 255 in int32 lanes) packed to bytes by VPACKUSDW + VPACKUSWB, which
+/// interleave 4-row groups: byte 16 L + 4 q + i is row 16 q + 4 L + i (scaled_pack_rows).
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512i scaled_pack64(__m512i b0, __m512i b1,
+                                                                 __m512i b2, __m512i b3) noexcept {
+  return _mm512_packus_epi16(_mm512_packus_epi32(b0, b1), _mm512_packus_epi32(b2, b3));
+}
+
+/// Stores topk_scaled's register r of packed bins and counts byte_select's first step on
+/// it in the bin pass (bins <= 63, 127, 191: constants), so that its compares overlap the
+/// bin arithmetic: one dependent step less.
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE void scaled_keep(std::uint8_t* qb, std::size_t r,
+                                                            __m512i q, std::size_t* c1) noexcept {
+  _mm512_store_si512(qb + 64 * r, q);
+  for (int d = 0; d < 3; ++d)
+    c1[d] += static_cast<std::size_t>(_mm_popcnt_u64(_cvtmask64_u64(
+        _mm512_cmple_epu8_mask(q, _mm512_set1_epi8(static_cast<char>(64 * d + 63))))));
+}
+
+/// topk_scaled's k-th smallest bin t among nb registers of bins, and the rows below it
+/// (*c_lt), from the first step's counts c1 and three dependent 2-bit steps.
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE unsigned scaled_kth_bin(const std::size_t* c1,
+                                                                   const std::uint8_t* qb,
+                                                                   std::size_t nb, std::size_t k,
+                                                                   std::size_t* c_lt) noexcept {
+  unsigned t = 0;
+  *c_lt = 0;
+  byte_digit<3>(c1, 6, k, &t, c_lt);
+  for (int b = 4; b >= 0; b -= 2) byte_step<2, false>(qb, nb, b, k, 0, &t, c_lt);
+  return t;
+}
+
 KVEVICT_TARGET_AVX512 inline bool topk_scaled(const float* s, std::size_t n, std::size_t k,
                                               std::uint32_t* out, int depth = 0) noexcept;
 
@@ -646,22 +677,16 @@ KVEVICT_TARGET_AVX512 inline bool topk_scaled(const float* s, std::size_t n, std
   // saturation; NaN's 0xFFFFFFFF is clamped to 255 first), which interleave 4-row groups:
   // byte 16 L + 4 q + i of block r is row 64 r + 16 q + 4 L + i (scaled_pack_rows); rows past
   // n in bin 255.
-  // byte_select's first step (bins <= 63, 127, 191: constants) counted here, on the
-  // registers just packed: its compares overlap the bin arithmetic, one dependent step less.
+  // byte_select's first step counted here (scaled_keep).
   std::size_t c1[3] = {0, 0, 0};
   for (std::size_t r = 0; r < nb; ++r) {
-    const __m512i p01 = _mm512_packus_epi32(bin(load(4 * r)), bin(load(4 * r + 1)));
-    const __m512i p23 = _mm512_packus_epi32(bin(load(4 * r + 2)), bin(load(4 * r + 3)));
-    const __m512i q = _mm512_packus_epi16(p01, p23);
-    _mm512_store_si512(qb + 64 * r, q);
-    for (int d = 0; d < 3; ++d)
-      c1[d] += static_cast<std::size_t>(_mm_popcnt_u64(_cvtmask64_u64(
-          _mm512_cmple_epu8_mask(q, _mm512_set1_epi8(static_cast<char>(64 * d + 63))))));
+    scaled_keep(qb, r,
+                scaled_pack64(bin(load(4 * r)), bin(load(4 * r + 1)), bin(load(4 * r + 2)),
+                              bin(load(4 * r + 3))),
+                c1);
   }
-  std::size_t c_lt = 0;  // rows in bins below t
-  unsigned t = 0;
-  byte_digit<3>(c1, 6, k, &t, &c_lt);
-  for (int b = 4; b >= 0; b -= 2) byte_step<2, false>(qb, nb, b, k, 0, &t, &c_lt);
+  std::size_t c_lt;  // rows in bins below t
+  const unsigned t = scaled_kth_bin(c1, qb, nb, k, &c_lt);
   if (t == kScaledNaNBin) return false;  // the k-th row is a NaN
   // The ids of the rows in bins below t into out (the bins compared 64 at a time, the ids
   // in packing order); the 64-row blocks holding bin t's rows noted, without a branch, their
@@ -800,19 +825,13 @@ KVEVICT_TARGET_AVX512_VBMI2 inline bool topk_scaled_vbmi2(const float* s, std::s
     // byte_select's first step counted in the bin pass, as in topk_scaled.
     std::size_t c1[3] = {0, 0, 0};
     for (std::size_t r = 0; r < nb; ++r) {
-      const __m512i p01 = _mm512_packus_epi32(bin(4 * r), bin(4 * r + 1));
-      const __m512i p23 = _mm512_packus_epi32(bin(4 * r + 2), bin(4 * r + 3));
-      __m512i q = _mm512_permutexvar_epi8(row_of, _mm512_packus_epi16(p01, p23));
+      __m512i q = _mm512_permutexvar_epi8(
+          row_of, scaled_pack64(bin(4 * r), bin(4 * r + 1), bin(4 * r + 2), bin(4 * r + 3)));
       if constexpr (!kLog) q = _mm512_xor_si512(q, _mm512_set1_epi8(-1));
-      _mm512_store_si512(qb + 64 * r, q);
-      for (int d = 0; d < 3; ++d)
-        c1[d] += static_cast<std::size_t>(_mm_popcnt_u64(_cvtmask64_u64(
-            _mm512_cmple_epu8_mask(q, _mm512_set1_epi8(static_cast<char>(64 * d + 63))))));
+      scaled_keep(qb, r, q, c1);
     }
-    std::size_t c_lt = 0;  // rows in bins below t
-    unsigned t = 0;
-    byte_digit<3>(c1, 6, k, &t, &c_lt);
-    for (int b = 4; b >= 0; b -= 2) byte_step<2, false>(qb, nb, b, k, 0, &t, &c_lt);
+    std::size_t c_lt;  // rows in bins below t
+    const unsigned t = scaled_kth_bin(c1, qb, nb, k, &c_lt);
     if (t == kScaledNaNBin) return false;  // the k-th row is a NaN
     const __m512i vt = _mm512_set1_epi8(static_cast<char>(t));
     std::size_t pos = 0, m = 0;
