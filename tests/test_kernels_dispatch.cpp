@@ -30,8 +30,9 @@ TEST_CASE("KVEVICT_ISA values are parsed strictly", "[kernels][dispatch]") {
   REQUIRE(kk::detail::parse_isa("scalar") == Isa::scalar);
   REQUIRE(kk::detail::parse_isa("avx2") == Isa::avx2);
   REQUIRE(kk::detail::parse_isa("avx512") == Isa::avx512);
+  REQUIRE(kk::detail::parse_isa("avx512vbmi2") == Isa::avx512);
   REQUIRE_THROWS_WITH(kk::detail::parse_isa("sse9"),
-                      Catch::Contains("sse9") && Catch::Contains("scalar, avx2, avx512"));
+                      Catch::Contains("sse9") && Catch::Contains("scalar, avx2, avx512, avx512vbmi2"));
 }
 
 TEST_CASE("pinned levels above the CPU's throw instead of faulting", "[kernels][dispatch]") {

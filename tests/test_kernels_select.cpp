@@ -5,11 +5,14 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kvevict/kernels/kernels.hpp"
@@ -146,15 +149,31 @@ void check_topk(Isa isa, const std::vector<float>& s, std::size_t k,
 #if KVEVICT_X86
 /// avx512::topk_scaled itself: when it takes the input, ref_select's set (or *ref) and
 /// nothing past out[k); when it refuses, nothing written. Returns whether it took it.
+// avx512::topk_scaled and, on a CPU with VBMI2 (whatever KVEVICT_ISA says),
+// topk_scaled_vbmi2: the same refusals, the same set, nothing written past k (or at all
+// when refused).
 bool check_scaled(const std::vector<float>& s, std::size_t k,
                   const std::vector<std::uint32_t>* ref = nullptr) {
   std::vector<std::uint32_t> out(k + 1, 0xDEADBEEF);
   const bool ok = kk::detail::avx512::topk_scaled(s.data(), s.size(), k, out.data());
   REQUIRE(out[ok ? k : 0] == 0xDEADBEEF);
+  std::vector<std::uint32_t> want;
   if (ok) {
     out.resize(k);
     std::sort(out.begin(), out.end());
-    REQUIRE(out == (ref ? *ref : ref_select(s, k, float_better)));
+    want = ref ? *ref : ref_select(s, k, float_better);
+    REQUIRE(out == want);
+  }
+  if (kk::detail::cpu_has_avx512_vbmi2()) {
+    std::vector<std::uint32_t> o2(k + 1, 0xDEADBEEF);
+    const bool ok2 = kk::detail::avx512::topk_scaled_vbmi2(s.data(), s.size(), k, o2.data());
+    REQUIRE(ok2 == ok);
+    REQUIRE(o2[ok2 ? k : 0] == 0xDEADBEEF);
+    if (ok2) {
+      o2.resize(k);
+      std::sort(o2.begin(), o2.end());
+      REQUIRE(o2 == want);
+    }
   }
   return ok;
 }
@@ -608,6 +627,75 @@ TEST_CASE("topk_scaled: packed bin order, bin t's rows gathered one by one or by
         CHECK(check_scaled(s, k));
       }
     }
+#endif
+}
+
+#if KVEVICT_X86
+// emit_lanes is always_inline with the VBMI2 target: called from a function of that target.
+KVEVICT_TARGET_AVX512_VBMI2 std::size_t emit_lanes_vbmi2(std::uint32_t* dst, std::size_t pos,
+                                                         std::size_t cap, std::uint64_t sel,
+                                                         std::size_t base) {
+  return kk::detail::avx512::emit_lanes(dst, pos, cap, _cvtu64_mask64(sel), base);
+}
+#endif
+
+TEST_CASE("topk_scaled_vbmi2: lane compresses, row order, dense blocks, KVEVICT_ISA sub-level",
+          "[kernels][select]") {
+  // has_avx512_vbmi2(): the CPU's VBMI + VBMI2, unless KVEVICT_ISA caps below the sub-level
+  // (CTest reruns this binary with KVEVICT_ISA=avx512: the plain topk_scaled behind
+  // topk_indices; the default run takes topk_scaled_vbmi2 on such a CPU).
+  const char* env = std::getenv("KVEVICT_ISA");
+  const bool capped = env != nullptr && *env != '\0' && std::string(env) != "avx512vbmi2";
+  REQUIRE(kk::has_avx512_vbmi2() == (kk::detail::cpu_has_avx512_vbmi2() && !capped));
+  REQUIRE(kk::detail::parse_isa("avx512vbmi2") == Isa::avx512);
+  if (kk::detail::cpu_has_avx512_vbmi2()) REQUIRE(kk::isa_supported(Isa::avx512));
+#if KVEVICT_X86
+  UNSCOPED_INFO("VBMI2 " << kk::detail::cpu_has_avx512_vbmi2() << ", used "
+                         << kk::has_avx512_vbmi2());
+  if (!kk::detail::cpu_has_avx512_vbmi2()) return;
+  std::mt19937_64 rng(39);
+  // emit_lanes: base + the set bits of a 64-bit mask in order, 0 to 64 of them (the 16-id
+  // parts past 16, 32, 48), whole stores only below cap, nothing written at or past cap.
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int want_bits = trial % 65;
+    std::uint64_t sel = 0;
+    while (std::popcount(sel) < want_bits) sel |= std::uint64_t{1} << (rng() % 64);
+    const std::size_t pos = rng() % 20, base = 64 * (rng() % 16);
+    const std::size_t cap = pos + static_cast<std::size_t>(want_bits) + (trial % 3 == 0 ? 0 : rng() % 40);
+    std::vector<std::uint32_t> dst(cap + 64, 0xDEADBEEF);
+    const std::size_t end = emit_lanes_vbmi2(dst.data(), pos, cap, sel, base);
+    REQUIRE(end == pos + static_cast<std::size_t>(want_bits));
+    std::size_t j = pos;
+    for (std::uint64_t e = sel; e != 0; e &= e - 1)
+      REQUIRE(dst[j++] == base + static_cast<std::size_t>(std::countr_zero(e)));
+    for (std::size_t i = cap; i < dst.size(); ++i) REQUIRE(dst[i] == 0xDEADBEEF);
+    for (std::size_t i = 0; i < pos; ++i) REQUIRE(dst[i] == 0xDEADBEEF);
+  }
+  // Whole 64-row blocks below the k-th bin (sorted scores: up to 64 ids per block from one
+  // byte compress), a block of 64 rows tied at the cut, ties scattered at the cut (bin t's
+  // rows in index order after the VPERMB), against the stable sort (check_scaled runs both
+  // forms).
+  std::normal_distribution<float> g;
+  for (std::size_t n : {std::size_t{64}, std::size_t{100}, std::size_t{512}, std::size_t{777},
+                        std::size_t{1024}}) {
+    std::vector<float> s(n);
+    for (int shape = 0; shape < 4; ++shape) {
+      for (std::size_t i = 0; i < n; ++i) s[i] = g(rng);
+      if (shape == 0) std::sort(s.begin(), s.end(), std::greater<>());
+      if (shape == 1) std::sort(s.begin(), s.end());
+      if (shape == 2)
+        for (std::size_t i = 0; i < std::min<std::size_t>(n, 128); ++i) s[i] = i >= 64 ? 0.5f : 2.0f + g(rng);
+      if (shape == 3)
+        for (std::size_t i = 0; i < n; i += 7) s[i] = 0.25f;
+      for (std::size_t k : {std::size_t{1}, std::size_t{17}, std::size_t{33}, std::size_t{49},
+                            std::size_t{63}, std::size_t{64}, std::size_t{65}, std::size_t{70},
+                            std::size_t{100}, n / 2, n - 1}) {
+        if (k == 0 || k >= n) continue;
+        INFO("n " << n << " shape " << shape << " k " << k);
+        CHECK(check_scaled(s, k));
+      }
+    }
+  }
 #endif
 }
 

@@ -66,6 +66,11 @@
 #define KVEVICT_TARGET_AVX512                                                              \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512vpopcntdq,avx512bitalg,avx2,popcnt," \
                         "bmi,bmi2")))
+// AVX-512 plus VBMI (VPERMB) and VBMI2 (VPCOMPRESSB): a sub-level inside avx512, used only
+// after has_avx512_vbmi2() (Ice Lake, Zen 4; not Skylake-X).
+#define KVEVICT_TARGET_AVX512_VBMI2                                                        \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vpopcntdq,avx512bitalg,avx512vbmi," \
+                        "avx512vbmi2,avx2,popcnt,bmi,bmi2")))
 #endif
 
 namespace kvevict::kernels {
@@ -117,12 +122,22 @@ inline Isa cpuid_isa() noexcept {
 #endif
 
 /// Parses a KVEVICT_ISA value; throws std::invalid_argument on anything unknown.
+/// "avx512vbmi2" is the avx512 level with its VBMI2 sub-level allowed (as when unset);
+/// "avx512" caps below that sub-level (has_avx512_vbmi2() false).
 inline Isa parse_isa(std::string_view s) {
   if (s == "scalar") return Isa::scalar;
   if (s == "avx2") return Isa::avx2;
-  if (s == "avx512") return Isa::avx512;
+  if (s == "avx512" || s == "avx512vbmi2") return Isa::avx512;
   throw std::invalid_argument("KVEVICT_ISA='" + std::string(s) +
-                              "': expected one of scalar, avx2, avx512");
+                              "': expected one of scalar, avx2, avx512, avx512vbmi2");
+}
+
+/// True when KVEVICT_ISA leaves the VBMI2 sub-level allowed: unset, empty or "avx512vbmi2".
+inline bool env_allows_vbmi2() {
+  const char* v = std::getenv("KVEVICT_ISA");
+  if (v == nullptr || *v == '\0') return true;
+  parse_isa(v);  // throws on an unknown value
+  return std::string_view(v) == "avx512vbmi2";
 }
 
 inline Isa env_isa_cap() {
@@ -176,6 +191,36 @@ inline bool has_avx512_vnni() noexcept {
 #else
   return false;
 #endif
+}
+
+namespace detail {
+/// True when the CPU runs the AVX-512 level and has AVX512_VBMI and AVX512_VBMI2 (VPERMB,
+/// VPCOMPRESSB), whatever KVEVICT_ISA says; read once per process.
+inline bool cpu_has_avx512_vbmi2() noexcept {
+#if KVEVICT_COMPILED_AVX512 && defined(__AVX512VBMI__) && defined(__AVX512VBMI2__)
+  return true;
+#elif KVEVICT_X86
+  static const bool vbmi2 = [] {
+    if (detected_isa() != Isa::avx512) return false;
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    return ((c >> 1) & 1) != 0 && ((c >> 6) & 1) != 0;
+  }();
+  return vbmi2;
+#else
+  return false;
+#endif
+}
+}  // namespace detail
+
+/// The AVX-512 level's VBMI2 sub-level: the CPU has AVX512_VBMI and AVX512_VBMI2
+/// (detail::cpu_has_avx512_vbmi2) and KVEVICT_ISA allows it (unset or "avx512vbmi2";
+/// "avx512" keeps the plain AVX-512 kernels, so both run on such a CPU). Read once per
+/// process; used by the AVX-512 float top-k (select.hpp). Throws std::invalid_argument if
+/// KVEVICT_ISA holds an unknown value.
+inline bool has_avx512_vbmi2() {
+  static const bool vbmi2 = detail::cpu_has_avx512_vbmi2() && detail::env_allows_vbmi2();
+  return vbmi2;
 }
 
 /// True when kernels pinned to `isa` may run on this CPU.

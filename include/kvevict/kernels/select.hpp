@@ -337,7 +337,9 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
     if constexpr (I == Isa::avx512)
     {
       if (n <= avx512::kRankMaxN) return avx512::topk_rank(s, n, k, out);
-      if (avx512::topk_scaled(s, n, k, out)) return;
+      if (has_avx512_vbmi2() ? avx512::topk_scaled_vbmi2(s, n, k, out)
+                             : avx512::topk_scaled(s, n, k, out))
+        return;
       avx512::topk_threshold(s, n, k, out);
       return;
     }
@@ -352,7 +354,9 @@ inline void topk_select(const float* s, std::size_t n, std::size_t k, std::uint3
   // 3150-3229 ns against 527-536 / 1836-1856 / 6886-14938 / 8492-21438 ns before).
   if constexpr (I == Isa::avx512) {
     if (n > 512 && k <= 64 && avx512::topk_filter(s, n, k, out)) return;
-    if (n > 512 && n <= avx512::kScaledMaxN && k > 64 && avx512::topk_scaled(s, n, k, out))
+    if (n > 512 && n <= avx512::kScaledMaxN && k > 64 &&
+        (has_avx512_vbmi2() ? avx512::topk_scaled_vbmi2(s, n, k, out)
+                            : avx512::topk_scaled(s, n, k, out)))
       return;
   }
 #endif
@@ -577,8 +581,9 @@ KVEVICT_KERNEL_FN void counting_bottomk(const std::uint16_t* keys, std::size_t n
 /// (topk_rank), above that scaled bins first (avx512::topk_scaled: each row's bin of the
 /// numbers' range, 254 bins, found the same way; the few rows of the k-th bin ranked; it
 /// refuses infinities, fewer than two distinct numbers and a NaN k-th row, which go to
-/// topk_threshold), also for k > 64 up to 1024 rows and for topk_filter's candidates.
-/// Small k at AVX-512 (256-512 rows when 24 k <= n, or 16 k <= n and k <= 16 (20 from 384);
+/// topk_threshold), also for k > 64 up to 1024 rows and for topk_filter's candidates; on
+/// CPUs with AVX512_VBMI2 (has_avx512_vbmi2()) the same bins in row order with byte
+/// compresses (avx512::topk_scaled_vbmi2). Small k at AVX-512 (256-512 rows when 24 k <= n, or 16 k <= n and k <= 16 (20 from 384);
 /// above 512 rows k <= 32, or k <= 64 from 2048 to 16K rows): a lower bound on the k-th
 /// score from 128 row groups' maxima (the k-th largest maximum, or a smaller one) leaves
 /// about k + 20 candidates, ranked as topk_filter's (avx512::topk_group_max; up to 512 rows
