@@ -971,7 +971,7 @@ TEST_CASE("lowest_open is the decay loop, protection bits, masked argmin and tie
               CHECK(same(a));
               a = s0;
               CHECK(kk::detail::avx512::lowest_open<false>(a.data(), nullptr, k.data(), n, 0.0f, klo, khi) == still);
-              CHECK(std::memcmp(a.data(), s0.data(), n * sizeof(float)) == 0);
+              CHECK((n == 0 || std::memcmp(a.data(), s0.data(), n * sizeof(float)) == 0));
             }
 #endif
           };
