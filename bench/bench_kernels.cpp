@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <ctime>
 #include <numeric>
 #include <random>
 #include <string>
@@ -431,6 +432,113 @@ void register_argmax_float() {
   });
 }
 
+// ---- lowest_open / decay_lowest_open (ExpectedAttention's and KeyDiff's victim) ----------
+
+// The lowest (score, seq) open row of n rows: random positive scores, a shuffled permutation
+// of keys (the arrival order of rows a policy refills in place), every key open but the
+// first (a sink) and the last 64 (a recent window). decay: decay_lowest_open (s decays in
+// place each call), else lowest_open. K: 32-bit keys (ExpectedAttention's narrow form) or
+// 64-bit seqs. Each level's body called directly, and the dispatched entry point.
+template <class K>
+void register_lowest_open(const char* kname) {
+  auto reg = [kname](const std::string& level, bool decay, auto fn) {
+    const std::string name = std::string("lowest_open/") + kname + (decay ? "/decay/" : "/plain/") + level;
+    auto* r = benchmark::RegisterBenchmark(name.c_str(), [decay, fn](benchmark::State& st) {
+      const auto n = static_cast<std::size_t>(st.range(0));
+      std::mt19937_64 rng(11);
+      std::uniform_real_distribution<float> u(0.0f, 1.0f);
+      std::vector<float> s(n), x(n);
+      for (auto& v : s) v = u(rng);
+      for (auto& v : x) v = u(rng);
+      std::vector<K> keys(n);
+      std::iota(keys.begin(), keys.end(), K{0});
+      std::shuffle(keys.begin(), keys.end(), rng);
+      const K lo = 1, hi = static_cast<K>(n - 64);
+      for (auto _ : st) {
+        benchmark::DoNotOptimize(fn(s.data(), x.data(), keys.data(), n, decay ? 0.99f : 0.0f, lo, hi, decay));
+        benchmark::ClobberMemory();
+      }
+      set_counters(st, n, decay ? 8 + sizeof(K) : 4 + sizeof(K));
+    });
+    r->Arg(1 << 10)->Arg(1 << 12);
+  };
+  for (bool decay : {true, false}) {
+    reg("kvevict_dispatch", decay, [](float* s, const float* x, const K* k, std::size_t n, float g, K lo, K hi, bool d) {
+      return d ? kk::decay_lowest_open(s, x, k, n, g, lo, hi) : kk::lowest_open(s, k, n, lo, hi);
+    });
+    reg("kvevict_scalar", decay, [](float* s, const float* x, const K* k, std::size_t n, float g, K lo, K hi, bool d) {
+      return d ? kk::detail::scalar::lowest_open<true, K>(s, x, k, n, g, lo, hi)
+               : kk::detail::scalar::lowest_open<false, K>(s, nullptr, k, n, 0.0f, lo, hi);
+    });
+#if KVEVICT_X86
+    if (kk::isa_supported(Isa::avx2))
+      reg("kvevict_avx2", decay, [](float* s, const float* x, const K* k, std::size_t n, float g, K lo, K hi, bool d) {
+        return d ? kk::detail::avx2::lowest_open<true, K>(s, x, k, n, g, lo, hi)
+                 : kk::detail::avx2::lowest_open<false, K>(s, nullptr, k, n, 0.0f, lo, hi);
+      });
+    if (kk::isa_supported(Isa::avx512))
+      reg("kvevict_avx512", decay, [](float* s, const float* x, const K* k, std::size_t n, float g, K lo, K hi, bool d) {
+        return d ? kk::detail::avx512::lowest_open<true, K>(s, x, k, n, g, lo, hi)
+                 : kk::detail::avx512::lowest_open<false, K>(s, nullptr, k, n, 0.0f, lo, hi);
+      });
+#endif
+  }
+}
+
+// The same passes as a policy step meets them: 8 heads' columns (1K or 4K rows each: decayed
+// sums, kept scores, 32-bit keys), cold (an 8 MB read between iterations, the attention
+// step's share of the caches; not timed), one decay_lowest_open per head. The time is the
+// thread CPU time of the 8 passes alone (manual time).
+void register_lowest_open_cold() {
+  auto reg = [](const std::string& level, auto fn) {
+    auto* r = benchmark::RegisterBenchmark(("lowest_open_cold/k32/decay/8_heads/" + level).c_str(),
+                                           [fn](benchmark::State& st) {
+      const auto n = static_cast<std::size_t>(st.range(0));
+      constexpr int kHeads = 8;
+      std::mt19937_64 rng(12);
+      std::uniform_real_distribution<float> u(0.0f, 1.0f);
+      std::vector<std::vector<float>> acc(kHeads, std::vector<float>(n)), kept(kHeads, std::vector<float>(n));
+      std::vector<std::vector<std::uint32_t>> keys(kHeads, std::vector<std::uint32_t>(n));
+      for (int h = 0; h < kHeads; ++h) {
+        for (auto& v : acc[h]) v = u(rng);
+        for (auto& v : kept[h]) v = u(rng);
+        std::iota(keys[h].begin(), keys[h].end(), 1u);
+        std::shuffle(keys[h].begin(), keys[h].end(), rng);
+      }
+      std::vector<float> sweep(std::size_t{2} << 20, 1.0f);  // 8 MB
+      const auto hi = static_cast<std::uint32_t>(n - n * 3 / 8);  // probfree's recent 3/8 closed
+      float sum = 0.0f;
+      for (auto _ : st) {
+        for (std::size_t i = 0; i < sweep.size(); i += 16) sum += sweep[i];
+        benchmark::DoNotOptimize(sum);
+        timespec a{}, b{};
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+        for (int h = 0; h < kHeads; ++h)
+          benchmark::DoNotOptimize(fn(acc[h].data(), kept[h].data(), keys[h].data(), n, 0.99f, 1u, hi));
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+        st.SetIterationTime(static_cast<double>(b.tv_sec - a.tv_sec) +
+                            1e-9 * static_cast<double>(b.tv_nsec - a.tv_nsec));
+      }
+      set_counters(st, kHeads * n, 12);
+    });
+    r->Arg(1 << 10)->Arg(1 << 12)->UseManualTime();
+  };
+  using K = std::uint32_t;
+  reg("kvevict_dispatch", [](float* s, const float* x, const K* k, std::size_t n, float g, K lo, K hi) {
+    return kk::decay_lowest_open(s, x, k, n, g, lo, hi);
+  });
+#if KVEVICT_X86
+  if (kk::isa_supported(Isa::avx2))
+    reg("kvevict_avx2", [](float* s, const float* x, const K* k, std::size_t n, float g, K lo, K hi) {
+      return kk::detail::avx2::lowest_open<true, K>(s, x, k, n, g, lo, hi);
+    });
+  if (kk::isa_supported(Isa::avx512))
+    reg("kvevict_avx512", [](float* s, const float* x, const K* k, std::size_t n, float g, K lo, K hi) {
+      return kk::detail::avx512::lowest_open<true, K>(s, x, k, n, g, lo, hi);
+    });
+#endif
+}
+
 // ---- SimHash -----------------------------------------------------------------------------
 
 // 64 N(0,1) 128-d vectors, the ones simhash_one hashes in turn.
@@ -527,6 +635,9 @@ int main(int argc, char** argv) {
   register_float_topk_varied("half", 2);
   register_float_topk_varied("k64", 0);
   register_argmax_float();
+  register_lowest_open<std::uint32_t>("k32");
+  register_lowest_open<std::uint64_t>("k64");
+  register_lowest_open_cold();
   register_simhash();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -984,8 +984,9 @@ TEST_CASE("lowest_open is the decay loop, protection bits, masked argmin and tie
           "[kernels][select]") {
   std::mt19937_64 rng(17);
   const bool avx2 = kk::isa_supported(Isa::avx2);
+  const bool avx512 = kk::isa_supported(Isa::avx512);
   const float inf = std::numeric_limits<float>::infinity();
-  for (std::size_t n : {0u, 1u, 5u, 8u, 9u, 16u, 63u, 64u, 65u, 130u, 1000u}) {
+  for (std::size_t n : {0u, 1u, 5u, 8u, 9u, 15u, 16u, 17u, 31u, 63u, 64u, 65u, 130u, 1000u, 1024u}) {
     std::vector<std::uint64_t> seqs(n);
     std::iota(seqs.begin(), seqs.end(), std::uint64_t{0});
     std::shuffle(seqs.begin(), seqs.end(), rng);
@@ -1051,6 +1052,14 @@ TEST_CASE("lowest_open is the decay loop, protection bits, masked argmin and tie
               CHECK(same(a));
               a = s0;
               CHECK(kk::detail::avx2::lowest_open<false>(a.data(), nullptr, k.data(), n, 0.0f, klo, khi) == still);
+            }
+            if (avx512) {
+              a = s0;
+              CHECK(kk::detail::avx512::lowest_open<true>(a.data(), x.data(), k.data(), n, decay, klo, khi) == best);
+              CHECK(same(a));
+              a = s0;
+              CHECK(kk::detail::avx512::lowest_open<false>(a.data(), nullptr, k.data(), n, 0.0f, klo, khi) == still);
+              CHECK((n == 0 || std::memcmp(a.data(), s0.data(), n * sizeof(float)) == 0));
             }
 #endif
           };

@@ -727,7 +727,7 @@ KVEVICT_KERNEL_FN std::size_t gather_open(const float* s, std::size_t n,
 }
 
 namespace detail {
-// lowest_open's dispatch for 64-bit seqs and 32-bit keys (AVX-512 CPUs run the AVX2 form).
+// lowest_open's dispatch for 64-bit seqs and 32-bit keys.
 template <bool Decay, class K>
 inline std::size_t lowest_open_at(float* s, const float* x, const K* seqs, std::size_t n,
                                   float decay, K lo, K hi) {
@@ -735,7 +735,9 @@ inline std::size_t lowest_open_at(float* s, const float* x, const K* seqs, std::
   if constexpr (Decay) detail::require_nonnull(x, n, "x");
   detail::require_nonnull(seqs, n, "seqs");
 #if KVEVICT_X86
-  if (active_isa() != Isa::scalar) return avx2::lowest_open<Decay, K>(s, x, seqs, n, decay, lo, hi);
+  const Isa isa = active_isa();
+  if (isa == Isa::avx512) return avx512::lowest_open<Decay, K>(s, x, seqs, n, decay, lo, hi);
+  if (isa == Isa::avx2) return avx2::lowest_open<Decay, K>(s, x, seqs, n, decay, lo, hi);
 #endif
   return scalar::lowest_open<Decay, K>(s, x, seqs, n, decay, lo, hi);
 }
@@ -745,7 +747,7 @@ inline std::size_t lowest_open_at(float* s, const float* x, const K* seqs, std::
 /// hi: the lowest score, the oldest (lowest seq) among equal scores (-0.0 == +0.0); NaN
 /// scores are never chosen; npos when no row is open. In one pass over s and seqs: the
 /// same row as protect_outside(seqs, n, lo, hi) + argmin_masked + the equal-score scan for
-/// the lowest seq (policies::detail::lowest_masked). (AVX-512 CPUs run the AVX2 form.)
+/// the lowest seq (policies::detail::lowest_masked). 16 rows per step at AVX-512, 8 at AVX2.
 KVEVICT_KERNEL_FN std::size_t lowest_open(const float* s, const std::uint64_t* seqs, std::size_t n,
                                           std::uint64_t lo, std::uint64_t hi) {
   // The no-decay form only reads s.

@@ -1160,6 +1160,102 @@ KVEVICT_TARGET_AVX512 inline bool topk_band(const float* s, std::size_t n, std::
   return true;
 }
 
+/// lowest_open's open lanes of rows [r, r + 16), of which `lanes` are live (all but in the
+/// tail), and their new scores in *v: with Decay, decay * s + x (the product kept in a
+/// register through an empty asm, so it is never contracted into an FMA: a multiply, then an
+/// add, as the scalar body), stored back; the open test seq - lo < span as unsigned compares
+/// (two 8-lane 64-bit ones for 64-bit seqs, one 16-lane 32-bit one for 32-bit keys).
+template <bool Decay, class K, bool Tail>
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __mmask16 lowest_open16(
+    float* s, const float* x, const K* seqs, std::size_t r, __mmask16 lanes, __m512 g,
+    __m512i vlo, __m512i vspan, __m512* v) noexcept {
+  __m512 a = Tail ? _mm512_maskz_loadu_ps(lanes, s + r) : _mm512_loadu_ps(s + r);
+  if constexpr (Decay) {
+    __m512 prod = _mm512_mul_ps(g, a);
+    __asm__("" : "+v"(prod));
+    a = _mm512_add_ps(prod, Tail ? _mm512_maskz_loadu_ps(lanes, x + r) : _mm512_loadu_ps(x + r));
+    if (Tail)
+      _mm512_mask_storeu_ps(s + r, lanes, a);
+    else
+      _mm512_storeu_ps(s + r, a);
+  }
+  *v = a;
+  if constexpr (sizeof(K) == 8) {
+    const auto lo8 = static_cast<__mmask8>(lanes & 0xFFu);
+    const auto hi8 = static_cast<__mmask8>(lanes >> 8);
+    const __m512i s0 = Tail ? _mm512_maskz_loadu_epi64(lo8, seqs + r) : _mm512_loadu_si512(seqs + r);
+    const __m512i s1 =
+        Tail ? _mm512_maskz_loadu_epi64(hi8, seqs + r + 8) : _mm512_loadu_si512(seqs + r + 8);
+    return static_cast<__mmask16>(
+        static_cast<unsigned>(_mm512_mask_cmplt_epu64_mask(lo8, _mm512_sub_epi64(s0, vlo), vspan)) |
+        (static_cast<unsigned>(_mm512_mask_cmplt_epu64_mask(hi8, _mm512_sub_epi64(s1, vlo), vspan))
+         << 8));
+  } else {
+    const __m512i k =
+        Tail ? _mm512_maskz_loadu_epi32(lanes, seqs + r) : _mm512_loadu_si512(seqs + r);
+    return _mm512_mask_cmplt_epu32_mask(lanes, _mm512_sub_epi32(k, vlo), vspan);
+  }
+}
+
+/// Offers to `best`, in row order, the candidate lanes m of rows [r, r + 16) (open, at or
+/// below the running best value, so no NaN): when more than one, only those equal to their
+/// minimum (the others cannot end up lowest: the same result as offering them all).
+template <class K>
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE void lowest_open_offer(__m512 v, unsigned m,
+                                                                  const K* seqs, std::size_t r,
+                                                                  scalar::LowestOpen& best) noexcept {
+  if ((m & (m - 1)) != 0)
+    m = _mm512_mask_cmp_ps_mask(static_cast<__mmask16>(m), v,
+                                _mm512_set1_ps(_mm512_mask_reduce_min_ps(static_cast<__mmask16>(m), v)),
+                                _CMP_EQ_OQ);
+  alignas(64) float vals[16];
+  _mm512_store_ps(vals, v);
+  do {
+    const auto j = static_cast<std::size_t>(std::countr_zero(m));
+    best.offer(vals[j], seqs[r + j], r + j);
+    m &= m - 1;
+  } while (m != 0);
+}
+
+/// lowest_open / decay_lowest_open 16 rows at a time, one pass (the AVX2 form's method): the
+/// open lanes (lowest_open16) at or below the running best value (rare once a low value is
+/// found) go through the scalar (value, seq) rule; the tail (n % 16 rows) as one masked
+/// block, not the scalar body: in this function the compiler may fuse a scalar multiply and
+/// add.
+template <bool Decay, class K>
+KVEVICT_TARGET_AVX512 inline std::size_t lowest_open(float* s, const float* x, const K* seqs,
+                                                     std::size_t n, float decay, K lo,
+                                                     K hi) noexcept {
+  constexpr bool wide = sizeof(K) == 8;
+  const K span = hi > lo ? static_cast<K>(hi - lo) : K{0};
+  scalar::LowestOpen best;
+  const __m512 g = _mm512_set1_ps(decay);
+  const __m512i vlo = wide ? _mm512_set1_epi64(static_cast<long long>(lo))
+                           : _mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(lo)));
+  const __m512i vspan = wide ? _mm512_set1_epi64(static_cast<long long>(span))
+                             : _mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(span)));
+  __m512 vbest = _mm512_set1_ps(best.value);
+  std::size_t r = 0;
+  for (; r + 16 <= n; r += 16) {
+    __m512 v;
+    const __mmask16 open =
+        lowest_open16<Decay, K, false>(s, x, seqs, r, 0xFFFF, g, vlo, vspan, &v);
+    const auto m = static_cast<unsigned>(_mm512_mask_cmp_ps_mask(open, v, vbest, _CMP_LE_OQ));
+    if (m != 0) {
+      lowest_open_offer<K>(v, m, seqs, r, best);
+      vbest = _mm512_set1_ps(best.value);
+    }
+  }
+  if (r < n) {
+    __m512 v;
+    const auto lanes = static_cast<__mmask16>((1u << (n - r)) - 1u);
+    const __mmask16 open = lowest_open16<Decay, K, true>(s, x, seqs, r, lanes, g, vlo, vspan, &v);
+    const auto m = static_cast<unsigned>(_mm512_mask_cmp_ps_mask(open, v, vbest, _CMP_LE_OQ));
+    if (m != 0) lowest_open_offer<K>(v, m, seqs, r, best);
+  }
+  return best.index;
+}
+
 }  // namespace kvevict::kernels::detail::avx512
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif
