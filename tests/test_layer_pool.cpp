@@ -641,6 +641,32 @@ TEST_CASE("amortised split: a head below its floor grows on every step, frozen o
   REQUIRE(grew > 2);  // steps after the first (the re-split of step 0) grew them too
 }
 
+TEST_CASE("amortised split: a pool that never re-splits once full decides as the uniform budget", "[pool]") {
+  // Every head fills to B together; from then on every step keeps the split (k % 2^20 != 0)
+  // and each head gives one row by its own choice at capacity B: the uniform budget's steps.
+  const Geometry g{3, 4, 2, 4};
+  const auto scope = GENERATE(PoolOptions::Scope::layer, PoolOptions::Scope::model);
+  const Budget rare = Budget::uniform(16).pooled(
+      {.floor_fraction = 0.25, .capacity = PoolOptions::Capacity::share, .scope = scope,
+       .share_exponent = 0.5, .rebalance_every = std::size_t{1} << 20});
+  KVCache<pol::DecayedAttention> a(g, rare, pol::DecayedAttention::recommended());
+  KVCache<pol::DecayedAttention> u(g, Budget::uniform(16), pol::DecayedAttention::recommended());
+  kvtest::Rng rng(13);
+  for (int t = 0; t < 150; ++t)
+    for (int l = 0; l < g.n_layers; ++l) {
+      auto k = rng.normals(8), v = rng.normals(8);
+      a.append(l, t, k, v);
+      u.append(l, t, k, v);
+      for (int h = 0; h < g.n_kv_heads; ++h) {
+        const auto pa = a.positions(l, h), pu = u.positions(l, h);
+        REQUIRE(std::equal(pa.begin(), pa.end(), pu.begin(), pu.end()));
+        const auto probs = made_up_probs(g, h + l, u.size(l, h), u.seqs(l, h), std::uint64_t(t), rng);
+        a.observe(l, h, probs);
+        u.observe(l, h, probs);
+      }
+    }
+}
+
 TEST_CASE("pooled budgets: bad input is a kvevict::Error, save refuses", "[pool]") {
   using kvevict::Error;
   REQUIRE_THROWS_AS(Budget::unbounded().pooled(), Error);

@@ -1044,9 +1044,11 @@ constexpr PoolOptions kPoolScaled{.floor_fraction = 0.25,
                                   .share_exponent = 0.5};
 // kPoolScaled with the amortised split (PoolOptions::rebalance_every): the split re-decided
 // on every kRebalance-th append of any layer only, frozen in between (each stepping head
-// gives one row by its own choice). Chosen with --adaptive --tune on streams 0-7 from
-// {4, 8, 16, 32, 64}: the largest whose share of the calibrated gain is within 10 points of
-// every-step's at every budget (docs/quality.md, stop 39).
+// gives one row by its own choice). The rule fixed before the tuning run (--adaptive --tune
+// --rebalance-grid, streams 0-7, R in {4, 8, 16, 32, 64}): the largest R whose share of the
+// calibrated gain is within 10 points of every-step's at every budget. No R passed (every
+// one lost most of the gain at 16 and 32 rows; docs/quality.md, stop 39), so the default
+// stays 1; these rows show R = 32, the setting bench_layer_pool measures.
 constexpr std::size_t kRebalance = 32;
 // DuoAttention-style head typing from the calibration profile: the share of KV heads with
 // the most mass beyond a sink + window keeps a long cache, the rest sink + window. Chosen
