@@ -298,11 +298,9 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
       std::vector<std::vector<std::uint64_t>> seqs(width);
       std::vector<std::size_t> floors, ceilings, before, incoming;
       Policy copy = cache.policy();
-      for (std::size_t j = 0; j < width; ++j) {
-        const int hl = int((first + j) / hkv), h = int((first + j) % hkv);
+      // The view the container builds for (hl, h) (nominal or share capacity).
+      const auto view_of = [&](int hl, int h) {
         const auto s = cache.seqs(hl, h);
-        const auto p = cache.positions(hl, h);
-        seqs[j].assign(s.begin(), s.end());
         kvevict::HeadView<float> view;
         view.layer = hl;
         view.kv_head = h;
@@ -310,9 +308,16 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
         view.group = g.group();
         view.size = s.size();
         view.capacity = o.capacity == PoolOptions::Capacity::share ? std::max(floor, s.size()) : B;
-        view.positions = p.data();
+        view.positions = cache.positions(hl, h).data();
         view.seqs = s.data();
         view.incoming_seq = hl < l ? t + 1 : t;
+        return view;
+      };
+      for (std::size_t j = 0; j < width; ++j) {
+        const int hl = int((first + j) / hkv), h = int((first + j) % hkv);
+        const auto s = cache.seqs(hl, h);
+        seqs[j].assign(s.begin(), s.end());
+        const kvevict::HeadView<float> view = view_of(hl, h);
         if (!s.empty()) copy.eviction_costs(view, costs[j]);
         if (o.share_exponent > 0.0 && !s.empty()) {
           // Share-scaled costs, written out: finite costs below FLT_MAX times (n / B)^e.
@@ -347,17 +352,7 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
           if (incoming[j] == 0) continue;
           const int h = int((first + j) % hkv);
           const auto s = cache.seqs(l, h);
-          const auto p = cache.positions(l, h);
-          kvevict::HeadView<float> view;
-          view.layer = l;
-          view.kv_head = h;
-          view.head_dim = g.head_dim;
-          view.group = g.group();
-          view.size = s.size();
-          view.capacity = o.capacity == PoolOptions::Capacity::share ? std::max(floor, s.size()) : B;
-          view.positions = p.data();
-          view.seqs = s.data();
-          view.incoming_seq = t;
+          kvevict::HeadView<float> view = view_of(l, h);
           view.incoming_position = std::int64_t(t);
           view.incoming_key = k.data() + std::size_t(h) * std::size_t(g.head_dim);
           view.need = 1;
