@@ -246,9 +246,15 @@ std::vector<float> made_up_probs(const Geometry& g, int h, std::size_t n, std::s
 // every floor hold, storage stays within the documented slack, protected rows (sinks and
 // the policy's recent band at the smallest capacity it can see) are never evicted; at the
 // end kept rows are bit-exact and every appended row is kept or evicted exactly once.
+// With o.rebalance_every = R > 1, step k of the pool (counted here) keeps the split when
+// k % R != 0, the pool is full and every stepping head holds a row within its floor and
+// ceiling: each stepping head then keeps its rows and gives up exactly the row its
+// policy's choose_victims picks (need 1) on a copy of the policy; other steps are checked
+// against the brute-force split as with R = 1.
 template <class Policy>
 void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t sinks,
                      std::size_t recent, bool expect_uneven) {
+  const std::size_t every = o.rebalance_every;
   const Geometry g{2, 8, 4, 8};  // GQA: 2 query heads per KV head
   const Budget budget = Budget::uniform(static_cast<long long>(B)).pooled(o);
   KVCache<Policy> cache(g, budget, policy);
@@ -266,8 +272,10 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
   int stepping = 0;
   std::size_t bad_evictions = 0;
   auto record = ledger.callback<float>();
+  std::vector<std::vector<std::uint64_t>> evicted(heads);  // this append's, per flat head
   cache.set_eviction_callback([&](const kvevict::EvictedRow<float>& e) {
     record(e);
+    evicted[std::size_t(e.layer) * hkv + std::size_t(e.kv_head)].push_back(e.seq);
     // The evicted row's layer has seen `arrived` tokens: its incoming one is that index.
     const std::uint64_t arrived = e.layer < stepping ? now + 1 : now;
     if (e.seq < sinks || e.seq + recent >= arrived) ++bad_evictions;
@@ -276,6 +284,8 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
   const std::size_t kv = hkv * std::size_t(g.head_dim);
   const std::size_t chunk_slack = 2 * kd::pool_chunk(B) * width;
   std::size_t max_head = 0, min_head = total, cross_layer = 0;
+  std::vector<std::uint64_t> pool_steps(model ? 1 : std::size_t(g.n_layers), 0);
+  std::size_t frozen_steps = 0, split_steps = 0;
   for (std::uint64_t t = 0; t < 400; ++t) {
     now = t;
     for (int l = 0; l < g.n_layers; ++l) {
@@ -288,11 +298,9 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
       std::vector<std::vector<std::uint64_t>> seqs(width);
       std::vector<std::size_t> floors, ceilings, before, incoming;
       Policy copy = cache.policy();
-      for (std::size_t j = 0; j < width; ++j) {
-        const int hl = int((first + j) / hkv), h = int((first + j) % hkv);
+      // The view the container builds for (hl, h) (nominal or share capacity).
+      const auto view_of = [&](int hl, int h) {
         const auto s = cache.seqs(hl, h);
-        const auto p = cache.positions(hl, h);
-        seqs[j].assign(s.begin(), s.end());
         kvevict::HeadView<float> view;
         view.layer = hl;
         view.kv_head = h;
@@ -300,9 +308,16 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
         view.group = g.group();
         view.size = s.size();
         view.capacity = o.capacity == PoolOptions::Capacity::share ? std::max(floor, s.size()) : B;
-        view.positions = p.data();
+        view.positions = cache.positions(hl, h).data();
         view.seqs = s.data();
         view.incoming_seq = hl < l ? t + 1 : t;
+        return view;
+      };
+      for (std::size_t j = 0; j < width; ++j) {
+        const int hl = int((first + j) / hkv), h = int((first + j) % hkv);
+        const auto s = cache.seqs(hl, h);
+        seqs[j].assign(s.begin(), s.end());
+        const kvevict::HeadView<float> view = view_of(hl, h);
         if (!s.empty()) copy.eviction_costs(view, costs[j]);
         if (o.share_exponent > 0.0 && !s.empty()) {
           // Share-scaled costs, written out: finite costs below FLT_MAX times (n / B)^e.
@@ -316,13 +331,53 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
         before.push_back(s.size());
         incoming.push_back(hl == l ? 1 : 0);
       }
-      const auto want = brute_counts(costs, seqs, floors, ceilings, incoming, total);
+      // The amortised split: is this step one that keeps it?
+      auto& pool_step = pool_steps[model ? 0 : std::size_t(l)];
+      std::size_t held = 0;
+      bool frozen = every > 1 && pool_step % every != 0;
+      for (std::size_t j = 0; j < width; ++j) {
+        held += before[j];
+        if (incoming[j] == 1 && (before[j] == 0 || before[j] < floors[j] || before[j] > ceilings[j]))
+          frozen = false;
+      }
+      frozen = frozen && held == total;
+      ++pool_step;
+      std::vector<std::size_t> want = brute_counts(costs, seqs, floors, ceilings, incoming, total);
+      std::vector<std::int64_t> victim(width, -1);  // frozen: the seq each stepping head gives
+      if (frozen) {
+        ++frozen_steps;
+        Policy fresh = cache.policy();  // the cache's policy as this append finds it
+        for (std::size_t j = 0; j < width; ++j) {
+          want[j] = incoming[j];
+          if (incoming[j] == 0) continue;
+          const int h = int((first + j) % hkv);
+          const auto s = cache.seqs(l, h);
+          kvevict::HeadView<float> view = view_of(l, h);
+          view.incoming_position = std::int64_t(t);
+          view.incoming_key = k.data() + std::size_t(h) * std::size_t(g.head_dim);
+          view.need = 1;
+          std::vector<std::uint32_t> out;
+          fresh.choose_victims(view, out);
+          REQUIRE(out.size() == 1);
+          victim[j] = std::int64_t(s[out[0]]);
+        }
+      } else {
+        std::size_t need = 0;
+        for (std::size_t x : want) need += x;
+        split_steps += need > 0;
+      }
+      for (auto& e : evicted) e.clear();
       cache.append(l, std::int64_t(t), k, v);
       std::size_t rows = 0, alloc = 0;
       for (std::size_t j = 0; j < width; ++j) {
         const int hl = int((first + j) / hkv), h = int((first + j) % hkv);
         const std::size_t n = cache.size(hl, h);
         REQUIRE(n == before[j] + incoming[j] - want[j]);
+        if (frozen) {
+          const auto& gone = evicted[first + j];
+          if (victim[j] < 0) REQUIRE(gone.empty());
+          else REQUIRE(gone == std::vector<std::uint64_t>{std::uint64_t(victim[j])});
+        }
         cross_layer += hl != l && want[j] > 0;
         rows += n;
         alloc += cache.allocated_rows(hl, h);
@@ -343,6 +398,9 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
   REQUIRE(bad_evictions == 0);
   kvtest::check_against_ledger(cache, ledger, true);  // kept rows bit-exact, each row once
   if (model) REQUIRE(cross_layer > 0);  // a step took rows from another layer
+  REQUIRE(split_steps > 0);
+  if (every > 1) REQUIRE(frozen_steps > 0);
+  else REQUIRE(frozen_steps == 0);
   if (expect_uneven) {
     REQUIRE(max_head > B + B / 4);  // the far-looking heads took rows from the local ones
     REQUIRE(min_head < B);
@@ -381,6 +439,24 @@ TEST_CASE("pooled DecayedAttention: total, floors, protection, bit-exact rows, b
   SECTION("H2O, model scope") {
     drive_and_check(pol::H2O({.recent = 4, .sinks = 1}), 16, {.scope = Scope::model}, 1, 4, true);
   }
+  // The amortised split (PoolOptions::rebalance_every).
+  SECTION("recommended(), share capacity, share-scaled costs, model scope, re-split every 8") {
+    drive_and_check(rec, 32,
+                    {.floor_fraction = 0.25, .capacity = Cap::share, .scope = Scope::model, .share_exponent = 0.5,
+                     .rebalance_every = 8},
+                    1, rec.recent_for(8), true);
+  }
+  SECTION("recommended(), share capacity, per layer, re-split every 3") {
+    drive_and_check(rec, 32, {.floor_fraction = 0.25, .capacity = Cap::share, .rebalance_every = 3}, 1,
+                    rec.recent_for(8), true);
+  }
+  SECTION("recommended(), nominal capacity, floor 1/2, re-split every 5") {
+    drive_and_check(rec, 32, {.floor_fraction = 0.5, .rebalance_every = 5}, 1, rec.recent_for(32), true);
+  }
+  SECTION("H2O, model scope, re-split every 16") {
+    drive_and_check(pol::H2O({.recent = 4, .sinks = 1}), 16,
+                    {.floor_fraction = 0.25, .scope = Scope::model, .rebalance_every = 16}, 1, 4, true);
+  }
 }
 
 TEST_CASE("pooled budget without eviction costs keeps the nominal capacities", "[pool]") {
@@ -405,7 +481,9 @@ TEST_CASE("pooled PagedCache keeps exactly KVCache's rows", "[pool]") {
   const Geometry g{2, 4, 2, 8};
   // Layer scope, and model scope (steps evict rows of the other layer).
   const auto scope = GENERATE(PoolOptions::Scope::layer, PoolOptions::Scope::model);
-  const auto budget = Budget::uniform(16).pooled({.capacity = PoolOptions::Capacity::share, .scope = scope});
+  const std::size_t every = GENERATE(1, 4);  // and the amortised split
+  const auto budget =
+      Budget::uniform(16).pooled({.capacity = PoolOptions::Capacity::share, .scope = scope, .rebalance_every = every});
   const auto policy = pol::DecayedAttention::recommended();
   kvevict::BlockPool<float> pool(1024, 4, g.head_dim);
   KVCache<pol::DecayedAttention> cache(g, budget, policy);
@@ -466,6 +544,124 @@ TEST_CASE("pooled set_budget: a smaller pool evicts across heads, back to unifor
   REQUIRE(c.allocated_rows(0, 0) <= 12);
 }
 
+TEST_CASE("amortised split: set_budget restarts the pool's steps, so the next step re-splits", "[pool]") {
+  // A pool that re-splits only every 2^20 steps keeps its split once full; after set_budget
+  // its next step is step 0 and decides as an every-step pool in the same state does.
+  const Geometry g{2, 4, 2, 4};
+  const auto options = [](std::size_t every) {
+    return PoolOptions{.floor_fraction = 0.25, .capacity = PoolOptions::Capacity::share,
+                       .scope = PoolOptions::Scope::model, .rebalance_every = every};
+  };
+  const Budget rare = Budget::uniform(12).pooled(options(std::size_t{1} << 20));
+  const Budget every_step = Budget::uniform(12).pooled(options(1));
+  KVCache<pol::DecayedAttention> a(g, rare, pol::DecayedAttention::recommended());
+  kvtest::Rng rng(9);
+  std::size_t moved = 0, kept = 0;
+  for (int t = 0; t < 120; ++t)
+    for (int l = 0; l < g.n_layers; ++l) {
+      auto k = rng.normals(8), v = rng.normals(8);
+      if (t > 40 && t % 5 == 0) {
+        KVCache<pol::DecayedAttention> reset = a, reference = a;
+        reset.set_budget(rare);
+        reference.set_budget(every_step);
+        reset.append(l, t, k, v);
+        reference.append(l, t, k, v);
+        bool same_split = true;
+        for (int hl = 0; hl < g.n_layers; ++hl)
+          for (int h = 0; h < g.n_kv_heads; ++h) {
+            const auto pr = reset.positions(hl, h), pf = reference.positions(hl, h);
+            REQUIRE(std::equal(pr.begin(), pr.end(), pf.begin(), pf.end()));
+            same_split &= reset.size(hl, h) == a.size(hl, h);
+          }
+        moved += !same_split;
+      }
+      std::vector<std::size_t> sizes;
+      for (int h = 0; h < g.n_kv_heads; ++h) sizes.push_back(a.size(l, h));
+      a.append(l, t, k, v);
+      if (t > 40) {  // full: the split stays
+        for (int h = 0; h < g.n_kv_heads; ++h) REQUIRE(a.size(l, h) == sizes[std::size_t(h)]);
+        ++kept;
+      }
+      for (int h = 0; h < g.n_kv_heads; ++h) {
+        const auto probs = made_up_probs(g, h + 2 * l, a.size(l, h), a.seqs(l, h), std::uint64_t(t), rng);
+        a.observe(l, h, probs);
+      }
+    }
+  REQUIRE(kept > 0);
+  REQUIRE(moved > 0);  // the re-split after set_budget moved rows between heads
+}
+
+TEST_CASE("amortised split: a head below its floor grows on every step, frozen or not", "[pool]") {
+  // A floor-0 pool lets the local heads shrink far; a floor-3/4 pool set on top of it (same
+  // total, so still full; re-split only every 2^20 steps) must still give each of them a
+  // row per step until it reaches its floor: the frozen split cannot hold there, so those
+  // steps re-split.
+  const Geometry g{1, 4, 4, 4};
+  const auto opts = [](double floor, std::size_t every) {
+    return PoolOptions{.floor_fraction = floor, .capacity = PoolOptions::Capacity::share, .rebalance_every = every};
+  };
+  KVCache<pol::DecayedAttention> c(g, Budget::uniform(24).pooled(opts(0.0, 1)), pol::DecayedAttention::recommended());
+  kvtest::Rng rng(5);
+  const auto step = [&](int t) {
+    auto k = rng.normals(16), v = rng.normals(16);
+    c.append(0, t, k, v);
+    for (int h = 0; h < 4; ++h) {
+      const auto probs = made_up_probs(g, h, c.size(0, h), c.seqs(0, h), std::uint64_t(t), rng);
+      c.observe(0, h, probs);
+    }
+  };
+  const auto rows = [&] {
+    std::size_t n = 0;
+    for (int h = 0; h < 4; ++h) n += c.size(0, h);
+    return n;
+  };
+  int t = 0;
+  for (; t < 100; ++t) step(t);
+  REQUIRE(rows() == 96);
+  REQUIRE(std::min(c.size(0, 1), c.size(0, 3)) < 16);
+  c.set_budget(Budget::uniform(24).pooled(opts(0.75, std::size_t{1} << 20)));
+  REQUIRE(rows() == 96);  // still full: no step below may keep its split while a head is below 18
+  std::size_t grew = 0;
+  for (int end = t + 40; t < end; ++t) {
+    std::size_t before[4];
+    for (int h = 0; h < 4; ++h) before[h] = c.size(0, h);
+    step(t);
+    REQUIRE(rows() <= 96);
+    for (int h = 0; h < 4; ++h)
+      if (before[h] < 18) {
+        REQUIRE(c.size(0, h) == before[h] + 1);
+        ++grew;
+      }
+  }
+  REQUIRE(grew > 2);  // steps after the first (the re-split of step 0) grew them too
+}
+
+TEST_CASE("amortised split: a pool that never re-splits once full decides as the uniform budget", "[pool]") {
+  // Every head fills to B together; from then on every step keeps the split (k % 2^20 != 0)
+  // and each head gives one row by its own choice at capacity B: the uniform budget's steps.
+  const Geometry g{3, 4, 2, 4};
+  const auto scope = GENERATE(PoolOptions::Scope::layer, PoolOptions::Scope::model);
+  const Budget rare = Budget::uniform(16).pooled(
+      {.floor_fraction = 0.25, .capacity = PoolOptions::Capacity::share, .scope = scope,
+       .share_exponent = 0.5, .rebalance_every = std::size_t{1} << 20});
+  KVCache<pol::DecayedAttention> a(g, rare, pol::DecayedAttention::recommended());
+  KVCache<pol::DecayedAttention> u(g, Budget::uniform(16), pol::DecayedAttention::recommended());
+  kvtest::Rng rng(13);
+  for (int t = 0; t < 150; ++t)
+    for (int l = 0; l < g.n_layers; ++l) {
+      auto k = rng.normals(8), v = rng.normals(8);
+      a.append(l, t, k, v);
+      u.append(l, t, k, v);
+      for (int h = 0; h < g.n_kv_heads; ++h) {
+        const auto pa = a.positions(l, h), pu = u.positions(l, h);
+        REQUIRE(std::equal(pa.begin(), pa.end(), pu.begin(), pu.end()));
+        const auto probs = made_up_probs(g, h + l, u.size(l, h), u.seqs(l, h), std::uint64_t(t), rng);
+        a.observe(l, h, probs);
+        u.observe(l, h, probs);
+      }
+    }
+}
+
 TEST_CASE("pooled budgets: bad input is a kvevict::Error, save refuses", "[pool]") {
   using kvevict::Error;
   REQUIRE_THROWS_AS(Budget::unbounded().pooled(), Error);
@@ -474,6 +670,10 @@ TEST_CASE("pooled budgets: bad input is a kvevict::Error, save refuses", "[pool]
   REQUIRE_THROWS_WITH(Budget::uniform(8).pooled({.share_exponent = -0.5}), Catch::Contains("share_exponent = -0.5"));
   REQUIRE_THROWS_WITH(Budget::uniform(8).pooled({.share_exponent = 9.0}), Catch::Contains("expected in [0, 8]"));
   REQUIRE_THROWS_AS(Budget::uniform(8).pooled({.share_exponent = std::nan("")}), Error);
+  REQUIRE_THROWS_WITH(Budget::uniform(8).pooled({.rebalance_every = 0}), Catch::Contains("rebalance_every = 0"));
+  REQUIRE_THROWS_WITH(Budget::uniform(8).pooled({.rebalance_every = (std::size_t{1} << 20) + 1}),
+                      Catch::Contains("rebalance_every = 1048577"));
+  REQUIRE_NOTHROW(Budget::uniform(8).pooled({.rebalance_every = std::size_t{1} << 20}));
   const Geometry g{1, 2, 2, 4};
   KVCache<pol::H2O> c(g, Budget::uniform(8).pooled(), pol::H2O({.recent = 2}));
   REQUIRE_THROWS_WITH(kvevict::save_bytes(c), Catch::Contains("pooled"));

@@ -53,6 +53,7 @@ struct Args {
   std::size_t skip = 0;            ///< --skip
   bool reserve = false;   ///< --tune-reserve: the deduplicated-reserve grid
   bool rank_grid = false;  ///< --tune-recall-rank: the reserve-rank grid (stop 38)
+  bool rebalance = false;  ///< --rebalance-grid: with --adaptive --tune, only the re-split grid
   bool trace = false;     ///< --trace-reserve: with --haystack, what the reserve ranks first
   bool adaptive = false;  ///< --adaptive: per-head budget splits at equal memory
   bool groups = false;    ///< --groups: the KL table's rows also print each group's mean KL
@@ -117,6 +118,10 @@ std::optional<Args> parse(int argc, char** argv) {
          "per-head budget splits at equal memory: uniform, calibrated (AttentionAgeProfile), "
          "run-time (Budget::pooled) and head typing (with --retrieval / --haystack: those measures)",
          a.adaptive);
+  p.flag("--rebalance-grid",
+         "with --adaptive --tune: only uniform, calibrated and the whole-cache share-scaled pool "
+         "re-split every 1, 4, 8, 16, 32, 64 appends (PoolOptions::rebalance_every, stop 39)",
+         a.rebalance);
   p.flag("--groups", "KL table: each 4-stream group's mean KL after the row (paired shares)",
          a.groups);
   p.flag("--paged", "block-granular eviction through PagedKV (the paged rows)", a.paged);
@@ -1037,6 +1042,14 @@ constexpr PoolOptions kPoolScaled{.floor_fraction = 0.25,
                                   .capacity = PoolOptions::Capacity::share,
                                   .scope = PoolOptions::Scope::model,
                                   .share_exponent = 0.5};
+// kPoolScaled with the amortised split (PoolOptions::rebalance_every): the split re-decided
+// on every kRebalance-th append of any layer only, frozen in between (each stepping head
+// gives one row by its own choice). The rule fixed before the tuning run (--adaptive --tune
+// --rebalance-grid, streams 0-7, R in {4, 8, 16, 32, 64}): the largest R whose share of the
+// calibrated gain is within 10 points of every-step's at every budget. No R passed (every
+// one lost most of the gain at 16 and 32 rows; docs/quality.md, stop 39), so the default
+// stays 1; these rows show R = 32, the setting bench_layer_pool measures.
+constexpr std::size_t kRebalance = 32;
 // DuoAttention-style head typing from the calibration profile: the share of KV heads with
 // the most mass beyond a sink + window keeps a long cache, the rest sink + window. Chosen
 // with --adaptive --tune on streams 0-7.
@@ -1076,14 +1089,34 @@ void all_split_rows(std::size_t B, const AttentionAgeProfile& profile, Row&& row
   layer.scope = PoolOptions::Scope::layer;
   row("recommended() + run-time per-head budgets, per layer, share-scaled costs",
       policies::DecayedAttention::recommended(), Budget::uniform(b).pooled(layer));
+  PoolOptions amortised = kPoolScaled;
+  amortised.rebalance_every = kRebalance;
+  row(fmt::format("recommended() + run-time per-head budgets, whole cache, share-scaled costs, re-split every {}",
+                  kRebalance),
+      policies::DecayedAttention::recommended(), Budget::uniform(b).pooled(amortised));
+  layer.rebalance_every = kRebalance;
+  row(fmt::format("recommended() + run-time per-head budgets, per layer, share-scaled costs, re-split every {}",
+                  kRebalance),
+      policies::DecayedAttention::recommended(), Budget::uniform(b).pooled(layer));
 }
 // --adaptive --tune: the pooled floor and the head typing on the tuning streams.
+// `rebalance_only` (--rebalance-grid): uniform, calibrated and the amortised-split grid.
 template <class Row>
-void tune_split_rows(std::size_t B, const AttentionAgeProfile& profile, Row&& row) {
+void tune_split_rows(std::size_t B, const AttentionAgeProfile& profile, bool rebalance_only, Row&& row) {
   const auto b = static_cast<long long>(B);
   const auto rec = policies::DecayedAttention::recommended();
   row("recommended(), uniform", rec, Budget::uniform(b));
   row("recommended() + calibrated per-head budgets", rec, profile.allocate(b, kPerHead));
+  // The amortised split (PoolOptions::rebalance_every) of kPoolScaled.
+  for (std::size_t every : {1, 4, 8, 16, 32, 64}) {
+    if (every == 1 && !rebalance_only) continue;  // the share-scaled grid's row below
+    PoolOptions o = kPoolScaled;
+    o.rebalance_every = every;
+    row(fmt::format("recommended(), pooled per model, share, floor 0.25, share-scaled costs 0.5, re-split every {}",
+                    every),
+        rec, Budget::uniform(b).pooled(o));
+  }
+  if (rebalance_only) return;
   row("recommended() + calibrated per-head budgets, per-layer totals", rec,
       profile.allocate(b, HeadAllocation{.floor = 4, .per_layer = true}));
   row("H2O (recent B/4), uniform", policies::H2O({.recent = B / 4}), Budget::uniform(b));
@@ -1350,7 +1383,7 @@ int main(int argc, char** argv) {
           r.row(B, name.c_str(), pol, b);
         };
         if (a.tune) {
-          tune_split_rows(B, profile, row);
+          tune_split_rows(B, profile, a.rebalance, row);
         } else {
           all_split_rows(B, profile, row);
           // The floor the tuning grid's lowest KL at 16 rows chose (whole cache, share:

@@ -214,6 +214,7 @@ class ContainerCore {
     check_capacities(policy_, geometry, shape_.capacity);
     if constexpr (kPoolable)
       pool_ = LayerPool::resolve(geometry, budget, shape_.capacity, policy_.min_capacity());
+    pool_steps_.assign(pool_.total.size(), 0);
     heads_.resize(shape_.capacity.size());
     layers_.resize(static_cast<std::size_t>(geometry.n_layers));
     policy_.bind(shape_);
@@ -232,7 +233,8 @@ class ContainerCore {
         layers_(std::exchange(o.layers_, {})),
         scratch_victims_(std::exchange(o.scratch_victims_, {})),
         pool_(std::exchange(o.pool_, {})),
-        pool_settled_(std::exchange(o.pool_settled_, {})) {}
+        pool_settled_(std::exchange(o.pool_settled_, {})),
+        pool_steps_(std::exchange(o.pool_steps_, {})) {}
   ContainerCore& operator=(ContainerCore&& o) noexcept(std::is_nothrow_move_assignable_v<Policy>) {
     if (this != &o) {
       shape_ = std::exchange(o.shape_, CacheShape{});
@@ -242,6 +244,7 @@ class ContainerCore {
       scratch_victims_ = std::exchange(o.scratch_victims_, {});
       pool_ = std::exchange(o.pool_, {});
       pool_settled_ = std::exchange(o.pool_settled_, {});
+      pool_steps_ = std::exchange(o.pool_steps_, {});
       pool_fresh_.clear();
     }
     return *this;
@@ -469,6 +472,26 @@ class ContainerCore {
       }
     }
   }
+  /// PoolOptions::rebalance_every: whether the step of `layer` about to run keeps its
+  /// pool's split (each stepping head gives up one row by its own choose_victims) instead
+  /// of re-deciding it: not the pool's rebalance step (its step count since the budget took
+  /// effect a multiple of rebalance_every), the pool full (its rows exactly its total), and
+  /// every head of `layer` holding a row, at least its floor and at most its ceiling.
+  bool pool_frozen(int layer) const {
+    if (pool_.every <= 1) return false;
+    const std::size_t p = pool_.pool_of(layer);
+    if (pool_steps_[p] % pool_.every == 0) return false;
+    const auto hkv = static_cast<std::size_t>(shape_.geometry.n_kv_heads);
+    const auto [first, last] = pool_.heads_of(layer, hkv);
+    std::size_t rows = 0;
+    for (std::size_t i = first; i < last; ++i) rows += heads_[i].size();
+    if (rows != pool_.total[p]) return false;
+    for (std::size_t kh = 0; kh < hkv; ++kh) {
+      const std::size_t i = index(layer, static_cast<int>(kh)), n = heads_[i].size();
+      if (n == 0 || n < pool_.floor[i] || n > pool_.ceiling[i]) return false;
+    }
+    return true;
+  }
   /// Model-scope pools reuse a head's eviction costs until the head changes.
   void pool_touch(std::size_t i) {
     if (i < pool_fresh_.size()) pool_fresh_[i] = 0;
@@ -591,7 +614,20 @@ class ContainerCore {
     scratch_victims_.resize(static_cast<std::size_t>(g.n_kv_heads));
     std::size_t total_victims = 0, max_rows = 0;
     const auto hkv = static_cast<std::size_t>(g.n_kv_heads);
-    if (pooled()) {
+    const bool frozen = pooled() && pool_frozen(layer);
+    if (frozen) {  // the split kept: each head gives one row by its own decision
+      for (int kh = 0; kh < g.n_kv_heads; ++kh) {
+        auto& victims = scratch_victims_[static_cast<std::size_t>(kh)];
+        victims.clear();
+        const std::size_t i = index(layer, kh), n = heads_[i].size();
+        self().load_rows(layer, kh, nullptr, nullptr);
+        HeadView<Scalar> view = incoming_view(layer, kh, n, position, keys, queries);
+        if (pool_.share) view.capacity = std::max(pool_.floor[i], n);
+        view.need = 1;
+        policy_.choose_victims(view, victims);
+        validate_victims<Policy>(victims, view.size, view.need);
+      }
+    } else if (pooled()) {
       choose_pooled(layer, layer, pool_,
                     [&](int l, int kh, std::size_t n) {
                       return l == layer ? incoming_view(layer, kh, n, position, keys, queries)
@@ -633,7 +669,7 @@ class ContainerCore {
     }
     self().prepare_step(layer, total_victims, max_rows);
     // Phase 2: apply; nothing below throws except the policy's own bookkeeping.
-    if (pooled() && pool_.model)  // first the other layers' victims of a model-scope pool
+    if (pooled() && pool_.model && !frozen)  // first the other layers' victims of a model pool
       for (std::size_t i = 0; i < heads_.size(); ++i)
         if (!pool_victims_[i].empty() && i / hkv != static_cast<std::size_t>(layer)) {
           const int l = static_cast<int>(i / hkv), kh = static_cast<int>(i % hkv);
@@ -660,6 +696,7 @@ class ContainerCore {
     }
     ++ls.next_seq;
     ls.last_position = position;
+    if (pooled()) ++pool_steps_[pool_.pool_of(layer)];
   }
 
   // --- prefill (validated) ---------------------------------------------------------------
@@ -890,6 +927,7 @@ class ContainerCore {
     }
     shape_.capacity = std::move(caps);
     pool_ = std::move(pool);
+    pool_steps_.assign(pool_.total.size(), 0);  // step 0 of the new budget re-splits
     for (int l = 0; l < g.n_layers; ++l)
       for (int kh = 0; kh < g.n_kv_heads; ++kh) {
         const std::size_t i = index(l, kh);
@@ -936,6 +974,8 @@ class ContainerCore {
   /// Pooled heads that gave up rows: their storage grows by chunks only, never
   /// geometrically, so a layer's storage stays within its total + the chunks.
   std::vector<std::uint8_t> pool_settled_;
+  /// Steps of each pool since its budget took effect (PoolOptions::rebalance_every).
+  std::vector<std::uint64_t> pool_steps_;
   std::vector<std::vector<std::uint32_t>> pool_victims_;  ///< choose_pooled: victims per head
   std::vector<PoolHead> pool_heads_;
   std::vector<std::size_t> pool_counts_;

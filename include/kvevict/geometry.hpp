@@ -78,6 +78,19 @@ struct PoolOptions {
   /// they are. Rows the policy marks +infinity or FLT_MAX (its reserve) keep their cost,
   /// so the order within a head, and the head's own choice of victims, do not change.
   double share_exponent = 0.0;
+  /// Amortised split: the pool's split between its heads is re-decided (the cross-head
+  /// selection above) on every rebalance_every-th step of the pool only; on the other steps
+  /// it is frozen: each head of the stepping layer gives up one row by its policy's own
+  /// choose_victims (need 1, the capacity it sees as above), as under a uniform budget
+  /// whose capacity is the rows the head holds, so such a step costs about a uniform one.
+  /// Steps of a pool: each append of a token (decode or token-by-token prefill) to its
+  /// layer (Scope::model: to any layer), counted from 0 since the budget took effect
+  /// (construction or set_budget). Step k re-splits when k % rebalance_every == 0, and
+  /// whenever the frozen split cannot hold the pool's rules: the pool not yet full (its
+  /// rows + the incoming ones not exactly total + the incoming ones), or a head of the
+  /// stepping layer holding no row, fewer rows than its floor or more than its ceiling.
+  /// 1 (the default): every step re-splits (as before). In [1, 2^20].
+  std::size_t rebalance_every = 1;
 };
 
 /// Rows a cache may hold: one count per (layer, KV head). `unbounded()` is the full cache.
@@ -156,6 +169,8 @@ class Budget {
     detail::require(std::isfinite(o.share_exponent) && o.share_exponent >= 0.0 &&
                         o.share_exponent <= 8.0,
                     "budget: pooled share_exponent = ", o.share_exponent, ", expected in [0, 8]");
+    detail::require(o.rebalance_every >= 1 && o.rebalance_every <= (std::size_t{1} << 20),
+                    "budget: pooled rebalance_every = ", o.rebalance_every, ", expected in [1, 2^20]");
     Budget b = *this;
     b.pooled_ = true;
     b.pool_ = o;

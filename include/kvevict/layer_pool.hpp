@@ -20,6 +20,18 @@
 // the policy's choose_victims picks the k_h rows of each head (so its protection and
 // reserve rules still hold; its optional pooled_victims makes the same choice reusing the
 // protection of the eviction_costs pass).
+//
+// PoolOptions::rebalance_every = R > 1 (the amortised split): the selection above runs on
+// step k of the pool (counted from 0 since the budget took effect; a layer pool steps when
+// its layer appends, a model pool when any layer does) when k % R == 0, and whenever the
+// frozen split cannot hold the rules (pool_frozen in container_core.hpp: the pool not full,
+// or a stepping head empty, below its floor or above its ceiling). On the other steps each
+// head of the stepping layer gives up one row by its policy's choose_victims (need 1):
+// every head keeps its rows, so the pool stays at its total and no floor or ceiling moves.
+// Under Capacity::nominal a head holding fewer rows than its policy's protected band sees
+// every row protected; its choose_victims then takes what the policy takes when it must
+// (the selection would not count those rows); Capacity::share has no such head (the
+// capacity it sees is at least its floor, which is above the protected rows).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -54,6 +66,7 @@ struct LayerPool {
   std::vector<std::size_t> chunk;    ///< per (layer, KV head): storage growth step
   std::vector<std::size_t> nominal;  ///< per (layer, KV head): the budget's count
   double exponent = 0.0;             ///< PoolOptions::share_exponent
+  std::size_t every = 1;             ///< PoolOptions::rebalance_every
 
   /// `caps` are the nominal capacities (layer-major); `min_rows` the policy's min_capacity().
   KVEVICT_DEFER static LayerPool resolve(const Geometry& g, const Budget& b, const std::vector<std::size_t>& caps,
@@ -66,6 +79,7 @@ struct LayerPool {
     const std::size_t width = p.model ? caps.size() : static_cast<std::size_t>(g.n_kv_heads);
     const double f = b.pool_options().floor_fraction;
     p.exponent = b.pool_options().share_exponent;
+    p.every = b.pool_options().rebalance_every;
     p.nominal = caps;
     for (std::size_t first = 0; first < caps.size(); first += width) {
       std::size_t total = 0, floors = 0;
