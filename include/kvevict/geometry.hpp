@@ -90,6 +90,9 @@ struct PoolOptions {
   /// rows + the incoming ones not exactly total + the incoming ones), or a head of the
   /// stepping layer holding no row, fewer rows than its floor or more than its ceiling.
   /// 1 (the default): every step re-splits (as before). In [1, 2^20].
+  /// Measured on stories260K (docs/quality.md, "Pooled split re-decided every R steps"):
+  /// every R > 1 tried (4-64) loses most of the run-time gain, and at 16 rows is worse than
+  /// the uniform budget; it cuts the step's cost, not recommended for quality.
   std::size_t rebalance_every = 1;
 };
 
