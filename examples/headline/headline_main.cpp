@@ -56,6 +56,7 @@ struct Args {
   std::size_t skip = 0;            ///< --skip
   bool reserve = false;   ///< --tune-reserve: the deduplicated-reserve grid
   bool rank_grid = false;  ///< --tune-recall-rank: the reserve-rank grid (stop 38)
+  bool successor_grid = false;  ///< --tune-successor: the successor-pair reserve grid (stop 40)
   bool rebalance = false;  ///< --rebalance-grid: with --adaptive --tune, only the re-split grid
   bool trace = false;     ///< --trace-reserve: with --haystack, what the reserve ranks first
   bool adaptive = false;  ///< --adaptive: per-head budget splits at equal memory
@@ -116,6 +117,10 @@ std::optional<Args> parse(int argc, char** argv) {
   p.flag("--tune-recall-rank",
          "as --tune-reserve, the grid of reserve ranks (RecallRank::total) and shares (stop 38)",
          a.rank_grid);
+  p.flag("--tune-successor",
+         "as --tune-reserve, the grid of reserves that keep each row with its successor "
+         "(recall_successor) at recall 1/8, 3/16, 1/4 (stop 40)",
+         a.successor_grid);
   p.flag("--trace-reserve",
          "with --haystack: per head, the rows with the largest long-range spike in the first "
          "story (DecayedAttention rows); per counted story, the cue's outcome and the heads "
@@ -161,7 +166,7 @@ std::optional<Args> parse(int argc, char** argv) {
   p.info("--list", "list the registry's policies, then exit",
          [] { fmt::print("policies:\n{}", kvevict::registry::listing()); });
   if (!p.parse(argc, argv)) return std::nullopt;
-  if (a.rank_grid) a.reserve = true;  // the same protocol, another grid
+  if (a.rank_grid || a.successor_grid) a.reserve = true;  // the same protocol, another grid
   if (a.model_dir.empty()) a.model_dir = KVEVICT_DEFAULT_MODEL_DIR;
   if (a.streams % 4 != 0)
     throw kvevict::cli::UsageError(
@@ -235,12 +240,31 @@ void for_each_rank_candidate(F&& f) {
   }
 }
 
+// --tune-successor (stop 40): recommended() whose reserve keeps each row it ranks in with
+// the row after it (recall_successor: the name's second token, which an induction head
+// attends at the cue, comes with its first), at recall fractions 1/8, 3/16, 1/4.
+bool g_successor_grid = false;
+template <class F>
+void for_each_successor_candidate(F&& f) {
+  for (float rf : {0.125f, 0.1875f, 0.25f}) {
+    auto c = policies::DecayedAttention::recommended().config();
+    c.recall_fraction = rf;
+    c.recall_successor = true;
+    const std::string name = fmt::format("recommended(), successor-pair reserve, recall {:.4f}", rf);
+    f(name.c_str(), policies::DecayedAttention(c));
+  }
+}
+
 // The --tune-reserve grid: deduplication among reserve rows or also against the protected
 // rows, signature step 0.05 / 0.1 / 0.2; recall fraction 1/8 (recommended()'s).
 template <class F>
 void for_each_reserve_candidate(F&& f) {
   if (g_rank_grid) {
     for_each_rank_candidate(f);
+    return;
+  }
+  if (g_successor_grid) {
+    for_each_successor_candidate(f);
     return;
   }
   using D = policies::DecayedAttention::RecallDedup;
@@ -1281,6 +1305,7 @@ int main(int argc, char** argv) {
             ? calibrate(r.model)
             : AttentionAgeProfile(r.model->config().geometry(), 1);
     g_rank_grid = a.rank_grid;
+    g_successor_grid = a.successor_grid;
     if (a.haystack || a.haystack_large) {
       g_trace_reserve = a.trace;
       g_haystack_counts = a.haystack_large;
