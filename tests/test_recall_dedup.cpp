@@ -69,15 +69,7 @@ struct Brute {
         if (kept.size() == k) break;
         if (seen.insert(rows.at(p).sig).second) kept.insert(p);
       }
-      std::int64_t victim = -1;
-      for (auto p : open) {
-        if (kept.count(p)) continue;
-        if (victim < 0 || rows.at(p).score < rows.at(victim).score ||
-            (rows.at(p).score == rows.at(victim).score && rows.at(p).seq < rows.at(victim).seq))
-          victim = p;
-      }
-      REQUIRE(victim >= 0);
-      rows.erase(victim);
+      rows.erase(kvtest::lowest_open(rows, open, kept));
     }
     rows[pos] = {seq, sig};
   }
