@@ -156,11 +156,8 @@ TEST_CASE("DecayedAttention RecallDedup agrees with a brute-force rule", "[recal
 // boundary holds one slot (reserve) or none, its latest copy being recent (protected_rows).
 TEST_CASE("RecallDedup keeps the name against a repeated boundary", "[recall]") {
   const Geometry g{1, 1, 1, 4};
-  auto name_survives = [&](DA::RecallDedup mode) {
-    KVCache<DA> cache(g, Budget::uniform(16),
-                      DA({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.375f,
-                          .recall_fraction = 0.125f, .recall_dedup = mode,
-                          .rope = RopeLayout::interleaved}));
+  auto survives = [&](const DA& policy) {
+    KVCache<DA> cache(g, Budget::uniform(16), policy);
     kvtest::Rng rng(5);
     std::vector<std::vector<float>> passage;
     for (int i = 0; i < 5; ++i) passage.push_back(rng.normals(4));
@@ -182,6 +179,15 @@ TEST_CASE("RecallDedup keeps the name against a repeated boundary", "[recall]") 
     }
     return true;
   };
+  auto name_survives = [&](DA::RecallDedup mode) {
+    return survives(DA({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.375f,
+                        .recall_fraction = 0.125f, .recall_dedup = mode,
+                        .rope = RopeLayout::interleaved}));
+  };
+  // The two presets: recommended() (no dedup) loses the name, recall() keeps it.
+  CHECK_FALSE(survives(DA::recommended()));
+  CHECK(survives(DA::recall()));
+  CHECK(DA::recall(RopeLayout::halves).config().rope == RopeLayout::halves);
   CHECK_FALSE(name_survives(DA::RecallDedup::none));
   CHECK(name_survives(DA::RecallDedup::reserve));
   CHECK(name_survives(DA::RecallDedup::protected_rows));

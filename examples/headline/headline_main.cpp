@@ -203,16 +203,13 @@ policies::DecayedAttention dedup_variant(policies::DecayedAttention::RecallDedup
 const policies::DecayedAttention kDistinct =
     dedup_variant(policies::DecayedAttention::RecallDedup::protected_rows, 0.1f);
 
-// The distinct-key reserve at recall fraction 1/4: on the tuning side (--tune-reserve) the
-// one setting tried that recalls at least as well as H2O on both retrieval measures at every
-// budget with KL below StreamingLLM's (docs/quality.md, "The filler measure at 128 rows,
-// stop 38"); reported held out beside recommended().
-policies::DecayedAttention distinct_quarter() {
-  auto c = kDistinct.config();
-  c.recall_fraction = 0.25f;
-  return policies::DecayedAttention(c);
-}
-const policies::DecayedAttention kDistinctQuarter = distinct_quarter();
+// The distinct-key reserve at recall fraction 1/4, DecayedAttention::recall(): on the tuning
+// side (--tune-reserve) the one setting tried that recalls at least as well as H2O on both
+// retrieval measures at every budget with KL below StreamingLLM's (docs/quality.md, "The
+// filler measure at 128 rows, stop 38"); reported held out beside recommended(). kDistinct
+// with recall_fraction 1/4, as it was measured before it became the preset.
+const policies::DecayedAttention kDistinctQuarter =
+    policies::DecayedAttention::recall(policies::RopeLayout::interleaved);
 
 // --tune-recall-rank (stop 38): the reserve ranked by the sum of long-range draws
 // (RecallRank::total) at recall fractions 1/8, 3/16, 1/4, alone and with the distinct-key
