@@ -1256,6 +1256,214 @@ KVEVICT_TARGET_AVX512 inline std::size_t lowest_open(float* s, const float* x, c
   return best.index;
 }
 
+/// decay * a + x as a multiply then an add (the product through an empty asm: never an FMA).
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512 batch_step(__m512 g, __m512 a, __m512 x) noexcept {
+  __m512 prod = _mm512_mul_ps(g, a);
+  __asm__("" : "+v"(prod));
+  return _mm512_add_ps(prod, x);
+}
+
+/// decay_lowest_open_batch's lists as sorted 64-bit codes: (the value's order-preserving
+/// 32 bits, -0.0 as +0.0) << 32 | key, so that (value, key) compares as one unsigned
+/// integer; unused slots all ones (above every code: NaN is never listed).
+struct BatchLists {
+  alignas(64) std::uint64_t code[OpenBatch::kMaxSteps][8];
+  alignas(64) std::uint32_t row[OpenBatch::kMaxSteps][16];
+  float bar[OpenBatch::kMaxSteps];
+  static std::uint64_t encode(float v, std::uint32_t key) noexcept {
+    std::uint32_t b = std::bit_cast<std::uint32_t>(v);
+    b = (b & 0x7FFFFFFFu) == 0 ? 0x80000000u : (b & 0x80000000u) != 0 ? ~b : b | 0x80000000u;
+    return (static_cast<std::uint64_t>(b) << 32) | key;
+  }
+  static float decode(std::uint64_t c) noexcept {
+    const auto b = static_cast<std::uint32_t>(c >> 32);
+    return std::bit_cast<float>((b & 0x80000000u) != 0 ? b & 0x7FFFFFFFu : ~b);
+  }
+};
+
+/// Step t's list (capacity t + 1) takes (v, key, row) when it is among the t + 1 lowest:
+/// the codes above it move up one slot (one compare, a permute and a blend).
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE void batch_insert(BatchLists& L, std::size_t t, float v,
+                                                             std::uint32_t key,
+                                                             std::uint32_t row) noexcept {
+  const std::uint64_t c = BatchLists::encode(v, key);
+  const auto cap = static_cast<__mmask8>((1u << (t + 1)) - 1u);
+  const __m512i codes = _mm512_load_si512(L.code[t]);
+  const __mmask8 gt = _mm512_mask_cmpgt_epu64_mask(cap, codes, _mm512_set1_epi64(static_cast<long long>(c)));
+  if (gt == 0) return;
+  const auto at = static_cast<__mmask8>(gt & (0u - gt));  // the first slot above c
+  const __m512i up = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 0, 1, 2, 3, 4, 5, 6), codes);
+  __m512i next = _mm512_mask_mov_epi64(codes, gt, up);
+  next = _mm512_mask_set1_epi64(next, at, static_cast<long long>(c));
+  _mm512_store_si512(L.code[t], next);
+  const __m512i rows = _mm512_load_si512(L.row[t]);
+  const __m512i rup =
+      _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14, 15), rows);
+  __m512i rnext = _mm512_mask_mov_epi32(rows, static_cast<__mmask16>(gt), rup);
+  rnext = _mm512_mask_set1_epi32(rnext, static_cast<__mmask16>(at), static_cast<int>(row));
+  _mm512_store_si512(L.row[t], rnext);
+  const std::uint64_t last = L.code[t][t];
+  if (last != ~std::uint64_t{0}) L.bar[t] = BatchLists::decode(last);  // full: its highest
+}
+
+/// The lowest value of the 16 lanes (+infinity when none).
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE float batch_lane_min(__m512 v) noexcept {
+  return _mm512_reduce_min_ps(v);
+}
+
+/// decay_lowest_open_batch (select.hpp) in two passes of 16-row blocks, four blocks side by
+/// side (independent chains of multiply-adds, each a multiply then an add through an empty
+/// asm: never an FMA). Pass 1: each row's owed steps (masked per lane where keys are
+/// fresh), the value stored to s0, the batch's steps, the final value stored to s; per step
+/// t the lane-wise minimum of the open values (16 lanes: the minima of 16 disjoint row
+/// sets), per block the lowest open value of any step. Step t's bar is the (t + 1)-th
+/// lowest of its 16 lane minima: t + 1 distinct rows are at or below it, so no row above
+/// it is listed. Pass 2 replays the steps from s0 for the blocks at or below a bar and
+/// inserts the open rows at or below their step's bar (BatchLists). The lists do not depend
+/// on the order of the insertions: the same as the scalar body's.
+KVEVICT_TARGET_AVX512 inline void decay_lowest_open_batch(float* s, float* s0, const float* x,
+                                                          const std::uint32_t* keys,
+                                                          std::size_t n, float decay,
+                                                          std::uint32_t owed_old,
+                                                          std::uint32_t owed, std::uint32_t fresh,
+                                                          std::uint32_t lo, std::uint32_t hi,
+                                                          std::size_t steps,
+                                                          OpenBatch& out) noexcept {
+  BatchLists L;
+  const __m512i none = _mm512_set1_epi64(-1);
+  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  const __m512 g = _mm512_set1_ps(decay);
+  const __m512i vlo = _mm512_set1_epi32(static_cast<int>(lo));
+  const __m512i vfresh = _mm512_set1_epi32(static_cast<int>(fresh));
+  const __m512i vold = _mm512_set1_epi32(static_cast<int>(owed_old));
+  // A fresh lane owes owed - 1 - (key - fresh) when positive: steps j < that.
+  const std::uint32_t most = owed_old > owed ? owed_old : owed;
+  __m512i span[OpenBatch::kMaxSteps];
+  __m512 lane_min[OpenBatch::kMaxSteps];
+  for (std::size_t t = 0; t < steps; ++t) {
+    _mm512_store_si512(L.code[t], none);
+    span[t] = _mm512_set1_epi32(static_cast<int>(scalar::batch_span(lo, hi, t)));
+    lane_min[t] = inf;
+  }
+  constexpr int B = 4;
+  constexpr std::size_t kGroup = 16 * B;
+  const std::size_t blocks = (n + 15) / 16;
+  // Per block, its lowest open value over the steps (pass 2 skips the blocks above every bar).
+  constexpr std::size_t kMinBlocks = 2048;  // beyond: every block replayed
+  float block_min[kMinBlocks];
+  for (std::size_t r0 = 0; r0 < n; r0 += kGroup) {
+    __m512 a[B], xv[B], low[B];
+    __m512i k[B], rel[B];
+    __mmask16 lanes[B];
+#pragma GCC unroll 4
+    for (int b = 0; b < B; ++b) {
+      const std::size_t r = r0 + 16 * static_cast<std::size_t>(b);
+      lanes[b] = static_cast<__mmask16>(r >= n ? 0u : n - r >= 16 ? 0xFFFFu : (1u << (n - r)) - 1u);
+      a[b] = _mm512_maskz_loadu_ps(lanes[b], s + r);
+      xv[b] = _mm512_maskz_loadu_ps(lanes[b], x + r);
+      k[b] = _mm512_maskz_loadu_epi32(lanes[b], keys + r);
+      rel[b] = _mm512_sub_epi32(k[b], vlo);
+      low[b] = inf;
+    }
+    if (most > 0) {
+      // Each lane's owed steps: owed_old, or for a fresh key owed - 1 - (key - fresh).
+      __m512i due[B];
+      unsigned mixed = 0;
+#pragma GCC unroll 4
+      for (int b = 0; b < B; ++b) {
+        const __mmask16 fr = _mm512_mask_cmpge_epu32_mask(lanes[b], k[b], vfresh);
+        const __m512i i = _mm512_sub_epi32(k[b], vfresh);
+        const __m512i left = _mm512_mask_blend_epi32(
+            _mm512_mask_cmplt_epu32_mask(fr, i, _mm512_set1_epi32(static_cast<int>(owed))), _mm512_setzero_si512(),
+            _mm512_sub_epi32(_mm512_set1_epi32(static_cast<int>(owed) - 1), i));
+        due[b] = _mm512_mask_blend_epi32(fr, vold, left);
+        mixed |= fr;
+      }
+      for (std::uint32_t j = 0; j < most; ++j) {
+        const __m512i vj = _mm512_set1_epi32(static_cast<int>(j));
+#pragma GCC unroll 4
+        for (int b = 0; b < B; ++b) {
+          const __mmask16 m = mixed == 0 && j < owed_old ? lanes[b]
+                                                          : _mm512_mask_cmpgt_epu32_mask(lanes[b], due[b], vj);
+          a[b] = _mm512_mask_mov_ps(a[b], m, batch_step(g, a[b], xv[b]));
+        }
+      }
+      if (steps == 0)
+#pragma GCC unroll 4
+        for (int b = 0; b < B; ++b)
+          _mm512_mask_storeu_ps(s + r0 + 16 * static_cast<std::size_t>(b), lanes[b], a[b]);
+    }
+    if (steps == 0) continue;
+#pragma GCC unroll 4
+    for (int b = 0; b < B; ++b)
+      _mm512_mask_storeu_ps(s0 + r0 + 16 * static_cast<std::size_t>(b), lanes[b], a[b]);
+    for (std::size_t t = 0; t < steps; ++t) {
+      __m512 lm = lane_min[t];
+      const __m512i sp = span[t];
+#pragma GCC unroll 4
+      for (int b = 0; b < B; ++b) {
+        a[b] = batch_step(g, a[b], xv[b]);
+        const __mmask16 open = _mm512_mask_cmplt_epu32_mask(lanes[b], rel[b], sp);
+        const __mmask16 num = _mm512_mask_cmp_ps_mask(open, a[b], a[b], _CMP_ORD_Q);
+        lm = _mm512_mask_min_ps(lm, num, lm, a[b]);
+        low[b] = _mm512_mask_min_ps(low[b], num, low[b], a[b]);
+      }
+      lane_min[t] = lm;
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < B; ++b) {
+      const std::size_t blk = r0 / 16 + static_cast<std::size_t>(b);
+      if (blk < blocks && blk < kMinBlocks) block_min[blk] = batch_lane_min(low[b]);
+      _mm512_mask_storeu_ps(s + r0 + 16 * static_cast<std::size_t>(b), lanes[b], a[b]);
+    }
+  }
+  out.steps = steps;
+  for (std::size_t t = 0; t < OpenBatch::kMaxSteps; ++t) out.count[t] = 0;
+  if (steps == 0) return;
+  float top = -std::numeric_limits<float>::infinity();
+  for (std::size_t t = 0; t < steps; ++t) {
+    alignas(64) float m[16];
+    _mm512_store_ps(m, lane_min[t]);
+    std::nth_element(m, m + t, m + 16);
+    L.bar[t] = m[t];
+    top = L.bar[t] > top ? L.bar[t] : top;
+  }
+  // Pass 2: the blocks with an open value at or below some bar, replayed from s0.
+  for (std::size_t blk = 0; blk < blocks; ++blk) {
+    if (blk < kMinBlocks && !(block_min[blk] <= top)) continue;
+    const std::size_t r = blk * 16;
+    const auto lanes = static_cast<__mmask16>(n - r >= 16 ? 0xFFFFu : (1u << (n - r)) - 1u);
+    __m512 a = _mm512_maskz_loadu_ps(lanes, s0 + r);
+    const __m512 xv = _mm512_maskz_loadu_ps(lanes, x + r);
+    const __m512i k = _mm512_maskz_loadu_epi32(lanes, keys + r);
+    const __m512i rel = _mm512_sub_epi32(k, vlo);
+    for (std::size_t t = 0; t < steps; ++t) {
+      a = batch_step(g, a, xv);
+      const __mmask16 open = _mm512_mask_cmplt_epu32_mask(lanes, rel, span[t]);
+      unsigned m = _mm512_mask_cmp_ps_mask(open, a, _mm512_set1_ps(L.bar[t]), _CMP_LE_OQ);
+      if (m == 0) continue;
+      alignas(64) float vals[16];
+      alignas(64) std::uint32_t ks[16];
+      _mm512_store_ps(vals, a);
+      _mm512_store_si512(ks, k);
+      do {
+        const auto j = static_cast<std::uint32_t>(std::countr_zero(m));
+        if (vals[j] <= L.bar[t]) batch_insert(L, t, vals[j], ks[j], static_cast<std::uint32_t>(r + j));
+        m &= m - 1;
+      } while (m != 0);
+    }
+  }
+  for (std::size_t t = 0; t < steps; ++t) {
+    std::uint32_t c = 0;
+    for (; c <= t && L.code[t][c] != ~std::uint64_t{0}; ++c) {
+      out.value[t][c] = BatchLists::decode(L.code[t][c]);
+      out.key[t][c] = static_cast<std::uint32_t>(L.code[t][c]);
+      out.row[t][c] = L.row[t][c];
+    }
+    out.count[t] = c;
+  }
+}
+
 }  // namespace kvevict::kernels::detail::avx512
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif
