@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "dispatch.hpp"
-#include "open_batch.hpp"
 
 namespace kvevict::kernels {
 // The entry points, declared here and defined below (in separate-kernels mode, config.hpp,
@@ -96,12 +95,6 @@ KVEVICT_KERNEL_FN std::size_t lowest_open(const float* s, const std::uint32_t* k
 KVEVICT_KERNEL_FN std::size_t decay_lowest_open(float* s, const float* x, const std::uint32_t* keys,
                                                 std::size_t n, float decay, std::uint32_t lo,
                                                 std::uint32_t hi);
-KVEVICT_KERNEL_FN void decay_lowest_open_batch(float* s, float* s0, const float* x,
-                                               const std::uint32_t* keys, std::size_t n,
-                                               float decay, std::uint32_t owed_old,
-                                               std::uint32_t owed, std::uint32_t fresh,
-                                               std::uint32_t lo, std::uint32_t hi,
-                                               std::size_t steps, OpenBatch& out);
 }  // namespace kvevict::kernels
 
 #if !KVEVICT_KERNELS_DECLARE_ONLY
@@ -784,43 +777,6 @@ KVEVICT_KERNEL_FN std::size_t decay_lowest_open(float* s, const float* x, const 
                                                 std::size_t n, float decay, std::uint32_t lo,
                                                 std::uint32_t hi) {
   return detail::lowest_open_at<true>(s, x, keys, n, decay, lo, hi);
-}
-
-/// decay_lowest_open's next `steps` decisions (at most OpenBatch::kMaxSteps) in one pass, for
-/// a caller that decays every row once per decision and whose open range [lo, hi + t) grows
-/// by one key per decision t. Decay steps are s[r] = decay * s[r] + x[r], a multiply then an
-/// add, never fused: the values of that many decay_lowest_open calls. First each row's owed
-/// steps: owed_old, but a row with key k >= fresh (it arrived, with s 0, after decision
-/// i = k - fresh of the caller's last batch) owes owed - 1 - i, or none. With steps 0 that
-/// value is stored to s and nothing else is done. Otherwise it is stored to s0 (s0 may not
-/// be null), the row takes `steps` more decay steps, and s[r] is the value after them; out's
-/// list t holds the t + 1 rows with the lowest (value, key) among those with lo <= key <
-/// hi + t after t + 1 of those steps (fewer when fewer are open; NaN never listed; -0.0 ==
-/// +0.0), lowest first. Whatever t rows leave before decision t, the first listed row still
-/// present is decision t's decay_lowest_open row (over the same rows, as long as no row that
-/// arrives meanwhile is open by then), and none present means no open row. hi + steps must
-/// be below 2^32. The same lists (keys, rows, values) at every level.
-KVEVICT_KERNEL_FN void decay_lowest_open_batch(float* s, float* s0, const float* x,
-                                               const std::uint32_t* keys, std::size_t n,
-                                               float decay, std::uint32_t owed_old,
-                                               std::uint32_t owed, std::uint32_t fresh,
-                                               std::uint32_t lo, std::uint32_t hi,
-                                               std::size_t steps, OpenBatch& out) {
-  detail::require_nonnull(s, n, "scores");
-  if (steps > 0) detail::require_nonnull(s0, n, "s0");
-  detail::require_nonnull(x, n, "x");
-  detail::require_nonnull(keys, n, "keys");
-  if (steps > OpenBatch::kMaxSteps || static_cast<std::uint64_t>(hi) + steps > 0xFFFFFFFFull)
-    throw std::invalid_argument("kvevict::kernels: decay_lowest_open_batch steps = " +
-                                std::to_string(steps) + ", hi = " + std::to_string(hi) +
-                                " (expected steps <= 8 and hi + steps < 2^32)");
-#if KVEVICT_X86
-  if (active_isa() == Isa::avx512)
-    return detail::avx512::decay_lowest_open_batch(s, s0, x, keys, n, decay, owed_old, owed,
-                                                   fresh, lo, hi, steps, out);
-#endif
-  detail::scalar::decay_lowest_open_batch(s, s0, x, keys, n, decay, owed_old, owed, fresh, lo,
-                                          hi, steps, out);
 }
 
 }  // namespace kvevict::kernels

@@ -11,7 +11,6 @@
 #include <type_traits>
 
 #include "dispatch.hpp"
-#include "open_batch.hpp"
 
 namespace kvevict::kernels::detail {
 
@@ -432,50 +431,6 @@ inline std::size_t lowest_open(float* s, const float* x, const K* seqs, std::siz
   LowestOpen best;
   lowest_open_body<Decay, K>(s, x, seqs, n, decay, lo, hi > lo ? static_cast<K>(hi - lo) : K{0}, best);
   return best.index;
-}
-
-/// The steps a row with key k owes (decay_lowest_open_batch): owed_old, or for a key
-/// k >= fresh (it arrived after decision i = k - fresh of the caller's last batch)
-/// owed - 1 - i, or none.
-KVEVICT_ALWAYS_INLINE std::uint32_t batch_owed(std::uint32_t k, std::uint32_t owed_old,
-                                               std::uint32_t owed, std::uint32_t fresh) noexcept {
-  if (k < fresh) return owed_old;
-  const std::uint32_t i = k - fresh;
-  return i < owed ? owed - 1 - i : 0;
-}
-/// The span of step t's open keys [lo, hi + t) (0 when empty).
-KVEVICT_ALWAYS_INLINE std::uint32_t batch_span(std::uint32_t lo, std::uint32_t hi,
-                                               std::size_t t) noexcept {
-  const std::uint64_t h = static_cast<std::uint64_t>(hi) + t;
-  return h > lo ? static_cast<std::uint32_t>(h - lo) : 0u;
-}
-/// decay_lowest_open_batch (select.hpp), one row at a time.
-inline void decay_lowest_open_batch(float* s, float* s0, const float* x,
-                                    const std::uint32_t* keys, std::size_t n, float decay,
-                                    std::uint32_t owed_old, std::uint32_t owed,
-                                    std::uint32_t fresh, std::uint32_t lo, std::uint32_t hi,
-                                    std::size_t steps, OpenBatch& out) noexcept {
-  out.steps = steps;
-  for (std::size_t t = 0; t < OpenBatch::kMaxSteps; ++t) out.count[t] = 0;
-  for (std::size_t r = 0; r < n; ++r) {
-    float v = s[r];
-    const std::uint32_t k = keys[r];
-    for (std::uint32_t j = batch_owed(k, owed_old, owed, fresh); j > 0; --j) {
-      const float prod = decay * v;
-      v = prod + x[r];
-    }
-    if (steps == 0) {
-      s[r] = v;
-      continue;
-    }
-    s0[r] = v;
-    for (std::size_t t = 0; t < steps; ++t) {
-      const float prod = decay * v;
-      v = prod + x[r];
-      if (k - lo < batch_span(lo, hi, t)) out.offer(t, v, k, static_cast<std::uint32_t>(r));
-    }
-    s[r] = v;
-  }
 }
 
 }  // namespace scalar

@@ -159,10 +159,6 @@ class ExpectedAttention {
       keys_.bind(shape);
       if (config_.horizon > 0.0f) accf_.bind(shape);
       decisions_.assign(heads, 0);
-      // Batched decisions (batched_victim) where the batch kernel has its AVX-512 body.
-      batch_.assign(config_.horizon > 0.0f && kernels::active_isa() == kernels::Isa::avx512 ? heads : 0,
-                    Batch{});
-      if (!batch_.empty()) accb_.bind(shape);
       frozen_.assign(heads, 0);
       frozen_mean_.assign(heads * group_ * d_, 0.0);
       frozen_cov_.assign(full ? heads * group_ * d_ * d_ : 0, 0.0);
@@ -272,11 +268,9 @@ class ExpectedAttention {
     if (config_.horizon > 0.0f && !amortised()) acc_.set(v.layer, v.kv_head, row, 0.0);
     if (amortised()) {
       if (!one_pass) score = arrival_score(v, row, vn);
-      if (!batch_.empty()) batch_arrival(v, row);
       stale_.set(v.layer, v.kv_head, row, static_cast<float>(score));
       keys_.set(v.layer, v.kv_head, row, seq_key(v.seqs[row]));
       if (config_.horizon > 0.0f) accf_.set(v.layer, v.kv_head, row, 0.0f);
-      if (!batch_.empty()) accb_.set(v.layer, v.kv_head, row, 0.0f);
     }
   }
   KVEVICT_DEFER void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
@@ -287,10 +281,6 @@ class ExpectedAttention {
       stale_.move(layer, kv_head, from, to);
       keys_.move(layer, kv_head, from, to);
       if (config_.horizon > 0.0f) accf_.move(layer, kv_head, from, to);
-      if (!batch_.empty()) {
-        accb_.move(layer, kv_head, from, to);
-        batch_[head_index(layer, kv_head)].moved(from, to);
-      }
     }
   }
 
@@ -512,6 +502,7 @@ class ExpectedAttention {
   template <class S>
   void amortised_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
     const std::size_t n = v.size;
+    const float* rank = amortised_kept(v);
     const std::size_t recent = recent_for(v.capacity);
     const std::uint64_t lo = config_.sinks, hi = detail::open_below(v, recent);
     // One victim with the head's 32-bit seq keys (seq_key) in place of the 64-bit seqs: half
@@ -519,11 +510,6 @@ class ExpectedAttention {
     const std::vector<std::uint32_t>& keys = keys_.of(v.layer, v.kv_head);
     const bool narrow = v.need == 1 && keys.size() == n && v.incoming_seq < kKeyMax;
     const std::uint32_t lo32 = 1, hi32 = narrow && hi > lo ? seq_key(hi) : lo32;
-    if (!batch_.empty()) {
-      if (narrow && batched_victim(v, hi32, out)) return;
-      settle(v.layer, v.kv_head, n);
-    }
-    const float* rank = amortised_kept(v);
     if (config_.horizon > 0.0f) {
       // acc = decay x acc + kept (amortised_decay's values) and, for one victim, the lowest
       // (acc, seq) among the open rows in the same pass (kernels::decay_lowest_open: the row
@@ -548,96 +534,6 @@ class ExpectedAttention {
     }
     detail::evict_lowest_masked(
         v, rank, detail::protection_bits(v, config_.sinks, recent, bits_), out, name());
-  }
-  // One victim with horizon > 0 from the head's batch (Batch): the next decision of an
-  // active batch whose assumptions hold (same rows count, capacity, open range one key
-  // further per decision, one arrival after each) is its list's first present row, no pass;
-  // otherwise a new batch: the rows' owed decays, the rescoring if due (amortised_kept),
-  // then decay_lowest_open_batch up to the decision before the next rescoring. False (the
-  // batch settled) when no batch applies. The same rows as decay_lowest_open every decision.
-  template <class S>
-  bool batched_victim(const HeadView<S>& v, std::uint32_t hi32, std::vector<std::uint32_t>& out) {
-    const std::size_t n = v.size, h = head_index(v.layer, v.kv_head);
-    Batch& b = batch_[h];
-    const std::vector<std::uint32_t>& keys = keys_.of(v.layer, v.kv_head);
-    const float decay = float_decay(v.capacity);
-    if (b.active && b.served < b.lists.steps && n == b.n && v.capacity == b.capacity &&
-        b.arrivals == b.served && static_cast<std::uint64_t>(hi32) == std::uint64_t{b.hi} + b.served) {
-      prefetch_arrival(v);
-      ++decisions_[h];
-      out.push_back(detail::open_victim(b.pick(b.served), name()));
-      ++b.served;
-      return true;
-    }
-    const std::size_t R = every(v.capacity), at = decisions_[h] % R;
-    const std::size_t steps = std::min(kernels::OpenBatch::kMaxSteps, R - at);
-    if (steps < 2 || std::uint64_t{hi32} + steps >= kKeyMax) return false;
-    // A batch served to its end leaves only its arrivals' decays owed: folded into the new
-    // batch's pass unless a rescoring is due (it replaces the kept scores) or the decay
-    // changed; anything else is settled first.
-    std::uint32_t owed = 0, fresh = std::numeric_limits<std::uint32_t>::max();
-    if (b.active) {
-      if (at != 0 && b.decay == decay && b.served == b.lists.steps) {
-        owed = static_cast<std::uint32_t>(b.served);
-        fresh = b.fresh;
-        b.active = false;
-      } else {
-        settle(v.layer, v.kv_head, n);
-      }
-    }
-    prefetch_arrival(v);
-    const float* kept = amortised_kept(v);
-    kernels::decay_lowest_open_batch(accf_.of(v.layer, v.kv_head).data(),
-                                     accb_.of(v.layer, v.kv_head).data(), kept, keys.data(), n,
-                                     decay, 0, owed, fresh, 1, hi32, steps, b.lists);
-    b.served = 1;
-    b.n = n;
-    b.capacity = v.capacity;
-    b.hi = hi32;
-    b.fresh = seq_key(v.incoming_seq);
-    b.arrivals = 0;
-    b.decay = decay;
-    b.active = true;
-    out.push_back(detail::open_victim(b.pick(0), name()));
-    return true;
-  }
-  // Ends the head's active batch: accf_ of rows [0, rows) becomes each row's decayed sum as
-  // of now. A batch served to its end left the final sums in accf_ (only its arrivals owe
-  // decays); otherwise they are recomputed from the sums before the batch (accb_).
-  KVEVICT_DEFER void settle(int layer, int kv_head, std::size_t rows) {
-    if (batch_.empty()) return;
-    Batch& b = batch_[head_index(layer, kv_head)];
-    if (!b.active) return;
-    b.active = false;
-    auto& acc = accf_.of(layer, kv_head);
-    const auto& before = accb_.of(layer, kv_head);
-    const auto& kept = stale_.of(layer, kv_head);
-    const auto& keys = keys_.of(layer, kv_head);
-    rows = std::min({rows, acc.size(), before.size(), kept.size(), keys.size()});
-    const auto served = static_cast<std::uint32_t>(b.served);
-    std::uint32_t owed_old = 0;
-    if (b.served != b.lists.steps) {
-      std::copy(before.begin(), before.begin() + static_cast<std::ptrdiff_t>(rows), acc.begin());
-      owed_old = served;
-    }
-    kernels::OpenBatch none;
-    kernels::decay_lowest_open_batch(acc.data(), nullptr, kept.data(), keys.data(), rows, b.decay,
-                                     owed_old, served, b.fresh, 1, 0, 0, none);
-  }
-  // An arrival at `row` while the head's batch is active: the batch's i-th arrival (key
-  // fresh + i, after decision i, never open before the batch ends) is counted; any other
-  // settles the batch first (the rows before `row`).
-  template <class S>
-  void batch_arrival(const HeadView<S>& v, std::size_t row) {
-    Batch& b = batch_[head_index(v.layer, v.kv_head)];
-    if (!b.active) return;
-    const std::uint32_t key = seq_key(v.seqs[row]);
-    if (b.arrivals + 1 == b.served && key == b.fresh + b.arrivals &&
-        std::uint64_t{key} >= std::uint64_t{b.hi} + b.lists.steps && v.seqs[row] < kKeyMax) {
-      ++b.arrivals;
-      return;
-    }
-    settle(v.layer, v.kv_head, row);
   }
   // The amortised decision's scores: the kept ones, all rows rescored on every R-th
   // decision of the head (the decision is counted).
@@ -666,7 +562,6 @@ class ExpectedAttention {
   // The scores an amortised decision ranks by (eviction_costs): kept, decayed when horizon > 0.
   template <class S>
   const float* amortised_rank(const HeadView<S>& v) {
-    settle(v.layer, v.kv_head, v.size);
     const float* kept = amortised_kept(v);
     return config_.horizon > 0.0f ? amortised_decay(v, kept) : kept;
   }
@@ -979,42 +874,6 @@ class ExpectedAttention {
   detail::RowColumn<float> stale_, accf_;  ///< kept scores; their decayed sums (horizon > 0)
   detail::RowColumn<std::uint32_t> keys_;   ///< per row, seq_key(seq)
   std::vector<std::uint64_t> decisions_, bits_;
-  // Batched decisions (horizon > 0, one victim, 32-bit keys): per (layer, KV head), the
-  // lists of up to kernels::OpenBatch::kMaxSteps decisions ahead (decay_lowest_open_batch)
-  // and what they assume. While active, a row present at the batch's start has accf_ after
-  // all the batch's decays and accb_ before them, and has taken `served` of them; an arrival
-  // of the batch (key fresh + i, accf_ = accb_ = 0) owes served - 1 - i. settle or the next
-  // batch's pass brings accf_ up to date.
-  struct Batch {
-    kernels::OpenBatch lists;
-    std::size_t served = 0, n = 0, capacity = 0;
-    std::uint32_t hi = 0, fresh = 0, arrivals = 0;
-    float decay = 0.0f;
-    bool active = false;
-    std::uint32_t gone[kernels::OpenBatch::kMaxSteps] = {};  ///< keys of the batch's victims
-    // Step t's victim: the first row of its list that no earlier decision of the batch took
-    // (recorded; the row count is checked unchanged, so no row left otherwise).
-    [[nodiscard]] std::size_t pick(std::size_t t) {
-      for (std::uint32_t i = 0; i < lists.count[t]; ++i) {
-        const std::uint32_t k = lists.key[t][i];
-        bool taken = false;
-        for (std::size_t j = 0; j < t; ++j) taken = taken || gone[j] == k;
-        if (!taken) {
-          gone[t] = k;
-          return lists.row[t][i];
-        }
-      }
-      return kernels::npos;
-    }
-    void moved(std::size_t from, std::size_t to) {
-      if (!active) return;
-      for (std::size_t t = served; t < lists.steps; ++t)
-        for (std::uint32_t i = 0; i < lists.count[t]; ++i)
-          if (lists.row[t][i] == from) lists.row[t][i] = static_cast<std::uint32_t>(to);
-    }
-  };
-  std::vector<Batch> batch_;
-  detail::RowColumn<float> accb_;  ///< batched: each row's decayed sum before its batch
   std::vector<unsigned char> frozen_;
   std::vector<double> frozen_mean_, frozen_cov_, frozen_norm_;
   std::vector<double> frozen_lanes_;  ///< frozen means, (layer, KV head, coordinate, g)
