@@ -221,56 +221,39 @@ KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512d lane_mul_add(__m512d acc, __
   __asm__("" : "+v"(p));
   return _mm512_add_pd(acc, p);
 }
-/// GC (1-4) dot products with means[0 .. GC), plus the squared norm of val when Norm, in one
-/// pass over the coordinates (GC a template argument: the sums stay in registers).
-template <std::size_t GC, bool Norm>
-KVEVICT_TARGET_AVX512 inline double arrival_pass(const float* key, const float* val,
-                                                 const double* means, std::size_t d,
-                                                 double* lin) noexcept {
-  __m512d acc[GC > 0 ? GC : 1];
-  for (std::size_t c = 0; c < GC; ++c) acc[c] = _mm512_setzero_pd();
-  __m512d vacc = _mm512_setzero_pd();
-  std::size_t i = 0;
-  for (; i + 8 <= d; i += 8) {
-    const __m512d k = _mm512_cvtps_pd(_mm256_loadu_ps(key + i));
-    for (std::size_t c = 0; c < GC; ++c)
-      acc[c] = lane_mul_add(acc[c], _mm512_loadu_pd(means + c * d + i), k);
-    if constexpr (Norm) {
-      const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(val + i));
-      vacc = lane_mul_add(vacc, v, v);
-    }
-  }
-  alignas(64) double l[scalar::kArrivalDotLanes];
-  for (std::size_t c = 0; c < GC; ++c) {
-    _mm512_store_pd(l, acc[c]);
-    scalar::lane_dots(means + c * d, key, i, d, l);
-    lin[c] = scalar::lane_tree(l);
-  }
-  if constexpr (!Norm) return 0.0;
-  _mm512_store_pd(l, vacc);
-  scalar::lane_dots(val, val, i, d, l);
-  return scalar::lane_tree(l);
-}
 KVEVICT_TARGET_AVX512 inline double arrival_dots(const float* key, const float* val,
                                                  const double* means, std::size_t group,
                                                  std::size_t d, double* lin) noexcept {
-  // The squared norm rides along the first pass (up to 4 dot products), then 4 at a time.
+  constexpr std::size_t kPass = 4;
+  alignas(64) double l[scalar::kArrivalDotLanes];
   double sq = 0.0;
-  switch (group < 4 ? group : 4) {
-    case 0: sq = arrival_pass<0, true>(key, val, means, d, lin); break;
-    case 1: sq = arrival_pass<1, true>(key, val, means, d, lin); break;
-    case 2: sq = arrival_pass<2, true>(key, val, means, d, lin); break;
-    case 3: sq = arrival_pass<3, true>(key, val, means, d, lin); break;
-    default: sq = arrival_pass<4, true>(key, val, means, d, lin); break;
-  }
-  for (std::size_t g0 = 4; g0 < group; g0 += 4) {
-    const double* m = means + g0 * d;
-    switch (group - g0 < 4 ? group - g0 : 4) {
-      case 1: arrival_pass<1, false>(key, val, m, d, lin + g0); break;
-      case 2: arrival_pass<2, false>(key, val, m, d, lin + g0); break;
-      case 3: arrival_pass<3, false>(key, val, m, d, lin + g0); break;
-      default: arrival_pass<4, false>(key, val, m, d, lin + g0); break;
+  for (std::size_t g0 = 0; g0 == 0 || g0 < group; g0 += kPass) {
+    const std::size_t gc = group - g0 < kPass ? group - g0 : kPass;
+    const bool norm = g0 == 0;  // the squared norm rides along the first pass
+    __m512d acc[kPass] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(),
+                          _mm512_setzero_pd()};
+    __m512d vacc = _mm512_setzero_pd();
+    std::size_t i = 0;
+    for (; i + 8 <= d; i += 8) {
+      const __m512d k = _mm512_cvtps_pd(_mm256_loadu_ps(key + i));
+      for (std::size_t c = 0; c < gc; ++c)
+        acc[c] = lane_mul_add(acc[c], _mm512_loadu_pd(means + (g0 + c) * d + i), k);
+      if (norm) {
+        const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(val + i));
+        vacc = lane_mul_add(vacc, v, v);
+      }
     }
+    for (std::size_t c = 0; c < gc; ++c) {
+      _mm512_store_pd(l, acc[c]);
+      scalar::lane_dots(means + (g0 + c) * d, key, i, d, l);
+      lin[g0 + c] = scalar::lane_tree(l);
+    }
+    if (norm) {
+      _mm512_store_pd(l, vacc);
+      scalar::lane_dots(val, val, i, d, l);
+      sq = scalar::lane_tree(l);
+    }
+    if (group == 0) break;
   }
   return sq;
 }
