@@ -3,7 +3,7 @@
 // the open rows at or below a threshold (its candidates). One body per level (scalar, AVX2,
 // AVX-512); the untemplated entry points dispatch on active_isa() once per call. Also
 // ExpectedAttention's arrival (arrival_dots: one row's squared norm and G dot products in
-// double, scalar, AVX2 and AVX-512 bodies with the same values).
+// double, scalar and AVX2 bodies with the same values).
 #pragma once
 
 #include <bit>
@@ -210,53 +210,6 @@ KVEVICT_TARGET_AVX2 inline double arrival_dots(const float* key, const float* va
 }  // namespace avx2
 
 namespace avx512 {
-// arrival_dots 8 coordinates at a time with the 8 lanes in one register: the G dot products
-// (up to four per pass) and the squared norm side by side, independent chains where the
-// AVX2 body runs one sum after another; each product through an empty asm, so that it is
-// rounded before its add (never an FMA: this target has FMA). The same lanes, the same
-// order and the same tail and tree as the scalar and AVX2 bodies, so the same values.
-KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512d lane_mul_add(__m512d acc, __m512d a,
-                                                                __m512d b) noexcept {
-  __m512d p = _mm512_mul_pd(a, b);
-  __asm__("" : "+v"(p));
-  return _mm512_add_pd(acc, p);
-}
-KVEVICT_TARGET_AVX512 inline double arrival_dots(const float* key, const float* val,
-                                                 const double* means, std::size_t group,
-                                                 std::size_t d, double* lin) noexcept {
-  constexpr std::size_t kPass = 4;
-  alignas(64) double l[scalar::kArrivalDotLanes];
-  double sq = 0.0;
-  for (std::size_t g0 = 0; g0 == 0 || g0 < group; g0 += kPass) {
-    const std::size_t gc = group - g0 < kPass ? group - g0 : kPass;
-    const bool norm = g0 == 0;  // the squared norm rides along the first pass
-    __m512d acc[kPass] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(),
-                          _mm512_setzero_pd()};
-    __m512d vacc = _mm512_setzero_pd();
-    std::size_t i = 0;
-    for (; i + 8 <= d; i += 8) {
-      const __m512d k = _mm512_cvtps_pd(_mm256_loadu_ps(key + i));
-      for (std::size_t c = 0; c < gc; ++c)
-        acc[c] = lane_mul_add(acc[c], _mm512_loadu_pd(means + (g0 + c) * d + i), k);
-      if (norm) {
-        const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(val + i));
-        vacc = lane_mul_add(vacc, v, v);
-      }
-    }
-    for (std::size_t c = 0; c < gc; ++c) {
-      _mm512_store_pd(l, acc[c]);
-      scalar::lane_dots(means + (g0 + c) * d, key, i, d, l);
-      lin[g0 + c] = scalar::lane_tree(l);
-    }
-    if (norm) {
-      _mm512_store_pd(l, vacc);
-      scalar::lane_dots(val, val, i, d, l);
-      sq = scalar::lane_tree(l);
-    }
-    if (group == 0) break;
-  }
-  return sq;
-}
 KVEVICT_TARGET_AVX512 inline void scaled_row_dots(
     const float* rows, std::size_t n, std::size_t d, const float* a, const double* scale, float c,
     float* out, const std::uint32_t* idx) noexcept {
@@ -402,9 +355,9 @@ KVEVICT_KERNEL_FN std::size_t gather_at_most(const float* s, std::size_t n, floa
 /// sets lin[g] = sum_i means[g * d + i] * key[i] for g < group, in double, each sum in 8
 /// lanes (coordinate i into lane i % 8, in coordinate order, every product rounded before its
 /// add) added ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)): independent chains of d / 8
-/// adds where one ordered sum is a chain of d. The same values at every level (the AVX-512
-/// body runs the G + 1 sums side by side), as long as the compiler does not fuse the scalar
-/// body's multiply-adds (no FMA in the target flags).
+/// adds where one ordered sum is a chain of d. The same values at every level (AVX-512 CPUs
+/// run the AVX2 body), as long as the compiler does not fuse the scalar body's multiply-adds
+/// (no FMA in the target flags).
 KVEVICT_KERNEL_FN double arrival_dots(const float* key, const float* val, const double* means,
                                       std::size_t group, std::size_t d, double* lin) {
   detail::require_nonnull(key, d, "key");
@@ -412,9 +365,7 @@ KVEVICT_KERNEL_FN double arrival_dots(const float* key, const float* val, const 
   detail::require_nonnull(means, group * d, "means");
   detail::require_nonnull(lin, group, "lin");
 #if KVEVICT_X86
-  const Isa isa = active_isa();
-  if (isa == Isa::avx512) return detail::avx512::arrival_dots(key, val, means, group, d, lin);
-  if (isa == Isa::avx2) return detail::avx2::arrival_dots(key, val, means, group, d, lin);
+  if (active_isa() != Isa::scalar) return detail::avx2::arrival_dots(key, val, means, group, d, lin);
 #endif
   return detail::scalar::arrival_dots(key, val, means, group, d, lin);
 }
