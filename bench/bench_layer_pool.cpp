@@ -4,7 +4,9 @@
 // and pooled over the whole cache (floor 1/4, the share capacity); and the recommended
 // run-time setting (llama2c_headline --adaptive: whole cache, floor 1/4, share capacity,
 // share_exponent 1/2); and that setting with the split re-decided every kRebalance-th step
-// of the pool only (PoolOptions::rebalance_every, stop 39; 1 in the others). Per decode token every layer appends (the eviction decision +
+// of the pool only (PoolOptions::rebalance_every, stop 39; 1 in the others), its frozen
+// steps following the eviction schedule (PoolOptions::Frozen::schedule, stop 40; stop 39's
+// binary measured Frozen::own there). Per decode token every layer appends (the eviction decision +
 // storage), attends (the reference kernel) and observes. Thread CPU time per phase, summed
 // over the layers; the counters are per token. The caches of one B are filled once (B + 256
 // tokens, so the shares have moved) and kept across repetitions (at 4096 rows the fill
@@ -32,7 +34,8 @@ namespace {
 
 const Geometry kGeometry{4, 32, 8, 128};
 // PoolOptions::rebalance_every of the `amortised` cache, in appends of any layer (a whole-
-// cache pool): 32 = every 8th token of these 4 layers (chosen before the quality runs).
+// cache pool): 32 = every 8th token of these 4 layers (chosen before the quality runs, in
+// stop 39 for Frozen::own and again in stop 40 for Frozen::schedule).
 constexpr std::size_t kRebalance = 32;
 
 using kvbench::cpu_ns;
@@ -74,7 +77,8 @@ struct Caches {
   std::size_t t = 0;
   static PoolOptions options(PoolOptions::Scope scope, double exponent, std::size_t every = 1) {
     return {.floor_fraction = 0.25, .capacity = PoolOptions::Capacity::share, .scope = scope,
-            .share_exponent = exponent, .rebalance_every = every};
+            .share_exponent = exponent, .rebalance_every = every,
+            .frozen = every > 1 ? PoolOptions::Frozen::schedule : PoolOptions::Frozen::own};
   }
   explicit Caches(long long cap)
       : uniform(kGeometry, Budget::uniform(cap), policies::DecayedAttention::recommended()),

@@ -94,6 +94,22 @@ struct PoolOptions {
   /// every R > 1 tried (4-64) loses most of the run-time gain, and at 16 rows is worse than
   /// the uniform budget; it cuts the step's cost, not recommended for quality.
   std::size_t rebalance_every = 1;
+  /// What a frozen step of the amortised split (rebalance_every > 1) evicts.
+  enum class Frozen {
+    own,       ///< each head of the stepping layer gives up one row by its own choice (above)
+    schedule,  ///< an eviction schedule: a re-split step also keeps, in the pool's order
+               ///< (cost, seq, head), the next (rebalance_every - 1) x n_kv_heads cheapest
+               ///< rows of the pool after its own victims (each head at most down to its
+               ///< floor), as the heads they belong to; each frozen step takes the next
+               ///< entries of that list, one per incoming row (an entry whose head would
+               ///< go below its floor, or give its last row, is skipped), and every head so
+               ///< named gives up that many rows by its policy's choose_victims, as on a
+               ///< re-split step (Scope::model: rows of any layer). Rows move between the
+               ///< heads as every step's split moves them, from costs at most
+               ///< rebalance_every steps old. A step re-splits as above, and also when the
+               ///< list runs out.
+  };
+  Frozen frozen = Frozen::own;
 };
 
 /// Rows a cache may hold: one count per (layer, KV head). `unbounded()` is the full cache.
@@ -174,6 +190,9 @@ class Budget {
                     "budget: pooled share_exponent = ", o.share_exponent, ", expected in [0, 8]");
     detail::require(o.rebalance_every >= 1 && o.rebalance_every <= (std::size_t{1} << 20),
                     "budget: pooled rebalance_every = ", o.rebalance_every, ", expected in [1, 2^20]");
+    detail::require(o.frozen == PoolOptions::Frozen::own || o.frozen == PoolOptions::Frozen::schedule,
+                    "budget: pooled frozen = ", static_cast<int>(o.frozen),
+                    ", expected PoolOptions::Frozen::own or schedule");
     Budget b = *this;
     b.pooled_ = true;
     b.pool_ = o;
