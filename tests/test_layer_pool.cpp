@@ -364,7 +364,6 @@ std::vector<float> made_up_probs(const Geometry& g, int h, std::size_t n, std::s
 template <class Policy>
 void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t sinks,
                      std::size_t recent, bool expect_uneven) {
-  const std::size_t every = o.rebalance_every;
   const Geometry g{2, 8, 4, 8};  // GQA: 2 query heads per KV head
   const Budget budget = Budget::uniform(static_cast<long long>(B)).pooled(o);
   KVCache<Policy> cache(g, budget, policy);
@@ -373,6 +372,10 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
   const std::size_t hkv = std::size_t(g.n_kv_heads), heads = hkv * std::size_t(g.n_layers);
   const std::size_t width = model ? heads : hkv;
   const std::size_t total = B * width;
+  // rebalance_fraction f > 0: every floor(f x total / Hkv) steps (at least 1).
+  const std::size_t every = o.rebalance_fraction > 0.0
+                                ? std::max<std::size_t>(1, std::size_t(o.rebalance_fraction * double(total) / double(hkv)))
+                                : o.rebalance_every;
   REQUIRE(cache.layer_total(0) == total);
   const std::size_t floor = std::max(cache.policy().min_capacity(),
                                      std::size_t(std::ceil(o.floor_fraction * double(B))));
@@ -655,6 +658,18 @@ TEST_CASE("pooled DecayedAttention: total, floors, protection, bit-exact rows, b
     drive_and_check(rec, 32, {.floor_fraction = 0.5, .rebalance_every = 5, .frozen = Frozen::schedule}, 1,
                     rec.recent_for(32), true);
   }
+  SECTION("recommended(), share capacity, model scope, schedule every 1/16 of the pool (every 4)") {
+    drive_and_check(rec, 32,
+                    {.floor_fraction = 0.25, .capacity = Cap::share, .scope = Scope::model, .share_exponent = 0.5,
+                     .frozen = Frozen::schedule, .rebalance_fraction = 1.0 / 16},
+                    1, rec.recent_for(8), true);
+  }
+  SECTION("recommended(), share capacity, per layer, schedule every 1/8 of the pool (every 4)") {
+    drive_and_check(rec, 32,
+                    {.floor_fraction = 0.25, .capacity = Cap::share, .frozen = Frozen::schedule,
+                     .rebalance_fraction = 1.0 / 8},
+                    1, rec.recent_for(8), true);
+  }
   SECTION("H2O, model scope, schedule every 16") {
     drive_and_check(pol::H2O({.recent = 4, .sinks = 1}), 16,
                     {.floor_fraction = 0.25, .scope = Scope::model, .rebalance_every = 16, .frozen = Frozen::schedule},
@@ -879,6 +894,10 @@ TEST_CASE("pooled budgets: bad input is a kvevict::Error, save refuses", "[pool]
                       Catch::Contains("rebalance_every = 1048577"));
   REQUIRE_NOTHROW(Budget::uniform(8).pooled({.rebalance_every = std::size_t{1} << 20}));
   REQUIRE_THROWS_WITH(Budget::uniform(8).pooled({.frozen = PoolOptions::Frozen(7)}), Catch::Contains("frozen = 7"));
+  REQUIRE_THROWS_WITH(Budget::uniform(8).pooled({.rebalance_fraction = 1.5}),
+                      Catch::Contains("rebalance_fraction = 1.5"));
+  REQUIRE_THROWS_AS(Budget::uniform(8).pooled({.rebalance_fraction = -0.1}), Error);
+  REQUIRE_THROWS_AS(Budget::uniform(8).pooled({.rebalance_fraction = std::nan("")}), Error);
   const Geometry g{1, 2, 2, 4};
   KVCache<pol::H2O> c(g, Budget::uniform(8).pooled(), pol::H2O({.recent = 2}));
   REQUIRE_THROWS_WITH(kvevict::save_bytes(c), Catch::Contains("pooled"));

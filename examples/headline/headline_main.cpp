@@ -1123,6 +1123,20 @@ void tune_split_rows(std::size_t B, const AttentionAgeProfile& profile, bool reb
         rec, Budget::uniform(b).pooled(o));
   }
   if (rebalance_only) {
+    // The interval in proportion to the pool (PoolOptions::rebalance_fraction; stories260K's
+    // whole-cache pool holds 20 B rows, Hkv 4, so R = 5 f B: f = 1/40 re-splits every B/8
+    // appends). The rule, fixed before this grid's run (after the fixed-R grid above showed
+    // no R within 10 points of R = 1 at 16 rows): the largest f whose share of the
+    // calibrated gain is within 10 points of R = 1's at every budget.
+    for (const double f : {1.0 / 80, 1.0 / 40, 1.0 / 20, 1.0 / 10}) {
+      PoolOptions o = kPoolScaled;
+      o.frozen = PoolOptions::Frozen::schedule;
+      o.rebalance_fraction = f;
+      row(fmt::format("recommended(), pooled per model, share, floor 0.25, share-scaled costs 0.5, eviction schedule, "
+                      "re-split every 1/{:g} of the pool",
+                      1.0 / f),
+          rec, Budget::uniform(b).pooled(o));
+    }
     PoolOptions own = kPoolScaled;
     own.rebalance_every = 32;
     row("recommended(), pooled per model, share, floor 0.25, share-scaled costs 0.5, re-split every 32, own victims",

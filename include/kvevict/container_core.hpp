@@ -469,7 +469,7 @@ class ContainerCore {
       // The schedule's length: the frozen steps' rows until the next re-split, at most
       // the pool's total.
       const std::size_t extra =
-          schedule ? std::min(total, (pool.every - 1) * static_cast<std::size_t>(hkv)) : 0;
+          schedule ? std::min(total, (pool.every_of(pool.pool_of(layer)) - 1) * static_cast<std::size_t>(hkv)) : 0;
       pooled_victim_counts(pool_heads_, total, pool_counts_, pool_scratch_, Policy::name(), extra,
                            extra > 0 ? schedule : nullptr);
       pooled_victims_of(first, last, stepping, pool, view, victims, true);
@@ -518,9 +518,10 @@ class ContainerCore {
   /// effect a multiple of rebalance_every), the pool full (its rows exactly its total), and
   /// every head of `layer` holding a row, at least its floor and at most its ceiling.
   bool pool_frozen(int layer) const {
-    if (pool_.every <= 1) return false;
     const std::size_t p = pool_.pool_of(layer);
-    if (pool_steps_[p] % pool_.every == 0) return false;
+    const std::size_t every = pool_.every_of(p);
+    if (every <= 1) return false;
+    if (pool_steps_[p] % every == 0) return false;
     const auto hkv = static_cast<std::size_t>(shape_.geometry.n_kv_heads);
     const auto [first, last] = pool_.heads_of(layer, hkv);
     std::size_t rows = 0;
@@ -683,7 +684,7 @@ class ContainerCore {
         for (std::size_t i = first; i < last; ++i) pool_victims_[i].clear();
         pooled_victims_of(first, last, layer, pool_, view, pool_victims_, false);
       } else {
-        new_schedule = pool_.schedule && pool_.every > 1;
+        new_schedule = pool_.schedule && pool_.every_of(pool_.pool_of(layer)) > 1;
         choose_pooled(layer, layer, pool_, view, pool_victims_, new_schedule ? &pool_next_schedule_ : nullptr);
       }
       for (std::size_t kh = 0; kh < hkv; ++kh)

@@ -110,6 +110,14 @@ struct PoolOptions {
                ///< list runs out.
   };
   Frozen frozen = Frozen::own;
+  /// The amortised split's interval in proportion to the pool: when > 0, rebalance_every
+  /// is not used and each pool re-splits every max(1, floor(rebalance_fraction x its total
+  /// / n_kv_heads)) steps, i.e. once its frozen steps have taken in about that fraction of
+  /// its rows (a step adds n_kv_heads rows). A fixed R is a larger share of a small pool's
+  /// rows, so its costs go stale faster there. In [0, 1]; 0 (the default): rebalance_every.
+  /// Measured on stories260K with Frozen::schedule (docs/quality.md, "An eviction schedule
+  /// for the amortised split, stop 40").
+  double rebalance_fraction = 0.0;
 };
 
 /// Rows a cache may hold: one count per (layer, KV head). `unbounded()` is the full cache.
@@ -190,6 +198,9 @@ class Budget {
                     "budget: pooled share_exponent = ", o.share_exponent, ", expected in [0, 8]");
     detail::require(o.rebalance_every >= 1 && o.rebalance_every <= (std::size_t{1} << 20),
                     "budget: pooled rebalance_every = ", o.rebalance_every, ", expected in [1, 2^20]");
+    detail::require(std::isfinite(o.rebalance_fraction) && o.rebalance_fraction >= 0.0 &&
+                        o.rebalance_fraction <= 1.0,
+                    "budget: pooled rebalance_fraction = ", o.rebalance_fraction, ", expected in [0, 1]");
     detail::require(o.frozen == PoolOptions::Frozen::own || o.frozen == PoolOptions::Frozen::schedule,
                     "budget: pooled frozen = ", static_cast<int>(o.frozen),
                     ", expected PoolOptions::Frozen::own or schedule");

@@ -76,7 +76,8 @@ struct LayerPool {
   std::vector<std::size_t> chunk;    ///< per (layer, KV head): storage growth step
   std::vector<std::size_t> nominal;  ///< per (layer, KV head): the budget's count
   double exponent = 0.0;             ///< PoolOptions::share_exponent
-  std::size_t every = 1;             ///< PoolOptions::rebalance_every
+  std::size_t every = 1;             ///< PoolOptions::rebalance_every (per pool: every_of)
+  std::vector<std::size_t> every_at; ///< per pool, from PoolOptions::rebalance_fraction (else empty)
   bool schedule = false;             ///< PoolOptions::Frozen::schedule
 
   /// `caps` are the nominal capacities (layer-major); `min_rows` the policy's min_capacity().
@@ -105,10 +106,17 @@ struct LayerPool {
         p.chunk.push_back(pool_chunk(cap));
       }
       p.total.push_back(total);
+      const double frac = b.pool_options().rebalance_fraction;
+      if (frac > 0.0)  // steps in which the frozen steps take in frac of the pool's rows
+        p.every_at.push_back(std::max<std::size_t>(
+            1, static_cast<std::size_t>(std::floor(frac * static_cast<double>(total) /
+                                                   static_cast<double>(g.n_kv_heads)))));
       for (std::size_t i = first; i < first + width; ++i) p.ceiling.push_back(total - (floors - p.floor[i]));
     }
     return p;
   }
+  /// The re-split interval of pool `p` (PoolOptions::rebalance_every or rebalance_fraction).
+  [[nodiscard]] std::size_t every_of(std::size_t p) const { return every_at.empty() ? every : every_at[p]; }
   /// The pool of `layer` (its index in total) and the heads it spans, [first, last).
   [[nodiscard]] std::size_t pool_of(int layer) const { return model ? 0 : static_cast<std::size_t>(layer); }
   [[nodiscard]] std::pair<std::size_t, std::size_t> heads_of(int layer, std::size_t hkv) const {
