@@ -92,7 +92,8 @@ struct PoolOptions {
   /// 1 (the default): every step re-splits (as before). In [1, 2^20].
   /// Measured on stories260K (docs/quality.md, "Pooled split re-decided every R steps"):
   /// every R > 1 tried (4-64) loses most of the run-time gain, and at 16 rows is worse than
-  /// the uniform budget; it cuts the step's cost, not recommended for quality.
+  /// the uniform budget; it cuts the step's cost, not recommended for quality. With
+  /// Frozen::schedule (below) and rebalance_fraction 1/40 it keeps most of the gain (stop 40).
   std::size_t rebalance_every = 1;
   /// What a frozen step of the amortised split (rebalance_every > 1) evicts.
   enum class Frozen {
