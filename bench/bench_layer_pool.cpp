@@ -3,8 +3,11 @@
 // recommended() run in lockstep on the same tokens: the uniform budget B; pooled per layer
 // and pooled over the whole cache (floor 1/4, the share capacity); and the recommended
 // run-time setting (llama2c_headline --adaptive: whole cache, floor 1/4, share capacity,
-// share_exponent 1/2); and that setting with the split re-decided every kRebalance-th step
-// of the pool only (PoolOptions::rebalance_every, stop 39; 1 in the others). Per decode token every layer appends (the eviction decision +
+// share_exponent 1/2); and that setting with the split re-decided on some steps of the pool
+// only (the amortised split, stop 39; every step in the others): its frozen steps follow
+// the eviction schedule (PoolOptions::Frozen::schedule, stop 40; stop 39's binary measured
+// Frozen::own every 32 appends there), re-split once they took in kRebalanceFraction of the
+// pool's rows (PoolOptions::rebalance_fraction). Per decode token every layer appends (the eviction decision +
 // storage), attends (the reference kernel) and observes. Thread CPU time per phase, summed
 // over the layers; the counters are per token. The caches of one B are filled once (B + 256
 // tokens, so the shares have moved) and kept across repetitions (at 4096 rows the fill
@@ -32,8 +35,12 @@ namespace {
 
 const Geometry kGeometry{4, 32, 8, 128};
 // PoolOptions::rebalance_every of the `amortised` cache, in appends of any layer (a whole-
-// cache pool): 32 = every 8th token of these 4 layers (chosen before the quality runs).
-constexpr std::size_t kRebalance = 32;
+// cache pool): 32 = every 8th token of these 4 layers (chosen before the quality runs, in
+// stop 39 for Frozen::own). Stop 40 (Frozen::schedule): the split re-decided once the frozen
+// steps took in 1/40 of the pool's rows (PoolOptions::rebalance_fraction; chosen on
+// stories260K's tuning streams, llama2c_headline --adaptive --tune --rebalance-grid): every
+// floor(32 B / 40 / 8) appends here, 102 at 1024 rows, 409 at 4096.
+constexpr double kRebalanceFraction = 1.0 / 40;
 
 using kvbench::cpu_ns;
 using Tokens = kvbench::StepTokens;
@@ -72,9 +79,11 @@ void token(Cache& cache, const Tokens& tk, std::size_t t, Times* times) {
 struct Caches {
   Cache uniform, layer, model, scaled, amortised;
   std::size_t t = 0;
-  static PoolOptions options(PoolOptions::Scope scope, double exponent, std::size_t every = 1) {
+  static PoolOptions options(PoolOptions::Scope scope, double exponent, double fraction = 0.0) {
     return {.floor_fraction = 0.25, .capacity = PoolOptions::Capacity::share, .scope = scope,
-            .share_exponent = exponent, .rebalance_every = every};
+            .share_exponent = exponent,
+            .frozen = fraction > 0.0 ? PoolOptions::Frozen::schedule : PoolOptions::Frozen::own,
+            .rebalance_fraction = fraction};
   }
   explicit Caches(long long cap)
       : uniform(kGeometry, Budget::uniform(cap), policies::DecayedAttention::recommended()),
@@ -85,7 +94,7 @@ struct Caches {
         scaled(kGeometry, Budget::uniform(cap).pooled(options(PoolOptions::Scope::model, 0.5)),
                policies::DecayedAttention::recommended()),
         amortised(kGeometry,
-                  Budget::uniform(cap).pooled(options(PoolOptions::Scope::model, 0.5, kRebalance)),
+                  Budget::uniform(cap).pooled(options(PoolOptions::Scope::model, 0.5, kRebalanceFraction)),
                   policies::DecayedAttention::recommended()) {}
   void all(const Tokens& tk, Times* tu, Times* tl, Times* tm, Times* ts, Times* ta) {
     token(uniform, tk, t, tu);

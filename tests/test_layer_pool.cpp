@@ -22,11 +22,14 @@ namespace kd = kvevict::detail;
 // The rule, transcribed independently: sort every evictable row of the layer by (cost,
 // seq, head); each head first gives what its ceiling forces (its cheapest rows), then rows
 // are taken in the global order, skipping heads at their floor, until the layer fits.
+// With `schedule` (PoolOptions::Frozen::schedule) and rows to give, the walk goes on for
+// `extra` more rows under the same floors, and writes their heads there in that order.
 std::vector<std::size_t> brute_counts(const std::vector<std::vector<float>>& costs,
                                       const std::vector<std::vector<std::uint64_t>>& seqs,
                                       const std::vector<std::size_t>& floor,
                                       const std::vector<std::size_t>& ceiling,
-                                      const std::vector<std::size_t>& incoming, std::size_t total) {
+                                      const std::vector<std::size_t>& incoming, std::size_t total,
+                                      std::size_t extra = 0, std::vector<std::size_t>* schedule = nullptr) {
   const std::size_t H = costs.size();
   std::vector<std::size_t> k(H, 0);
   struct Row {
@@ -58,14 +61,24 @@ std::vector<std::size_t> brute_counts(const std::vector<std::vector<float>>& cos
   std::size_t have = 0;
   for (std::size_t x : k) have += x;
   std::size_t need = after > total ? after - total : 0;
-  for (std::size_t i = 0; i < all.size() && have < need; ++i) {
+  if (schedule) schedule->clear();
+  if (need == 0 || !schedule) extra = 0;
+  std::vector<std::size_t> given = k;  // the step's rows and the schedule's, per head
+  std::size_t listed = 0;               // the schedule's: `extra` after the step's rows
+  for (std::size_t i = 0; i < all.size() && (have < need || listed < extra); ++i) {
     const Row& r = all[i];
     if (r.c == -std::numeric_limits<float>::infinity()) continue;
     const std::size_t end = costs[r.h].size() + incoming[r.h];
     const std::size_t limit = end > floor[r.h] ? end - floor[r.h] : 0;
-    if (k[r.h] >= limit) continue;
-    ++k[r.h];
-    ++have;
+    if (given[r.h] >= limit) continue;
+    ++given[r.h];
+    if (have < need) {
+      ++k[r.h];
+      ++have;
+    } else {
+      if (schedule) schedule->push_back(r.h);
+      ++listed;
+    }
   }
   return k;
 }
@@ -156,6 +169,103 @@ TEST_CASE("pooled_victim_counts equals the brute-force rule on small layers", "[
   }
   REQUIRE(checked > 1000);
   REQUIRE(uneven > 100);  // the split really moves between heads
+}
+TEST_CASE("pool_schedule_take equals its rule written out, and pooled_victim_counts' schedule the walk's", "[pool]") {
+  kvtest::Rng rng(40);
+  int took = 0, skipped = 0, ran_out = 0, forced_seen = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const std::size_t H = std::size_t(rng.uniform(1, 6));
+    std::vector<kd::PoolHead> heads(H);
+    for (auto& h : heads) {
+      h.size = std::size_t(rng.uniform(0, 6));
+      h.incoming = std::size_t(rng.uniform(0, 1));
+      h.floor = std::size_t(rng.uniform(0, 4));
+      h.ceiling = std::size_t(rng.uniform(2, 8));
+    }
+    std::vector<std::uint32_t> list(std::size_t(rng.uniform(0, 12)));
+    for (auto& x : list) x = std::uint32_t(rng.uniform(0, long(H) - 1));
+    const std::size_t at = std::size_t(rng.uniform(0, long(list.size())));
+    std::vector<std::size_t> counts;
+    const auto got = kd::pool_schedule_take(heads, list, at, counts);
+    // Written out: ceilings first, then one entry per incoming row not forced out, in
+    // order, skipping a head that would end below its floor or with no row of its own left.
+    std::vector<std::size_t> k(H, 0);
+    std::size_t need = 0;
+    for (std::size_t h = 0; h < H; ++h) {
+      const std::size_t end = heads[h].size + heads[h].incoming;
+      if (end > heads[h].ceiling) {
+        k[h] = end - heads[h].ceiling;
+        ++forced_seen;
+      }
+      if (heads[h].incoming == 1 && k[h] == 0) ++need;
+    }
+    std::size_t j = at;
+    for (; need > 0 && j < list.size(); ++j) {
+      const std::size_t h = list[j];
+      const bool can = k[h] < heads[h].size && heads[h].size + heads[h].incoming >= k[h] + 1 + heads[h].floor;
+      skipped += !can;
+      if (!can) continue;
+      ++k[h];
+      --need;
+      ++took;
+    }
+    INFO("trial " << trial);
+    if (need > 0) {
+      REQUIRE_FALSE(got.has_value());
+      ++ran_out;
+      continue;
+    }
+    REQUIRE(got.has_value());
+    REQUIRE(*got == j);
+    REQUIRE(counts == k);
+  }
+  REQUIRE(took > 1000);
+  REQUIRE(skipped > 100);
+  REQUIRE(ran_out > 100);
+  REQUIRE(forced_seen > 100);
+  // pooled_victim_counts with a schedule: the step's counts are unchanged, and the schedule
+  // is the brute-force walk's continuation.
+  kd::PoolScratch scratch;
+  int scheduled = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    const std::size_t H = std::size_t(rng.uniform(1, 5));
+    std::vector<std::size_t> incoming(H), floor(H), ceiling(H);
+    std::vector<std::vector<float>> costs(H);
+    std::vector<std::vector<std::uint64_t>> seqs(H);
+    std::size_t rows = 0;
+    for (std::size_t h = 0; h < H; ++h) {
+      incoming[h] = std::size_t(rng.uniform(0, 1));
+      const std::size_t n = std::size_t(rng.uniform(0, 12));
+      for (std::size_t r = 0; r < n; ++r) {
+        costs[h].push_back(rng.chance(0.2) ? std::numeric_limits<float>::infinity() : float(rng.uniform(0, 5)) * 0.25f);
+        seqs[h].push_back(std::uint64_t(rng.uniform(0, 30)));
+      }
+      floor[h] = std::size_t(rng.uniform(0, 3));
+      ceiling[h] = std::size_t(rng.uniform(8, 20));
+      rows += n + incoming[h];
+    }
+    const std::size_t total = rows > 3 ? rows - std::size_t(rng.uniform(0, 3)) : rows;
+    const std::size_t extra = std::size_t(rng.uniform(0, 10));
+    std::vector<kd::PoolHead> heads;
+    for (std::size_t h = 0; h < H; ++h)
+      heads.push_back({costs[h].size(), incoming[h], floor[h], ceiling[h], costs[h].data(), seqs[h].data()});
+    std::vector<std::size_t> counts, plain;
+    std::vector<std::uint32_t> schedule{99};
+    try {
+      kd::pooled_victim_counts(heads, total, counts, scratch, "Test", extra, &schedule);
+    } catch (const std::logic_error&) {
+      continue;
+    }
+    kd::pooled_victim_counts(heads, total, plain, scratch, "Test");
+    std::vector<std::size_t> want_schedule;
+    const auto want = brute_counts(costs, seqs, floor, ceiling, incoming, total, extra, &want_schedule);
+    INFO("trial " << trial);
+    REQUIRE(counts == want);
+    REQUIRE(plain == want);
+    REQUIRE(std::vector<std::size_t>(schedule.begin(), schedule.end()) == want_schedule);
+    scheduled += schedule.size() > 1;
+  }
+  REQUIRE(scheduled > 300);
 }
 TEST_CASE("pool_contenders keeps every row that can be among the first k, and no more", "[pool]") {
   kvtest::Rng rng(38);
@@ -254,7 +364,6 @@ std::vector<float> made_up_probs(const Geometry& g, int h, std::size_t n, std::s
 template <class Policy>
 void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t sinks,
                      std::size_t recent, bool expect_uneven) {
-  const std::size_t every = o.rebalance_every;
   const Geometry g{2, 8, 4, 8};  // GQA: 2 query heads per KV head
   const Budget budget = Budget::uniform(static_cast<long long>(B)).pooled(o);
   KVCache<Policy> cache(g, budget, policy);
@@ -263,6 +372,10 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
   const std::size_t hkv = std::size_t(g.n_kv_heads), heads = hkv * std::size_t(g.n_layers);
   const std::size_t width = model ? heads : hkv;
   const std::size_t total = B * width;
+  // rebalance_fraction f > 0: every floor(f x total / Hkv) steps (at least 1).
+  const std::size_t every = o.rebalance_fraction > 0.0
+                                ? std::max<std::size_t>(1, std::size_t(o.rebalance_fraction * double(total) / double(hkv)))
+                                : o.rebalance_every;
   REQUIRE(cache.layer_total(0) == total);
   const std::size_t floor = std::max(cache.policy().min_capacity(),
                                      std::size_t(std::ceil(o.floor_fraction * double(B))));
@@ -286,6 +399,11 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
   std::size_t max_head = 0, min_head = total, cross_layer = 0;
   std::vector<std::uint64_t> pool_steps(model ? 1 : std::size_t(g.n_layers), 0);
   std::size_t frozen_steps = 0, split_steps = 0;
+  // Frozen::schedule: each pool's schedule (its heads, pool-relative) and read position.
+  const bool scheduled = o.frozen == PoolOptions::Frozen::schedule && every > 1;
+  std::vector<std::vector<std::size_t>> schedule(pool_steps.size());
+  std::vector<std::size_t> read(pool_steps.size(), 0);
+  std::size_t ran_out = 0, moved_frozen = 0;
   for (std::uint64_t t = 0; t < 400; ++t) {
     now = t;
     for (int l = 0; l < g.n_layers; ++l) {
@@ -342,9 +460,63 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
       }
       frozen = frozen && held == total;
       ++pool_step;
-      std::vector<std::size_t> want = brute_counts(costs, seqs, floors, ceilings, incoming, total);
+      const std::size_t p = model ? 0 : std::size_t(l);
+      std::vector<std::size_t> want;
+      if (scheduled && frozen) {
+        // The schedule's counts: a stepping head over its ceiling gives what it forces,
+        // then one entry per incoming row left, skipping heads that would fall below their
+        // floor or give their last row; running out means a re-split.
+        want.assign(width, 0);
+        std::size_t need = 0;
+        for (std::size_t j = 0; j < width; ++j) {
+          if (before[j] + incoming[j] > ceilings[j]) want[j] = before[j] + incoming[j] - ceilings[j];
+          else need += incoming[j];
+        }
+        std::size_t at = read[p];
+        for (; need > 0 && at < schedule[p].size(); ++at) {
+          const std::size_t j = schedule[p][at];
+          if (want[j] + 1 > before[j] || before[j] + incoming[j] < want[j] + 1 + floors[j]) continue;
+          ++want[j];
+          --need;
+        }
+        if (need > 0) {
+          frozen = false;
+          ++ran_out;
+        } else {
+          read[p] = at;
+        }
+      }
+      if (!frozen || !scheduled) {
+        const std::size_t extra = scheduled ? std::min(total, (every - 1) * hkv) : 0;
+        want = brute_counts(costs, seqs, floors, ceilings, incoming, total, extra,
+                            scheduled ? &schedule[p] : nullptr);
+        read[p] = 0;
+      }
       std::vector<std::int64_t> victim(width, -1);  // frozen: the seq each stepping head gives
-      if (frozen) {
+      // Frozen::schedule, frozen: the seqs each named head gives, by its choose_victims.
+      std::vector<std::vector<std::uint64_t>> gives(width);
+      if (frozen && scheduled) {
+        ++frozen_steps;
+        Policy fresh = cache.policy();
+        for (std::size_t j = 0; j < width; ++j) {
+          if (want[j] == 0) continue;
+          const int hl = int((first + j) / hkv), h = int((first + j) % hkv);
+          const auto s = cache.seqs(hl, h);
+          kvevict::HeadView<float> view = view_of(hl, h);
+          if (hl == l) {
+            view.incoming_position = std::int64_t(t);
+            view.incoming_key = k.data() + std::size_t(h) * std::size_t(g.head_dim);
+          }
+          view.need = want[j];
+          std::vector<std::uint32_t> out;
+          fresh.choose_victims(view, out);
+          REQUIRE(out.size() == want[j]);
+          for (std::uint32_t r : out) gives[j].push_back(s[r]);
+          std::sort(gives[j].begin(), gives[j].end());
+        }
+        // Rows moved between heads: a head gave other than its incoming rows.
+        for (std::size_t j = 0; j < width; ++j) moved_frozen += want[j] != incoming[j];
+      } else if (frozen) {
         ++frozen_steps;
         Policy fresh = cache.policy();  // the cache's policy as this append finds it
         for (std::size_t j = 0; j < width; ++j) {
@@ -373,7 +545,11 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
         const int hl = int((first + j) / hkv), h = int((first + j) % hkv);
         const std::size_t n = cache.size(hl, h);
         REQUIRE(n == before[j] + incoming[j] - want[j]);
-        if (frozen) {
+        if (frozen && scheduled) {
+          auto gone = evicted[first + j];
+          std::sort(gone.begin(), gone.end());
+          REQUIRE(gone == gives[j]);
+        } else if (frozen) {
           const auto& gone = evicted[first + j];
           if (victim[j] < 0) REQUIRE(gone.empty());
           else REQUIRE(gone == std::vector<std::uint64_t>{std::uint64_t(victim[j])});
@@ -401,6 +577,8 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
   REQUIRE(split_steps > 0);
   if (every > 1) REQUIRE(frozen_steps > 0);
   else REQUIRE(frozen_steps == 0);
+  if (scheduled) REQUIRE(moved_frozen > 0);  // frozen steps moved rows between heads
+  (void)ran_out;
   if (expect_uneven) {
     REQUIRE(max_head > B + B / 4);  // the far-looking heads took rows from the local ones
     REQUIRE(min_head < B);
@@ -457,6 +635,46 @@ TEST_CASE("pooled DecayedAttention: total, floors, protection, bit-exact rows, b
     drive_and_check(pol::H2O({.recent = 4, .sinks = 1}), 16,
                     {.floor_fraction = 0.25, .scope = Scope::model, .rebalance_every = 16}, 1, 4, true);
   }
+  // The eviction schedule (PoolOptions::Frozen::schedule).
+  using Frozen = PoolOptions::Frozen;
+  SECTION("recommended(), share capacity, share-scaled costs, model scope, schedule every 8") {
+    drive_and_check(rec, 32,
+                    {.floor_fraction = 0.25, .capacity = Cap::share, .scope = Scope::model, .share_exponent = 0.5,
+                     .rebalance_every = 8, .frozen = Frozen::schedule},
+                    1, rec.recent_for(8), true);
+  }
+  SECTION("recommended(), share capacity, model scope, schedule every 32") {
+    drive_and_check(rec, 32,
+                    {.floor_fraction = 0.25, .capacity = Cap::share, .scope = Scope::model, .share_exponent = 0.5,
+                     .rebalance_every = 32, .frozen = Frozen::schedule},
+                    1, rec.recent_for(8), true);
+  }
+  SECTION("recommended(), share capacity, per layer, schedule every 3") {
+    drive_and_check(rec, 32,
+                    {.floor_fraction = 0.25, .capacity = Cap::share, .rebalance_every = 3, .frozen = Frozen::schedule},
+                    1, rec.recent_for(8), true);
+  }
+  SECTION("recommended(), nominal capacity, floor 1/2, schedule every 5") {
+    drive_and_check(rec, 32, {.floor_fraction = 0.5, .rebalance_every = 5, .frozen = Frozen::schedule}, 1,
+                    rec.recent_for(32), true);
+  }
+  SECTION("recommended(), share capacity, model scope, schedule every 1/16 of the pool (every 4)") {
+    drive_and_check(rec, 32,
+                    {.floor_fraction = 0.25, .capacity = Cap::share, .scope = Scope::model, .share_exponent = 0.5,
+                     .frozen = Frozen::schedule, .rebalance_fraction = 1.0 / 16},
+                    1, rec.recent_for(8), true);
+  }
+  SECTION("recommended(), share capacity, per layer, schedule every 1/8 of the pool (every 4)") {
+    drive_and_check(rec, 32,
+                    {.floor_fraction = 0.25, .capacity = Cap::share, .frozen = Frozen::schedule,
+                     .rebalance_fraction = 1.0 / 8},
+                    1, rec.recent_for(8), true);
+  }
+  SECTION("H2O, model scope, schedule every 16") {
+    drive_and_check(pol::H2O({.recent = 4, .sinks = 1}), 16,
+                    {.floor_fraction = 0.25, .scope = Scope::model, .rebalance_every = 16, .frozen = Frozen::schedule},
+                    1, 4, true);
+  }
 }
 
 TEST_CASE("pooled budget without eviction costs keeps the nominal capacities", "[pool]") {
@@ -482,8 +700,9 @@ TEST_CASE("pooled PagedCache keeps exactly KVCache's rows", "[pool]") {
   // Layer scope, and model scope (steps evict rows of the other layer).
   const auto scope = GENERATE(PoolOptions::Scope::layer, PoolOptions::Scope::model);
   const std::size_t every = GENERATE(1, 4);  // and the amortised split
-  const auto budget =
-      Budget::uniform(16).pooled({.capacity = PoolOptions::Capacity::share, .scope = scope, .rebalance_every = every});
+  const auto frozen = GENERATE(PoolOptions::Frozen::own, PoolOptions::Frozen::schedule);
+  const auto budget = Budget::uniform(16).pooled(
+      {.capacity = PoolOptions::Capacity::share, .scope = scope, .rebalance_every = every, .frozen = frozen});
   const auto policy = pol::DecayedAttention::recommended();
   kvevict::BlockPool<float> pool(1024, 4, g.head_dim);
   KVCache<pol::DecayedAttention> cache(g, budget, policy);
@@ -674,6 +893,11 @@ TEST_CASE("pooled budgets: bad input is a kvevict::Error, save refuses", "[pool]
   REQUIRE_THROWS_WITH(Budget::uniform(8).pooled({.rebalance_every = (std::size_t{1} << 20) + 1}),
                       Catch::Contains("rebalance_every = 1048577"));
   REQUIRE_NOTHROW(Budget::uniform(8).pooled({.rebalance_every = std::size_t{1} << 20}));
+  REQUIRE_THROWS_WITH(Budget::uniform(8).pooled({.frozen = PoolOptions::Frozen(7)}), Catch::Contains("frozen = 7"));
+  REQUIRE_THROWS_WITH(Budget::uniform(8).pooled({.rebalance_fraction = 1.5}),
+                      Catch::Contains("rebalance_fraction = 1.5"));
+  REQUIRE_THROWS_AS(Budget::uniform(8).pooled({.rebalance_fraction = -0.1}), Error);
+  REQUIRE_THROWS_AS(Budget::uniform(8).pooled({.rebalance_fraction = std::nan("")}), Error);
   const Geometry g{1, 2, 2, 4};
   KVCache<pol::H2O> c(g, Budget::uniform(8).pooled(), pol::H2O({.recent = 2}));
   REQUIRE_THROWS_WITH(kvevict::save_bytes(c), Catch::Contains("pooled"));

@@ -133,7 +133,9 @@ std::optional<Args> parse(int argc, char** argv) {
          a.adaptive);
   p.flag("--rebalance-grid",
          "with --adaptive --tune: only uniform, calibrated and the whole-cache share-scaled pool "
-         "re-split every 1, 4, 8, 16, 32, 64 appends (PoolOptions::rebalance_every, stop 39)",
+         "re-split every 1, 4, 8, 16, 32, 64 appends (PoolOptions::rebalance_every, stop 39), the "
+         "frozen steps following the eviction schedule (PoolOptions::Frozen::schedule, stop 40), and "
+         "every 32 with Frozen::own",
          a.rebalance);
   p.flag("--groups", "KL table: each 4-stream group's mean KL after the row (paired shares)",
          a.groups);
@@ -1233,16 +1235,40 @@ void tune_split_rows(std::size_t B, const AttentionAgeProfile& profile, bool reb
   const auto rec = policies::DecayedAttention::recommended();
   row("recommended(), uniform", rec, Budget::uniform(b));
   row("recommended() + calibrated per-head budgets", rec, profile.allocate(b, kPerHead));
-  // The amortised split (PoolOptions::rebalance_every) of kPoolScaled.
+  // The amortised split (PoolOptions::rebalance_every) of kPoolScaled: with --rebalance-grid
+  // its frozen steps follow the eviction schedule (PoolOptions::Frozen::schedule, stop 40;
+  // stop 39's grid of Frozen::own is in docs/quality/stories260K_rebalance_tune_stop39.txt),
+  // plus Frozen::own at R = 32 as the reference.
   for (std::size_t every : {1, 4, 8, 16, 32, 64}) {
     if (every == 1 && !rebalance_only) continue;  // the share-scaled grid's row below
     PoolOptions o = kPoolScaled;
     o.rebalance_every = every;
-    row(fmt::format("recommended(), pooled per model, share, floor 0.25, share-scaled costs 0.5, re-split every {}",
-                    every),
+    if (rebalance_only && every > 1) o.frozen = PoolOptions::Frozen::schedule;
+    row(fmt::format("recommended(), pooled per model, share, floor 0.25, share-scaled costs 0.5, re-split every {}{}",
+                    every, o.frozen == PoolOptions::Frozen::schedule ? ", eviction schedule" : ""),
         rec, Budget::uniform(b).pooled(o));
   }
-  if (rebalance_only) return;
+  if (rebalance_only) {
+    // The interval in proportion to the pool (PoolOptions::rebalance_fraction; stories260K's
+    // whole-cache pool holds 20 B rows, Hkv 4, so R = 5 f B: f = 1/40 re-splits every B/8
+    // appends). The rule, fixed before this grid's run (after the fixed-R grid above showed
+    // no R within 10 points of R = 1 at 16 rows): the largest f whose share of the
+    // calibrated gain is within 10 points of R = 1's at every budget.
+    for (const double f : {1.0 / 80, 1.0 / 40, 1.0 / 20, 1.0 / 10}) {
+      PoolOptions o = kPoolScaled;
+      o.frozen = PoolOptions::Frozen::schedule;
+      o.rebalance_fraction = f;
+      row(fmt::format("recommended(), pooled per model, share, floor 0.25, share-scaled costs 0.5, eviction schedule, "
+                      "re-split every 1/{:g} of the pool",
+                      1.0 / f),
+          rec, Budget::uniform(b).pooled(o));
+    }
+    PoolOptions own = kPoolScaled;
+    own.rebalance_every = 32;
+    row("recommended(), pooled per model, share, floor 0.25, share-scaled costs 0.5, re-split every 32, own victims",
+        rec, Budget::uniform(b).pooled(own));
+    return;
+  }
   row("recommended() + calibrated per-head budgets, per-layer totals", rec,
       profile.allocate(b, HeadAllocation{.floor = 4, .per_layer = true}));
   row("H2O (recent B/4), uniform", policies::H2O({.recent = B / 4}), Budget::uniform(b));

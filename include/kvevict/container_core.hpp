@@ -44,6 +44,7 @@
 #include <memory>
 #include <new>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -215,6 +216,8 @@ class ContainerCore {
     if constexpr (kPoolable)
       pool_ = LayerPool::resolve(geometry, budget, shape_.capacity, policy_.min_capacity());
     pool_steps_.assign(pool_.total.size(), 0);
+    pool_schedule_.assign(pool_.total.size(), {});
+    pool_schedule_at_.assign(pool_.total.size(), 0);
     heads_.resize(shape_.capacity.size());
     layers_.resize(static_cast<std::size_t>(geometry.n_layers));
     policy_.bind(shape_);
@@ -234,7 +237,9 @@ class ContainerCore {
         scratch_victims_(std::exchange(o.scratch_victims_, {})),
         pool_(std::exchange(o.pool_, {})),
         pool_settled_(std::exchange(o.pool_settled_, {})),
-        pool_steps_(std::exchange(o.pool_steps_, {})) {}
+        pool_steps_(std::exchange(o.pool_steps_, {})),
+        pool_schedule_(std::exchange(o.pool_schedule_, {})),
+        pool_schedule_at_(std::exchange(o.pool_schedule_at_, {})) {}
   ContainerCore& operator=(ContainerCore&& o) noexcept(std::is_nothrow_move_assignable_v<Policy>) {
     if (this != &o) {
       shape_ = std::exchange(o.shape_, CacheShape{});
@@ -245,6 +250,8 @@ class ContainerCore {
       pool_ = std::exchange(o.pool_, {});
       pool_settled_ = std::exchange(o.pool_settled_, {});
       pool_steps_ = std::exchange(o.pool_steps_, {});
+      pool_schedule_ = std::exchange(o.pool_schedule_, {});
+      pool_schedule_at_ = std::exchange(o.pool_schedule_at_, {});
       pool_fresh_.clear();
     }
     return *this;
@@ -406,10 +413,13 @@ class ContainerCore {
   /// changes); each head's rows from its choose_victims, or, when the policy has the
   /// pooled_victims hook, from that: the same choice reusing the protection its
   /// eviction_costs pass computed (one protection pass per head and step, not two).
-  /// `view(l, kh, n)` builds a view.
+  /// `view(l, kh, n)` builds a view. With `schedule` (PoolOptions::Frozen::schedule, a step
+  /// of a pool with rebalance_every > 1) the next rows of the pool's order are written to
+  /// it as head indices from the pool's first head (pooled_victim_counts' schedule).
   template <class MakeView>
   void choose_pooled(int layer, int stepping, const LayerPool& pool, MakeView&& view,
-                     std::vector<std::vector<std::uint32_t>>& victims) {
+                     std::vector<std::vector<std::uint32_t>>& victims,
+                     std::vector<std::uint32_t>* schedule = nullptr) {
     const auto hkv = static_cast<std::size_t>(shape_.geometry.n_kv_heads);
     const auto [first, last] = pool.heads_of(layer, hkv);
     const std::size_t total = pool.total[pool.pool_of(layer)];
@@ -425,6 +435,7 @@ class ContainerCore {
       after += n;
       over |= n > pool.ceiling[i];
     }
+    if (schedule) schedule->clear();
     if (after <= total && !over) return;
     if constexpr (kPoolable) {
       pool_costs_.resize(heads_.size());
@@ -455,22 +466,51 @@ class ContainerCore {
         pool_heads_.push_back(PoolHead{h.size(), incoming(i), pool.floor[i], pool.ceiling[i], c.data(),
                                        h.seq.data(), &pool_prefix_[i], reuse});
       }
-      pooled_victim_counts(pool_heads_, total, pool_counts_, pool_scratch_, Policy::name());
-      for (std::size_t i = first; i < last; ++i) {
-        const std::size_t k = pool_counts_[i - first];
-        if (k == 0) continue;
-        const int l = static_cast<int>(i / hkv), kh = static_cast<int>(i % hkv);
-        self().load_rows(l, kh, nullptr, nullptr);
-        HeadView<Scalar> v = view(l, kh, heads_[i].size());
-        if (pool.share && stepping >= 0) v.capacity = std::max(pool.floor[i], v.size);
-        v.need = k;
-        if constexpr (HasPooledVictims<Policy, Scalar>)  // reuses the costs pass's protection
-          policy_.pooled_victims(v, victims[i]);
-        else
-          policy_.choose_victims(v, victims[i]);
-        validate_victims<Policy>(victims[i], v.size, v.need);
-      }
+      // The schedule's length: the frozen steps' rows until the next re-split, at most
+      // the pool's total.
+      const std::size_t extra =
+          schedule ? std::min(total, (pool.every_of(pool.pool_of(layer)) - 1) * static_cast<std::size_t>(hkv)) : 0;
+      pooled_victim_counts(pool_heads_, total, pool_counts_, pool_scratch_, Policy::name(), extra,
+                           extra > 0 ? schedule : nullptr);
+      pooled_victims_of(first, last, stepping, pool, view, victims, true);
     }
+  }
+  /// The victims of the pool's heads [first, last) for the counts in pool_counts_ (indexed
+  /// from first): each head's k rows by its choose_victims (`costed`: its pooled_victims,
+  /// reusing this step's eviction_costs pass).
+  template <class MakeView>
+  void pooled_victims_of(std::size_t first, std::size_t last, int stepping, const LayerPool& pool,
+                         MakeView&& view, std::vector<std::vector<std::uint32_t>>& victims, bool costed) {
+    const auto hkv = static_cast<std::size_t>(shape_.geometry.n_kv_heads);
+    for (std::size_t i = first; i < last; ++i) {
+      const std::size_t k = pool_counts_[i - first];
+      if (k == 0) continue;
+      const int l = static_cast<int>(i / hkv), kh = static_cast<int>(i % hkv);
+      self().load_rows(l, kh, nullptr, nullptr);
+      HeadView<Scalar> v = view(l, kh, heads_[i].size());
+      if (pool.share && stepping >= 0) v.capacity = std::max(pool.floor[i], v.size);
+      v.need = k;
+      if constexpr (HasPooledVictims<Policy, Scalar>) {  // reuses the costs pass's protection
+        if (costed) policy_.pooled_victims(v, victims[i]);
+        else policy_.choose_victims(v, victims[i]);
+      } else {
+        policy_.choose_victims(v, victims[i]);
+      }
+      validate_victims<Policy>(victims[i], v.size, v.need);
+    }
+  }
+  /// PoolOptions::Frozen::schedule, a frozen step of `layer`: the counts (pool_counts_, from
+  /// the pool's first head) the pool's schedule gives from its read position
+  /// (pool_schedule_take), or nothing when it runs out first (the step re-splits).
+  std::optional<std::size_t> pool_schedule_counts(int layer) {
+    const auto hkv = static_cast<std::size_t>(shape_.geometry.n_kv_heads);
+    const std::size_t p = pool_.pool_of(layer);
+    const auto [first, last] = pool_.heads_of(layer, hkv);
+    pool_heads_.clear();
+    for (std::size_t i = first; i < last; ++i)
+      pool_heads_.push_back(PoolHead{heads_[i].size(), i / hkv == static_cast<std::size_t>(layer) ? 1u : 0u,
+                                     pool_.floor[i], pool_.ceiling[i]});
+    return pool_schedule_take(pool_heads_, pool_schedule_[p], pool_schedule_at_[p], pool_counts_);
   }
   /// PoolOptions::rebalance_every: whether the step of `layer` about to run keeps its
   /// pool's split (each stepping head gives up one row by its own choose_victims) instead
@@ -478,9 +518,10 @@ class ContainerCore {
   /// effect a multiple of rebalance_every), the pool full (its rows exactly its total), and
   /// every head of `layer` holding a row, at least its floor and at most its ceiling.
   bool pool_frozen(int layer) const {
-    if (pool_.every <= 1) return false;
     const std::size_t p = pool_.pool_of(layer);
-    if (pool_steps_[p] % pool_.every == 0) return false;
+    const std::size_t every = pool_.every_of(p);
+    if (every <= 1) return false;
+    if (pool_steps_[p] % every == 0) return false;
     const auto hkv = static_cast<std::size_t>(shape_.geometry.n_kv_heads);
     const auto [first, last] = pool_.heads_of(layer, hkv);
     std::size_t rows = 0;
@@ -615,7 +656,13 @@ class ContainerCore {
     std::size_t total_victims = 0, max_rows = 0;
     const auto hkv = static_cast<std::size_t>(g.n_kv_heads);
     const bool frozen = pooled() && pool_frozen(layer);
-    if (frozen) {  // the split kept: each head gives one row by its own decision
+    // PoolOptions::Frozen::schedule: the frozen step's counts from the schedule (nothing
+    // when it ran out: the step re-splits); own: each stepping head decides alone.
+    std::optional<std::size_t> scheduled;
+    if (frozen && pool_.schedule) scheduled = pool_schedule_counts(layer);
+    const bool own = frozen && !pool_.schedule;
+    bool new_schedule = false;  // a re-split wrote pool_next_schedule_
+    if (own) {  // the split kept: each head gives one row by its own decision
       for (int kh = 0; kh < g.n_kv_heads; ++kh) {
         auto& victims = scratch_victims_[static_cast<std::size_t>(kh)];
         victims.clear();
@@ -628,12 +675,18 @@ class ContainerCore {
         validate_victims<Policy>(victims, view.size, view.need);
       }
     } else if (pooled()) {
-      choose_pooled(layer, layer, pool_,
-                    [&](int l, int kh, std::size_t n) {
-                      return l == layer ? incoming_view(layer, kh, n, position, keys, queries)
-                                        : resting_view(l, kh, n);
-                    },
-                    pool_victims_);
+      const auto view = [&](int l, int kh, std::size_t n) {
+        return l == layer ? incoming_view(layer, kh, n, position, keys, queries) : resting_view(l, kh, n);
+      };
+      if (scheduled) {  // the schedule's counts, each head's rows by its own choice
+        const auto [first, last] = pool_.heads_of(layer, hkv);
+        pool_victims_.resize(heads_.size());
+        for (std::size_t i = first; i < last; ++i) pool_victims_[i].clear();
+        pooled_victims_of(first, last, layer, pool_, view, pool_victims_, false);
+      } else {
+        new_schedule = pool_.schedule && pool_.every_of(pool_.pool_of(layer)) > 1;
+        choose_pooled(layer, layer, pool_, view, pool_victims_, new_schedule ? &pool_next_schedule_ : nullptr);
+      }
       for (std::size_t kh = 0; kh < hkv; ++kh)
         scratch_victims_[kh].assign(pool_victims_[index(layer, static_cast<int>(kh))].begin(),
                                     pool_victims_[index(layer, static_cast<int>(kh))].end());
@@ -669,7 +722,13 @@ class ContainerCore {
     }
     self().prepare_step(layer, total_victims, max_rows);
     // Phase 2: apply; nothing below throws except the policy's own bookkeeping.
-    if (pooled() && pool_.model && !frozen)  // first the other layers' victims of a model pool
+    if (scheduled) {
+      pool_schedule_at_[pool_.pool_of(layer)] = *scheduled;
+    } else if (new_schedule) {
+      pool_schedule_[pool_.pool_of(layer)].swap(pool_next_schedule_);
+      pool_schedule_at_[pool_.pool_of(layer)] = 0;
+    }
+    if (pooled() && pool_.model && !own)  // first the other layers' victims of a model pool
       for (std::size_t i = 0; i < heads_.size(); ++i)
         if (!pool_victims_[i].empty() && i / hkv != static_cast<std::size_t>(layer)) {
           const int l = static_cast<int>(i / hkv), kh = static_cast<int>(i % hkv);
@@ -928,6 +987,8 @@ class ContainerCore {
     shape_.capacity = std::move(caps);
     pool_ = std::move(pool);
     pool_steps_.assign(pool_.total.size(), 0);  // step 0 of the new budget re-splits
+    pool_schedule_.assign(pool_.total.size(), {});
+    pool_schedule_at_.assign(pool_.total.size(), 0);
     for (int l = 0; l < g.n_layers; ++l)
       for (int kh = 0; kh < g.n_kv_heads; ++kh) {
         const std::size_t i = index(l, kh);
@@ -977,6 +1038,11 @@ class ContainerCore {
   /// Steps of each pool since its budget took effect (PoolOptions::rebalance_every).
   std::vector<std::uint64_t> pool_steps_;
   std::vector<std::vector<std::uint32_t>> pool_victims_;  ///< choose_pooled: victims per head
+  /// PoolOptions::Frozen::schedule: per pool, the heads (from its first) of the rows its last
+  /// re-split ranked after its own victims, in the pool's order, and the next entry to read.
+  std::vector<std::vector<std::uint32_t>> pool_schedule_;
+  std::vector<std::size_t> pool_schedule_at_;
+  std::vector<std::uint32_t> pool_next_schedule_;  ///< a re-split's schedule until applied
   std::vector<PoolHead> pool_heads_;
   std::vector<std::size_t> pool_counts_;
   PoolScratch pool_scratch_;

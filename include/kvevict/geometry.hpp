@@ -92,8 +92,33 @@ struct PoolOptions {
   /// 1 (the default): every step re-splits (as before). In [1, 2^20].
   /// Measured on stories260K (docs/quality.md, "Pooled split re-decided every R steps"):
   /// every R > 1 tried (4-64) loses most of the run-time gain, and at 16 rows is worse than
-  /// the uniform budget; it cuts the step's cost, not recommended for quality.
+  /// the uniform budget; it cuts the step's cost, not recommended for quality. With
+  /// Frozen::schedule (below) and rebalance_fraction 1/40 it keeps most of the gain (stop 40).
   std::size_t rebalance_every = 1;
+  /// What a frozen step of the amortised split (rebalance_every > 1) evicts.
+  enum class Frozen {
+    own,       ///< each head of the stepping layer gives up one row by its own choice (above)
+    schedule,  ///< an eviction schedule: a re-split step also keeps, in the pool's order
+               ///< (cost, seq, head), the next (rebalance_every - 1) x n_kv_heads cheapest
+               ///< rows of the pool after its own victims (each head at most down to its
+               ///< floor), as the heads they belong to; each frozen step takes the next
+               ///< entries of that list, one per incoming row (an entry whose head would
+               ///< go below its floor, or give its last row, is skipped), and every head so
+               ///< named gives up that many rows by its policy's choose_victims, as on a
+               ///< re-split step (Scope::model: rows of any layer). Rows move between the
+               ///< heads as every step's split moves them, from costs at most
+               ///< rebalance_every steps old. A step re-splits as above, and also when the
+               ///< list runs out.
+  };
+  Frozen frozen = Frozen::own;
+  /// The amortised split's interval in proportion to the pool: when > 0, rebalance_every
+  /// is not used and each pool re-splits every max(1, floor(rebalance_fraction x its total
+  /// / n_kv_heads)) steps, i.e. once its frozen steps have taken in about that fraction of
+  /// its rows (a step adds n_kv_heads rows). A fixed R is a larger share of a small pool's
+  /// rows, so its costs go stale faster there. In [0, 1]; 0 (the default): rebalance_every.
+  /// Measured on stories260K with Frozen::schedule (docs/quality.md, "An eviction schedule
+  /// for the amortised split, stop 40").
+  double rebalance_fraction = 0.0;
 };
 
 /// Rows a cache may hold: one count per (layer, KV head). `unbounded()` is the full cache.
@@ -174,6 +199,12 @@ class Budget {
                     "budget: pooled share_exponent = ", o.share_exponent, ", expected in [0, 8]");
     detail::require(o.rebalance_every >= 1 && o.rebalance_every <= (std::size_t{1} << 20),
                     "budget: pooled rebalance_every = ", o.rebalance_every, ", expected in [1, 2^20]");
+    detail::require(std::isfinite(o.rebalance_fraction) && o.rebalance_fraction >= 0.0 &&
+                        o.rebalance_fraction <= 1.0,
+                    "budget: pooled rebalance_fraction = ", o.rebalance_fraction, ", expected in [0, 1]");
+    detail::require(o.frozen == PoolOptions::Frozen::own || o.frozen == PoolOptions::Frozen::schedule,
+                    "budget: pooled frozen = ", static_cast<int>(o.frozen),
+                    ", expected PoolOptions::Frozen::own or schedule");
     Budget b = *this;
     b.pooled_ = true;
     b.pool_ = o;

@@ -32,11 +32,21 @@
 // every row protected; its choose_victims then takes what the policy takes when it must
 // (the selection would not count those rows); Capacity::share has no such head (the
 // capacity it sees is at least its floor, which is above the protected rows).
+//
+// PoolOptions::Frozen::schedule (the eviction schedule): a re-split step of a pool with
+// R > 1 asks the selection above for `extra` = min((R - 1) x n_kv_heads, total) more rows:
+// after the `need` rows of the step, the next `extra` candidates of the same order (cost,
+// seq, head), each head offering at most its rows above its floor in all, kept as the list
+// of their heads (pooled_victim_counts' `schedule`). A frozen step takes one entry per
+// incoming row beyond what a ceiling forces (container_core.hpp, pool_schedule_counts),
+// skipping an entry whose head would fall below its floor or give its last row; each head
+// named gives that many rows by its choose_victims. The list runs out: the step re-splits.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -66,7 +76,9 @@ struct LayerPool {
   std::vector<std::size_t> chunk;    ///< per (layer, KV head): storage growth step
   std::vector<std::size_t> nominal;  ///< per (layer, KV head): the budget's count
   double exponent = 0.0;             ///< PoolOptions::share_exponent
-  std::size_t every = 1;             ///< PoolOptions::rebalance_every
+  std::size_t every = 1;             ///< PoolOptions::rebalance_every (per pool: every_of)
+  std::vector<std::size_t> every_at; ///< per pool, from PoolOptions::rebalance_fraction (else empty)
+  bool schedule = false;             ///< PoolOptions::Frozen::schedule
 
   /// `caps` are the nominal capacities (layer-major); `min_rows` the policy's min_capacity().
   KVEVICT_DEFER static LayerPool resolve(const Geometry& g, const Budget& b, const std::vector<std::size_t>& caps,
@@ -80,6 +92,7 @@ struct LayerPool {
     const double f = b.pool_options().floor_fraction;
     p.exponent = b.pool_options().share_exponent;
     p.every = b.pool_options().rebalance_every;
+    p.schedule = b.pool_options().frozen == PoolOptions::Frozen::schedule;
     p.nominal = caps;
     for (std::size_t first = 0; first < caps.size(); first += width) {
       std::size_t total = 0, floors = 0;
@@ -93,10 +106,17 @@ struct LayerPool {
         p.chunk.push_back(pool_chunk(cap));
       }
       p.total.push_back(total);
+      const double frac = b.pool_options().rebalance_fraction;
+      if (frac > 0.0)  // steps in which the frozen steps take in frac of the pool's rows
+        p.every_at.push_back(std::max<std::size_t>(
+            1, static_cast<std::size_t>(std::floor(frac * static_cast<double>(total) /
+                                                   static_cast<double>(g.n_kv_heads)))));
       for (std::size_t i = first; i < first + width; ++i) p.ceiling.push_back(total - (floors - p.floor[i]));
     }
     return p;
   }
+  /// The re-split interval of pool `p` (PoolOptions::rebalance_every or rebalance_fraction).
+  [[nodiscard]] std::size_t every_of(std::size_t p) const { return every_at.empty() ? every : every_at[p]; }
   /// The pool of `layer` (its index in total) and the heads it spans, [first, last).
   [[nodiscard]] std::size_t pool_of(int layer) const { return model ? 0 : static_cast<std::size_t>(layer); }
   [[nodiscard]] std::pair<std::size_t, std::size_t> heads_of(int layer, std::size_t hkv) const {
@@ -205,16 +225,25 @@ struct PoolHead {
 /// Victims per head of one layer (counts[h]); see the header comment for the rule. Throws
 /// std::logic_error naming `policy` when the finite costs cannot cover what the layer must
 /// give up (a policy that marks too many rows as not evictable), before anything changed.
+/// With `schedule` (PoolOptions::Frozen::schedule) and a step that must give rows, the next
+/// `extra` candidates after the step's own, in the same order, are written to it as their
+/// heads' indices (fewer when the heads offer fewer; each head's count and entries together
+/// stay within its rows above its floor); else it is left empty. extra = 0 decides exactly
+/// as without it.
 KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, std::size_t total,
                                  std::vector<std::size_t>& counts, PoolScratch& s,
-                                 const char* policy) {
+                                 const char* policy, std::size_t extra = 0,
+                                 std::vector<std::uint32_t>* schedule = nullptr) {
   counts.assign(heads.size(), 0);
+  if (schedule) schedule->clear();
+  if (!schedule) extra = 0;
   std::size_t after = 0;
   for (const auto& h : heads) after += h.size + h.incoming;
   std::size_t need = after > total ? after - total : 0;
   bool over_ceiling = false;
   for (const auto& h : heads) over_ceiling |= h.size + h.incoming > h.ceiling;
   if (need == 0 && !over_ceiling) return;
+  if (need == 0) extra = 0;  // nothing to schedule: the pool is not full
   // The kept prefixes are cold (read once per step, by the reuse or the guessed bound):
   // start their reads for every head at once.
   for (const auto& h : heads)
@@ -235,6 +264,7 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
     forced_total += end > h.ceiling ? end - h.ceiling : 0;
   }
   const std::size_t left = need > forced_total ? need - forced_total : 0;
+  const std::size_t kept = left + extra;  // the heap's size: the step's rows, then the schedule's
   const auto less = [](const PoolScratch::Cand& a, const PoolScratch::Cand& b) {
     return PoolScratch::before(a, b);
   };
@@ -248,8 +278,8 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
     if (forced > limit)
       fail("head " + std::to_string(hi) + " must give " + std::to_string(forced) +
            " rows to its ceiling but only " + std::to_string(limit) + " above its floor");
-    // The head's cheapest rows, as many as could matter: forced + need, at most limit.
-    const std::size_t want = std::min(limit, forced + need);
+    // The head's cheapest rows, as many as could matter: forced + need (+ extra), at most limit.
+    const std::size_t want = std::min(limit, forced + need + extra);
     const auto head_of = static_cast<std::uint32_t>(hi);
     const PoolScratch::Cand* sorted = nullptr;  // the head's first `take` rows, in order
     std::size_t take = 0, evictable = 0;
@@ -320,17 +350,52 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
     counts[hi] = forced;
     offered += take - forced;
     auto& chosen = s.chosen;
-    for (std::size_t j = forced; j < take && left > 0; ++j) {
+    for (std::size_t j = forced; j < take && kept > 0; ++j) {
       PoolScratch::Cand cand = sorted[j];
       cand.head = head_of;
-      if (!PoolScratch::keep_first(chosen, left, cand)) break;
+      if (!PoolScratch::keep_first(chosen, kept, cand)) break;
     }
   }
-  if (left == 0) return;
   if (offered < left)
     fail("the layer must give up " + std::to_string(left) + " more rows but only " +
          std::to_string(offered) + " are evictable above the heads' floors");
-  for (const auto& c : s.chosen) ++counts[c.head];
+  if (extra == 0) {
+    for (const auto& c : s.chosen) ++counts[c.head];
+    return;
+  }
+  // The step's rows are the first `left` of the kept ones in order, the schedule the rest.
+  std::sort_heap(s.chosen.begin(), s.chosen.end(), less);
+  for (std::size_t j = 0; j < s.chosen.size(); ++j) {
+    if (j < left) ++counts[s.chosen[j].head];
+    else schedule->push_back(s.chosen[j].head);
+  }
+}
+
+/// PoolOptions::Frozen::schedule, a frozen step: the victims per head (counts[h]) the
+/// schedule `list` (head indices, in the pool's order) gives from entry `at`. A head whose
+/// rows after the step would pass its ceiling gives what the ceiling forces; then one entry
+/// is taken per incoming row left (the pool is full, so the step gives as many rows as it
+/// adds), skipping an entry whose head would go below its floor or give its last row.
+/// Returns the entry after the last one read, or nothing when the list ran out first.
+inline std::optional<std::size_t> pool_schedule_take(std::span<const PoolHead> heads,
+                                                     std::span<const std::uint32_t> list, std::size_t at,
+                                                     std::vector<std::size_t>& counts) {
+  counts.assign(heads.size(), 0);
+  std::size_t need = 0;
+  for (std::size_t h = 0; h < heads.size(); ++h) {
+    const std::size_t end = heads[h].size + heads[h].incoming;
+    counts[h] = end > heads[h].ceiling ? end - heads[h].ceiling : 0;
+    need += heads[h].incoming - std::min(heads[h].incoming, counts[h]);
+  }
+  for (; need > 0 && at < list.size(); ++at) {
+    const PoolHead& h = heads[list[at]];
+    std::size_t& k = counts[list[at]];
+    if (k + 1 > h.size || h.size + h.incoming - k - 1 < h.floor) continue;
+    ++k;
+    --need;
+  }
+  if (need > 0) return std::nullopt;
+  return at;
 }
 
 /// Rows to allocate so `rows` fit in a pooled head holding `have` (0: enough already):
