@@ -157,6 +157,32 @@ void agree_with_brute(DA::RecallDedup mode, RopeLayout layout, int G, std::size_
   }
 }
 
+// key_signature's rounding is std::llround's, halves and the edges of its exact range
+// included (a mismatch would change signatures, hence the reserve's decisions).
+TEST_CASE("llround_exact rounds as std::llround", "[recall]") {
+  using policies::detail::llround_exact;
+  std::vector<double> xs{0.0, -0.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 0.49999999999999994,
+                         -0.49999999999999994, 4503599627370495.5, -4503599627370495.5,
+                         4503599627370496.0, -4503599627370497.0, 1e18, -1e18};
+  for (double x : {0.5, 1.5, 2.5, 7.5, 1e6 + 0.5, 4503599627370495.5}) {
+    xs.push_back(std::nextafter(x, 0.0));
+    xs.push_back(std::nextafter(x, 1e300));
+    xs.push_back(-std::nextafter(x, 0.0));
+    xs.push_back(-std::nextafter(x, 1e300));
+  }
+  kvtest::Rng rng(17);
+  for (int i = 0; i < 20000; ++i) {
+    const auto v = rng.normals(1, 40.0f);
+    xs.push_back(static_cast<double>(v[0]));
+    xs.push_back(static_cast<double>(v[0]) / 0.1);  // as key_signature divides by its step
+    xs.push_back(std::round(static_cast<double>(v[0])) + 0.5);
+  }
+  for (double x : xs) {
+    INFO("x = " << x);
+    CHECK(llround_exact(x) == std::llround(x));
+  }
+}
+
 TEST_CASE("DecayedAttention RecallDedup agrees with a brute-force rule", "[recall]") {
   for (DA::RecallDedup mode : {DA::RecallDedup::reserve, DA::RecallDedup::protected_rows})
     for (RopeLayout layout : {RopeLayout::interleaved, RopeLayout::halves})
