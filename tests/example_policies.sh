@@ -66,6 +66,7 @@ expect 2 "$bin/headline/llama2c_headline" --streams 6
 expect 2 "$bin/headline/llama2c_diagnose" --hash-stride 0
 expect 2 "$bin/headline/llama2c_diagnose" --tokens 600   # past stories260K's 512 positions
 expect 2 "$bin/headline/llama2c_headline" --prefill-block 0
+expect 2 "$bin/headline/llama2c_headline" --haystack-large --tune   # held out only
 expect 2 "$bin/eval/kvevict-eval" --prefill-block -1
 expect 2 "$bin/eval/kvevict-eval" --topk nan
 expect 2 "$bin/eval/kvevict-eval" --policies nope

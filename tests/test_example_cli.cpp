@@ -93,7 +93,8 @@ TEST_CASE("the registry holds every policy of include/kvevict/policies, recommen
                                        "BlockGranular"};
   CHECK(types == expected);
   for (const char* n : {"xkv", "pyramidkv", "uniform-w8", "tova", "expected", "keydiff", "probfree",
-                        "probfree-fast", "decayed-excess", "decayed-distinct", "block-decayed"})
+                        "probfree-fast", "decayed-excess", "decayed-distinct", "decayed-recall",
+                        "block-decayed"})
     CHECK(names.count(n) == 1);
   // Every entry configures and hands over its policy (prompt statistics where needed).
   const kvevict::Geometry g{.n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8};

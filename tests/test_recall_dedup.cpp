@@ -69,15 +69,7 @@ struct Brute {
         if (kept.size() == k) break;
         if (seen.insert(rows.at(p).sig).second) kept.insert(p);
       }
-      std::int64_t victim = -1;
-      for (auto p : open) {
-        if (kept.count(p)) continue;
-        if (victim < 0 || rows.at(p).score < rows.at(victim).score ||
-            (rows.at(p).score == rows.at(victim).score && rows.at(p).seq < rows.at(victim).seq))
-          victim = p;
-      }
-      REQUIRE(victim >= 0);
-      rows.erase(victim);
+      rows.erase(kvtest::lowest_open(rows, open, kept));
     }
     rows[pos] = {seq, sig};
   }
@@ -226,11 +218,8 @@ TEST_CASE("RecallDedup agrees with brute force on repetitive and drifting text",
 // boundary holds one slot (reserve) or none, its latest copy being recent (protected_rows).
 TEST_CASE("RecallDedup keeps the name against a repeated boundary", "[recall]") {
   const Geometry g{1, 1, 1, 4};
-  auto name_survives = [&](DA::RecallDedup mode) {
-    KVCache<DA> cache(g, Budget::uniform(16),
-                      DA({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.375f,
-                          .recall_fraction = 0.125f, .recall_dedup = mode,
-                          .rope = RopeLayout::interleaved}));
+  auto survives = [&](const DA& policy) {
+    KVCache<DA> cache(g, Budget::uniform(16), policy);
     kvtest::Rng rng(5);
     std::vector<std::vector<float>> passage;
     for (int i = 0; i < 5; ++i) passage.push_back(rng.normals(4));
@@ -252,6 +241,15 @@ TEST_CASE("RecallDedup keeps the name against a repeated boundary", "[recall]") 
     }
     return true;
   };
+  auto name_survives = [&](DA::RecallDedup mode) {
+    return survives(DA({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.375f,
+                        .recall_fraction = 0.125f, .recall_dedup = mode,
+                        .rope = RopeLayout::interleaved}));
+  };
+  // The two presets: recommended() (no dedup) loses the name, recall() keeps it.
+  CHECK_FALSE(survives(DA::recommended()));
+  CHECK(survives(DA::recall()));
+  CHECK(DA::recall(RopeLayout::halves).config().rope == RopeLayout::halves);
   CHECK_FALSE(name_survives(DA::RecallDedup::none));
   CHECK(name_survives(DA::RecallDedup::reserve));
   CHECK(name_survives(DA::RecallDedup::protected_rows));

@@ -1,7 +1,7 @@
 // DecayedAttention's RecallRank::excess (the recall reserve ranked by the long-range spike
 // minus the row's mean long-range draw) and RecallRank::total (by the sum of the row's
-// long-range draws). Brute force (kept rows compared every step), the property each exists
-// for, and the default left alone.
+// long-range draws). Brute force (kept rows compared every step, kvtest::RecallBrute), the
+// property each exists for, and the default left alone.
 #include <map>
 #include <numeric>
 #include <set>
@@ -14,65 +14,7 @@
 using namespace kvevict;
 using DA = policies::DecayedAttention;
 
-namespace {
-
-struct Row {
-  std::uint64_t seq;
-  double score = 0.0, spike = 0.0, draws = 0.0;
-  std::size_t count = 0;
-};
-
-// The rule written out: protected sinks and band; of the rest, the `recall` rows with the
-// largest positive rank (excess: spike - draws / count; total: draws) are kept (ties: newer), leaving one evictable;
-// the lowest decayed score of the remainder goes (ties: older).
-struct Brute {
-  DA::RecallRank rank;
-  double decay;
-  std::size_t sinks, recent, capacity, recall;
-  std::map<std::int64_t, Row> rows;
-  void step(std::int64_t pos, std::uint64_t seq) {
-    if (rows.size() >= capacity) {
-      std::vector<std::int64_t> open;
-      for (const auto& [p, r] : rows)
-        if (!(r.seq < sinks || r.seq + recent >= seq)) open.push_back(p);
-      std::vector<std::pair<double, std::int64_t>> ranked;
-      for (auto p : open) {
-        const Row& r = rows.at(p);
-        const double e = rank == DA::RecallRank::total ? r.draws
-                         : r.count ? static_cast<double>(static_cast<float>(r.spike) - static_cast<float>(r.draws) / static_cast<float>(r.count))
-                                   : 0.0;
-        if (e > 0.0) ranked.push_back({e, p});
-      }
-      std::sort(ranked.begin(), ranked.end(), [&](auto a, auto b) {
-        return a.first != b.first ? a.first > b.first : rows.at(a.second).seq > rows.at(b.second).seq;
-      });
-      std::set<std::int64_t> kept;
-      for (std::size_t i = 0; i < std::min({recall, ranked.size(), open.size() - 1}); ++i)
-        kept.insert(ranked[i].second);
-      std::int64_t victim = -1;
-      for (auto p : open) {
-        if (kept.count(p)) continue;
-        if (victim < 0 || rows.at(p).score < rows.at(victim).score ||
-            (rows.at(p).score == rows.at(victim).score && rows.at(p).seq < rows.at(victim).seq))
-          victim = p;
-      }
-      REQUIRE(victim >= 0);
-      rows.erase(victim);
-    }
-    rows[pos] = {seq};
-  }
-  void observe(std::int64_t pos, std::uint64_t latest, float x) {
-    Row& r = rows.at(pos);
-    r.score = static_cast<double>(static_cast<float>(decay) * static_cast<float>(r.score) + x);
-    if (latest - r.seq >= recent) {
-      r.spike = std::max(r.spike, static_cast<double>(x));
-      r.draws = static_cast<double>(static_cast<float>(r.draws) + x);
-      ++r.count;
-    }
-  }
-};
-
-}  // namespace
+using kvtest::RecallBrute;
 
 TEST_CASE("DecayedAttention RecallRank::excess and total agree with a brute-force rule", "[recall]") {
   for (DA::RecallRank rank : {DA::RecallRank::excess, DA::RecallRank::total})
@@ -82,44 +24,22 @@ TEST_CASE("DecayedAttention RecallRank::excess and total agree with a brute-forc
                      .recall_fraction = 0.25f, .recall_rank = rank});
     const Geometry g{1, 2 * G, 2, 8};
     KVCache<DA> cache(g, Budget::uniform(cap), policy);
-    std::vector<Brute> brute(2, Brute{rank, 1.0 - 3.0 / cap, 1, 6, cap, 6, {}});
+    std::vector<RecallBrute> brute(2, RecallBrute{rank, 1.0 - 3.0 / cap, 1, 6, cap, 6, {}});
     kvtest::Rng rng(40 + G + 10 * static_cast<int>(rank));
     INFO("rank " << static_cast<int>(rank));
-    for (int t = 0; t < 250; ++t) {
-      auto k = rng.normals(16), v = rng.normals(16), q = rng.normals(static_cast<std::size_t>(2 * G * 8), 2.0f);
-      cache.append(0, t, k, v, q);
-      const auto r = attend(cache, 0, q);
-      for (int h = 0; h < 2; ++h) {
-        auto& b = brute[static_cast<std::size_t>(h)];
-        b.step(t, static_cast<std::uint64_t>(t));
-        INFO("step " << t << " head " << h);
-        kvtest::check_kept_then_observe(cache, r, h, G, b, static_cast<std::uint64_t>(t));
-      }
-    }
+    kvtest::compare_with_brute(cache, brute, G, rng);
   }
 }
 
 // Runs one head of 16 rows (1 sink, 6 recent, a 2-row reserve ranked by `rank`) for 400
 // steps; attention(t, x) gives row x's probability at step t (negative: a share of what the
 // others leave). True iff row 7 is never evicted.
-namespace {
 template <class Attention>
 bool row7_survives(DA::RecallRank rank, Attention attention) {
-  KVCache<DA> cache(Geometry{1, 1, 1, 4}, Budget::uniform(16),
-                    DA({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.375f,
-                        .recall_fraction = 0.125f, .recall_rank = rank}));
-  const std::vector<float> kv(4, 0.5f), q(4, 0.0f);
-  std::vector<float> probs;
-  for (int t = 0; t < 400; ++t) {
-    cache.append(0, t, kv, kv, q);
-    const auto pos = cache.positions(0, 0);
-    if (t > 7 && std::find(pos.begin(), pos.end(), 7) == pos.end()) return false;
-    kvtest::chosen_then_rest(pos, probs, [&](std::int64_t x) { return attention(t, x); });
-    cache.observe(0, 0, probs);
-  }
-  return true;
+  return kvtest::rows_survive(DA({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.375f,
+                                  .recall_fraction = 0.125f, .recall_rank = rank}),
+                              {7}, attention);
 }
-}  // namespace
 
 // Repetitive text: two rows (8, 9) act like sinks, drawing 0.3 of every query's attention;
 // their decayed score keeps them anyway. One row (the name, 7) draws a little while the

@@ -270,6 +270,12 @@ void for_each_policy(Fn&& fn) {
                                  .dedup_step = 0.1f,
                                  .rope = a.knobs.rope});
       });
+  add.template operator()<DecayedAttention>(
+      {"decayed-recall",
+       "DecayedAttention::recall(): recommended() with a distinct-key recall reserve of 1/4 of "
+       "the rows (recalls early facts through repetitive text; KL above recommended()'s)",
+       Family::kvevict},
+      [](const Args& a) { return DecayedAttention::recall(a.knobs.rope); });
   // kvevict's probability-free variant of recommended() (chosen with llama2c_headline
   // --tune-scorers, docs/policies/expected_attention.md): 1 sink, the 3/8 recent band, the
   // middle ranked by decayed expected attention.

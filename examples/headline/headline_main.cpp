@@ -3,9 +3,11 @@
 // 4 streams. Hyperparameters are chosen with --tune on streams 0..7 and reported on
 // held-out streams (default seeds 1000..1015), so the figure is not fitted to its data.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -45,6 +47,7 @@ struct Args {
   bool scorers = false;  ///< --tune-scorers: the probability-free grid instead of the table
   bool rescore = false;  ///< --rescore: the probability-free variant at rescore_every 1..64
   bool haystack = false;  ///< --haystack: the repeated-filler retrieval measure
+  bool haystack_large = false;  ///< --haystack-large: its larger held-out set (stop 40)
   bool brief = false;     ///< --brief: retrieval rows of the compared policies only
   std::size_t prompt = 0;          ///< --prompt: KL table streams' prefilled prompt (0: none)
   std::size_t prefill_block = 64;  ///< --prefill-block
@@ -53,6 +56,7 @@ struct Args {
   std::size_t skip = 0;            ///< --skip
   bool reserve = false;   ///< --tune-reserve: the deduplicated-reserve grid
   bool rank_grid = false;  ///< --tune-recall-rank: the reserve-rank grid (stop 38)
+  bool successor_grid = false;  ///< --tune-successor: the successor-pair reserve grid (stop 40)
   bool rebalance = false;  ///< --rebalance-grid: with --adaptive --tune, only the re-split grid
   bool trace = false;     ///< --trace-reserve: with --haystack, what the reserve ranks first
   bool adaptive = false;  ///< --adaptive: per-head budget splits at equal memory
@@ -102,12 +106,21 @@ std::optional<Args> parse(int argc, char** argv) {
          a.rescore);
   p.flag("--haystack", "the repeated-filler retrieval measure (needle in a haystack)",
          a.haystack);
+  p.flag("--haystack-large",
+         "the repeated-filler measure on its larger held-out set (fillers 2-9, 240 stories; the "
+         "first 60 are --haystack's), with counts, standard errors and each policy paired "
+         "against H2O story by story (sign test)",
+         a.haystack_large);
   p.flag("--tune-reserve",
          "the recall-reserve grid (key-signature deduplication) on the chosen measure",
          a.reserve);
   p.flag("--tune-recall-rank",
          "as --tune-reserve, the grid of reserve ranks (RecallRank::total) and shares (stop 38)",
          a.rank_grid);
+  p.flag("--tune-successor",
+         "as --tune-reserve, the grid of reserves that keep each row with its successor "
+         "(recall_successor) at recall 1/8, 3/16, 1/4 (stop 40)",
+         a.successor_grid);
   p.flag("--trace-reserve",
          "with --haystack: per head, the rows with the largest long-range spike in the first "
          "story (DecayedAttention rows); per counted story, the cue's outcome and the heads "
@@ -153,7 +166,7 @@ std::optional<Args> parse(int argc, char** argv) {
   p.info("--list", "list the registry's policies, then exit",
          [] { fmt::print("policies:\n{}", kvevict::registry::listing()); });
   if (!p.parse(argc, argv)) return std::nullopt;
-  if (a.rank_grid) a.reserve = true;  // the same protocol, another grid
+  if (a.rank_grid || a.successor_grid) a.reserve = true;  // the same protocol, another grid
   if (a.model_dir.empty()) a.model_dir = KVEVICT_DEFAULT_MODEL_DIR;
   if (a.streams % 4 != 0)
     throw kvevict::cli::UsageError(
@@ -190,16 +203,13 @@ policies::DecayedAttention dedup_variant(policies::DecayedAttention::RecallDedup
 const policies::DecayedAttention kDistinct =
     dedup_variant(policies::DecayedAttention::RecallDedup::protected_rows, 0.1f);
 
-// The distinct-key reserve at recall fraction 1/4: on the tuning side (--tune-reserve) the
-// one setting tried that recalls at least as well as H2O on both retrieval measures at every
-// budget with KL below StreamingLLM's (docs/quality.md, "The filler measure at 128 rows,
-// stop 38"); reported held out beside recommended().
-policies::DecayedAttention distinct_quarter() {
-  auto c = kDistinct.config();
-  c.recall_fraction = 0.25f;
-  return policies::DecayedAttention(c);
-}
-const policies::DecayedAttention kDistinctQuarter = distinct_quarter();
+// The distinct-key reserve at recall fraction 1/4, DecayedAttention::recall(): on the tuning
+// side (--tune-reserve) the one setting tried that recalls at least as well as H2O on both
+// retrieval measures at every budget with KL below StreamingLLM's (docs/quality.md, "The
+// filler measure at 128 rows, stop 38"); reported held out beside recommended(). kDistinct
+// with recall_fraction 1/4, as it was measured before it became the preset.
+const policies::DecayedAttention kDistinctQuarter =
+    policies::DecayedAttention::recall(policies::RopeLayout::interleaved);
 
 // --tune-recall-rank (stop 38): the reserve ranked by the sum of long-range draws
 // (RecallRank::total) at recall fractions 1/8, 3/16, 1/4, alone and with the distinct-key
@@ -227,12 +237,31 @@ void for_each_rank_candidate(F&& f) {
   }
 }
 
+// --tune-successor (stop 40): recommended() whose reserve keeps each row it ranks in with
+// the row after it (recall_successor: the name's second token, which an induction head
+// attends at the cue, comes with its first), at recall fractions 1/8, 3/16, 1/4.
+bool g_successor_grid = false;
+template <class F>
+void for_each_successor_candidate(F&& f) {
+  for (float rf : {0.125f, 0.1875f, 0.25f}) {
+    auto c = policies::DecayedAttention::recommended().config();
+    c.recall_fraction = rf;
+    c.recall_successor = true;
+    const std::string name = fmt::format("recommended(), successor-pair reserve, recall {:.4f}", rf);
+    f(name.c_str(), policies::DecayedAttention(c));
+  }
+}
+
 // The --tune-reserve grid: deduplication among reserve rows or also against the protected
 // rows, signature step 0.05 / 0.1 / 0.2; recall fraction 1/8 (recommended()'s).
 template <class F>
 void for_each_reserve_candidate(F&& f) {
   if (g_rank_grid) {
     for_each_rank_candidate(f);
+    return;
+  }
+  if (g_successor_grid) {
+    for_each_successor_candidate(f);
     return;
   }
   using D = policies::DecayedAttention::RecallDedup;
@@ -462,16 +491,31 @@ void retrieval_row(const std::shared_ptr<const Model>& model,
 // " One day, <N>". The one retrieval is the cue's first name token: the position where the
 // full cache's top-1 is N's second token, and the policy's top-1 is scored there. The
 // filler repeats the same sentences, so its sentence-boundary tokens look alike to any
-// score that watches attention. Fillers 0-1 are for tuning, 2-3 are reported.
+// score that watches attention. Fillers 0-1 are for tuning, 2-3 are reported (the stop 38
+// table). Fillers 4-9 were written at stop 40, before any run on them, in the same style
+// (two short sentences, no names) for the larger held-out set of --haystack-large: fillers
+// 2-9 x the same 10 names x the same 3 lengths = 240 stories, whose first 60 are the
+// stop 38 set (docs/quality.md, "The filler measure on a larger held-out set, stop 40").
 constexpr const char* kFillers[] = {
     " The sun was warm and the sky was blue. The birds sang in the tall trees.",
     " They played with the ball all day. They ran and jumped and laughed a lot.",
     " The cat sat on the mat. The dog ran in the yard and barked at the bird.",
     " Mom made a big cake. It was sweet and good, and everyone ate a piece.",
+    " The frog sat by the pond. It jumped in the water and swam to a big rock.",
+    " The red car went up the hill. It was very fast and it made a loud noise.",
+    " The little bird had a nest. It was high in the big tree next to the house.",
+    " The kids went to the park. They went down the slide and sat on the swing.",
+    " The rain fell on the roof. The flowers were happy and the grass grew tall.",
+    " The old man read a book by the fire. The room was warm and the lamp was bright.",
 };
+constexpr int kTuneFillers = 2;      ///< fillers [0, 2): tuning (--haystack --tune)
+constexpr int kHeldOutFillers = 4;   ///< fillers [2, 4): held out (--haystack)
+constexpr int kLargeFillers = 10;    ///< fillers [2, 10): held out, larger (--haystack-large)
+static_assert(std::size(kFillers) == kLargeFillers);
 
 struct HaystackCase {
   Stream stream;
+  int filler = 0;        // index into kFillers
   std::size_t cue = 0;   // position of the cue's first name token
   int second = 0;        // the name's second token
   std::vector<std::int64_t> name_positions;  // the intro's name tokens (the fact's rows)
@@ -480,10 +524,11 @@ struct HaystackCase {
 };
 
 std::vector<HaystackCase> haystack_streams(const std::shared_ptr<const Model>& model,
-                                           const Tokenizer& tok, bool held_out) {
+                                           const Tokenizer& tok, int first_filler,
+                                           int end_filler) {
   std::vector<HaystackCase> out;
   const int T = model->config().seq_len;
-  for (int f = held_out ? 2 : 0; f < (held_out ? 4 : 2); ++f)
+  for (int f = first_filler; f < end_filler; ++f)
     for (const auto& nc : kNames)
       for (int length : {200, 320, 440}) {
         const auto named = tok.encode(std::string("named ") + nc.name + ".", false, false);
@@ -493,6 +538,7 @@ std::vector<HaystackCase> haystack_streams(const std::shared_ptr<const Model>& m
         // The cue ends with the name's tokens: its first name token is at size - (name tokens).
         const std::size_t name_tokens = named.size() - 2;  // "named" and "." are not the name
         HaystackCase c;
+        c.filler = f;
         c.intro = tokens.size();
         for (std::size_t i = 0; i < name_tokens; ++i)  // the intro ends with the name and "."
           c.name_positions.push_back(static_cast<std::int64_t>(tokens.size() - 1 - name_tokens + i));
@@ -564,9 +610,22 @@ void trace_spikes(const Cache& cache, const HaystackCase& c, int l, int h, const
 //   "." rows mean rows per (layer, KV head) at the cue that are the filler's sentence
 //            boundary (the token the issue found capturing the recall reserve);
 //   KL       mean KL(full || policy) over every position of those stories.
+//
+// With g_haystack_counts (--haystack-large) the row also prints the counts (k of n), the
+// binomial standard error of the top-1 share and the top-1 per filler group (2-3: the
+// stop 38 set, 4-9: the fillers added at stop 40). Every row returns its per-story
+// outcomes for the paired comparison.
+bool g_haystack_counts = false;
+struct HaystackOutcome {
+  std::vector<std::size_t> story;  // index into the cases, counted stories only
+  std::vector<char> hit;           // the policy's top-1 at the cue is the name
+  std::vector<double> log_kept;    // log(p_policy / p_full) of the name's second token
+};
 template <class Policy>
-void haystack_row(const std::shared_ptr<const Model>& model, const std::vector<HaystackCase>& cases,
-                  std::size_t budget, const char* name, Policy policy, const Budget& b) {
+HaystackOutcome haystack_row(const std::shared_ptr<const Model>& model,
+                             const std::vector<HaystackCase>& cases, std::size_t budget,
+                             const char* name, Policy policy, const Budget& b) {
+  HaystackOutcome out;
   std::size_t n = 0, hit = 0, heads_n = 0, heads_hit = 0, dots = 0;
   double kl = 0.0, log_kept = 0.0;
   std::size_t kl_n = 0;
@@ -612,20 +671,87 @@ void haystack_row(const std::shared_ptr<const Model>& model, const std::vector<H
       for (int k : intro_heads) fmt::print(" {}", k);
       fmt::print("\n");
     }
+    out.story.push_back(static_cast<std::size_t>(&c - cases.data()));
+    out.hit.push_back(story_hit ? 1 : 0);
+    out.log_kept.push_back(story_log);
     ++n;
   }
   const auto ratio = [](double a, std::size_t d) { return d ? a / static_cast<double>(d) : 0.0; };
-  fmt::print("| {} | {} | {:.3f} | {:.3f} | {:.3f} | {:.2f} | {:.4f} |\n", budget, name,
-             ratio(static_cast<double>(hit), n), std::exp(ratio(log_kept, n)),
-             ratio(static_cast<double>(heads_hit), heads_n), ratio(static_cast<double>(dots), heads_n),
-             ratio(kl, kl_n));
+  const double top1 = ratio(static_cast<double>(hit), n);
+  if (!g_haystack_counts) {
+    fmt::print("| {} | {} | {:.3f} | {:.3f} | {:.3f} | {:.2f} | {:.4f} |\n", budget, name, top1,
+               std::exp(ratio(log_kept, n)), ratio(static_cast<double>(heads_hit), heads_n),
+               ratio(static_cast<double>(dots), heads_n), ratio(kl, kl_n));
+  } else {
+    std::size_t old_n = 0, old_hit = 0;  // fillers 2-3 (the stop 38 set) against the rest
+    for (std::size_t i = 0; i < out.story.size(); ++i)
+      if (cases[out.story[i]].filler < kHeldOutFillers) {
+        ++old_n;
+        old_hit += static_cast<std::size_t>(out.hit[i]);
+      }
+    fmt::print("| {} | {} | {:.3f} ({} of {}) | {:.3f} | {} of {} | {} of {} | {:.3f} | {:.3f} ({} of "
+               "{}) | {:.2f} | {:.4f} |\n",
+               budget, name, top1, hit, n,
+               n ? std::sqrt(top1 * (1.0 - top1) / static_cast<double>(n)) : 0.0, old_hit, old_n,
+               hit - old_hit, n - old_n, std::exp(ratio(log_kept, n)),
+               ratio(static_cast<double>(heads_hit), heads_n), heads_hit, heads_n,
+               ratio(static_cast<double>(dots), heads_n), ratio(kl, kl_n));
+  }
   std::fflush(stdout);
+  return out;
 }
 template <class Policy>
-void haystack_row(const std::shared_ptr<const Model>& model, const std::vector<HaystackCase>& cases,
-                  std::size_t budget, const char* name, Policy policy, bool unbounded = false) {
-  haystack_row(model, cases, budget, name, policy,
-               unbounded ? Budget::unbounded() : Budget::uniform(static_cast<long long>(budget)));
+HaystackOutcome haystack_row(const std::shared_ptr<const Model>& model,
+                             const std::vector<HaystackCase>& cases, std::size_t budget,
+                             const char* name, Policy policy, bool unbounded = false) {
+  return haystack_row(model, cases, budget, name, policy,
+                      unbounded ? Budget::unbounded()
+                                : Budget::uniform(static_cast<long long>(budget)));
+}
+
+/// Two-sided exact sign test: the probability, under "either side wins a discordant pair
+/// with probability 1/2", of a split at least as uneven as `a` against `b`.
+double sign_test(std::size_t a, std::size_t b) {
+  const std::size_t n = a + b, k = std::min(a, b);
+  if (n == 0) return 1.0;
+  double tail = 0.0;
+  for (std::size_t i = 0; i <= k; ++i)  // C(n, i) / 2^n through lgamma
+    tail += std::exp(std::lgamma(static_cast<double>(n) + 1.0) -
+                     std::lgamma(static_cast<double>(i) + 1.0) -
+                     std::lgamma(static_cast<double>(n - i) + 1.0) -
+                     static_cast<double>(n) * std::log(2.0));
+  return std::min(1.0, 2.0 * tail);
+}
+
+/// --haystack-large: `row` against `base` (H2O) on the same counted stories. Top-1: stories
+/// both get right, only one of them, neither, and the sign test on the discordant ones.
+/// p(name) kept: the mean of log(p_row / p_base) per story with its standard error, its
+/// exp (the ratio of the two p(name) kept columns), and the sign test on the stories
+/// where the row keeps more or less of the name's probability than the base.
+void paired_row(std::size_t budget, const std::string& name, const HaystackOutcome& row,
+                const HaystackOutcome& base) {
+  kvevict::detail::require(row.story == base.story, "paired rows over different stories");
+  std::size_t both = 0, only_row = 0, only_base = 0, neither = 0, more = 0, less = 0;
+  double sum = 0.0, sum2 = 0.0;
+  const std::size_t n = row.story.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool r = row.hit[i] != 0, b = base.hit[i] != 0;
+    both += r && b;
+    only_row += r && !b;
+    only_base += !r && b;
+    neither += !r && !b;
+    const double d = row.log_kept[i] - base.log_kept[i];
+    sum += d;
+    sum2 += d * d;
+    more += d > 0.0;
+    less += d < 0.0;
+  }
+  const double mean = n ? sum / static_cast<double>(n) : 0.0;
+  const double var = n > 1 ? (sum2 - static_cast<double>(n) * mean * mean) / static_cast<double>(n - 1) : 0.0;
+  const double se = n ? std::sqrt(std::max(0.0, var) / static_cast<double>(n)) : 0.0;
+  fmt::print("| {} | {} | {} | {} | {} | {} | {:.3f} | {:+.3f} ± {:.3f} ({:.3f}x) | {} / {} | {:.3f} |\n",
+             budget, name, both, only_row, only_base, neither, sign_test(only_row, only_base),
+             mean, se, std::exp(mean), more, less, sign_test(more, less));
 }
 
 // Per-head budgets (head_budgets.hpp) calibrated on the tuning streams 0..7 with the full
@@ -1170,28 +1296,50 @@ int main(int argc, char** argv) {
     if (a.first_chunk) knobs.snapkv_chunked = policies::ChunkedPrefill::first_chunk;
     // The per-head rows need the calibration pass; --policies, --tune and --paged rows do not.
     const AttentionAgeProfile profile =
-        (a.policies.empty() && !a.tune && !a.paged && !a.block_policies && !a.block_expected && !a.shared_cells && !a.ceilings && !a.chunked_rows && !a.haystack &&
+        (a.policies.empty() && !a.tune && !a.paged && !a.block_policies && !a.block_expected && !a.shared_cells && !a.ceilings && !a.chunked_rows && !a.haystack && !a.haystack_large &&
          !a.reserve) ||
                 a.adaptive
             ? calibrate(r.model)
             : AttentionAgeProfile(r.model->config().geometry(), 1);
     g_rank_grid = a.rank_grid;
-    if (a.haystack) {
+    g_successor_grid = a.successor_grid;
+    if (a.haystack || a.haystack_large) {
       g_trace_reserve = a.trace;
-      // --tune picks the tuning fillers (0-1); otherwise the held-out ones (2-3).
+      g_haystack_counts = a.haystack_large;
+      kvevict::detail::require(!(a.haystack_large && a.tune),
+                               "--haystack-large is a held-out set; tune with --haystack --tune");
+      // --tune picks the tuning fillers (0-1); otherwise the held-out ones (2-3), or with
+      // --haystack-large the larger held-out set (2-9).
       const Tokenizer tok = Tokenizer::load(a.model_dir + "/tok512.bin", r.model->config().vocab_size);
-      const auto cases = haystack_streams(r.model, tok, !a.tune);
+      const auto cases = haystack_streams(r.model, tok, a.tune ? 0 : kTuneFillers,
+                                          a.tune               ? kTuneFillers
+                                          : a.haystack_large   ? kLargeFillers
+                                                               : kHeldOutFillers);
       fmt::print("needle in a haystack: {} stories ({} fillers), the name recalled after "
                   "repeated filler text\n\n",
-                  cases.size(), a.tune ? "tuning" : "held-out");
+                  cases.size(), a.tune ? "tuning" : a.haystack_large ? "held-out 2-9" : "held-out");
       std::size_t counted = 0;
       for (const auto& c : cases)
         counted += metrics::argmax(c.stream.logits(c.cue)) == static_cast<std::size_t>(c.second);
       fmt::print("{} of the {} stories counted (the full cache's top-1 at the cue is the name)\n\n",
                  counted, cases.size());
-      fmt::print("| budget | policy | cue top-1 = name | p(name) kept | heads holding the name | "
-                 "\".\" rows per head | mean KL |\n");
-      fmt::print("|---|---|---|---|---|---|---|\n");
+      if (!a.haystack_large) {
+        fmt::print("| budget | policy | cue top-1 = name | p(name) kept | heads holding the name | "
+                   "\".\" rows per head | mean KL |\n");
+        fmt::print("|---|---|---|---|---|---|---|\n");
+      } else {
+        fmt::print("| budget | policy | cue top-1 = name (k of n) | its standard error | top-1, "
+                   "fillers 2-3 | top-1, fillers 4-9 | p(name) kept | heads holding the name | "
+                   "\".\" rows per head | mean KL |\n");
+        fmt::print("|---|---|---|---|---|---|---|---|---|---|\n");
+      }
+      // The rows' per-story outcomes, for the paired comparison against H2O.
+      std::vector<std::pair<std::string, HaystackOutcome>> rows;
+      std::vector<std::size_t> row_budget;
+      const auto keep = [&](std::size_t B, const char* name, HaystackOutcome o) {
+        rows.emplace_back(name, std::move(o));
+        row_budget.push_back(B);
+      };
       for (std::size_t B : a.budgets) {
         if (a.reserve) {
           haystack_row(r.model, cases, B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}));
@@ -1208,20 +1356,51 @@ int main(int argc, char** argv) {
           });
           continue;
         }
-        haystack_row(r.model, cases, B, "StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
-        haystack_row(r.model, cases, B, "H2O (recent B/4)", policies::H2O({.recent = B / 4}));
-        haystack_row(r.model, cases, B, "DecayedAttention without recall (h 3, f 1/2)", kNoRecall);
-        haystack_row(r.model, cases, B, "**DecayedAttention::recommended()**",
-                     policies::DecayedAttention::recommended());
-        haystack_row(r.model, cases, B, "recommended() with the excess-spike reserve", kExcess);
-        haystack_row(r.model, cases, B, "recommended() with the distinct-key reserve", kDistinct);
-        haystack_row(r.model, cases, B, "recommended() with the distinct-key reserve, recall 1/4",
-                     kDistinctQuarter);
-        haystack_row(r.model, cases, B, "ExpectedAttention (paper settings, 4 sinks)", with_model_rope(kExpectedPaper, r.model->config()));
-        haystack_row(r.model, cases, B, "KeyDiff (paper settings)", kKeyDiffPaper);
-        haystack_row(r.model, cases, B, "probability-free: 1 sink, 3/8 recent, decayed expected attention",
-                     with_model_rope(kProbabilityFree, r.model->config()));
-        haystack_row(r.model, cases, B, "Oracle (non-causal ceiling)", policies::Oracle{.rows = B}, true);
+        const auto row = [&](const char* name, auto pol, bool unbounded = false) {
+          keep(B, name, haystack_row(r.model, cases, B, name, pol, unbounded));
+        };
+        row("StreamingLLM (1 sink)", policies::StreamingLLM{.sinks = 1});
+        row("H2O (recent B/4)", policies::H2O({.recent = B / 4}));
+        row("DecayedAttention without recall (h 3, f 1/2)", kNoRecall);
+        row("**DecayedAttention::recommended()**", policies::DecayedAttention::recommended());
+        row("recommended() with the excess-spike reserve", kExcess);
+        row("recommended() with the distinct-key reserve", kDistinct);
+        row("recommended() with the distinct-key reserve, recall 1/4", kDistinctQuarter);
+        row("ExpectedAttention (paper settings, 4 sinks)",
+            with_model_rope(kExpectedPaper, r.model->config()));
+        row("KeyDiff (paper settings)", kKeyDiffPaper);
+        row("probability-free: 1 sink, 3/8 recent, decayed expected attention",
+            with_model_rope(kProbabilityFree, r.model->config()));
+        row("Oracle (non-causal ceiling)", policies::Oracle{.rows = B}, true);
+      }
+      if (a.haystack_large) {
+        fmt::print("\nPaired against H2O (recent B/4) on the same counted stories: top-1 both / "
+                   "only the row / only H2O / neither, sign test on the discordant stories; "
+                   "log(p_row / p_H2O) of the name's second token per story, mean ± standard "
+                   "error (its exp), stories where the row keeps more / less, sign test\n\n");
+        fmt::print("| budget | policy | both | only row | only H2O | neither | sign test p | "
+                   "mean log p ratio | more / less | sign test p |\n");
+        fmt::print("|---|---|---|---|---|---|---|---|---|---|\n");
+        for (std::size_t i = 0; i < rows.size(); ++i) {
+          const auto base = std::find_if(rows.begin(), rows.end(), [&](const auto& x) {
+            return row_budget[static_cast<std::size_t>(&x - rows.data())] == row_budget[i] &&
+                   x.first == "H2O (recent B/4)";
+          });
+          if (base != rows.end() && &*base != &rows[i])
+            paired_row(row_budget[i], rows[i].first, rows[i].second, base->second);
+        }
+        // Raw per-story outcomes: the counted stories in order (story index = filler - 2,
+        // then name, then length), 1 where the row's top-1 at the cue is the name.
+        fmt::print("\nPer-story cue top-1 (counted stories in order):\n");
+        for (std::size_t i = 0; i < rows.size(); ++i) {
+          fmt::print("{} | {} | ", row_budget[i], rows[i].first);
+          for (char h : rows[i].second.hit) fmt::print("{}", h ? '1' : '0');
+          fmt::print("\n");
+        }
+        fmt::print("counted story indices:");
+        if (!rows.empty())
+          for (std::size_t x : rows.front().second.story) fmt::print(" {}", x);
+        fmt::print("\n");
       }
       return 0;
     }
