@@ -109,42 +109,104 @@ TEST_CASE("key_signature ignores the RoPE position and separates different keys"
   CHECK(key_signature(zero.data(), 4, RopeLayout::interleaved, 0.1f) == 0);
 }
 
+// Runs a two-KV-head cache of `cap` rows (recent a quarter, recall reserve `recall`) for
+// `steps` steps against Brute, comparing the kept rows every step. token(t, h, rng) picks
+// the pre-RoPE key of head h at step t from `vocab`: how many distinct signatures there
+// are, and how often they repeat.
+template <class Token>
+void agree_with_brute(DA::RecallDedup mode, RopeLayout layout, int G, std::size_t cap, int steps,
+                      std::size_t vocab_size, std::uint64_t seed, Token token, float recall = 0.25f) {
+  const DA policy({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.25f, .recall_fraction = recall,
+                   .recall_dedup = mode, .dedup_step = 0.1f, .rope = layout});
+  const Geometry g{1, 2 * G, 2, 8};
+  KVCache<DA> cache(g, Budget::uniform(static_cast<long long>(cap)), policy);
+  const std::size_t quarter = cap / 4;
+  const auto reserve = static_cast<std::size_t>(recall * static_cast<float>(cap));
+  std::vector<Brute> brute(2, Brute{1.0 - 3.0 / static_cast<double>(cap), 1, quarter, cap,
+                                    reserve, mode, {}});
+  kvtest::Rng rng(seed);
+  std::vector<std::vector<float>> vocab;
+  for (std::size_t i = 0; i < vocab_size; ++i) vocab.push_back(rng.normals(8));
+  for (int t = 0; t < steps; ++t) {
+    std::vector<float> k;
+    std::uint64_t sig[2];
+    for (int h = 0; h < 2; ++h) {
+      const auto& x = vocab[token(t, h, rng)];
+      const auto r = rotate(x, t, layout);
+      sig[h] = key_signature(r.data(), 8, layout, 0.1f);
+      k.insert(k.end(), r.begin(), r.end());
+    }
+    auto v = rng.normals(16), q = rng.normals(static_cast<std::size_t>(2 * G * 8), 2.0f);
+    cache.append(0, t, k, v, q);
+    const auto res = attend(cache, 0, q);
+    for (int h = 0; h < 2; ++h) {
+      auto& b = brute[static_cast<std::size_t>(h)];
+      b.step(t, static_cast<std::uint64_t>(t), sig[h]);
+      INFO("mode " << static_cast<int>(mode) << " layout " << static_cast<int>(layout) << " G "
+                   << G << " cap " << cap << " step " << t << " head " << h);
+      kvtest::check_kept_then_observe(cache, res, h, G, b, static_cast<std::uint64_t>(t));
+    }
+  }
+}
+
+// key_signature's rounding is std::llround's, halves and the edges of its exact range
+// included (a mismatch would change signatures, hence the reserve's decisions).
+TEST_CASE("llround_exact rounds as std::llround", "[recall]") {
+  using policies::detail::llround_exact;
+  std::vector<double> xs{0.0, -0.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 0.49999999999999994,
+                         -0.49999999999999994, 4503599627370495.5, -4503599627370495.5,
+                         4503599627370496.0, -4503599627370497.0, 1e18, -1e18};
+  for (double x : {0.5, 1.5, 2.5, 7.5, 1e6 + 0.5, 4503599627370495.5}) {
+    xs.push_back(std::nextafter(x, 0.0));
+    xs.push_back(std::nextafter(x, 1e300));
+    xs.push_back(-std::nextafter(x, 0.0));
+    xs.push_back(-std::nextafter(x, 1e300));
+  }
+  kvtest::Rng rng(17);
+  for (int i = 0; i < 20000; ++i) {
+    const auto v = rng.normals(1, 40.0f);
+    xs.push_back(static_cast<double>(v[0]));
+    xs.push_back(static_cast<double>(v[0]) / 0.1);  // as key_signature divides by its step
+    xs.push_back(std::round(static_cast<double>(v[0])) + 0.5);
+  }
+  for (double x : xs) {
+    INFO("x = " << x);
+    CHECK(llround_exact(x) == std::llround(x));
+  }
+}
+
 TEST_CASE("DecayedAttention RecallDedup agrees with a brute-force rule", "[recall]") {
   for (DA::RecallDedup mode : {DA::RecallDedup::reserve, DA::RecallDedup::protected_rows})
     for (RopeLayout layout : {RopeLayout::interleaved, RopeLayout::halves})
       for (int G : {1, 2}) {
-        const std::size_t cap = 24;
-        const DA policy({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.25f,
-                         .recall_fraction = 0.25f, .recall_dedup = mode, .dedup_step = 0.1f,
-                         .rope = layout});
-        const Geometry g{1, 2 * G, 2, 8};
-        KVCache<DA> cache(g, Budget::uniform(cap), policy);
-        std::vector<Brute> brute(2, Brute{1.0 - 3.0 / cap, 1, 6, cap, 6, mode, {}});
-        kvtest::Rng rng(60 + G + 4 * static_cast<int>(mode) + 2 * static_cast<int>(layout));
         // A vocabulary of 6 pre-RoPE keys per head: tokens repeat, so signatures collide.
-        std::vector<std::vector<float>> vocab;
-        for (int i = 0; i < 12; ++i) vocab.push_back(rng.normals(8));
-        for (int t = 0; t < 250; ++t) {
-          std::vector<float> k;
-          std::uint64_t sig[2];
-          for (int h = 0; h < 2; ++h) {
-            const auto& x = vocab[static_cast<std::size_t>(6 * h + rng.uniform(0, 5))];
-            const auto r = rotate(x, t, layout);
-            sig[h] = key_signature(r.data(), 8, layout, 0.1f);
-            k.insert(k.end(), r.begin(), r.end());
-          }
-          auto v = rng.normals(16), q = rng.normals(static_cast<std::size_t>(2 * G * 8), 2.0f);
-          cache.append(0, t, k, v, q);
-          const auto res = attend(cache, 0, q);
-          for (int h = 0; h < 2; ++h) {
-            auto& b = brute[static_cast<std::size_t>(h)];
-            b.step(t, static_cast<std::uint64_t>(t), sig[h]);
-            INFO("mode " << static_cast<int>(mode) << " layout " << static_cast<int>(layout)
-                         << " G " << G << " step " << t << " head " << h);
-            kvtest::check_kept_then_observe(cache, res, h, G, b, static_cast<std::uint64_t>(t));
-          }
-        }
+        agree_with_brute(mode, layout, G, 24, 250, 12,
+                         60 + G + 4 * static_cast<int>(mode) + 2 * static_cast<int>(layout),
+                         [](int, int h, kvtest::Rng& rng) {
+                           return static_cast<std::size_t>(6 * h + rng.uniform(0, 5));
+                         });
       }
+}
+
+// Very repetitive text (two keys per head against a 10-row reserve: fewer distinct
+// signatures than reserve rows on every decision), then text whose vocabulary drifts
+// (a new key every other step: the signatures handed out outgrow the rows, so the head's
+// signature numbers are renumbered several times; a reserve of half the rows, so that which
+// rows it holds decides the victim often), each against the brute-force rule.
+TEST_CASE("RecallDedup agrees with brute force on repetitive and drifting text", "[recall]") {
+  for (DA::RecallDedup mode : {DA::RecallDedup::reserve, DA::RecallDedup::protected_rows})
+    for (int G : {1, 2}) {
+      agree_with_brute(mode, RopeLayout::interleaved, G, 40, 300, 4, 80 + G,
+                       [](int, int h, kvtest::Rng& rng) {
+                         return static_cast<std::size_t>(2 * h + rng.uniform(0, 1));
+                       });
+      agree_with_brute(mode, RopeLayout::halves, G, 40, 800, 460, 90 + G,
+                       [](int t, int h, kvtest::Rng& rng) {
+                         if (t % 29 == 0) return static_cast<std::size_t>(h);  // the sink's key
+                         return static_cast<std::size_t>(2 + t / 4 + 250 * h + rng.uniform(0, 1));
+                       },
+                       0.5f);
+    }
 }
 
 // Repetitive text: a passage of period 5 repeats after the name (row 3); the passage's

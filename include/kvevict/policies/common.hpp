@@ -41,6 +41,18 @@ enum class ChunkedPrefill {
 
 namespace kvevict::policies::detail {
 
+/// std::llround(x) (halves away from zero) without the library call: for |x| < 2^52 the
+/// truncation and the fraction x - trunc(x) are exact, so the result is the same; larger
+/// values (already integers) and NaN take std::llround itself.
+inline std::int64_t llround_exact(double x) {
+  if (!(std::fabs(x) < 4503599627370496.0)) return std::llround(x);
+  std::int64_t q = static_cast<std::int64_t>(x);  // truncates toward zero
+  const double f = x - static_cast<double>(q);
+  if (f >= 0.5) ++q;
+  else if (f <= -0.5) --q;
+  return q;
+}
+
 /// A position-free signature of a stored key: RoPE rotates each pair of coordinates by an
 /// angle that depends on the position, which leaves the pair's length unchanged. So the
 /// lengths of the d / 2 rotated pairs as shares of the key's norm, and the log of the norm,
@@ -55,7 +67,7 @@ inline std::uint64_t key_signature(const float* k, std::size_t d, RopeLayout rop
   const double norm = std::sqrt(sq);
   std::uint64_t h = 14695981039346656037ull;
   const auto mix = [&](double x) {
-    const auto q = static_cast<std::int64_t>(std::llround(x / static_cast<double>(step)));
+    const std::int64_t q = llround_exact(x / static_cast<double>(step));
     auto u = static_cast<std::uint64_t>(q);
     for (int b = 0; b < 8; ++b, u >>= 8) {
       h ^= u & 0xffu;

@@ -37,7 +37,6 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "../bytes.hpp"
 #include "../errors.hpp"
@@ -186,6 +185,9 @@ class DecayedAttention {
                                  "head_dim, got ", shape.geometry.head_dim);
         head_dim_ = static_cast<std::size_t>(shape.geometry.head_dim);
         sigs_.bind(shape);
+        ids_.bind(shape);
+        interned_.clear();
+        interned_.resize(shape.capacity.size());
         // clear + resize (n fresh bands), not assign(n, Band{}): that instantiates the
         // deque's copy assignment in every includer of this header.
         bands_.clear();
@@ -301,8 +303,12 @@ class DecayedAttention {
                                                                         config_.rope, config_.dedup_step)
                                                 : 0;
         sigs_.set(v.layer, v.kv_head, row, sg);
+        Interned& in = interned_[head_index(v.layer, v.kv_head)];
+        // Unnumbered heads get 0 here and are renumbered at their next decision.
+        const std::uint32_t id = in.valid ? intern(in, sg) : 0;
+        ids_.set(v.layer, v.kv_head, row, id);
         if (config_.recall_dedup == RecallDedup::protected_rows)
-          band_append(v.layer, v.kv_head, v.seqs[row], sg);
+          band_append(v.layer, v.kv_head, v.seqs[row], id);
       }
     }
   }
@@ -313,7 +319,10 @@ class DecayedAttention {
       spikes_.move(layer, kv_head, from, to);
       seqs_.move(layer, kv_head, from, to);
       if (ranks_draws()) move_excess(layer, kv_head, from, to);
-      if (dedups()) sigs_.move(layer, kv_head, from, to);
+      if (dedups()) {
+        sigs_.move(layer, kv_head, from, to);
+        ids_.move(layer, kv_head, from, to);
+      }
     }
   }
   KVEVICT_DEFER void observe(const AttentionView& a) {
@@ -458,6 +467,7 @@ class DecayedAttention {
     counts_ = std::move(counts);
     sigs_ = std::move(sigs);
     for (Band& b : bands_) b.valid = false;  // rebuilt from the loaded rows
+    for (Interned& in : interned_) in.valid = false;  // renumbered from the loaded signatures
     for (Ahead& a : ahead_) a.valid = false;
     std::fill(floor_.begin(), floor_.end(), 0.0f);  // a hint only: reset with the rows
   }
@@ -830,65 +840,121 @@ class DecayedAttention {
   /// RecallDedup: walks the candidates (cand_spike_ / cand_row_) from the largest rank down
   /// (ties: the newer row first) and keeps up to `k` of them, skipping a row whose key
   /// signature a kept row already has (with protected_rows: or a sink or recent row has).
-  /// Only a prefix of that order is sorted: the candidates ranked at least the 2k-th largest
-  /// rank; when that prefix yields fewer than k distinct rows, the best candidate of every
-  /// signature is found in one hashed pass and the k best of those are kept (the same rows).
+  /// The first row of each signature in that order is the signature's best candidate, so
+  /// the rows kept are the k best of the signatures' best candidates: one pass over the
+  /// candidates groups them by signature number (ids_, arrays indexed by number: no hashing
+  /// per decision, no sort), then a partial select of the k best when more signatures remain.
   template <class S, class Keep>
   void keep_distinct(const HeadView<S>& v, std::size_t k, Keep keep) {
     const std::size_t m = cand_n_;
     const bool prot = config_.recall_dedup == RecallDedup::protected_rows;
+    const std::size_t h = head_index(v.layer, v.kv_head);
+    Interned& in = interned_[h];
+    const auto& ids = ids_.of(v.layer, v.kv_head);
+    // Renumbered when unset (bind, load_state) or when numbers of rows long gone pile up
+    // (every ~size appends: amortised O(1) per step); the band counts by number, so it is
+    // rebuilt with them.
+    if (!in.valid || in.n > 2 * ids.size() + 64) {
+      renumber(in, sigs_.of(v.layer, v.kv_head), ids_.of(v.layer, v.kv_head));
+      bands_[h].valid = false;
+    }
     if (prot) update_band(v);
     if (k == 0 || m == 0) return;
-    const auto& sig = sigs_.of(v.layer, v.kv_head);
-    const auto& band = bands_[head_index(v.layer, v.kv_head)].count;
-    const auto before = [&](std::uint32_t a, std::uint32_t b) {  // reserve order of candidates
-      if (cand_spike_[a] != cand_spike_[b]) return cand_spike_[a] > cand_spike_[b];
-      return v.seqs[cand_row_[a]] > v.seqs[cand_row_[b]];
-    };
-    // The prefix down to the 2k-th largest spike (ties included) usually holds k distinct rows.
-    const std::size_t w = std::min(m, 2 * k);
-    order_.clear();
-    if (w < m) {
-      top_.resize(w);
-      kernels::topk_indices(cand_spike_.data(), m, w, top_.data());
-      float t = cand_spike_[top_[0]];
-      for (std::uint32_t i : top_) t = std::min(t, cand_spike_[i]);
-      for (std::uint32_t i = 0; i < m; ++i)
-        if (cand_spike_[i] >= t) order_.push_back(i);
-    } else {
-      for (std::uint32_t i = 0; i < m; ++i) order_.push_back(i);
+    if (in.stamp.size() < in.n) {
+      in.stamp.resize(in.n, 0);
+      in.best.resize(in.n);
     }
-    std::sort(order_.begin(), order_.end(), before);
-    seen_.clear();
-    chosen_.clear();
-    for (std::uint32_t i : order_) {
-      const std::uint32_t r = cand_row_[i];
-      if (prot && band.find(sig[r]) != band.end()) continue;
-      if (!seen_.insert(sig[r]).second) continue;
-      chosen_.push_back(r);
-      if (chosen_.size() == k) break;
+    if (++in.epoch == 0) {  // wrapped: no stamp may equal a later epoch by accident
+      std::fill(in.stamp.begin(), in.stamp.end(), 0u);
+      in.epoch = 1;
     }
-    if (chosen_.size() < k && order_.size() < m) {
-      // Fewer than k distinct in the prefix (very repetitive text): the first row of each
-      // signature in reserve order is its best candidate; keep the k best of those.
-      best_.clear();
-      for (std::uint32_t i = 0; i < m; ++i) {
-        const std::uint64_t sg = sig[cand_row_[i]];
-        if (prot && band.find(sg) != band.end()) continue;
-        const auto [it, fresh] = best_.try_emplace(sg, i);
-        if (!fresh && before(i, it->second)) it->second = i;
+    const std::uint32_t epoch = in.epoch;
+    const std::uint32_t* band = prot ? bands_[h].count.data() : nullptr;
+    const std::uint32_t* id = ids.data();
+    const std::uint64_t* seqs = v.seqs;
+    std::uint32_t* stamp = in.stamp.data();
+    std::uint32_t* best = in.best.data();
+    order_.clear();  // the signatures met, then their best candidates
+    for (std::uint32_t i = 0; i < m; ++i) {
+      const std::uint32_t d = id[cand_row_[i]];
+      if (band && band[d] != 0) continue;
+      if (stamp[d] != epoch) {
+        stamp[d] = epoch;
+        best[d] = i;
+        order_.push_back(d);
+        continue;
       }
-      order_.clear();
-      for (const auto& [sg, i] : best_) order_.push_back(i);
-      if (order_.size() > k) {
-        std::nth_element(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k),
-                         order_.end(), before);
-        order_.resize(k);
-      }
-      chosen_.clear();
-      for (std::uint32_t i : order_) chosen_.push_back(cand_row_[i]);
+      const std::uint32_t j = best[d];
+      if (cand_spike_[i] > cand_spike_[j] ||
+          (cand_spike_[i] == cand_spike_[j] && seqs[cand_row_[i]] > seqs[cand_row_[j]]))
+        best[d] = i;
     }
-    for (std::uint32_t r : chosen_) keep(r);
+    for (std::uint32_t& d : order_) d = best[d];
+    if (order_.size() > k) {
+      const auto before = [&](std::uint32_t a, std::uint32_t b) {  // reserve order
+        if (cand_spike_[a] != cand_spike_[b]) return cand_spike_[a] > cand_spike_[b];
+        return seqs[cand_row_[a]] > seqs[cand_row_[b]];
+      };
+      std::nth_element(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k),
+                       order_.end(), before);
+      order_.resize(k);
+    }
+    for (std::uint32_t i : order_) keep(cand_row_[i]);
+  }
+  /// RecallDedup, per (layer, KV head): the distinct signatures of the head's rows numbered
+  /// 0, 1, ... (ids_ holds each row's number) through a flat open-addressing table, and
+  /// per number keep_distinct's scratch (stamp: the decision that last met it; best: its
+  /// best candidate in that decision).
+  struct Interned {
+    std::vector<std::uint64_t> keys;   ///< table slots: a signature
+    std::vector<std::uint32_t> slots;  ///< its number + 1; 0 = empty slot
+    std::uint32_t n = 0;               ///< numbers handed out
+    std::vector<std::uint32_t> stamp, best;
+    std::uint32_t epoch = 0;
+    bool valid = false;  ///< ids_ numbers the head's rows by this table
+  };
+  /// The number of signature `sig` in `in` (a new one if it has none).
+  static std::uint32_t intern(Interned& in, std::uint64_t sig) {
+    if (2 * (static_cast<std::size_t>(in.n) + 1) > in.keys.size()) {  // load at most 1/2
+      std::vector<std::uint64_t> keys(std::max<std::size_t>(64, 2 * in.keys.size()));
+      std::vector<std::uint32_t> slots(keys.size(), 0);
+      for (std::size_t i = 0; i < in.keys.size(); ++i)
+        if (in.slots[i] != 0) place(keys, slots, in.keys[i], in.slots[i]);
+      in.keys.swap(keys);
+      in.slots.swap(slots);
+    }
+    const std::size_t mask = in.keys.size() - 1;
+    for (std::size_t i = slot_of(sig, mask);; i = (i + 1) & mask) {
+      if (in.slots[i] == 0) {
+        in.keys[i] = sig;
+        in.slots[i] = ++in.n;
+        return in.n - 1;
+      }
+      if (in.keys[i] == sig) return in.slots[i] - 1;
+    }
+  }
+  static std::size_t slot_of(std::uint64_t sig, std::size_t mask) {
+    std::uint64_t x = sig * 0x9E3779B97F4A7C15ULL;
+    return static_cast<std::size_t>(x ^ (x >> 32)) & mask;
+  }
+  static void place(std::vector<std::uint64_t>& keys, std::vector<std::uint32_t>& slots,
+                    std::uint64_t sig, std::uint32_t slot) {
+    const std::size_t mask = keys.size() - 1;
+    std::size_t i = slot_of(sig, mask);
+    while (slots[i] != 0) i = (i + 1) & mask;
+    keys[i] = sig;
+    slots[i] = slot;
+  }
+  /// Numbers the signatures of a head's rows afresh (ids: each row's number).
+  static void renumber(Interned& in, const std::vector<std::uint64_t>& sigs,
+                       std::vector<std::uint32_t>& ids) {
+    std::fill(in.slots.begin(), in.slots.end(), 0u);
+    in.n = 0;
+    ids.resize(sigs.size());
+    for (std::size_t r = 0; r < sigs.size(); ++r) ids[r] = intern(in, sigs[r]);
+    std::fill(in.stamp.begin(), in.stamp.end(), 0u);
+    in.epoch = 0;
+    in.valid = true;
   }
 
   /// recall_successor: walks the candidates from the largest rank down (ties: the newer row
@@ -923,40 +989,43 @@ class DecayedAttention {
     }
   }
 
-  /// RecallDedup::protected_rows: brings the head's band (the signatures of its protected
-  /// rows: sinks, and the rows at or after the band's first arrival) up to this decision.
-  /// Rows enter it in on_append; rows that left the band are dropped here, oldest first;
-  /// it is rebuilt from the rows when unset (bind, load_state) or when the band widened
-  /// (a larger budget), since rows of the wider band arrived before it was tracked.
+  /// RecallDedup::protected_rows: brings the head's band (how many of its protected rows,
+  /// sinks and the rows at or after the band's first arrival, have each signature number)
+  /// up to this decision. Rows enter it in on_append; rows that left the band are dropped
+  /// here, oldest first; it is rebuilt from the rows when unset (bind, load_state, a
+  /// renumbering) or when the band widened (a larger budget), since rows of the wider band
+  /// arrived before it was tracked.
   template <class S>
   void update_band(const HeadView<S>& v) {
-    Band& b = bands_[head_index(v.layer, v.kv_head)];
+    const std::size_t h = head_index(v.layer, v.kv_head);
+    Band& b = bands_[h];
     const std::size_t recent = recent_for(v.capacity);
     const std::uint64_t lo = v.incoming_seq >= recent ? v.incoming_seq - recent : 0;
     if (!b.valid || lo < b.lo) {
-      const auto& sig = sigs_.of(v.layer, v.kv_head);
-      b.count.clear();
+      const auto& id = ids_.of(v.layer, v.kv_head);
+      b.count.assign(interned_[h].n, 0u);
       b.recent.clear();
       for (std::size_t r = 0; r < v.size; ++r) {
         if (v.seqs[r] >= config_.sinks && v.seqs[r] < lo) continue;
-        ++b.count[sig[r]];
-        if (v.seqs[r] >= config_.sinks) b.recent.push_back({v.seqs[r], sig[r]});
+        ++b.count[id[r]];
+        if (v.seqs[r] >= config_.sinks) b.recent.push_back({v.seqs[r], id[r]});
       }
       std::sort(b.recent.begin(), b.recent.end());
       b.valid = true;
     }
     while (!b.recent.empty() && b.recent.front().first < lo) {
-      const auto it = b.count.find(b.recent.front().second);
-      if (--it->second == 0) b.count.erase(it);
+      --b.count[b.recent.front().second];
       b.recent.pop_front();
     }
     b.lo = lo;
   }
-  KVEVICT_DEFER void band_append(int layer, int kv_head, std::uint64_t seq, std::uint64_t sig) {
-    Band& b = bands_[head_index(layer, kv_head)];
+  KVEVICT_DEFER void band_append(int layer, int kv_head, std::uint64_t seq, std::uint32_t id) {
+    const std::size_t h = head_index(layer, kv_head);
+    Band& b = bands_[h];
     if (!b.valid) return;  // rebuilt from the rows at the next decision
-    ++b.count[sig];
-    if (seq >= config_.sinks) b.recent.push_back({seq, sig});
+    if (b.count.size() < interned_[h].n) b.count.resize(interned_[h].n, 0u);
+    ++b.count[id];
+    if (seq >= config_.sinks) b.recent.push_back({seq, id});
   }
 
   /// The head's rows or scores changed: its kept protection no longer holds.
@@ -1014,15 +1083,14 @@ class DecayedAttention {
   std::vector<std::uint32_t> cand_row_, top_;
   std::size_t cand_n_ = 0;  ///< candidates in cand_spike_ / cand_row_ (keep_recalled)
   std::vector<Tie> ties_;
-  std::unordered_set<std::uint64_t> seen_;  ///< RecallDedup: signatures already represented
-  std::vector<std::uint32_t> order_;  ///< RecallDedup: candidates in reserve order
-  std::vector<std::uint32_t> chosen_;  ///< RecallDedup: rows kept by this decision
-  std::unordered_map<std::uint64_t, std::uint32_t> best_;  ///< RecallDedup: signature -> best candidate
+  std::vector<std::uint32_t> order_;  ///< RecallDedup: signatures, then candidates; recall_successor: candidates
+  detail::RowColumn<std::uint32_t> ids_;  ///< RecallDedup: signature number of each row
+  std::vector<Interned> interned_;        ///< RecallDedup: per (layer, KV head)
   std::unordered_map<std::uint64_t, std::uint32_t> row_of_;  ///< recall_successor: arrival index -> row
-  /// RecallDedup::protected_rows, per (layer, KV head): the protected rows' signatures.
+  /// RecallDedup::protected_rows, per (layer, KV head): the protected rows' signature numbers.
   struct Band {
-    std::deque<std::pair<std::uint64_t, std::uint64_t>> recent;  ///< (seq, signature), oldest first
-    std::unordered_map<std::uint64_t, std::uint32_t> count;      ///< signature -> protected rows
+    std::deque<std::pair<std::uint64_t, std::uint32_t>> recent;  ///< (seq, number), oldest first
+    std::vector<std::uint32_t> count;  ///< per signature number: protected rows with it
     std::uint64_t lo = 0;  ///< the band's first arrival at the last decision
     bool valid = false;
   };
