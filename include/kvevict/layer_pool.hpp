@@ -107,10 +107,13 @@ struct LayerPool {
       }
       p.total.push_back(total);
       const double frac = b.pool_options().rebalance_fraction;
-      if (frac > 0.0)  // steps in which the frozen steps take in frac of the pool's rows
-        p.every_at.push_back(std::max<std::size_t>(
+      if (frac > 0.0) {  // steps in which the frozen steps take in frac of the pool's rows
+        const std::size_t every = std::max<std::size_t>(
             1, static_cast<std::size_t>(std::floor(frac * static_cast<double>(total) /
-                                                   static_cast<double>(g.n_kv_heads)))));
+                                                   static_cast<double>(g.n_kv_heads))));
+        // PoolOptions::rebalance_min: a pool this small re-splits on every step.
+        p.every_at.push_back(every < b.pool_options().rebalance_min ? 1 : every);
+      }
       for (std::size_t i = first; i < first + width; ++i) p.ceiling.push_back(total - (floors - p.floor[i]));
     }
     return p;
