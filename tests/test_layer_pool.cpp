@@ -678,13 +678,13 @@ TEST_CASE("pooled DecayedAttention: total, floors, protection, bit-exact rows, b
   }
   // PoolOptions::rebalance_min: the fraction's interval (4 here) below it re-splits on every
   // step; at or above it, unchanged.
-  SECTION("recommended(), share capacity, model scope, schedule every 1/16 of the pool, at least 5: every step") {
+  SECTION("recommended(), model scope, schedule 1/16 (every 4), min 5: every step") {
     drive_and_check(rec, 32,
                     {.floor_fraction = 0.25, .capacity = Cap::share, .scope = Scope::model, .share_exponent = 0.5,
                      .frozen = Frozen::schedule, .rebalance_fraction = 1.0 / 16, .rebalance_min = 5},
                     1, rec.recent_for(8), true);
   }
-  SECTION("recommended(), share capacity, per layer, schedule every 1/8 of the pool, at least 4: every 4") {
+  SECTION("recommended(), per layer, schedule 1/8 (every 4), min 4: every 4") {
     drive_and_check(rec, 32,
                     {.floor_fraction = 0.25, .capacity = Cap::share, .frozen = Frozen::schedule,
                      .rebalance_fraction = 1.0 / 8, .rebalance_min = 4},
