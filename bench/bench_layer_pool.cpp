@@ -6,7 +6,7 @@
 // share_exponent 1/2); and that setting with the split re-decided on some steps of the pool
 // only (the amortised split, stop 39; every step in the others): its frozen steps follow
 // the eviction schedule (PoolOptions::Frozen::schedule, stop 40; stop 39's binary measured
-// Frozen::own every 32 appends there), re-split once they took in kRebalanceFraction of the
+// Frozen::own every 32 appends there), re-split once they took in --rebalance_fraction (default 1/40) of the
 // pool's rows (PoolOptions::rebalance_fraction). Per decode token every layer appends (the eviction decision +
 // storage), attends (the reference kernel) and observes. Thread CPU time per phase, summed
 // over the layers; the counters are per token. The caches of one B are filled once (B + 256
@@ -40,7 +40,10 @@ const Geometry kGeometry{4, 32, 8, 128};
 // steps took in 1/40 of the pool's rows (PoolOptions::rebalance_fraction; chosen on
 // stories260K's tuning streams, llama2c_headline --adaptive --tune --rebalance-grid): every
 // floor(32 B / 40 / 8) appends here, 102 at 1024 rows, 409 at 4096.
-constexpr double kRebalanceFraction = 1.0 / 40;
+// Stop 41: --rebalance_fraction=F and --rebalance_min=M (PoolOptions::rebalance_min; no
+// effect at these pools' sizes for M <= 100) set the amortised cache instead.
+double g_rebalance_fraction = 1.0 / 40;
+std::size_t g_rebalance_min = 0;
 
 using kvbench::cpu_ns;
 using Tokens = kvbench::StepTokens;
@@ -79,11 +82,12 @@ void token(Cache& cache, const Tokens& tk, std::size_t t, Times* times) {
 struct Caches {
   Cache uniform, layer, model, scaled, amortised;
   std::size_t t = 0;
-  static PoolOptions options(PoolOptions::Scope scope, double exponent, double fraction = 0.0) {
+  static PoolOptions options(PoolOptions::Scope scope, double exponent, double fraction = 0.0,
+                             std::size_t min = 0) {
     return {.floor_fraction = 0.25, .capacity = PoolOptions::Capacity::share, .scope = scope,
             .share_exponent = exponent,
             .frozen = fraction > 0.0 ? PoolOptions::Frozen::schedule : PoolOptions::Frozen::own,
-            .rebalance_fraction = fraction};
+            .rebalance_fraction = fraction, .rebalance_min = min};
   }
   explicit Caches(long long cap)
       : uniform(kGeometry, Budget::uniform(cap), policies::DecayedAttention::recommended()),
@@ -94,7 +98,8 @@ struct Caches {
         scaled(kGeometry, Budget::uniform(cap).pooled(options(PoolOptions::Scope::model, 0.5)),
                policies::DecayedAttention::recommended()),
         amortised(kGeometry,
-                  Budget::uniform(cap).pooled(options(PoolOptions::Scope::model, 0.5, kRebalanceFraction)),
+                  Budget::uniform(cap).pooled(
+                      options(PoolOptions::Scope::model, 0.5, g_rebalance_fraction, g_rebalance_min)),
                   policies::DecayedAttention::recommended()) {}
   void all(const Tokens& tk, Times* tu, Times* tl, Times* tm, Times* ts, Times* ta) {
     token(uniform, tk, t, tu);
@@ -153,6 +158,17 @@ int main(int argc, char** argv) {
       benchmark::AddCustomContext("cpu", line.substr(line.find(':') + 2));
       break;
     }
+  // Our flags, removed before the benchmark library reads the rest.
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--rebalance_fraction=", 0) == 0) g_rebalance_fraction = std::stod(a.substr(21));
+    else if (a.rfind("--rebalance_min=", 0) == 0) g_rebalance_min = std::stoul(a.substr(16));
+    else argv[kept++] = argv[i];
+  }
+  argc = kept;
+  benchmark::AddCustomContext("amortised", "rebalance_fraction " + std::to_string(g_rebalance_fraction) +
+                                               ", rebalance_min " + std::to_string(g_rebalance_min));
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

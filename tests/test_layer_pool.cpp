@@ -266,6 +266,11 @@ TEST_CASE("pool_schedule_take equals its rule written out, and pooled_victim_cou
     scheduled += schedule.size() > 1;
   }
   REQUIRE(scheduled > 300);
+  // pooled_schedule_counts (the long list) ran both with its guessed bound holding and
+  // with every finite row gathered.
+  INFO("guessed " << scratch.guessed << ", rescanned " << scratch.rescanned);
+  REQUIRE(scratch.guessed > 100);
+  REQUIRE(scratch.rescanned > 100);
 }
 TEST_CASE("pool_contenders keeps every row that can be among the first k, and no more", "[pool]") {
   kvtest::Rng rng(38);
@@ -372,10 +377,11 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
   const std::size_t hkv = std::size_t(g.n_kv_heads), heads = hkv * std::size_t(g.n_layers);
   const std::size_t width = model ? heads : hkv;
   const std::size_t total = B * width;
-  // rebalance_fraction f > 0: every floor(f x total / Hkv) steps (at least 1).
-  const std::size_t every = o.rebalance_fraction > 0.0
-                                ? std::max<std::size_t>(1, std::size_t(o.rebalance_fraction * double(total) / double(hkv)))
-                                : o.rebalance_every;
+  // rebalance_fraction f > 0: every floor(f x total / Hkv) steps (at least 1); below
+  // rebalance_min steps, every step.
+  const std::size_t every_f = std::max<std::size_t>(1, std::size_t(o.rebalance_fraction * double(total) / double(hkv)));
+  const std::size_t every = o.rebalance_fraction > 0.0 ? (every_f < o.rebalance_min ? 1 : every_f)
+                                                       : o.rebalance_every;
   REQUIRE(cache.layer_total(0) == total);
   const std::size_t floor = std::max(cache.policy().min_capacity(),
                                      std::size_t(std::ceil(o.floor_fraction * double(B))));
@@ -670,6 +676,20 @@ TEST_CASE("pooled DecayedAttention: total, floors, protection, bit-exact rows, b
                      .rebalance_fraction = 1.0 / 8},
                     1, rec.recent_for(8), true);
   }
+  // PoolOptions::rebalance_min: the fraction's interval (4 here) below it re-splits on every
+  // step; at or above it, unchanged.
+  SECTION("recommended(), model scope, schedule 1/16 (every 4), min 5: every step") {
+    drive_and_check(rec, 32,
+                    {.floor_fraction = 0.25, .capacity = Cap::share, .scope = Scope::model, .share_exponent = 0.5,
+                     .frozen = Frozen::schedule, .rebalance_fraction = 1.0 / 16, .rebalance_min = 5},
+                    1, rec.recent_for(8), true);
+  }
+  SECTION("recommended(), per layer, schedule 1/8 (every 4), min 4: every 4") {
+    drive_and_check(rec, 32,
+                    {.floor_fraction = 0.25, .capacity = Cap::share, .frozen = Frozen::schedule,
+                     .rebalance_fraction = 1.0 / 8, .rebalance_min = 4},
+                    1, rec.recent_for(8), true);
+  }
   SECTION("H2O, model scope, schedule every 16") {
     drive_and_check(pol::H2O({.recent = 4, .sinks = 1}), 16,
                     {.floor_fraction = 0.25, .scope = Scope::model, .rebalance_every = 16, .frozen = Frozen::schedule},
@@ -898,6 +918,9 @@ TEST_CASE("pooled budgets: bad input is a kvevict::Error, save refuses", "[pool]
                       Catch::Contains("rebalance_fraction = 1.5"));
   REQUIRE_THROWS_AS(Budget::uniform(8).pooled({.rebalance_fraction = -0.1}), Error);
   REQUIRE_THROWS_AS(Budget::uniform(8).pooled({.rebalance_fraction = std::nan("")}), Error);
+  REQUIRE_THROWS_WITH(Budget::uniform(8).pooled({.rebalance_min = (std::size_t{1} << 20) + 1}),
+                      Catch::Contains("rebalance_min = 1048577"));
+  REQUIRE_NOTHROW(Budget::uniform(8).pooled({.rebalance_min = std::size_t{1} << 20}));
   const Geometry g{1, 2, 2, 4};
   KVCache<pol::H2O> c(g, Budget::uniform(8).pooled(), pol::H2O({.recent = 2}));
   REQUIRE_THROWS_WITH(kvevict::save_bytes(c), Catch::Contains("pooled"));

@@ -682,6 +682,10 @@ class ContainerCore {
         const auto [first, last] = pool_.heads_of(layer, hkv);
         pool_victims_.resize(heads_.size());
         for (std::size_t i = first; i < last; ++i) pool_victims_[i].clear();
+        if constexpr (HasPrefetchHead<Policy>)  // the named heads are cold: overlap their reads
+          for (std::size_t i = first; i < last; ++i)
+            if (pool_counts_[i - first] > 0)
+              policy_.prefetch_head(static_cast<int>(i / hkv), static_cast<int>(i % hkv));
         pooled_victims_of(first, last, layer, pool_, view, pool_victims_, false);
       } else {
         new_schedule = pool_.schedule && pool_.every_of(pool_.pool_of(layer)) > 1;

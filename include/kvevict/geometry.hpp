@@ -119,6 +119,12 @@ struct PoolOptions {
   /// Measured on stories260K with Frozen::schedule (docs/quality.md, "An eviction schedule
   /// for the amortised split, stop 40").
   double rebalance_fraction = 0.0;
+  /// With rebalance_fraction > 0: a pool whose interval from the fraction comes out below
+  /// rebalance_min steps re-splits on every step instead (R = 1), so a small pool, whose
+  /// costs go stale within a few steps, keeps the every-step split while a large one
+  /// amortises it. In [0, 2^20]; 0 (the default) and 1: no such rule. Measured on
+  /// stories260K (docs/quality.md, "The pooled schedule, stop 41").
+  std::size_t rebalance_min = 0;
 };
 
 /// Rows a cache may hold: one count per (layer, KV head). `unbounded()` is the full cache.
@@ -202,6 +208,8 @@ class Budget {
     detail::require(std::isfinite(o.rebalance_fraction) && o.rebalance_fraction >= 0.0 &&
                         o.rebalance_fraction <= 1.0,
                     "budget: pooled rebalance_fraction = ", o.rebalance_fraction, ", expected in [0, 1]");
+    detail::require(o.rebalance_min <= (std::size_t{1} << 20),
+                    "budget: pooled rebalance_min = ", o.rebalance_min, ", expected in [0, 2^20]");
     detail::require(o.frozen == PoolOptions::Frozen::own || o.frozen == PoolOptions::Frozen::schedule,
                     "budget: pooled frozen = ", static_cast<int>(o.frozen),
                     ", expected PoolOptions::Frozen::own or schedule");

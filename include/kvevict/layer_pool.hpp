@@ -107,10 +107,13 @@ struct LayerPool {
       }
       p.total.push_back(total);
       const double frac = b.pool_options().rebalance_fraction;
-      if (frac > 0.0)  // steps in which the frozen steps take in frac of the pool's rows
-        p.every_at.push_back(std::max<std::size_t>(
+      if (frac > 0.0) {  // steps in which the frozen steps take in frac of the pool's rows
+        const std::size_t every = std::max<std::size_t>(
             1, static_cast<std::size_t>(std::floor(frac * static_cast<double>(total) /
-                                                   static_cast<double>(g.n_kv_heads)))));
+                                                   static_cast<double>(g.n_kv_heads))));
+        // PoolOptions::rebalance_min: a pool this small re-splits on every step.
+        p.every_at.push_back(every < b.pool_options().rebalance_min ? 1 : every);
+      }
       for (std::size_t i = first; i < first + width; ++i) p.ceiling.push_back(total - (floors - p.floor[i]));
     }
     return p;
@@ -156,6 +159,11 @@ struct PoolScratch {
   std::vector<Cand> head_rows, chosen;
   std::vector<std::uint32_t> rows;  ///< a head's rows at or below a guessed bound
   std::vector<float> bound;         ///< pool_contenders: the gathered rows' costs
+  /// pooled_schedule_counts: a guess at the cost bound of the next long selection (the
+  /// last one's last kept cost, 5% over; NaN: none yet), and how often the guess held
+  /// (`guessed`) or the selection gathered every finite row (`rescanned`), for the tests.
+  float schedule_guess = std::numeric_limits<float>::quiet_NaN();
+  std::size_t guessed = 0, rescanned = 0;
   static bool before(const Cand& a, const Cand& b) {
     if (a.cost != b.cost) return a.cost < b.cost;
     if (a.seq != b.seq) return a.seq < b.seq;
@@ -222,6 +230,75 @@ struct PoolHead {
   bool reuse = false;  ///< prefix was stored for these very costs and rows (else rebuilt)
 };
 
+/// pooled_victim_counts with a schedule (`extra` > 0, `need` > 0) and no head above its
+/// ceiling: the same counts and list, from one pass over the pool instead of a sorted
+/// prefix per head. Every head offers its min(rows above its floor, need + extra) cheapest
+/// finite rows; the list is the first need + extra offered rows of the pool. A bound on
+/// the cost: a head's finite rows at or below it are its cheapest, so the offered rows at
+/// or below it are exactly the gathered rows, each head's trimmed to what it offers (its
+/// cheapest by (cost, seq)); once they are at least need + extra, the rows chosen are the
+/// first of them (every other offered row costs more). First the bound guessed from the
+/// last such selection, then, when fewer rows lie below it, every finite row (the
+/// gathered rows are then every offered row). One nth_element and one sort of the kept
+/// rows give the order. The heads' kept prefixes are cleared (no sorted prefix is built).
+KVEVICT_DEFER inline void pooled_schedule_counts(std::span<const PoolHead> heads, std::size_t need,
+                                   std::size_t extra, std::vector<std::size_t>& counts,
+                                   PoolScratch& s, const char* policy,
+                                   std::vector<std::uint32_t>& schedule) {
+  constexpr float top = std::numeric_limits<float>::max();
+  const std::size_t kept = need + extra;
+  const auto less = [](const PoolScratch::Cand& a, const PoolScratch::Cand& b) {
+    return PoolScratch::before(a, b);
+  };
+  float bound = std::isnan(s.schedule_guess) ? top : s.schedule_guess;
+  std::size_t offered = 0;
+  for (;;) {
+    s.chosen.clear();
+    offered = 0;
+    for (std::size_t hi = 0; hi < heads.size(); ++hi) {
+      const auto& h = heads[hi];
+      if (h.prefix) {
+        h.prefix->rows.clear();
+        h.prefix->complete = false;
+      }
+      const std::size_t end = h.size + h.incoming;
+      const std::size_t want = std::min(end > h.floor ? end - h.floor : 0, kept);
+      if (want == 0 || h.size == 0) continue;
+      auto& idx = s.rows;
+      if (idx.size() < h.size) idx.resize(h.size);
+      std::size_t evictable = 0;
+      std::size_t m = kernels::gather_at_most(h.costs, h.size, bound, idx.data(), &evictable);
+      offered += std::min(want, evictable);
+      if (m > want) m = pool_contenders(h.costs, idx.data(), m, want, s.bound);
+      const auto head_of = static_cast<std::uint32_t>(hi);
+      const std::size_t from = s.chosen.size();
+      for (std::size_t j = 0; j < m; ++j)
+        s.chosen.push_back(PoolScratch::Cand{h.costs[idx[j]], h.seqs[idx[j]], head_of});
+      if (m > want) {  // ties at the head's want-th cost: its first `want` by (cost, seq)
+        const auto first = s.chosen.begin() + static_cast<std::ptrdiff_t>(from);
+        std::nth_element(first, first + static_cast<std::ptrdiff_t>(want - 1), s.chosen.end(), less);
+        s.chosen.resize(from + want);
+      }
+    }
+    if (s.chosen.size() >= kept || bound == top) break;
+    bound = top;  // too few below the guess: every finite row
+  }
+  (bound == top ? s.rescanned : s.guessed) += 1;
+  if (offered < need)
+    throw std::logic_error(std::string("kvevict: policy ") + policy + ": the layer must give up " +
+                           std::to_string(need) + " more rows but only " + std::to_string(offered) +
+                           " are evictable above the heads' floors");
+  const std::size_t keep = std::min(kept, s.chosen.size());
+  if (keep < s.chosen.size())
+    std::nth_element(s.chosen.begin(), s.chosen.begin() + static_cast<std::ptrdiff_t>(keep - 1), s.chosen.end(), less);
+  std::sort(s.chosen.begin(), s.chosen.begin() + static_cast<std::ptrdiff_t>(keep), less);
+  if (keep > 0) s.schedule_guess = std::min(s.chosen[keep - 1].cost * 1.05f, top);
+  for (std::size_t j = 0; j < keep; ++j) {
+    if (j < need) ++counts[s.chosen[j].head];
+    else schedule.push_back(s.chosen[j].head);
+  }
+}
+
 /// Victims per head of one layer (counts[h]); see the header comment for the rule. Throws
 /// std::logic_error naming `policy` when the finite costs cannot cover what the layer must
 /// give up (a policy that marks too many rows as not evictable), before anything changed.
@@ -244,6 +321,10 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
   for (const auto& h : heads) over_ceiling |= h.size + h.incoming > h.ceiling;
   if (need == 0 && !over_ceiling) return;
   if (need == 0) extra = 0;  // nothing to schedule: the pool is not full
+  if (extra > 0 && !over_ceiling) {  // the long list: one pass over the pool
+    pooled_schedule_counts(heads, need, extra, counts, s, policy, *schedule);
+    return;
+  }
   // The kept prefixes are cold (read once per step, by the reuse or the guessed bound):
   // start their reads for every head at once.
   for (const auto& h : heads)

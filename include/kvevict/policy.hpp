@@ -222,6 +222,13 @@ template <class P, class Scalar = float>
 concept HasPooledVictims = requires(P& p, const HeadView<Scalar>& v, std::vector<std::uint32_t>& out) {
   p.pooled_victims(v, out);
 };
+/// Optional: `prefetch_head(layer, kv_head)` starts the reads of the columns the policy's
+/// next decision on that head reads. A hint only (no decision may depend on it). A pooled
+/// budget's frozen step under PoolOptions::Frozen::schedule calls it for every head the
+/// schedule names before deciding any of them: those heads are spread over the layers, so
+/// each one's columns are cold and their reads can overlap.
+template <class P>
+concept HasPrefetchHead = requires(const P& p, int layer, int kv_head) { p.prefetch_head(layer, kv_head); };
 template <class P>
 concept HasPrefillKeep = requires(P& p, const PrefillView& v, std::vector<std::uint32_t>& keep) {
   p.prefill_keep(v, keep);

@@ -289,6 +289,12 @@ class DecayedAttention {
     }
     choose_victims(v, out);
   }
+  /// HasPrefetchHead: starts the reads of the head's columns a decision reads (the scores;
+  /// with the recall reserve also the spikes and arrival indices). No effect on results.
+  KVEVICT_DEFER void prefetch_head(int layer, int kv_head) const {
+    if (recalls()) prefetch_columns(layer, kv_head);
+    else prefetch_rows(scores_.of(layer, kv_head));
+  }
   template <class S>
   void on_append(const HeadView<S>& v, std::size_t row) {
     forget(v.layer, v.kv_head);
