@@ -1,0 +1,202 @@
+// RecallDedup's key signature (policies::detail::key_signature) since stop 41: the values
+// kernel (kernels::signature_values) equal at every ISA level to its scalar form bit for
+// bit; the word-wise FNV-1a equal to byte-serial FNV-1a; the signature equal to the
+// definition written out; and the count of keys whose signature differs from the
+// pre-stop-41 definition (std::hypot pair lengths, squares summed in index order).
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include <kvevict/kernels/key_signature.hpp>
+#include <kvevict/policies/common.hpp>
+
+#include "support/recall_support.hpp"
+
+using namespace kvevict;
+using kernels::Isa;
+using kernels::KeyPairs;
+using policies::RopeLayout;
+using policies::detail::key_signature;
+using policies::detail::llround_exact;
+
+namespace {
+
+std::uint64_t fnv_bytes(std::uint64_t h, std::uint64_t u) {
+  for (int b = 0; b < 8; ++b, u >>= 8) {
+    h ^= u & 0xffu;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// The signature as defined in key_signature's comment, from the scalar values, with
+// byte-serial FNV-1a.
+std::uint64_t defined_signature(const float* k, std::size_t d, KeyPairs pairs, float step) {
+  std::vector<double> v(1 + d);
+  const std::size_t n = kernels::signature_values(Isa::scalar, k, d, pairs, step, v.data());
+  if (n == 0) return 0;
+  std::uint64_t h = 14695981039346656037ull;
+  for (std::size_t i = 0; i < n; ++i) h = fnv_bytes(h, static_cast<std::uint64_t>(std::llround(v[i])));
+  return h;
+}
+
+// The definition before stop 41 (std::hypot, squares summed in index order), kept here to
+// count the keys whose signature the new definition changes.
+std::uint64_t old_signature(const float* k, std::size_t d, RopeLayout rope, float step) {
+  double sq = 0.0;
+  for (std::size_t i = 0; i < d; ++i) sq += static_cast<double>(k[i]) * static_cast<double>(k[i]);
+  if (!(sq > 0.0)) return 0;
+  const double norm = std::sqrt(sq);
+  std::uint64_t h = 14695981039346656037ull;
+  const auto mix = [&](double x) {
+    h = fnv_bytes(h, static_cast<std::uint64_t>(std::llround(x / static_cast<double>(step))));
+  };
+  mix(std::log(norm));
+  if (rope == RopeLayout::none) {
+    for (std::size_t i = 0; i < d; ++i) mix(static_cast<double>(k[i]) / norm);
+    return h;
+  }
+  const std::size_t pairs = d / 2;
+  for (std::size_t j = 0; j < pairs; ++j) {
+    const std::size_t a = rope == RopeLayout::halves ? j : 2 * j;
+    const std::size_t b = rope == RopeLayout::halves ? j + pairs : 2 * j + 1;
+    mix(std::hypot(static_cast<double>(k[a]), static_cast<double>(k[b])) / norm);
+  }
+  return h;
+}
+
+// A key of d floats: normal coordinates times a per-key scale 10^e (e in [-30, 30]), with,
+// by `kind`, per-coordinate scales too, exact zeros, subnormals or repeated coordinates.
+std::vector<float> random_key(std::mt19937_64& rng, std::size_t d, int kind) {
+  std::normal_distribution<float> nd;
+  std::uniform_int_distribution<int> ex(-30, 30), coin(0, 3);
+  const float scale = std::pow(10.0f, static_cast<float>(ex(rng)));
+  std::vector<float> k(d);
+  for (std::size_t i = 0; i < d; ++i) {
+    float x = nd(rng) * scale;
+    if (kind == 1) x *= std::pow(10.0f, static_cast<float>(ex(rng) / 3));
+    if (kind == 2 && coin(rng) == 0) x = 0.0f;
+    if (kind == 3 && coin(rng) == 0) x = std::numeric_limits<float>::denorm_min() * static_cast<float>(1 + coin(rng));
+    if (kind == 4 && i > 0 && coin(rng) == 0) x = k[i - 1];
+    k[i] = x;
+  }
+  return k;
+}
+
+std::vector<Isa> levels() {
+  std::vector<Isa> out{Isa::scalar};
+  for (Isa i : {Isa::avx2, Isa::avx512})
+    if (kernels::isa_supported(i)) out.push_back(i);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("signature_values: every level equals the scalar form bit for bit", "[recall][kernels]") {
+  std::mt19937_64 rng(41);
+  std::size_t compared = 0;
+  for (std::size_t d : {2, 4, 6, 8, 10, 14, 16, 30, 62, 64, 66, 126, 128, 130, 256}) {
+    for (KeyPairs pairs : {KeyPairs::none, KeyPairs::interleaved, KeyPairs::halves}) {
+      for (int kind = 0; kind < 5; ++kind) {
+        for (int rep = 0; rep < 40; ++rep) {
+          const auto k = random_key(rng, d, kind);
+          for (float step : {0.1f, 0.037f, 1.0f}) {
+            std::vector<double> ref(1 + d, -1.0), got(1 + d, -1.0);
+            const std::size_t n = kernels::signature_values(Isa::scalar, k.data(), d, pairs, step, ref.data());
+            for (Isa isa : levels()) {
+              std::fill(got.begin(), got.end(), -1.0);
+              INFO("d " << d << " pairs " << static_cast<int>(pairs) << " kind " << kind << " isa "
+                        << kernels::isa_name(isa));
+              REQUIRE(kernels::signature_values(isa, k.data(), d, pairs, step, got.data()) == n);
+              CHECK(std::memcmp(ref.data(), got.data(), n * sizeof(double)) == 0);
+              ++compared;
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK(compared > 10000);
+}
+
+TEST_CASE("signature_values: a zero or non-finite key gives no values", "[recall][kernels]") {
+  for (Isa isa : levels()) {
+    std::vector<double> out(9);
+    const std::vector<float> zero(8, 0.0f);
+    CHECK(kernels::signature_values(isa, zero.data(), 8, KeyPairs::interleaved, 0.1f, out.data()) == 0);
+    std::vector<float> nan(8, 1.0f);
+    nan[3] = std::numeric_limits<float>::quiet_NaN();
+    CHECK(kernels::signature_values(isa, nan.data(), 8, KeyPairs::halves, 0.1f, out.data()) == 0);
+    CHECK_THROWS_AS(kernels::signature_values(isa, zero.data(), 7, KeyPairs::interleaved, 0.1f, out.data()),
+                    std::invalid_argument);
+  }
+  std::vector<double> out(1);
+  CHECK(kernels::signature_values(nullptr, 0, KeyPairs::none, 0.1f, out.data()) == 0);
+  CHECK_THROWS_AS(kernels::signature_values(nullptr, 4, KeyPairs::none, 0.1f, out.data()),
+                  std::invalid_argument);
+}
+
+TEST_CASE("fnv1a_word is byte-serial FNV-1a", "[recall]") {
+  using policies::detail::fnv1a_word;
+  std::mt19937_64 rng(7);
+  std::vector<std::uint64_t> words{0, 1, 0xff, 0x100, 0xffff, 0x10000, ~0ull, 1ull << 63,
+                                   static_cast<std::uint64_t>(-1ll), static_cast<std::uint64_t>(-2ll),
+                                   static_cast<std::uint64_t>(-256ll), 0x00ff00ff00ff00ffull};
+  for (int i = 0; i < 64; ++i) words.push_back(1ull << i);
+  for (int i = 0; i < 20000; ++i) {
+    const std::uint64_t u = rng();
+    words.push_back(u);
+    words.push_back(u >> (u % 64));
+    words.push_back(static_cast<std::uint64_t>(static_cast<std::int64_t>(u % 41) - 20));
+  }
+  std::uint64_t h = 14695981039346656037ull, g = h;
+  for (std::uint64_t u : words) {
+    INFO("u = " << u);
+    REQUIRE(fnv1a_word(h, u) == fnv_bytes(h, u));
+    h = fnv1a_word(h, u);
+    g = fnv_bytes(g, u);
+  }
+  CHECK(h == g);
+}
+
+TEST_CASE("key_signature is the defined signature", "[recall]") {
+  std::mt19937_64 rng(5);
+  for (std::size_t d : {2, 8, 64, 128, 300, 600}) {
+    for (RopeLayout rope : {RopeLayout::none, RopeLayout::interleaved, RopeLayout::halves}) {
+      const KeyPairs pairs = policies::detail::key_pairs(rope);
+      for (int kind = 0; kind < 5; ++kind) {
+        for (int rep = 0; rep < 20; ++rep) {
+          const auto k = random_key(rng, d, kind);
+          INFO("d " << d << " rope " << static_cast<int>(rope) << " kind " << kind);
+          CHECK(key_signature(k.data(), d, rope, 0.1f) == defined_signature(k.data(), d, pairs, 0.1f));
+        }
+      }
+    }
+  }
+}
+
+// The change of definition at stop 41: how many signatures differ from the old ones over
+// random keys of many magnitudes (the count is reported in docs/policies/decayed_attention.md;
+// the real model's keys are counted by bench/signature_change_count).
+TEST_CASE("key_signature: random keys keep their pre-stop-41 signatures", "[recall]") {
+  std::mt19937_64 rng(2026);
+  std::size_t keys = 0, differ = 0;
+  for (std::size_t d : {8, 64, 128}) {
+    for (RopeLayout rope : {RopeLayout::none, RopeLayout::interleaved, RopeLayout::halves}) {
+      for (int kind = 0; kind < 5; ++kind) {
+        for (int rep = 0; rep < 2000; ++rep) {
+          const auto k = random_key(rng, d, kind);
+          for (float step : {0.1f, 0.05f, 0.3f}) {
+            ++keys;
+            differ += key_signature(k.data(), d, rope, step) != old_signature(k.data(), d, rope, step);
+          }
+        }
+      }
+    }
+  }
+  WARN("keys " << keys << ", signatures changed " << differ);
+  CHECK(keys == 270000);
+  CHECK(differ == 0);
+}
