@@ -49,11 +49,10 @@ namespace kvevict::policies::detail {
 /// values (already integers) and NaN take std::llround itself.
 inline std::int64_t llround_exact(double x) {
   if (!(std::fabs(x) < 4503599627370496.0)) return std::llround(x);
-  std::int64_t q = static_cast<std::int64_t>(x);  // truncates toward zero
+  const std::int64_t q = static_cast<std::int64_t>(x);  // truncates toward zero
   const double f = x - static_cast<double>(q);
-  if (f >= 0.5) ++q;
-  else if (f <= -0.5) --q;
-  return q;
+  // Branch-free (the signature's fractions are unpredictable): f is in (-1, 1).
+  return q + static_cast<std::int64_t>(f >= 0.5) - static_cast<std::int64_t>(f <= -0.5);
 }
 
 /// FNV-1a over the 8 bytes of u, least significant first (byte-serial FNV-1a's result for
@@ -68,7 +67,8 @@ inline std::uint64_t fnv1a_word(std::uint64_t h, std::uint64_t u) {
     for (std::size_t i = 1; i < p.size(); ++i) p[i] = p[i - 1] * prime;
     return p;
   }();
-  const auto bytes = static_cast<std::size_t>((std::bit_width(u) + 7) / 8);  // 0 for u = 0
+  if (u < 256) return (h ^ u) * powers[8];  // u = 0 included: h * prime^8
+  const auto bytes = static_cast<std::size_t>((std::bit_width(u) + 7) / 8);
   for (std::size_t b = 0; b < bytes; ++b, u >>= 8) {
     h ^= u & 0xffu;
     h *= prime;
@@ -98,16 +98,23 @@ inline kernels::KeyPairs key_pairs(RopeLayout rope) {
 inline std::uint64_t key_signature(const float* k, std::size_t d, RopeLayout rope, float step) {
   constexpr std::size_t kStack = 257;  // 1 + 256 values: head_dim 512 with pairs, 256 without
   double stack[kStack];
+  std::int64_t rounded[kStack];
   std::vector<double> heap;
+  std::vector<std::int64_t> heap_rounded;
   double* v = stack;
+  std::int64_t* q = rounded;
   if (1 + d > kStack) {
     heap.resize(1 + d);
+    heap_rounded.resize(1 + d);
     v = heap.data();
+    q = heap_rounded.data();
   }
   const std::size_t n = kernels::signature_values(k, d, key_pairs(rope), step, v);
   if (n == 0) return 0;
+  // The roundings first (independent of each other), then the hash chain.
+  for (std::size_t i = 0; i < n; ++i) q[i] = llround_exact(v[i]);
   std::uint64_t h = 14695981039346656037ull;
-  for (std::size_t i = 0; i < n; ++i) h = fnv1a_word(h, static_cast<std::uint64_t>(llround_exact(v[i])));
+  for (std::size_t i = 0; i < n; ++i) h = fnv1a_word(h, static_cast<std::uint64_t>(q[i]));
   return h;
 }
 
