@@ -42,6 +42,13 @@ KVEVICT_KERNEL_FN std::size_t signature_values(Isa isa, const float* k, std::siz
 KVEVICT_KERNEL_FN std::size_t signature_values(const float* k, std::size_t d, KeyPairs pairs,
                                                float step, double* out);
 
+/// The first index i in [from, n) with a[i] == value, npos when there is none (RecallDedup:
+/// the next row with a given signature number).
+KVEVICT_KERNEL_FN std::size_t find_u32(Isa isa, const std::uint32_t* a, std::size_t n,
+                                       std::uint32_t value, std::size_t from);
+KVEVICT_KERNEL_FN std::size_t find_u32(const std::uint32_t* a, std::size_t n,
+                                       std::uint32_t value, std::size_t from);
+
 }  // namespace kvevict::kernels
 
 #if !KVEVICT_KERNELS_DECLARE_ONLY
@@ -97,6 +104,13 @@ inline std::size_t signature_values(const float* k, std::size_t d, KeyPairs pair
   }
   pair_values(k, d, pairs, 0, norm, s, out);
   return 1 + d / 2;
+}
+
+inline std::size_t find_u32(const std::uint32_t* a, std::size_t n, std::uint32_t value,
+                            std::size_t from) noexcept {
+  for (std::size_t i = from; i < n; ++i)
+    if (a[i] == value) return i;
+  return npos;
 }
 
 }  // namespace scalar
@@ -162,6 +176,21 @@ KVEVICT_TARGET_AVX2 inline std::size_t signature_values(const float* k, std::siz
   return 1 + p;
 }
 
+/// find_u32 16 entries a step (two 8-lane compares), the rest by the scalar loop.
+KVEVICT_TARGET_AVX2 inline std::size_t find_u32(const std::uint32_t* a, std::size_t n,
+                                                std::uint32_t value, std::size_t from) noexcept {
+  const __m256i v = _mm256_set1_epi32(static_cast<int>(value));
+  std::size_t i = from;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i));
+    const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 8));
+    const auto m = static_cast<std::uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(x, v)))) |
+                   (static_cast<std::uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(y, v)))) << 8);
+    if (m != 0) return i + static_cast<std::size_t>(__builtin_ctz(m));
+  }
+  return scalar::find_u32(a, n, value, i);
+}
+
 }  // namespace avx2
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif  // KVEVICT_X86
@@ -181,9 +210,29 @@ inline std::size_t signature_values_at(Isa isa, const float* k, std::size_t d, K
   return scalar::signature_values(k, d, pairs, step, out);
 }
 
+inline std::size_t find_u32_at(Isa isa, const std::uint32_t* a, std::size_t n,
+                               std::uint32_t value, std::size_t from) {
+  if (from < n) require_nonnull(a, n, "a");
+#if KVEVICT_X86
+  if (isa == Isa::avx2 || isa == Isa::avx512) return avx2::find_u32(a, n, value, from);
+#endif
+  (void)isa;
+  return scalar::find_u32(a, n, value, from);
+}
+
 }  // namespace kvevict::kernels::detail
 
 namespace kvevict::kernels {
+
+KVEVICT_KERNEL_FN std::size_t find_u32(Isa isa, const std::uint32_t* a, std::size_t n,
+                                       std::uint32_t value, std::size_t from) {
+  detail::require_isa(isa);
+  return detail::find_u32_at(isa, a, n, value, from);
+}
+KVEVICT_KERNEL_FN std::size_t find_u32(const std::uint32_t* a, std::size_t n,
+                                       std::uint32_t value, std::size_t from) {
+  return detail::find_u32_at(active_isa(), a, n, value, from);
+}
 
 KVEVICT_KERNEL_FN std::size_t signature_values(Isa isa, const float* k, std::size_t d,
                                                KeyPairs pairs, float step, double* out) {

@@ -211,6 +211,10 @@ class DecayedAttention {
   template <class S>
   void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
     if (take_ahead(v, out)) return;
+    if (dedups() && v.need == 1) {
+      distinct_victim(v, out);
+      return;
+    }
     protect(v);
     pick(v, bits_.data(), out);
   }
@@ -837,6 +841,71 @@ class DecayedAttention {
     }
     detail::evict_lowest_masked(v, sc, bits, out, label_);
   }
+  /// choose_victims with RecallDedup, one victim: the victim is the open row (outside the
+  /// sinks and the recent band) with the lowest (score, seq) that the reserve does not hold.
+  /// The lowest open row is found first; when it cannot be in the reserve — no positive
+  /// spike (not a candidate), (protected_rows) a signature a protected row has, or an open
+  /// row with its signature ranked before it (outranked) — it is the victim, and the
+  /// reserve (the pass over every candidate) is not computed. Else the
+  /// reserve is computed as protect does, and the victim searched again unless the reserve
+  /// left that row open. The same row either way.
+  template <class S>
+  void distinct_victim(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
+    const std::size_t h = head_index(v.layer, v.kv_head);
+    decay_[h] = decay_for(v.capacity);
+    capacity_[h] = v.capacity;
+    detail::protection_bits(v, config_.sinks, recent_for(v.capacity), bits_);
+    const float* sc = scores_.of(v.layer, v.kv_head).data();
+    const std::uint64_t* seqs = seqs_.of(v.layer, v.kv_head).data();
+    const std::size_t row = kernels::lowest_masked_seq(sc, seqs, v.size, bits_.data());
+    if (row != kernels::npos) {
+      prepare_distinct(v);
+      const float* sp = spikes_.of(v.layer, v.kv_head).data();
+      const std::uint32_t* id = ids_.of(v.layer, v.kv_head).data();
+      if (!(sp[row] > 0.0f) ||
+          (config_.recall_dedup == RecallDedup::protected_rows && bands_[h].count[id[row]] != 0) ||
+          outranked(v.size, sp, seqs, id, row)) {
+        out.push_back(static_cast<std::uint32_t>(row));
+        return;
+      }
+    }
+    keep_recalled(v, false);
+    if (row != kernels::npos && ((bits_[row >> 6] >> (row & 63)) & 1u) == 0) {
+      out.push_back(static_cast<std::uint32_t>(row));
+      return;
+    }
+    pick(v, bits_.data(), out);
+  }
+  /// True when an open row (bit clear in bits_) other than `row` has row's signature number
+  /// and a positive spike that ranks before row's in reserve order (larger; equal and
+  /// newer): then `row` is not its signature's best candidate, so not in the reserve.
+  /// The rows with the number are found by kernels::find_u32 over the number column.
+  bool outranked(std::size_t n, const float* sp, const std::uint64_t* seqs,
+                 const std::uint32_t* id, std::size_t row) const {
+    const std::uint32_t d = id[row];
+    for (std::size_t r = kernels::find_u32(id, n, d, 0); r != kernels::npos;
+         r = kernels::find_u32(id, n, d, r + 1)) {
+      if (r == row || ((bits_[r >> 6] >> (r & 63)) & 1u) != 0 || !(sp[r] > 0.0f)) continue;
+      if (sp[r] > sp[row] || (sp[r] == sp[row] && seqs[r] > seqs[row])) return true;
+    }
+    return false;
+  }
+  /// RecallDedup: brings the head's signature numbers and (protected_rows) its band up to
+  /// this decision (keep_distinct's first step; a second call changes nothing).
+  template <class S>
+  void prepare_distinct(const HeadView<S>& v) {
+    const std::size_t h = head_index(v.layer, v.kv_head);
+    Interned& in = interned_[h];
+    const auto& ids = ids_.of(v.layer, v.kv_head);
+    // Renumbered when unset (bind, load_state) or when numbers of rows long gone pile up
+    // (every ~size appends: amortised O(1) per step); the band counts by number, so it is
+    // rebuilt with them.
+    if (!in.valid || in.n > 2 * ids.size() + 64) {
+      renumber(in, sigs_.of(v.layer, v.kv_head), ids_.of(v.layer, v.kv_head));
+      bands_[h].valid = false;
+    }
+    if (config_.recall_dedup == RecallDedup::protected_rows) update_band(v);
+  }
   /// RecallDedup: walks the candidates (cand_spike_ / cand_row_) from the largest rank down
   /// (ties: the newer row first) and keeps up to `k` of them, skipping a row whose key
   /// signature a kept row already has (with protected_rows: or a sink or recent row has).
@@ -851,14 +920,7 @@ class DecayedAttention {
     const std::size_t h = head_index(v.layer, v.kv_head);
     Interned& in = interned_[h];
     const auto& ids = ids_.of(v.layer, v.kv_head);
-    // Renumbered when unset (bind, load_state) or when numbers of rows long gone pile up
-    // (every ~size appends: amortised O(1) per step); the band counts by number, so it is
-    // rebuilt with them.
-    if (!in.valid || in.n > 2 * ids.size() + 64) {
-      renumber(in, sigs_.of(v.layer, v.kv_head), ids_.of(v.layer, v.kv_head));
-      bands_[h].valid = false;
-    }
-    if (prot) update_band(v);
+    prepare_distinct(v);
     if (k == 0 || m == 0) return;
     if (in.stamp.size() < in.n) {
       in.stamp.resize(in.n, 0);
