@@ -12,6 +12,7 @@
 #include <kvevict/kernels/key_signature.hpp>
 #include <kvevict/policies/common.hpp>
 
+#include "support/key_signature_before41.hpp"
 #include "support/recall_support.hpp"
 
 using namespace kvevict;
@@ -20,16 +21,10 @@ using kernels::KeyPairs;
 using policies::RopeLayout;
 using policies::detail::key_signature;
 using policies::detail::llround_exact;
+using kvtest::fnv_bytes;
+using kvtest::key_signature_before41;
 
 namespace {
-
-std::uint64_t fnv_bytes(std::uint64_t h, std::uint64_t u) {
-  for (int b = 0; b < 8; ++b, u >>= 8) {
-    h ^= u & 0xffu;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 // The signature as defined in key_signature's comment, from the scalar values, with
 // byte-serial FNV-1a.
@@ -39,31 +34,6 @@ std::uint64_t defined_signature(const float* k, std::size_t d, KeyPairs pairs, f
   if (n == 0) return 0;
   std::uint64_t h = 14695981039346656037ull;
   for (std::size_t i = 0; i < n; ++i) h = fnv_bytes(h, static_cast<std::uint64_t>(std::llround(v[i])));
-  return h;
-}
-
-// The definition before stop 41 (std::hypot, squares summed in index order), kept here to
-// count the keys whose signature the new definition changes.
-std::uint64_t old_signature(const float* k, std::size_t d, RopeLayout rope, float step) {
-  double sq = 0.0;
-  for (std::size_t i = 0; i < d; ++i) sq += static_cast<double>(k[i]) * static_cast<double>(k[i]);
-  if (!(sq > 0.0)) return 0;
-  const double norm = std::sqrt(sq);
-  std::uint64_t h = 14695981039346656037ull;
-  const auto mix = [&](double x) {
-    h = fnv_bytes(h, static_cast<std::uint64_t>(std::llround(x / static_cast<double>(step))));
-  };
-  mix(std::log(norm));
-  if (rope == RopeLayout::none) {
-    for (std::size_t i = 0; i < d; ++i) mix(static_cast<double>(k[i]) / norm);
-    return h;
-  }
-  const std::size_t pairs = d / 2;
-  for (std::size_t j = 0; j < pairs; ++j) {
-    const std::size_t a = rope == RopeLayout::halves ? j : 2 * j;
-    const std::size_t b = rope == RopeLayout::halves ? j + pairs : 2 * j + 1;
-    mix(std::hypot(static_cast<double>(k[a]), static_cast<double>(k[b])) / norm);
-  }
   return h;
 }
 
@@ -190,7 +160,7 @@ TEST_CASE("key_signature: random keys keep their pre-stop-41 signatures", "[reca
           const auto k = random_key(rng, d, kind);
           for (float step : {0.1f, 0.05f, 0.3f}) {
             ++keys;
-            differ += key_signature(k.data(), d, rope, step) != old_signature(k.data(), d, rope, step);
+            differ += key_signature(k.data(), d, rope, step) != key_signature_before41(k.data(), d, rope, step);
           }
         }
       }
@@ -199,4 +169,22 @@ TEST_CASE("key_signature: random keys keep their pre-stop-41 signatures", "[reca
   WARN("keys " << keys << ", signatures changed " << differ);
   CHECK(keys == 270000);
   CHECK(differ == 0);
+}
+
+TEST_CASE("find_u32: every level finds what the scalar loop finds", "[recall][kernels]") {
+  std::mt19937_64 rng(9);
+  for (std::size_t n : {0, 1, 7, 15, 16, 17, 31, 64, 100, 1000}) {
+    std::vector<std::uint32_t> a(n);
+    for (auto& x : a) x = static_cast<std::uint32_t>(rng() % 6);
+    for (std::uint32_t value : {0u, 3u, 5u, 9u, 0xFFFFFFFFu}) {
+      for (std::size_t from : {std::size_t{0}, std::size_t{1}, n / 2, n}) {
+        const std::size_t want = kernels::find_u32(Isa::scalar, a.data(), n, value, from);
+        if (want != kernels::npos) CHECK((a[want] == value && want >= from));
+        for (Isa isa : levels()) {
+          INFO("n " << n << " value " << value << " from " << from << " isa " << kernels::isa_name(isa));
+          CHECK(kernels::find_u32(isa, a.data(), n, value, from) == want);
+        }
+      }
+    }
+  }
 }
