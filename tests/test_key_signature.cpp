@@ -10,6 +10,7 @@
 #include <random>
 
 #include <kvevict/kernels/key_signature.hpp>
+#include <kvevict/kernels/masked_victim.hpp>
 #include <kvevict/policies/common.hpp>
 
 #include "support/key_signature_before41.hpp"
@@ -183,6 +184,45 @@ TEST_CASE("find_u32: every level finds what the scalar loop finds", "[recall][ke
         for (Isa isa : levels()) {
           INFO("n " << n << " value " << value << " from " << from << " isa " << kernels::isa_name(isa));
           CHECK(kernels::find_u32(isa, a.data(), n, value, from) == want);
+        }
+      }
+    }
+  }
+}
+
+// lowest_masked_seq4 (DecayedAttention's one-victim path under RecallDedup): the rows
+// lowest_masked_seq gives one after another, at every level; ties, -0.0, NaN, protection.
+TEST_CASE("lowest_masked_seq4: the first 4 rows of repeated lowest_masked_seq, every level", "[recall][kernels]") {
+  std::mt19937_64 rng(12);
+  for (std::size_t n : {0, 1, 3, 4, 5, 8, 9, 31, 64, 65, 200, 1000}) {
+    for (int kind = 0; kind < 5; ++kind) {
+      for (int rep = 0; rep < 8; ++rep) {
+        std::vector<float> s(n);
+        std::vector<std::uint64_t> seqs(n);
+        std::vector<std::uint64_t> bits((n + 63) / 64 + 1, 0);
+        for (std::size_t i = 0; i < n; ++i) {
+          s[i] = kind == 1 ? static_cast<float>(rng() % 3)           // many ties
+                 : kind == 2 ? (rng() % 2 ? 0.0f : -0.0f)           // signed zeros
+                             : static_cast<float>(rng() % 100000) / 7.0f;
+          if (kind == 3 && rng() % 4 == 0) s[i] = std::numeric_limits<float>::quiet_NaN();
+          seqs[i] = kind == 4 ? rng() % 3 : rng() % 1000000;  // kind 4: equal seqs too
+          if (rng() % 3 == 0) bits[i >> 6] |= std::uint64_t{1} << (i & 63);
+        }
+        // The reference: lowest_masked_seq, then protect the row found, 4 times.
+        std::vector<std::size_t> want;
+        auto prot = bits;
+        for (int i = 0; i < 4; ++i) {
+          const std::size_t r = kernels::lowest_masked_seq(Isa::scalar, s.data(), seqs.data(), n, prot.data());
+          if (r == kernels::npos) break;
+          want.push_back(r);
+          prot[r >> 6] |= std::uint64_t{1} << (r & 63);
+        }
+        for (Isa isa : levels()) {
+          std::size_t got[4] = {9, 9, 9, 9};
+          INFO("n " << n << " kind " << kind << " isa " << kernels::isa_name(isa));
+          const std::size_t c = kernels::lowest_masked_seq4(isa, s.data(), seqs.data(), n, bits.data(), got);
+          REQUIRE(c == want.size());
+          for (std::size_t i = 0; i < c; ++i) CHECK(got[i] == want[i]);
         }
       }
     }

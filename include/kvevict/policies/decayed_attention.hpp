@@ -869,24 +869,37 @@ class DecayedAttention {
     const float* sp = spikes_.of(v.layer, v.kv_head).data();
     const std::uint64_t* seqs = seqs_.of(v.layer, v.kv_head).data();
     const std::uint64_t hi = detail::open_below(v, recent);
-    std::size_t row = kernels::lowest_masked_seq(sc, seqs, v.size, bits_.data());
-    bool marked = false;  // rows of B set in bits_
-    if (row != kernels::npos) {
+    std::size_t low[4];  // the next open rows from the lowest up (kernels::lowest_masked_seq4)
+    std::size_t c = kernels::lowest_masked_seq4(sc, seqs, v.size, bits_.data(), low);
+    std::size_t row = c > 0 ? low[0] : kernels::npos;
+    bool marked = false;  // rows of R set in bits_
+    if (c > 0) {
       prepare_distinct(v);
       const std::uint32_t* id = ids_.of(v.layer, v.kv_head).data();
       const std::uint32_t* band =
           config_.recall_dedup == RecallDedup::protected_rows ? bands_[h].count.data() : nullptr;
       const bool in_r = reserve_holds_b(v);
-      while (row != kernels::npos) {
-        if (!(sp[row] > 0.0f) || (band && band[id[row]] != 0) ||
-            outranked(v.size, sp, seqs, id, row, hi)) {
-          out.push_back(static_cast<std::uint32_t>(row));
-          return;
+      for (bool more = true; more;) {
+        for (std::size_t i = 0; i < c; ++i) {
+          row = low[i];
+          if (!(sp[row] > 0.0f) || (band && band[id[row]] != 0) ||
+              outranked(v.size, sp, seqs, id, row, hi)) {
+            out.push_back(static_cast<std::uint32_t>(row));
+            return;
+          }
+          if (!in_r) {
+            more = false;
+            break;
+          }
+          bits_[row >> 6] |= std::uint64_t{1} << (row & 63);  // in R: try the next open row
+          marked = true;
         }
-        if (!in_r) break;
-        bits_[row >> 6] |= std::uint64_t{1} << (row & 63);  // in R: try the next open row
-        marked = true;
-        row = kernels::lowest_masked_seq(sc, seqs, v.size, bits_.data());
+        if (!more) break;
+        c = kernels::lowest_masked_seq4(sc, seqs, v.size, bits_.data(), low);
+        if (c == 0) {  // every open row in R: cannot be (the bound keeps one open), but decide fully
+          row = kernels::npos;
+          more = false;
+        }
       }
     }
     if (marked) detail::protection_bits(v, config_.sinks, recent, bits_);
