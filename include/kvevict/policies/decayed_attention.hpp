@@ -869,9 +869,12 @@ class DecayedAttention {
     const float* sp = spikes_.of(v.layer, v.kv_head).data();
     const std::uint64_t* seqs = seqs_.of(v.layer, v.kv_head).data();
     const std::uint64_t hi = detail::open_below(v, recent);
-    std::size_t low[4];  // the next open rows from the lowest up (kernels::lowest_masked_seq4)
-    std::size_t c = kernels::lowest_masked_seq4(sc, seqs, v.size, bits_.data(), low);
-    std::size_t row = c > 0 ? low[0] : kernels::npos;
+    // The next open rows from the lowest up: the lowest alone first (usually the victim),
+    // then 4 at a time (kernels::lowest_masked_seq4).
+    std::size_t low[4];
+    low[0] = kernels::lowest_masked_seq(sc, seqs, v.size, bits_.data());
+    std::size_t c = low[0] != kernels::npos ? 1 : 0;
+    std::size_t row = low[0];
     bool marked = false;  // rows of R set in bits_
     if (c > 0) {
       prepare_distinct(v);
