@@ -857,6 +857,8 @@ class DecayedAttention {
   ///    recent band (one new open row, and at most one signature whose last protected row
   ///    it was). When the bound shows |B| <= limit the row is in R: the next open row is
   ///    tried. Otherwise the reserve is computed (protect's path) and the victim searched.
+  /// The first row comes from kernels::lowest_open (no protection bits); the protection
+  /// bits are computed only when that row is in B.
   /// The same victim as protect + pick in every case.
   template <class S>
   void distinct_victim(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
@@ -864,48 +866,54 @@ class DecayedAttention {
     decay_[h] = decay_for(v.capacity);
     capacity_[h] = v.capacity;
     const std::size_t recent = recent_for(v.capacity);
-    detail::protection_bits(v, config_.sinks, recent, bits_);
     const float* sc = scores_.of(v.layer, v.kv_head).data();
     const float* sp = spikes_.of(v.layer, v.kv_head).data();
     const std::uint64_t* seqs = seqs_.of(v.layer, v.kv_head).data();
     const std::uint64_t hi = detail::open_below(v, recent);
-    // The next open rows from the lowest up: the lowest alone first (usually the victim),
-    // then 4 at a time (kernels::lowest_masked_seq4).
-    std::size_t low[4];
-    low[0] = kernels::lowest_masked_seq(sc, seqs, v.size, bits_.data());
-    std::size_t c = low[0] != kernels::npos ? 1 : 0;
-    std::size_t row = low[0];
-    bool marked = false;  // rows of R set in bits_
-    if (c > 0) {
+    // The lowest open row, from the arrival indices in one pass (kernels::lowest_open: the
+    // row protect's bits and lowest_masked_seq give); usually the victim. The protection
+    // bits are computed only when it is not.
+    std::size_t row = kernels::lowest_open(sc, seqs, v.size, config_.sinks, hi);
+    bool bits_set = false, marked = false;  // bits_: the protection; rows of R set in it
+    if (row != kernels::npos) {
       prepare_distinct(v);
       const std::uint32_t* id = ids_.of(v.layer, v.kv_head).data();
       const std::uint32_t* band =
           config_.recall_dedup == RecallDedup::protected_rows ? bands_[h].count.data() : nullptr;
-      const bool in_r = reserve_holds_b(v);
-      for (bool more = true; more;) {
-        for (std::size_t i = 0; i < c; ++i) {
-          row = low[i];
-          if (!(sp[row] > 0.0f) || (band && band[id[row]] != 0) ||
-              outranked(v.size, sp, seqs, id, row, hi)) {
+      const auto not_in_r = [&](std::size_t r) {
+        return !(sp[r] > 0.0f) || (band && band[id[r]] != 0) || outranked(v.size, sp, seqs, id, r, hi);
+      };
+      if (not_in_r(row)) {
+        out.push_back(static_cast<std::uint32_t>(row));
+        return;
+      }
+      detail::protection_bits(v, config_.sinks, recent, bits_);
+      bits_set = true;
+      // In B; in R while the bound holds: then the next open rows, 4 at a time
+      // (kernels::lowest_masked_seq4).
+      if (reserve_holds_b(v)) {
+        std::size_t low[4];
+        std::size_t c = 0;
+        for (;;) {
+          bits_[row >> 6] |= std::uint64_t{1} << (row & 63);
+          marked = true;
+          if (c == 0) {
+            c = kernels::lowest_masked_seq4(sc, seqs, v.size, bits_.data(), low);
+            if (c == 0) {  // every open row in R: cannot be (the bound keeps one open); decide fully
+              row = kernels::npos;
+              break;
+            }
+            std::reverse(low, low + c);  // taken from the back
+          }
+          row = low[--c];
+          if (not_in_r(row)) {
             out.push_back(static_cast<std::uint32_t>(row));
             return;
           }
-          if (!in_r) {
-            more = false;
-            break;
-          }
-          bits_[row >> 6] |= std::uint64_t{1} << (row & 63);  // in R: try the next open row
-          marked = true;
-        }
-        if (!more) break;
-        c = kernels::lowest_masked_seq4(sc, seqs, v.size, bits_.data(), low);
-        if (c == 0) {  // every open row in R: cannot be (the bound keeps one open), but decide fully
-          row = kernels::npos;
-          more = false;
         }
       }
     }
-    if (marked) detail::protection_bits(v, config_.sinks, recent, bits_);
+    if (!bits_set || marked) detail::protection_bits(v, config_.sinks, recent, bits_);
     keep_recalled(v, false);
     if (row != kernels::npos && ((bits_[row >> 6] >> (row & 63)) & 1u) == 0) {
       out.push_back(static_cast<std::uint32_t>(row));
