@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   const auto d = static_cast<std::size_t>(c.head_dim());
   const RopeLayout layouts[] = {RopeLayout::interleaved, RopeLayout::halves, RopeLayout::none};
   const float steps[] = {0.1f, 0.05f, 0.3f};
-  std::size_t keys = 0, signed_ = 0, differ = 0, distinct_new = 0;
+  std::size_t keys = 0, signed_ = 0, differ = 0;
   for (int s = 1; s <= streams; ++s) {
     Transformer<policies::FullCache> tf(model, Budget::unbounded());
     std::mt19937_64 rng(static_cast<std::uint64_t>(s));
@@ -59,7 +59,6 @@ int main(int argc, char** argv) {
             }
       }
   }
-  (void)distinct_new;
   std::printf("model %s: %d streams of %d tokens, %d layers x %d KV heads, head_dim %zu\n",
               dir.c_str(), streams, c.seq_len, c.n_layers, c.n_kv_heads, d);
   std::printf("keys %zu, signatures compared %zu (3 layouts x steps 0.1 0.05 0.3), changed %zu\n",
