@@ -209,6 +209,25 @@ TEST_CASE("RecallDedup agrees with brute force on repetitive and drifting text",
     }
 }
 
+// The one-victim path (DecayedAttention::distinct_victim) takes a lowest open row as held
+// by the reserve, without computing it, while a bound on the number of signatures' best
+// candidates |B| (the last computed |B|, + 2 per append) stays within the reserve's size.
+// Phases of a few repeated keys (|B| below the reserve: the bound holds for a while) alternate
+// with bursts of a new key every step (|B| grows by up to 2 per append until the bound
+// fails), with reserves from a sixth to a half of the rows, against the brute-force rule.
+TEST_CASE("RecallDedup's one-victim path agrees with brute force as |B| grows", "[recall]") {
+  for (DA::RecallDedup mode : {DA::RecallDedup::reserve, DA::RecallDedup::protected_rows})
+    for (float recall : {0.17f, 0.3f, 0.5f})
+      agree_with_brute(mode, RopeLayout::interleaved, 1, 48, 700, 800,
+                       110 + static_cast<int>(mode) + static_cast<int>(10 * recall),
+                       [](int t, int h, kvtest::Rng& rng) {
+                         if ((t / 50) % 2 == 0)
+                           return static_cast<std::size_t>(400 * h + rng.uniform(0, 7));
+                         return static_cast<std::size_t>(400 * h + 8 + t / 2);
+                       },
+                       recall);
+}
+
 // Repetitive text: a passage of period 5 repeats after the name (row 3); the passage's
 // first token draws 0.4 of the attention of the query 6 tokens on (a sentence
 // boundary acting like a sink for the next sentence), so each repetition of it gets a

@@ -64,6 +64,18 @@ KVEVICT_KERNEL_FN std::size_t lowest_masked_seq(const float* s, const std::uint6
                                                 std::size_t n,
                                                 const std::uint64_t* protected_bits);
 
+/// The up to 4 rows lowest_masked_seq would return one after another (each time with the
+/// previous ones protected too): out[0..c) in ascending (s[r], seqs[r]) order, equal pairs
+/// by lower index; c = min(4, rows that qualify). Returns c.
+KVEVICT_KERNEL_FN std::size_t lowest_masked_seq4(Isa isa, const float* s,
+                                                 const std::uint64_t* seqs, std::size_t n,
+                                                 const std::uint64_t* protected_bits,
+                                                 std::size_t* out);
+KVEVICT_KERNEL_FN std::size_t lowest_masked_seq4(const float* s, const std::uint64_t* seqs,
+                                                 std::size_t n,
+                                                 const std::uint64_t* protected_bits,
+                                                 std::size_t* out);
+
 }  // namespace kvevict::kernels
 
 #if !KVEVICT_KERNELS_DECLARE_ONLY
@@ -123,6 +135,35 @@ inline std::size_t lowest_masked_seq(const float* s, const std::uint64_t* seqs, 
   for (std::size_t r = from; r < n; ++r)
     if (prot == nullptr || ((prot[r >> 6] >> (r & 63)) & 1u) == 0) best.offer(s[r], seqs[r], r);
   return best.index;
+}
+
+/// lowest_masked_seq4's order: (value, seq, row) ascending (-0.0 == +0.0).
+struct Low4 {
+  float v;
+  std::uint64_t q;
+  std::size_t r;
+  bool before(const Low4& o) const noexcept {
+    return v < o.v || (v == o.v && (q < o.q || (q == o.q && r < o.r)));
+  }
+};
+/// Inserts x into the ascending list low[0..c) of at most 4 entries.
+KVEVICT_ALWAYS_INLINE void insert_low4(Low4* low, std::size_t& c, const Low4& x) noexcept {
+  if (c == 4 && !x.before(low[3])) return;
+  std::size_t p = c < 4 ? c++ : 3;
+  for (; p > 0 && x.before(low[p - 1]); --p) low[p] = low[p - 1];
+  low[p] = x;
+}
+inline std::size_t lowest_masked_seq4(const float* s, const std::uint64_t* seqs, std::size_t n,
+                                      const std::uint64_t* prot, std::size_t* out) noexcept {
+  Low4 low[4];
+  std::size_t c = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    if (prot != nullptr && ((prot[r >> 6] >> (r & 63)) & 1u) != 0) continue;
+    if (s[r] != s[r]) continue;  // NaN: never chosen
+    insert_low4(low, c, {s[r], seqs[r], r});
+  }
+  for (std::size_t i = 0; i < c; ++i) out[i] = low[i].r;
+  return c;
 }
 
 }  // namespace scalar
@@ -231,6 +272,81 @@ KVEVICT_TARGET_AVX2 inline std::size_t lowest_masked_seq(const float* s, const s
     }
   }
   return scalar::lowest_masked_seq(s, seqs, n, prot, full, best);
+}
+
+/// lowest_masked_seq4: one pass keeps the 4 smallest values of each of the 8 lanes (a
+/// min/max insertion network; protected and NaN rows count as +inf), whose 4th smallest t is
+/// the 4th smallest value of all; a second pass collects the eligible rows with value <= t
+/// (the 4 lowest are among them) and orders them. More than 64 such rows (ties at t): the
+/// scalar form.
+KVEVICT_TARGET_AVX2 inline std::size_t lowest_masked_seq4(const float* s,
+                                                          const std::uint64_t* seqs,
+                                                          std::size_t n,
+                                                          const std::uint64_t* prot,
+                                                          std::size_t* out) noexcept {
+  const std::size_t full = n - n % 8;
+  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  __m256 m0 = inf, m1 = inf, m2 = inf, m3 = inf;
+  for (std::size_t r = 0; r < full; r += 8) {
+    const __m256 x = _mm256_loadu_ps(s + r);
+    const __m256 ok = _mm256_and_ps(lanes8(eligible8(prot, r)), _mm256_cmp_ps(x, x, _CMP_ORD_Q));
+    __m256 t = _mm256_blendv_ps(inf, x, ok);
+    const __m256 a0 = _mm256_min_ps(m0, t);
+    t = _mm256_max_ps(m0, t);
+    const __m256 a1 = _mm256_min_ps(m1, t);
+    t = _mm256_max_ps(m1, t);
+    const __m256 a2 = _mm256_min_ps(m2, t);
+    t = _mm256_max_ps(m2, t);
+    m3 = _mm256_min_ps(m3, t);
+    m0 = a0;
+    m1 = a1;
+    m2 = a2;
+  }
+  alignas(32) float lane[32 + 8];
+  _mm256_store_ps(lane, m0);
+  _mm256_store_ps(lane + 8, m1);
+  _mm256_store_ps(lane + 16, m2);
+  _mm256_store_ps(lane + 24, m3);
+  std::size_t nv = 32;
+  for (std::size_t r = full; r < n; ++r)
+    lane[nv++] = ((prot == nullptr || ((prot[r >> 6] >> (r & 63)) & 1u) == 0) && s[r] == s[r])
+                     ? s[r]
+                     : std::numeric_limits<float>::infinity();
+  // The 4th smallest of the lane values (ascending insertion into 4 slots).
+  float four[4] = {lane[0], std::numeric_limits<float>::infinity(),
+                   std::numeric_limits<float>::infinity(), std::numeric_limits<float>::infinity()};
+  for (std::size_t i = 1; i < nv; ++i) {
+    float x = lane[i];
+    for (std::size_t j = 0; j < 4; ++j)
+      if (x < four[j]) {
+        const float y = four[j];
+        four[j] = x;
+        x = y;
+      }
+  }
+  const __m256 vt = _mm256_set1_ps(four[3]);
+  scalar::Low4 cand[64];
+  std::size_t m = 0;
+  const auto take = [&](std::size_t r) {
+    if (m == 64) return false;
+    cand[m++] = {s[r], seqs[r], r};
+    return true;
+  };
+  for (std::size_t r = 0; r < full; r += 8) {
+    auto hit = eligible8(prot, r) &
+               static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(s + r), vt, _CMP_LE_OQ)));
+    for (; hit != 0; hit &= hit - 1)
+      if (!take(r + static_cast<std::size_t>(std::countr_zero(hit))))
+        return scalar::lowest_masked_seq4(s, seqs, n, prot, out);
+  }
+  for (std::size_t r = full; r < n; ++r)
+    if ((prot == nullptr || ((prot[r >> 6] >> (r & 63)) & 1u) == 0) && s[r] <= four[3] && !take(r))
+      return scalar::lowest_masked_seq4(s, seqs, n, prot, out);
+  scalar::Low4 low[4];
+  std::size_t c = 0;
+  for (std::size_t i = 0; i < m; ++i) scalar::insert_low4(low, c, cand[i]);
+  for (std::size_t i = 0; i < c; ++i) out[i] = low[i].r;
+  return c;
 }
 
 }  // namespace avx2
@@ -478,9 +594,37 @@ inline std::size_t lowest_masked_seq_at(Isa isa, const float* s, const std::uint
   return scalar::lowest_masked_seq(s, seqs, n, prot);
 }
 
+inline std::size_t lowest_masked_seq4_at(Isa isa, const float* s, const std::uint64_t* seqs,
+                                         std::size_t n, const std::uint64_t* prot,
+                                         std::size_t* out) {
+  require_nonnull(s, n, "scores");
+  require_nonnull(seqs, n, "seqs");
+  require_nonnull(out, n > 0 ? 4 : 0, "out");
+#if KVEVICT_X86
+  if (isa == Isa::avx2 || isa == Isa::avx512)  // AVX-512 CPUs run the AVX2 form
+    return avx2::lowest_masked_seq4(s, seqs, n, prot, out);
+#endif
+  (void)isa;
+  return scalar::lowest_masked_seq4(s, seqs, n, prot, out);
+}
+
 }  // namespace kvevict::kernels::detail
 
 namespace kvevict::kernels {
+
+KVEVICT_KERNEL_FN std::size_t lowest_masked_seq4(Isa isa, const float* s,
+                                                 const std::uint64_t* seqs, std::size_t n,
+                                                 const std::uint64_t* protected_bits,
+                                                 std::size_t* out) {
+  detail::require_isa(isa);
+  return detail::lowest_masked_seq4_at(isa, s, seqs, n, protected_bits, out);
+}
+KVEVICT_KERNEL_FN std::size_t lowest_masked_seq4(const float* s, const std::uint64_t* seqs,
+                                                 std::size_t n,
+                                                 const std::uint64_t* protected_bits,
+                                                 std::size_t* out) {
+  return detail::lowest_masked_seq4_at(active_isa(), s, seqs, n, protected_bits, out);
+}
 
 KVEVICT_KERNEL_FN std::size_t open_gather(Isa isa, const std::uint64_t* seqs, const float* s,
                                           std::size_t n, std::uint64_t lo, std::uint64_t hi,

@@ -2,6 +2,8 @@
 // Pieces the policies share: protection by arrival order, per-row side columns that
 // follow their rows, and "evict the `need` lowest-ranked eligible rows".
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +17,7 @@
 
 #include "../bytes.hpp"
 #include "../checked.hpp"
+#include "../kernels/key_signature.hpp"
 #include "../kernels/masked_victim.hpp"
 #include "../kernels/select.hpp"
 #include "../errors.hpp"
@@ -46,45 +49,72 @@ namespace kvevict::policies::detail {
 /// values (already integers) and NaN take std::llround itself.
 inline std::int64_t llround_exact(double x) {
   if (!(std::fabs(x) < 4503599627370496.0)) return std::llround(x);
-  std::int64_t q = static_cast<std::int64_t>(x);  // truncates toward zero
+  const std::int64_t q = static_cast<std::int64_t>(x);  // truncates toward zero
   const double f = x - static_cast<double>(q);
-  if (f >= 0.5) ++q;
-  else if (f <= -0.5) --q;
-  return q;
+  // Branch-free (the signature's fractions are unpredictable): f is in (-1, 1).
+  return q + static_cast<std::int64_t>(f >= 0.5) - static_cast<std::int64_t>(f <= -0.5);
+}
+
+/// FNV-1a over the 8 bytes of u, least significant first (byte-serial FNV-1a's result for
+/// the word), without a step per zero byte: a zero byte leaves the XOR unchanged, so the run
+/// of zero bytes above u's highest set byte is one multiply by the prime's power. Small
+/// non-negative words (the signature's usual values) take one XOR and one multiply.
+inline std::uint64_t fnv1a_word(std::uint64_t h, std::uint64_t u) {
+  constexpr std::uint64_t prime = 1099511628211ull;
+  constexpr auto powers = [] {
+    std::array<std::uint64_t, 9> p{};
+    p[0] = 1;
+    for (std::size_t i = 1; i < p.size(); ++i) p[i] = p[i - 1] * prime;
+    return p;
+  }();
+  if (u < 256) return (h ^ u) * powers[8];  // u = 0 included: h * prime^8
+  const auto bytes = static_cast<std::size_t>((std::bit_width(u) + 7) / 8);
+  for (std::size_t b = 0; b < bytes; ++b, u >>= 8) {
+    h ^= u & 0xffu;
+    h *= prime;
+  }
+  return h * powers[8 - bytes];
+}
+
+/// The kernels' name of a RoPE layout.
+inline kernels::KeyPairs key_pairs(RopeLayout rope) {
+  return rope == RopeLayout::none          ? kernels::KeyPairs::none
+         : rope == RopeLayout::halves      ? kernels::KeyPairs::halves
+                                           : kernels::KeyPairs::interleaved;
 }
 
 /// A position-free signature of a stored key: RoPE rotates each pair of coordinates by an
 /// angle that depends on the position, which leaves the pair's length unchanged. So the
 /// lengths of the d / 2 rotated pairs as shares of the key's norm, and the log of the norm,
-/// each rounded to a multiple of `step`, are the same for two keys that differ only in
-/// position (the same token in the same context, repeated), and hashed into 64 bits (FNV-1a).
-/// With RopeLayout::none (no rotation) the coordinates themselves, as shares of the norm,
-/// are rounded. A zero key has signature 0; d must be even unless `rope` is none.
+/// each divided by `step` and rounded to the nearest integer (halves away from zero, as
+/// std::llround), are the same for two keys that differ only in position (the same token in
+/// the same context, repeated), and hashed into 64 bits: FNV-1a over the 8 little-endian
+/// bytes of each rounded value (int64, two's complement), the log's first. With
+/// RopeLayout::none (no rotation) the coordinates themselves, as shares of the norm, are
+/// rounded. The values are kernels::signature_values' (its file comment defines them:
+/// the norm and the pair lengths are IEEE double roots of sums of exact squares in a fixed
+/// order; std::hypot's until stop 41). A zero key has signature 0; d must be even unless
+/// `rope` is none.
 inline std::uint64_t key_signature(const float* k, std::size_t d, RopeLayout rope, float step) {
-  double sq = 0.0;
-  for (std::size_t i = 0; i < d; ++i) sq += static_cast<double>(k[i]) * static_cast<double>(k[i]);
-  if (!(sq > 0.0)) return 0;
-  const double norm = std::sqrt(sq);
+  constexpr std::size_t kStack = 257;  // 1 + 256 values: head_dim 512 with pairs, 256 without
+  double stack[kStack];
+  std::int64_t rounded[kStack];
+  std::vector<double> heap;
+  std::vector<std::int64_t> heap_rounded;
+  double* v = stack;
+  std::int64_t* q = rounded;
+  if (1 + d > kStack) {
+    heap.resize(1 + d);
+    heap_rounded.resize(1 + d);
+    v = heap.data();
+    q = heap_rounded.data();
+  }
+  const std::size_t n = kernels::signature_values(k, d, key_pairs(rope), step, v);
+  if (n == 0) return 0;
+  // The roundings first (independent of each other), then the hash chain.
+  for (std::size_t i = 0; i < n; ++i) q[i] = llround_exact(v[i]);
   std::uint64_t h = 14695981039346656037ull;
-  const auto mix = [&](double x) {
-    const std::int64_t q = llround_exact(x / static_cast<double>(step));
-    auto u = static_cast<std::uint64_t>(q);
-    for (int b = 0; b < 8; ++b, u >>= 8) {
-      h ^= u & 0xffu;
-      h *= 1099511628211ull;
-    }
-  };
-  mix(std::log(norm));
-  if (rope == RopeLayout::none) {
-    for (std::size_t i = 0; i < d; ++i) mix(static_cast<double>(k[i]) / norm);
-    return h;
-  }
-  const std::size_t pairs = d / 2;
-  for (std::size_t j = 0; j < pairs; ++j) {
-    const std::size_t a = rope == RopeLayout::halves ? j : 2 * j;
-    const std::size_t b = rope == RopeLayout::halves ? j + pairs : 2 * j + 1;
-    mix(std::hypot(static_cast<double>(k[a]), static_cast<double>(k[b])) / norm);
-  }
+  for (std::size_t i = 0; i < n; ++i) h = fnv1a_word(h, static_cast<std::uint64_t>(q[i]));
   return h;
 }
 

@@ -192,6 +192,7 @@ class DecayedAttention {
         // deque's copy assignment in every includer of this header.
         bands_.clear();
         bands_.resize(shape.capacity.size());
+        bounds_.assign(shape.capacity.size(), Bound{});
       }
     }
   }
@@ -202,6 +203,7 @@ class DecayedAttention {
     memo_.clear();  // pooled_victims recomputes under the new capacities
     costed_.clear();  // the new budget may not be pooled: decide ahead again until costed
     for (Ahead& a : ahead_) a.valid = false;
+    for (Bound& b : bounds_) b.valid = false;
     capacity_.assign(shape.capacity.begin(), shape.capacity.end());
   }
   /// With recommended()'s reserve (ranked by spike, no dedup), the decision of a full
@@ -211,6 +213,10 @@ class DecayedAttention {
   template <class S>
   void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
     if (take_ahead(v, out)) return;
+    if (dedups() && v.need == 1) {
+      distinct_victim(v, out);
+      return;
+    }
     protect(v);
     pick(v, bits_.data(), out);
   }
@@ -473,6 +479,7 @@ class DecayedAttention {
     counts_ = std::move(counts);
     sigs_ = std::move(sigs);
     for (Band& b : bands_) b.valid = false;  // rebuilt from the loaded rows
+    for (Bound& b : bounds_) b.valid = false;
     for (Interned& in : interned_) in.valid = false;  // renumbered from the loaded signatures
     for (Ahead& a : ahead_) a.valid = false;
     std::fill(floor_.begin(), floor_.end(), 0.0f);  // a hint only: reset with the rows
@@ -843,6 +850,126 @@ class DecayedAttention {
     }
     detail::evict_lowest_masked(v, sc, bits, out, label_);
   }
+  /// choose_victims with RecallDedup, one victim: the victim is the open row (outside the
+  /// sinks and the recent band) with the lowest (score, seq) that the reserve does not hold.
+  /// The reserve R is the `limit` best (spike, then newer) of B, the best candidate of each
+  /// allowed signature (keep_distinct). The open rows are tried from the lowest up:
+  ///  - a row that cannot be in R — no positive spike (not a candidate), (protected_rows) a
+  ///    signature a protected row has, or an open row of its signature ranked before it
+  ///    (outranked) — is the victim;
+  ///  - else the row is in B, and it is in R when |B| <= limit. |B| is bounded from the last
+  ///    decision that computed the reserve (keep_distinct: |B| then, plus the open rows that
+  ///    were not candidates), plus 2 per append since: each append moves one row out of the
+  ///    recent band (one new open row, and at most one signature whose last protected row
+  ///    it was). When the bound shows |B| <= limit the row is in R: the next open row is
+  ///    tried. Otherwise the reserve is computed (protect's path) and the victim searched.
+  /// The first row comes from kernels::lowest_open (no protection bits); the protection
+  /// bits are computed only when that row is in B.
+  /// The same victim as protect + pick in every case.
+  template <class S>
+  void distinct_victim(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
+    const std::size_t h = head_index(v.layer, v.kv_head);
+    decay_[h] = decay_for(v.capacity);
+    capacity_[h] = v.capacity;
+    const std::size_t recent = recent_for(v.capacity);
+    const float* sc = scores_.of(v.layer, v.kv_head).data();
+    const float* sp = spikes_.of(v.layer, v.kv_head).data();
+    const std::uint64_t* seqs = seqs_.of(v.layer, v.kv_head).data();
+    const std::uint64_t hi = detail::open_below(v, recent);
+    // The lowest open row, from the arrival indices in one pass (kernels::lowest_open: the
+    // row protect's bits and lowest_masked_seq give); usually the victim. The protection
+    // bits are computed only when it is not.
+    std::size_t row = kernels::lowest_open(sc, seqs, v.size, config_.sinks, hi);
+    bool bits_set = false, marked = false;  // bits_: the protection; rows of R set in it
+    if (row != kernels::npos) {
+      prepare_distinct(v);
+      const std::uint32_t* id = ids_.of(v.layer, v.kv_head).data();
+      const std::uint32_t* band =
+          config_.recall_dedup == RecallDedup::protected_rows ? bands_[h].count.data() : nullptr;
+      const auto not_in_r = [&](std::size_t r) {
+        return !(sp[r] > 0.0f) || (band && band[id[r]] != 0) || outranked(v.size, sp, seqs, id, r, hi);
+      };
+      if (not_in_r(row)) {
+        out.push_back(static_cast<std::uint32_t>(row));
+        return;
+      }
+      detail::protection_bits(v, config_.sinks, recent, bits_);
+      bits_set = true;
+      // In B; in R while the bound holds: then the next open rows, 4 at a time
+      // (kernels::lowest_masked_seq4).
+      if (reserve_holds_b(v)) {
+        std::size_t low[4];
+        std::size_t c = 0;
+        for (;;) {
+          bits_[row >> 6] |= std::uint64_t{1} << (row & 63);
+          marked = true;
+          if (c == 0) {
+            c = kernels::lowest_masked_seq4(sc, seqs, v.size, bits_.data(), low);
+            if (c == 0) {  // every open row in R: cannot be (the bound keeps one open); decide fully
+              row = kernels::npos;
+              break;
+            }
+            std::reverse(low, low + c);  // taken from the back
+          }
+          row = low[--c];
+          if (not_in_r(row)) {
+            out.push_back(static_cast<std::uint32_t>(row));
+            return;
+          }
+        }
+      }
+    }
+    if (!bits_set || marked) detail::protection_bits(v, config_.sinks, recent, bits_);
+    keep_recalled(v, false);
+    if (row != kernels::npos && ((bits_[row >> 6] >> (row & 63)) & 1u) == 0) {
+      out.push_back(static_cast<std::uint32_t>(row));
+      return;
+    }
+    pick(v, bits_.data(), out);
+  }
+  /// distinct_victim's bound: true when |B| <= the reserve's size for this view, shown from
+  /// the head's Bound (bits_ holds the protection bits alone).
+  template <class S>
+  bool reserve_holds_b(const HeadView<S>& v) const {
+    const Bound& b = bounds_[head_index(v.layer, v.kv_head)];
+    if (!b.valid || b.capacity != v.capacity || v.incoming_seq < b.incoming_seq) return false;
+    std::size_t evictable = 0;
+    for (std::uint64_t w : bits_) evictable += popcount64(~w);  // bits past size are set
+    const std::size_t limit =
+        std::min(recall_for(v.capacity), evictable > v.need ? evictable - v.need : 0);
+    if (b.count > limit) return false;
+    return v.incoming_seq - b.incoming_seq <= (limit - b.count) / 2;
+  }
+  /// True when an open row (arrival index in [sinks, hi)) other than `row` has row's
+  /// signature number and a positive spike that ranks before row's in reserve order
+  /// (larger; equal and newer): then `row` is not its signature's best candidate, so not in
+  /// the reserve. The rows with the number are found by kernels::find_u32.
+  bool outranked(std::size_t n, const float* sp, const std::uint64_t* seqs,
+                 const std::uint32_t* id, std::size_t row, std::uint64_t hi) const {
+    const std::uint32_t d = id[row];
+    for (std::size_t r = kernels::find_u32(id, n, d, 0); r != kernels::npos;
+         r = kernels::find_u32(id, n, d, r + 1)) {
+      if (r == row || seqs[r] < config_.sinks || seqs[r] >= hi || !(sp[r] > 0.0f)) continue;
+      if (sp[r] > sp[row] || (sp[r] == sp[row] && seqs[r] > seqs[row])) return true;
+    }
+    return false;
+  }
+  /// RecallDedup: brings the head's signature numbers and (protected_rows) its band up to
+  /// this decision (keep_distinct's first step; a second call changes nothing).
+  template <class S>
+  void prepare_distinct(const HeadView<S>& v) {
+    const std::size_t h = head_index(v.layer, v.kv_head);
+    Interned& in = interned_[h];
+    const auto& ids = ids_.of(v.layer, v.kv_head);
+    // Renumbered when unset (bind, load_state) or when numbers of rows long gone pile up
+    // (every ~size appends: amortised O(1) per step); the band counts by number, so it is
+    // rebuilt with them.
+    if (!in.valid || in.n > 2 * ids.size() + 64) {
+      renumber(in, sigs_.of(v.layer, v.kv_head), ids_.of(v.layer, v.kv_head));
+      bands_[h].valid = false;
+    }
+    if (config_.recall_dedup == RecallDedup::protected_rows) update_band(v);
+  }
   /// RecallDedup: walks the candidates (cand_spike_ / cand_row_) from the largest rank down
   /// (ties: the newer row first) and keeps up to `k` of them, skipping a row whose key
   /// signature a kept row already has (with protected_rows: or a sink or recent row has).
@@ -857,14 +984,7 @@ class DecayedAttention {
     const std::size_t h = head_index(v.layer, v.kv_head);
     Interned& in = interned_[h];
     const auto& ids = ids_.of(v.layer, v.kv_head);
-    // Renumbered when unset (bind, load_state) or when numbers of rows long gone pile up
-    // (every ~size appends: amortised O(1) per step); the band counts by number, so it is
-    // rebuilt with them.
-    if (!in.valid || in.n > 2 * ids.size() + 64) {
-      renumber(in, sigs_.of(v.layer, v.kv_head), ids_.of(v.layer, v.kv_head));
-      bands_[h].valid = false;
-    }
-    if (prot) update_band(v);
+    prepare_distinct(v);
     if (k == 0 || m == 0) return;
     if (in.stamp.size() < in.n) {
       in.stamp.resize(in.n, 0);
@@ -896,6 +1016,9 @@ class DecayedAttention {
         best[d] = i;
     }
     for (std::uint32_t& d : order_) d = best[d];
+    // |B| (the signatures' best candidates) and the open rows that are not candidates, for
+    // distinct_victim's bound on later decisions.
+    bounds_[h] = Bound{v.incoming_seq, v.capacity, order_.size() + (last_evictable_ - m), true};
     if (order_.size() > k) {
       const auto before = [&](std::uint32_t a, std::uint32_t b) {  // reserve order
         if (cand_spike_[a] != cand_spike_[b]) return cand_spike_[a] > cand_spike_[b];
@@ -1101,6 +1224,15 @@ class DecayedAttention {
     bool valid = false;
   };
   std::vector<Band> bands_;
+  /// RecallDedup, per (layer, KV head): what the last reserve computation (keep_distinct)
+  /// saw, for distinct_victim's bound on |B|: the view's next arrival and capacity, |B|
+  /// plus the open rows that were not candidates.
+  struct Bound {
+    std::uint64_t incoming_seq = 0;
+    std::size_t capacity = 0, count = 0;
+    bool valid = false;
+  };
+  std::vector<Bound> bounds_;
   const char* label_ = name();  ///< the policy named in errors (H2O when it wraps this)
 };
 
