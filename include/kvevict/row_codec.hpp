@@ -8,9 +8,7 @@
 //   quantized formats (quantized.hpp: Q8<G>, Q4<G>, E4M3, KV<KF, VF>): the codec's bytes.
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <span>
-#include <type_traits>
 
 #include "bookkeeping.hpp"
 #include "quantized.hpp"
@@ -60,9 +58,6 @@ struct RowCodec {
     if constexpr (quantized) {
       Storage::key_codec::encode(key, d, k);
       Storage::value_codec::encode(value, d, v);
-    } else if constexpr (std::is_same_v<S, float>) {  // the bits as given
-      std::memcpy(k, key, d * sizeof(float));
-      std::memcpy(v, value, d * sizeof(float));
     } else {
       for (std::size_t j = 0; j < d; ++j) k[j] = static_cast<S>(key[j]);
       for (std::size_t j = 0; j < d; ++j) v[j] = static_cast<S>(value[j]);
