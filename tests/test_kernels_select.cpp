@@ -1253,3 +1253,86 @@ TEST_CASE("arrival_dots: the squared norm and G dot products in 8 lanes at every
       }
     }
 }
+
+// abs_below (the input checks of an append or prefill): scalar and AVX2 bodies against a
+// plain per-value test, for 1-6 arrays of unequal lengths (the AVX2 form reads up to four
+// at once, in proportion to their lengths, then each array's rest), every bound kind, and
+// one bad value planted at each kind of place (first, inside a round, in the rest, last).
+TEST_CASE("abs_below matches a per-value test at every level", "[kernels][select]") {
+  std::mt19937_64 rng(417);
+  const bool avx2 = kk::isa_supported(Isa::avx2);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float half_limit = 65520.0f;  // fp16: |x| >= 65520 rounds to infinity
+  const auto bits = [](float x) { return std::bit_cast<std::uint32_t>(x); };
+  const std::uint32_t limits[] = {bits(inf), bits(half_limit), bits(1.0f), 0x80000000u, 0u};
+  // reference: every |x| has a bit pattern below the array's limit
+  const auto want = [&](const std::vector<std::vector<float>>& a, const std::vector<std::uint32_t>& lim) {
+    for (std::size_t j = 0; j < a.size(); ++j)
+      for (float x : a[j])
+        if ((bits(x) & 0x7fffffffu) >= lim[j]) return false;
+    return true;
+  };
+  const auto run = [&](const std::vector<std::vector<float>>& a, const std::vector<std::uint32_t>& lim,
+                       bool expect) {
+    std::vector<const float*> xs;
+    std::vector<std::size_t> ns;
+    for (const auto& v : a) xs.push_back(v.data()), ns.push_back(v.size());
+    REQUIRE(want(a, lim) == expect);
+    CHECK(kk::detail::scalar::abs_below(xs.data(), ns.data(), lim.data(), a.size()) == expect);
+    CHECK(kk::abs_below(xs.data(), ns.data(), lim.data(), a.size()) == expect);
+#if KVEVICT_X86
+    if (avx2) CHECK(kk::detail::avx2::abs_below(xs.data(), ns.data(), lim.data(), a.size()) == expect);
+#endif
+  };
+  const std::vector<std::vector<std::size_t>> shapes = {
+      {0}, {1}, {7}, {31}, {32}, {33}, {1024, 1024, 4096}, {1024, 0, 4096}, {128, 128, 512},
+      {100, 1000, 37}, {64, 96, 65, 200}, {5, 300, 300, 7, 1000}, {2048, 2048, 8192, 64, 3, 999}};
+  for (const auto& shape : shapes)
+    for (std::uint32_t limit : limits) {
+      if (limit == 0) continue;  // every value fails: checked below
+      std::vector<std::vector<float>> a;
+      std::vector<std::uint32_t> lim;
+      // values strictly inside the bound (the largest magnitude below it included)
+      const float top = limit == 0x80000000u ? inf : std::bit_cast<float>(limit - 1);
+      for (std::size_t j = 0; j < shape.size(); ++j) {
+        std::vector<float> v(shape[j]);
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        for (auto& x : v) x = u(rng) * (limit == bits(1.0f) ? 0.999f : 1000.0f);
+        if (!v.empty()) v[v.size() / 2] = -top, v.back() = top, v.front() = -0.0f;
+        a.push_back(std::move(v));
+        lim.push_back(j == shape.size() - 1 && limit != 0x80000000u ? bits(inf) : limit);
+      }
+      if (lim.back() == bits(inf) && !a.back().empty()) a.back().back() = std::nextafter(inf, 0.0f);
+      run(a, lim, true);
+      if (limit == 0x80000000u) {  // nothing fails this bound, not even NaN
+        for (auto& v : a)
+          if (!v.empty()) v[0] = std::numeric_limits<float>::quiet_NaN();
+        run(a, lim, true);
+        continue;
+      }
+      const float bads[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                            inf, -inf, std::bit_cast<float>(lim[0]), -std::bit_cast<float>(lim[0])};
+      for (std::size_t j = 0; j < a.size(); ++j) {
+        const std::size_t n = a[j].size();
+        if (n == 0) continue;
+        for (std::size_t at : {std::size_t{0}, n / 3, n - n % 32 + (n % 32) / 2, n - 1}) {
+          if (at >= n) continue;
+          for (float bad : bads) {
+            if ((bits(bad) & 0x7fffffffu) < lim[j]) continue;  // not bad for this array
+            auto b = a;
+            b[j][at] = bad;
+            run(b, lim, false);
+          }
+        }
+      }
+    }
+  // limit 0 rejects every value, +-0 included; empty arrays pass any bound
+  run({{0.0f}}, {0u}, false);
+  run({{}, {}}, {0u, 0u}, true);
+  // a bound above 0x80000000 is an error, not a silently wrong test
+  const float one = 1.0f;
+  const float* x1 = &one;
+  const std::size_t n1 = 1;
+  const std::uint32_t too_big = 0x80000001u;
+  CHECK_THROWS_AS(kk::abs_below(&x1, &n1, &too_big, 1), std::invalid_argument);
+}

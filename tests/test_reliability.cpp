@@ -289,6 +289,59 @@ TEMPLATE_TEST_CASE("16-bit caches reject finite floats their storage cannot hold
   CHECK(idx.tokens_seen(0) == 0);
 }
 
+// An append's (a prefill's) keys, values and queries are value-checked in one interleaved
+// pass (kernels::abs_below) at the bench's shape, where that pass reads them in rounds;
+// a bad value anywhere is still named as the one-by-one checks name it: the first bad
+// array in argument order (keys, values, queries), its first bad index.
+TEMPLATE_TEST_CASE("append and prefill name the first bad input in argument order", "[reliability]",
+                   float, Eigen::half) {
+  using S = TestType;
+  const Geometry g{1, 32, 8, 128};
+  KVCache<pol::StreamingLLM, S> cache(g, Budget::uniform(16), pol::StreamingLLM{1});
+  Rng rng(6);
+  drive(cache, rng, 0, 20);
+  const std::size_t kv = 8 * 128, qn = 32 * 128;
+  const auto k = rng.normals(kv), v = rng.normals(kv), q = rng.normals(qn);
+  auto with = [](std::vector<float> x, std::size_t i, float val) {
+    x[i] = val;
+    return x;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const auto append = [&](std::vector<float> kk, std::vector<float> vv, std::vector<float> qq) {
+    return [=](auto& c) { c.append(0, 1000, kk, vv, qq); };
+  };
+  rejected(cache, append(with(k, 1000, nan), with(v, 5, inf), with(q, 4000, nan)),
+           Contains("append: keys[1000] = nan"));
+  rejected(cache, append(k, with(with(v, 1023, -inf), 1022, nan), with(q, 0, nan)),
+           Contains("append: values[1022] = nan"));
+  // each array alone, bad at its end (the fused pass must read all of each)
+  rejected(cache, append(with(k, kv - 1, -inf), v, q), Contains("append: keys[1023] = -inf"));
+  rejected(cache, append(k, with(v, kv - 1, nan), q), Contains("append: values[1023] = nan"));
+  rejected(cache, append(k, v, with(q, qn - 1, inf)), Contains("append: queries[4095] = inf"));
+  rejected(cache, append(k, v, with(with(q, 2049, -inf), 3000, nan)), Contains("append: queries[2049] = -inf"));
+  if constexpr (std::is_same_v<S, Eigen::half>) {  // finite, but no fp16 can hold it
+    rejected(cache, append(k, with(v, 777, 70000.0f), with(q, 1, nan)),
+             Contains("append: values[777] = 70000") && Contains("does not fit Eigen::half"));
+    // a query of that size is fine: queries are only checked finite
+    cache.append(0, 1000, k, v, with(q, 5, 70000.0f));
+  } else {
+    cache.append(0, 1000, with(k, 0, std::numeric_limits<float>::max()), v, q);
+  }
+  const auto block = [&](std::size_t tokens) { return rng.normals(tokens * kv); };
+  const auto kb = block(3), vb = block(3), qb = rng.normals(3 * qn);
+  rejected(
+      cache, [&](auto& c) { c.prefill(0, 2000, 3, kb, with(vb, 2 * kv + 9, nan), with(qb, 0, inf)); },
+      Contains("prefill: values[2057] = nan"));
+  rejected(
+      cache, [&](auto& c) { c.prefill(0, 2000, 3, kb, with(vb, 3 * kv - 1, inf), qb); },
+      Contains("prefill: values[3071] = inf"));
+  rejected(
+      cache, [&](auto& c) { c.prefill(0, 2000, 3, kb, vb, with(qb, 3 * qn - 1, -inf)); },
+      Contains("prefill: queries[12287] = -inf"));
+  cache.prefill(0, 2000, 3, kb, vb, qb);
+  CHECK(cache.tokens_seen(0) == 24);
+}
+
 // --- probabilities ----------------------------------------------------------------------
 
 TEST_CASE("observe rejects what is not a probability", "[reliability]") {

@@ -348,6 +348,10 @@ class KVCache
     if constexpr (mixed) HeadStore::check_stored(x, what, is_key);
     else Codec::check_stored(x, what, is_key);
   }
+  std::uint32_t stored_limit_bits(bool is_key) const {
+    if constexpr (mixed) return 0;  // two bands, two formats: MixedHead::check_stored
+    else return Codec::limit_bits(is_key);
+  }
   /// Quantized caches: head i dequantised into view_k_/view_v_ (the rows policies read),
   /// kept in step with removals and appends of that head, rebuilt when another head is
   /// read.
@@ -413,19 +417,37 @@ class KVCache
     if constexpr (!mixed) {
       const auto& h = this->heads_[i];
       if (victims.empty()) return;
-      const std::size_t kb = key_units(), vb = value_units();
-      const auto touch = [](const Unit* p, std::size_t units) {
-        const auto* b = reinterpret_cast<const char*>(p);
-        for (std::size_t o = 0; o < units * sizeof(Unit); o += 64) __builtin_prefetch(b + o, 1);
-      };
-      const auto row = [&](std::size_t r) {
-        touch(h.k.data() + r * kb, kb);
-        touch(h.v.data() + r * vb, vb);
-      };
-      for (std::uint32_t r : victims) row(r);
-      row(h.size() - 1);
+      for (std::uint32_t r : victims) touch_row(h, r);
+      touch_row(h, h.size() - 1);
     } else {
       (void)i, (void)victims;
+    }
+  }
+  /// Requests row r's K and V lines of head h for writing.
+  void touch_row(const HeadStore& h, std::size_t r) const
+    requires(!mixed)
+  {
+    const std::size_t kb = key_units(), vb = value_units();
+    const auto touch = [](const Unit* p, std::size_t units) {
+      const auto* b = reinterpret_cast<const char*>(p);
+      for (std::size_t o = 0; o < units * sizeof(Unit); o += 64) __builtin_prefetch(b + o, 1);
+    };
+    touch(h.k.data() + r * kb, kb);
+    touch(h.v.data() + r * vb, vb);
+  }
+  // Before a token's values are checked (the core's check_token, after the layer check):
+  // the last row of each full head of the layer, which a one-victim swap-remove copies and
+  // the incoming row then overwrites, is requested for writing, so that its misses overlap
+  // the reads of the check instead of following them.
+  void prepare_token(int layer) const {
+    if constexpr (!mixed) {
+      for (int kh = 0; kh < this->shape_.geometry.n_kv_heads; ++kh) {
+        const std::size_t i = this->index(layer, kh);
+        const auto& h = this->heads_[i];
+        if (h.size() > 0 && h.size() >= this->shape_.capacity[i]) touch_row(h, h.size() - 1);
+      }
+    } else {
+      (void)layer;
     }
   }
   // Row r leaves (to the callback); the last row's K/V moves into it.

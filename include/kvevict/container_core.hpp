@@ -18,6 +18,9 @@
 //   prepare_head(layer, kv_head, i, victims)   more allocation before anything changes (KVCache:
 //                                prefetches the rows the step will copy)
 //   prepare_step(layer, total_victims, max_rows)
+//   prepare_token(layer) const   a decode token for `layer` (a valid layer) is about to be
+//                                checked: may request memory the step will write (KVCache:
+//                                each full head's last row), so its misses overlap the checks
 //   remove_row(layer, kv_head, i, r, last)     row r leaves, last row moves into r
 //                                              (called before the core moves pos/seq)
 //   push_row(layer, kv_head, i, row, position, seq, key, value, token)
@@ -33,6 +36,9 @@
 //   shrink_rows(i, cap)          release storage beyond cap after a budget shrink
 //   check_stored(x, what, is_key)  reject keys/values the storage format cannot hold
 //                                (default: check_storable<Scalar>; quantized KVCache: its codec)
+//   stored_limit_bits(is_key)    check_stored's bound on |value| as a bit pattern (default:
+//                                check_storable<Scalar>'s), 0 when it is not a bound; a
+//                                layout overriding check_stored overrides it too
 //
 // Pooled budgets (Budget::pooled(), layer_pool.hpp) run through the same flows: only how
 // many victims each head of a layer gives up is decided across the heads (choose_pooled),
@@ -265,6 +271,7 @@ class ContainerCore {
   void load_rows(int, int, const float*, const float*) {}
   void reserve_rows(std::size_t, std::size_t) {}
   void prepare_head(int, int, std::size_t, const std::vector<std::uint32_t>&) {}
+  void prepare_token(int) const {}
   void prepare_step(int, std::size_t, std::size_t) {}
   void begin_prompt_head(int, int) {}
   void prepare_prompt(int, std::size_t, const std::vector<std::vector<std::uint32_t>>&,
@@ -292,6 +299,13 @@ class ContainerCore {
     (void)is_key;
     check_storable<Scalar>(x, what);
   }
+  /// check_stored's test when it is a bound on |value| (check_storable's, as the bit pattern
+  /// of the smallest |value| rejected), else 0. A layout that overrides check_stored
+  /// overrides this too (a static_assert in check_values holds them together).
+  std::uint32_t stored_limit_bits(bool is_key) const {
+    (void)is_key;
+    return storage_limit_bits<Scalar>();
+  }
 
   Layout& self() { return static_cast<Layout&>(*this); }
   const Layout& self() const { return static_cast<const Layout&>(*this); }
@@ -317,6 +331,7 @@ class ContainerCore {
                    bool values_optional) const {
     const Geometry& g = shape_.geometry;
     check_layer(g, layer);
+    self().prepare_token(layer);
     check_token_rows(g, keys, "append: keys");
     if (values_optional) {
       const std::size_t kv = static_cast<std::size_t>(g.n_kv_heads) * udim();
@@ -327,9 +342,30 @@ class ContainerCore {
     }
     check_queries<Policy>(g, queries, 1, "append");
     check_arrivals(layers_[static_cast<std::size_t>(layer)], layer, position, 1, "append");
-    self().check_stored(keys, "append: keys", true);
-    self().check_stored(values, "append: values", false);
-    check_finite(queries, "append: queries");
+    check_values(keys, values, queries, true, "append: keys", "append: values", "append: queries");
+  }
+  /// The value checks of an append or prefill, after the size checks: keys and values
+  /// (`with_values`) storable in the layout's format, queries (may be empty) finite. When
+  /// the layout's check_stored is a bound (stored_limit_bits) the three are tested in one
+  /// pass (kernels::abs_below: their reads interleaved); otherwise, or when that pass finds
+  /// a bad value, the checks run one by one in that order, naming the first bad value.
+  void check_values(std::span<const float> keys, std::span<const float> values,
+                    std::span<const float> queries, bool with_values, const char* keys_what,
+                    const char* values_what, const char* queries_what) const {
+    static_assert(std::is_same_v<decltype(&Layout::check_stored), decltype(&ContainerCore::check_stored)> ==
+                      std::is_same_v<decltype(&Layout::stored_limit_bits),
+                                     decltype(&ContainerCore::stored_limit_bits)>,
+                  "a layout that overrides check_stored overrides stored_limit_bits");
+    const std::uint32_t kl = self().stored_limit_bits(true), vl = self().stored_limit_bits(false);
+    if (kl != 0 && vl != 0) {
+      const float* xs[3] = {keys.data(), values.data(), queries.data()};
+      const std::size_t ns[3] = {keys.size(), with_values ? values.size() : 0, queries.size()};
+      const std::uint32_t limits[3] = {kl, vl, kFiniteLimit};
+      if (kernels::abs_below(xs, ns, limits, 3)) return;
+    }
+    self().check_stored(keys, keys_what, true);
+    if (with_values) self().check_stored(values, values_what, false);
+    check_finite(queries, queries_what);
   }
   /// The checks of a prefill block that do not depend on where K/V lives (values: none, or
   /// tokens x n_kv_heads x head_dim).
@@ -347,9 +383,8 @@ class ContainerCore {
     check_queries<Policy>(g, queries, tokens, "prefill", wants_queries);
     check_arrivals(layers_[static_cast<std::size_t>(layer)], layer, first_position, tokens,
                    "prefill");
-    self().check_stored(keys, "prefill: keys", true);
-    if (with_values) self().check_stored(values, "prefill: values", false);
-    check_finite(queries, "prefill: queries");
+    check_values(keys, values, queries, with_values, "prefill: keys", "prefill: values",
+                 "prefill: queries");
   }
 
   // --- views ----------------------------------------------------------------------------
@@ -722,6 +757,12 @@ class ContainerCore {
       total_victims += victims.size();
       reserve_head(i, n - victims.size() + 1, shape_.at(layer, kh));
       self().prepare_head(layer, kh, i, victims);
+      // The victims' positions and arrival indices are overwritten in phase 2: request
+      // their lines now, so that the heads' misses overlap.
+      for (const std::uint32_t r : victims) {
+        __builtin_prefetch(heads_[i].pos.data() + r, 1);
+        __builtin_prefetch(heads_[i].seq.data() + r, 1);
+      }
       max_rows = std::max(max_rows, n + 1);
     }
     self().prepare_step(layer, total_victims, max_rows);

@@ -231,6 +231,7 @@ class PagedCache
   void check_stored(std::span<const float> x, const char* what, bool is_key) const {
     Codec::check_stored(x, what, is_key);
   }
+  std::uint32_t stored_limit_bits(bool is_key) const { return Codec::limit_bits(is_key); }
   const View* attention_rows(int layer, int kh) {
     gather(layer, kh, nullptr, nullptr);
     return gather_k_.data();

@@ -7,6 +7,7 @@
 //   float, Eigen::half, Eigen::bfloat16: head_dim elements of S per row, converted;
 //   quantized formats (quantized.hpp: Q8<G>, Q4<G>, E4M3, KV<KF, VF>): the codec's bytes.
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include "bookkeeping.hpp"
@@ -44,6 +45,13 @@ struct RowCodec {
     } else {
       check_storable<S>(x, what);
     }
+  }
+  /// check_stored's test as a bound on |value| (the bit pattern of the smallest |value|
+  /// rejected): float, fp16, bf16; 0 for quantized formats (their codecs' own checks).
+  [[nodiscard]] static std::uint32_t limit_bits(bool is_key) {
+    (void)is_key;
+    if constexpr (quantized) return 0;
+    else return storage_limit_bits<S>();
   }
   /// One row (d floats each) into k (key_units) and v (value_units).
   static void encode(const float* key, const float* value, std::size_t d, unit* k, unit* v) {

@@ -82,6 +82,8 @@ KVEVICT_KERNEL_FN bool group_sum_bounded(const float* p, std::size_t g, std::siz
 KVEVICT_KERNEL_FN void decay_spike(float* score, float* spike, const float* x,
                                    const std::uint64_t* seqs, std::size_t n, float decay,
                                    std::uint64_t latest, std::uint64_t band);
+KVEVICT_KERNEL_FN bool abs_below(const float* const* xs, const std::size_t* ns,
+                                 const std::uint32_t* limits, std::size_t count);
 KVEVICT_KERNEL_FN std::size_t gather_open(const float* s, std::size_t n,
                                           const std::uint64_t* protected_bits, float lo,
                                           float* vals, std::uint32_t* idx);
@@ -685,6 +687,26 @@ KVEVICT_KERNEL_FN bool group_sum_bounded(const float* p, std::size_t g, std::siz
   if (active_isa() != Isa::scalar) return detail::avx2::group_sum_bounded(p, g, n, hi, out);
 #endif
   return detail::scalar::group_sum_bounded(p, g, n, hi, out);
+}
+
+/// Whether every value of `count` float arrays (array j: xs[j], ns[j] floats) has an
+/// absolute value below its bound, compared as bit patterns: (bits(x) & 0x7fffffff) <
+/// limits[j], so NaN fails every bound and limits[j] = 0x7f800000 (+inf) tests finiteness;
+/// each limits[j] must be at most 0x80000000. The input checks of an append or prefill
+/// (keys, values, queries) in one pass: the arrays are read interleaved, in proportion to
+/// their lengths, so their cache misses overlap. (AVX-512 CPUs run the AVX2 form.)
+KVEVICT_KERNEL_FN bool abs_below(const float* const* xs, const std::size_t* ns,
+                                 const std::uint32_t* limits, std::size_t count) {
+  for (std::size_t j = 0; j < count; ++j) {
+    detail::require_nonnull(xs[j], ns[j], "xs[j]");
+    if (limits[j] > 0x80000000u)
+      throw std::invalid_argument("kvevict::kernels: abs_below: limit " + std::to_string(limits[j]) +
+                                  ", expected at most 0x80000000 (2147483648)");
+  }
+#if KVEVICT_X86
+  if (active_isa() != Isa::scalar) return detail::avx2::abs_below(xs, ns, limits, count);
+#endif
+  return detail::scalar::abs_below(xs, ns, limits, count);
 }
 
 /// DecayedAttention's observe step over n rows: score[r] = decay * score[r] + x[r] (multiply,

@@ -815,6 +815,71 @@ KVEVICT_TARGET_AVX2 inline bool group_sum_bounded(const float* p, std::size_t g,
   return ok;
 }
 
+/// abs_below over up to kAbsBelowArrays arrays at once: each round reads a chunk of every
+/// array, 32 floats of the shortest and proportionally more of the longer ones (whole
+/// 32-float units), so the arrays' cache misses are in flight together instead of one
+/// array after the other; the rest of each array after the last full round goes 8 floats,
+/// then one, at a time. Same test as the scalar body (abs_below_body).
+inline constexpr std::size_t kAbsBelowArrays = 4;
+/// acc | ((bits of p[0..8)) & 0x7fffffff) + a): bit 31 of a lane set once a value failed.
+KVEVICT_TARGET_AVX2 inline __m256i abs_test8(__m256i acc, const float* p, __m256i a) noexcept {
+  const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm256_or_si256(acc, _mm256_add_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), a));
+}
+KVEVICT_TARGET_AVX2 inline bool abs_below_group(const float* const* xs, const std::size_t* ns,
+                                                const std::uint32_t* limits,
+                                                std::size_t count) noexcept {
+  constexpr std::size_t unit = 32;
+  __m256i acc0 = _mm256_setzero_si256(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  std::size_t shortest = 0;
+  for (std::size_t j = 0; j < count; ++j)
+    if (ns[j] > 0 && (shortest == 0 || ns[j] < shortest)) shortest = ns[j];
+  std::size_t rounds = shortest / unit, chunk[kAbsBelowArrays];
+  for (std::size_t j = 0; j < count; ++j) {
+    chunk[j] = ns[j] == 0 ? 0 : unit * (ns[j] / shortest);
+    if (chunk[j] > 0) rounds = std::min(rounds, ns[j] / chunk[j]);
+  }
+  // Software prefetch kAhead rounds ahead (a line is 16 floats): the hardware prefetchers
+  // ramp up over a stream's first lines, and these arrays are a few KB each.
+  constexpr std::size_t kAhead = 2;
+  for (std::size_t j = 0; j < count; ++j)
+    for (std::size_t o = 0; o < std::min(kAhead, rounds) * chunk[j]; o += 16)
+      _mm_prefetch(reinterpret_cast<const char*>(xs[j] + o), _MM_HINT_T0);
+  for (std::size_t r = 0; r < rounds; ++r)
+    for (std::size_t j = 0; j < count; ++j) {
+      const __m256i a = _mm256_set1_epi32(static_cast<int>(0x80000000u - limits[j]));
+      if (r + kAhead < rounds)
+        for (std::size_t o = 0; o < chunk[j]; o += 16)
+          _mm_prefetch(reinterpret_cast<const char*>(xs[j] + (r + kAhead) * chunk[j] + o), _MM_HINT_T0);
+      const float* p = xs[j] + r * chunk[j];
+      const float* end = p + chunk[j];
+      for (; p < end; p += unit) {
+        acc0 = abs_test8(acc0, p, a);
+        acc1 = abs_test8(acc1, p + 8, a);
+        acc2 = abs_test8(acc2, p + 16, a);
+        acc3 = abs_test8(acc3, p + 24, a);
+      }
+    }
+  bool ok = true;
+  for (std::size_t j = 0; j < count; ++j) {
+    const __m256i a = _mm256_set1_epi32(static_cast<int>(0x80000000u - limits[j]));
+    std::size_t i = rounds * chunk[j];
+    for (; i + 8 <= ns[j]; i += 8) acc0 = abs_test8(acc0, xs[j] + i, a);
+    ok &= scalar::abs_below_body(xs[j], ns[j], limits[j], i);
+  }
+  const __m256i acc = _mm256_or_si256(_mm256_or_si256(acc0, acc1), _mm256_or_si256(acc2, acc3));
+  return ok && _mm256_movemask_ps(_mm256_castsi256_ps(acc)) == 0;
+}
+KVEVICT_TARGET_AVX2 inline bool abs_below(const float* const* xs, const std::size_t* ns,
+                                          const std::uint32_t* limits, std::size_t count) noexcept {
+  bool ok = true;
+  for (std::size_t j = 0; j < count; j += kAbsBelowArrays) {
+    const std::size_t c = std::min(kAbsBelowArrays, count - j);
+    ok &= abs_below_group(xs + j, ns + j, limits + j, c);
+  }
+  return ok;
+}
+
 /// decay_spike 8 rows at a time: the decayed score with a separate multiply and add (this
 /// target has no FMA, so nothing is contracted), the age test as two 4-wide unsigned 64-bit
 /// compares (sign flip) narrowed to one 8-lane mask, the spike as max(x, spike), which is

@@ -332,6 +332,23 @@ inline void decay_spike(float* score, float* spike, const float* x, const std::u
   decay_spike_body(score, spike, x, seqs, n, decay, latest, band);
 }
 
+/// Whether every |x[i]| of x[from, n) has a bit pattern below `limit` (at most 0x80000000):
+/// (u & 0x7fffffff) + (0x80000000 - limit) carries into bit 31 exactly when it does not, so
+/// the test is an OR over the values, branch-free (it vectorises).
+KVEVICT_ALWAYS_INLINE bool abs_below_body(const float* x, std::size_t n, std::uint32_t limit,
+                                          std::size_t from = 0) noexcept {
+  const std::uint32_t add = 0x80000000u - limit;
+  std::uint32_t carry = 0;
+  for (std::size_t i = from; i < n; ++i) carry |= (std::bit_cast<std::uint32_t>(x[i]) & 0x7fffffffu) + add;
+  return (carry & 0x80000000u) == 0;
+}
+inline bool abs_below(const float* const* xs, const std::size_t* ns, const std::uint32_t* limits,
+                      std::size_t count) noexcept {
+  bool ok = true;
+  for (std::size_t j = 0; j < count; ++j) ok &= abs_below_body(xs[j], ns[j], limits[j]);
+  return ok;
+}
+
 /// The unprotected rows (bit clear in prot) with s[i] > 0 and s[i] >= lo, in index order:
 /// their values into vals and indices into idx; returns how many.
 KVEVICT_ALWAYS_INLINE std::size_t gather_open_body(const float* s, std::size_t n,
