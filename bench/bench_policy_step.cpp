@@ -43,16 +43,31 @@ struct Run {
   std::size_t t = 0;
   ProbStream probs;
   benchmark::State* timed = nullptr;  ///< set: probability draws are paused out of its timer
-  Run(int h, std::size_t n, Policy p)
-      : cache(geometry(h), Budget::uniform(static_cast<long long>(n)), std::move(p)), hkv(h), rows(n) {}
+  /// Fresh keys: token t's key is the pool's with its coordinate pairs rotated by
+  /// (t / 509) mod 64 places, so no two keys within 64 x 509 = 32576 tokens are equal or
+  /// have equal signatures (DecayedAttention's RecallDedup: text that does not repeat);
+  /// the copy is made for every policy run this way, inside the timer.
+  bool fresh = false;
+  std::vector<float> key_copy;
+  Run(int h, std::size_t n, Policy p, bool fresh_keys = false)
+      : cache(geometry(h), Budget::uniform(static_cast<long long>(n)), std::move(p)), hkv(h), rows(n),
+        fresh(fresh_keys), key_copy(static_cast<std::size_t>(h) * kDim) {}
 
+  std::span<const float> key() {
+    const auto k = pool().key(t, hkv);
+    if (!fresh) return k;
+    const std::size_t shift = 2 * ((t / Pool::kTokens) % (kDim / 2));
+    for (std::size_t h = 0; h < static_cast<std::size_t>(hkv); ++h)
+      for (std::size_t i = 0; i < kDim; ++i)
+        key_copy[h * kDim + i] = k[h * kDim + (i + shift) % kDim];
+    return key_copy;
+  }
   void append() {
     const Pool& P = pool();
     if constexpr (has(Policy::signals, Signals::query))
-      cache.append(0, static_cast<std::int64_t>(t), P.key(t, hkv), P.value(t, hkv),
-                   P.query(t, hkv));
+      cache.append(0, static_cast<std::int64_t>(t), key(), P.value(t, hkv), P.query(t, hkv));
     else
-      cache.append(0, static_cast<std::int64_t>(t), P.key(t, hkv), P.value(t, hkv));
+      cache.append(0, static_cast<std::int64_t>(t), key(), P.value(t, hkv));
   }
   // Every KV head reads (a prefix of) the step's window.
   void observe() {
@@ -78,15 +93,24 @@ struct Run {
 };
 
 template <class Policy>
-void BM_policy(benchmark::State& state, Policy policy) {
+void policy_steps(benchmark::State& state, Policy policy, bool fresh_keys) {
   const auto n = static_cast<std::size_t>(state.range(0));
   const int hkv = static_cast<int>(state.range(1));
-  Run<Policy> run(hkv, n, std::move(policy));
+  Run<Policy> run(hkv, n, std::move(policy), fresh_keys);
   run.fill(n);
   run.timed = &state;
   for (auto _ : state) run.step();
   state.counters["n"] = static_cast<double>(n);
   state.counters["hkv"] = hkv;
+}
+template <class Policy>
+void BM_policy(benchmark::State& state, Policy policy) {
+  policy_steps(state, std::move(policy), false);
+}
+// BM_policy on fresh keys (Run::fresh: no key repeats within 32576 tokens).
+template <class Policy>
+void BM_policy_fresh(benchmark::State& state, Policy policy) {
+  policy_steps(state, std::move(policy), true);
 }
 
 // What BM_policy's timer keeps of its pauses around the probability draws: the same
@@ -213,6 +237,10 @@ policies::DecayedAttention decayed_distinct(float recall) {
 }  // namespace
 BENCHMARK_CAPTURE(BM_policy, decayed_distinct, decayed_distinct(0.125f))->Apply(sizes);
 BENCHMARK_CAPTURE(BM_policy, decayed_distinct_quarter, decayed_distinct(0.25f))->Apply(sizes);
+BENCHMARK_CAPTURE(BM_policy_fresh, decayed_recommended, policies::DecayedAttention::recommended())
+    ->Apply(sizes);
+BENCHMARK_CAPTURE(BM_policy_fresh, decayed_distinct_quarter, decayed_distinct(0.25f))
+    ->Apply(sizes);
 BENCHMARK(BM_buzz_steady)->Apply(sizes);
 BENCHMARK(BM_buzz_rebuild)->Apply(sizes)->Iterations(3);
 BENCHMARK_CAPTURE(BM_policy, hashevict_key_b16, hash_key(16))->Apply(sizes);
