@@ -370,7 +370,7 @@ void evict_lowest_masked(const HeadView<Scalar>& view, const float* sc, const st
     return;
   }
   if (view.need <= 4) {
-    std::size_t low[4];
+    std::size_t low[4] = {};
     const std::size_t c = kernels::lowest_masked_seq4(sc, view.seqs, view.size, bits, low);
     if (c >= view.need) {
       for (std::size_t i = 0; i < view.need; ++i) out.push_back(static_cast<std::uint32_t>(low[i]));

@@ -308,6 +308,8 @@ class DecayedAttention {
   }
   /// HasPrefetchHead: starts the reads of the head's columns a decision reads (the scores;
   /// with the recall reserve also the spikes and arrival indices). No effect on results.
+  /// Decisions of pooled heads (costed_ 2) that take_ahead served, for the tests.
+  [[nodiscard]] std::size_t pooled_ahead_taken() const { return pooled_ahead_; }
   KVEVICT_DEFER void prefetch_head(int layer, int kv_head) const {
     if (recalls()) prefetch_columns(layer, kv_head);
     else prefetch_rows(scores_.of(layer, kv_head));
@@ -660,6 +662,7 @@ class DecayedAttention {
     a.valid = false;
     decay_[h] = decay_for(v.capacity);
     capacity_[h] = v.capacity;
+    if (h < costed_.size() && costed_[h] == 2) ++pooled_ahead_;
     out.push_back(a.row);
     // The swap-remove and the append write these columns next, and the head's observe
     // reads them after its attention step: start their reads now.
@@ -1216,6 +1219,7 @@ class DecayedAttention {
   /// that (observe decides ahead for a capacity of its rows). A speed hint only:
   /// choose_victims decides the same rows without the early decision.
   std::vector<std::uint8_t> costed_;
+  std::size_t pooled_ahead_ = 0;  ///< pooled_ahead_taken()
   /// Per (layer, KV head): the next append's decision taken by decide_ahead and the view
   /// it was taken for.
   struct Ahead {
