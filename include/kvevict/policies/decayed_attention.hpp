@@ -306,10 +306,10 @@ class DecayedAttention {
     }
     decide(v, out);
   }
-  /// HasPrefetchHead: starts the reads of the head's columns a decision reads (the scores;
-  /// with the recall reserve also the spikes and arrival indices). No effect on results.
   /// Decisions of pooled heads (costed_ 2) that take_ahead served, for the tests.
   [[nodiscard]] std::size_t pooled_ahead_taken() const { return pooled_ahead_; }
+  /// HasPrefetchHead: starts the reads of the head's columns a decision reads (the scores;
+  /// with the recall reserve also the spikes and arrival indices). No effect on results.
   KVEVICT_DEFER void prefetch_head(int layer, int kv_head) const {
     if (recalls()) prefetch_columns(layer, kv_head);
     else prefetch_rows(scores_.of(layer, kv_head));
