@@ -4,6 +4,7 @@
 // storage follows each head's share, the per-step split equals the brute-force rule over the
 // policy's own costs, PagedCache keeps KVCache's rows, and bad input is a kvevict::Error.
 #include <limits>
+#include <type_traits>
 
 #include <kvevict/paged_cache.hpp>
 #include <kvevict/serialize.hpp>
@@ -355,6 +356,15 @@ std::vector<float> made_up_probs(const Geometry& g, int h, std::size_t n, std::s
   return p;
 }
 
+// A copy of the policy that decides from scratch: DecayedAttention's decisions taken ahead
+// in observe are dropped (on_budget with the same shape clears them and the kept
+// protection; the decay and spikes stay), so the reference does not reuse them.
+template <class Policy>
+void forget_ahead(Policy& p, const kvevict::CacheShape& shape) {
+  if constexpr (std::is_same_v<Policy, pol::DecayedAttention>) p.on_budget(shape);
+  else (void)p, (void)shape;
+}
+
 // Drives a pooled KVCache and checks, every step: the heads' new sizes equal the brute-force
 // split over the policy's own costs (computed on a copy of the policy, with the view the
 // container builds: nominal or share capacity, incoming token or not), the pool's total and
@@ -409,7 +419,7 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
   const bool scheduled = o.frozen == PoolOptions::Frozen::schedule && every > 1;
   std::vector<std::vector<std::size_t>> schedule(pool_steps.size());
   std::vector<std::size_t> read(pool_steps.size(), 0);
-  std::size_t ran_out = 0, moved_frozen = 0;
+  std::size_t ran_out = 0, moved_frozen = 0, multi_named = 0;
   for (std::uint64_t t = 0; t < 400; ++t) {
     now = t;
     for (int l = 0; l < g.n_layers; ++l) {
@@ -504,6 +514,7 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
       if (frozen && scheduled) {
         ++frozen_steps;
         Policy fresh = cache.policy();
+        forget_ahead(fresh, cache.shape());  // decided from scratch, not from observe's
         for (std::size_t j = 0; j < width; ++j) {
           if (want[j] == 0) continue;
           const int hl = int((first + j) / hkv), h = int((first + j) % hkv);
@@ -517,6 +528,7 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
           std::vector<std::uint32_t> out;
           fresh.choose_victims(view, out);
           REQUIRE(out.size() == want[j]);
+          multi_named += want[j] > 1;
           for (std::uint32_t r : out) gives[j].push_back(s[r]);
           std::sort(gives[j].begin(), gives[j].end());
         }
@@ -525,6 +537,7 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
       } else if (frozen) {
         ++frozen_steps;
         Policy fresh = cache.policy();  // the cache's policy as this append finds it
+        forget_ahead(fresh, cache.shape());
         for (std::size_t j = 0; j < width; ++j) {
           want[j] = incoming[j];
           if (incoming[j] == 0) continue;
@@ -584,6 +597,11 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
   if (every > 1) REQUIRE(frozen_steps > 0);
   else REQUIRE(frozen_steps == 0);
   if (scheduled) REQUIRE(moved_frozen > 0);  // frozen steps moved rows between heads
+  if (scheduled) REQUIRE(multi_named > 0);   // a named head gave several rows (evict_lowest_masked's 2-4)
+  // DecayedAttention with the amortised split, share capacity: frozen steps' decisions on
+  // pooled heads were taken ahead in observe (costed_ 2), and equal the from-scratch ones.
+  if constexpr (std::is_same_v<Policy, pol::DecayedAttention>)
+    if (every > 1 && o.capacity == PoolOptions::Capacity::share) REQUIRE(cache.policy().pooled_ahead_taken() > 20);
   (void)ran_out;
   if (expect_uneven) {
     REQUIRE(max_head > B + B / 4);  // the far-looking heads took rows from the local ones
@@ -1205,4 +1223,53 @@ TEST_CASE("pooled set_budget: a large shrink evicts reserve rows too, never a lo
   }
   REQUIRE(all <= std::size_t(4 * to));
   for (int t = 80; t < 120; ++t) step(t);
+}
+
+// evict_lowest_masked (policies/common.hpp), written out: the `need` open rows (bit clear)
+// with the lowest (score, seq). Scores drawn from a few values so ties are common, rows
+// protected at random; need 1 to 8 (1: the masked argmin, 2-4: lowest_masked_seq4 in one
+// pass, more: the general path). Also: too few open rows is a logic_error.
+TEST_CASE("evict_lowest_masked picks the need lowest open (score, seq), ties included", "[pool]") {
+  kvtest::Rng rng(42);
+  std::size_t compared = 0, few = 0, refused = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const std::size_t n = 1 + std::size_t(std::size_t(rng.uniform(0, (long long)(200) - 1)));
+    std::vector<float> sc(n);
+    std::vector<std::uint64_t> seqs(n);
+    for (std::size_t r = 0; r < n; ++r) {
+      sc[r] = float(std::size_t(rng.uniform(0, (long long)(trial % 3 == 0 ? 3 : 40) - 1))) * 0.25f;
+      seqs[r] = r;
+    }
+    for (std::size_t r = n; r > 1; --r) std::swap(seqs[r - 1], seqs[std::size_t(std::size_t(rng.uniform(0, (long long)(r) - 1)))]);  // arrival order shuffled
+    std::vector<std::uint64_t> bits((n + 63) / 64, 0);
+    const double p = trial % 4 == 0 ? 0.9 : 0.3;
+    for (std::size_t r = 0; r < n; ++r)
+      if (rng.chance(p)) bits[r >> 6] |= std::uint64_t{1} << (r & 63);
+    for (std::size_t r = n; r < bits.size() * 64; ++r) bits[r >> 6] |= std::uint64_t{1} << (r & 63);
+    std::vector<std::pair<std::pair<float, std::uint64_t>, std::uint32_t>> open;
+    for (std::size_t r = 0; r < n; ++r)
+      if (((bits[r >> 6] >> (r & 63)) & 1u) == 0) open.push_back({{sc[r], seqs[r]}, std::uint32_t(r)});
+    std::sort(open.begin(), open.end());
+    kvevict::HeadView<float> view;
+    view.size = n;
+    view.seqs = seqs.data();
+    view.need = 1 + std::size_t(std::size_t(rng.uniform(0, (long long)(8) - 1)));
+    std::vector<std::uint32_t> out;
+    if (open.size() < view.need) {
+      REQUIRE_THROWS_AS(pol::detail::evict_lowest_masked(view, sc.data(), bits.data(), out, "Test"), std::logic_error);
+      ++refused;
+      continue;
+    }
+    pol::detail::evict_lowest_masked(view, sc.data(), bits.data(), out, "Test");
+    std::vector<std::uint32_t> want;
+    for (std::size_t i = 0; i < view.need; ++i) want.push_back(open[i].second);
+    std::sort(out.begin(), out.end());
+    std::sort(want.begin(), want.end());
+    REQUIRE(out == want);
+    ++compared;
+    few += view.need >= 2 && view.need <= 4;
+  }
+  REQUIRE(compared > 2000);
+  REQUIRE(few > 500);
+  REQUIRE(refused > 50);
 }

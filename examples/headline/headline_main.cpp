@@ -1170,14 +1170,13 @@ constexpr PoolOptions kPoolScaled{.floor_fraction = 0.25,
                                   .capacity = PoolOptions::Capacity::share,
                                   .scope = PoolOptions::Scope::model,
                                   .share_exponent = 0.5};
-// kPoolScaled with the amortised split (PoolOptions::rebalance_every): the split re-decided
-// on every kRebalance-th append of any layer only, frozen in between (each stepping head
-// gives one row by its own choice). The rule fixed before the tuning run (--adaptive --tune
-// --rebalance-grid, streams 0-7, R in {4, 8, 16, 32, 64}): the largest R whose share of the
-// calibrated gain is within 10 points of every-step's at every budget. No R passed (every
-// one lost most of the gain at 16 and 32 rows; docs/quality.md, stop 39), so the default
-// stays 1; these rows show R = 32, the setting bench_layer_pool measures.
-constexpr std::size_t kRebalance = 32;
+// kPoolScaled with the amortised split: the split re-decided once the frozen steps took in
+// 1/40 of the pool's rows (PoolOptions::rebalance_fraction, chosen on the tuning streams in
+// stop 40), the frozen steps following the eviction schedule (PoolOptions::Frozen::schedule):
+// the setting bench_layer_pool measures (its `amortised` cache). Stop 39's rows here were
+// R = 32 appends with Frozen::own (docs/quality/stories260K_adaptive_stop39.txt); stop 42
+// replaced them with this setting.
+constexpr double kRebalanceFraction = 1.0 / 40;
 // DuoAttention-style head typing from the calibration profile: the share of KV heads with
 // the most mass beyond a sink + window keeps a long cache, the rest sink + window. Chosen
 // with --adaptive --tune on streams 0-7.
@@ -1218,13 +1217,14 @@ void all_split_rows(std::size_t B, const AttentionAgeProfile& profile, Row&& row
   row("recommended() + run-time per-head budgets, per layer, share-scaled costs",
       policies::DecayedAttention::recommended(), Budget::uniform(b).pooled(layer));
   PoolOptions amortised = kPoolScaled;
-  amortised.rebalance_every = kRebalance;
-  row(fmt::format("recommended() + run-time per-head budgets, whole cache, share-scaled costs, re-split every {}",
-                  kRebalance),
+  amortised.frozen = PoolOptions::Frozen::schedule;
+  amortised.rebalance_fraction = kRebalanceFraction;
+  const std::string every = fmt::format("eviction schedule, re-split every 1/{:g} of the pool", 1.0 / kRebalanceFraction);
+  row("recommended() + run-time per-head budgets, whole cache, share-scaled costs, " + every,
       policies::DecayedAttention::recommended(), Budget::uniform(b).pooled(amortised));
-  layer.rebalance_every = kRebalance;
-  row(fmt::format("recommended() + run-time per-head budgets, per layer, share-scaled costs, re-split every {}",
-                  kRebalance),
+  layer.frozen = PoolOptions::Frozen::schedule;
+  layer.rebalance_fraction = kRebalanceFraction;
+  row("recommended() + run-time per-head budgets, per layer, share-scaled costs, " + every,
       policies::DecayedAttention::recommended(), Budget::uniform(b).pooled(layer));
 }
 // --adaptive --tune: the pooled floor and the head typing on the tuning streams.

@@ -357,13 +357,25 @@ inline std::uint32_t open_victim(std::size_t best, const char* policy) {
 
 /// evict_lowest over float scores with the protected rows given as bits (protect_outside's
 /// layout): the `view.need` lowest (score, seq) among the open rows; one victim through the
-/// dispatched masked argmin (lowest_masked).
+/// dispatched masked argmin (lowest_masked), two to four through its four-row form
+/// (kernels::lowest_masked_seq4: the rows lowest_masked would return one after another,
+/// each time with the previous ones protected, so the same set; one pass, nothing
+/// allocated). Like one victim, rows with a NaN score are never chosen there; when fewer
+/// than `need` open rows qualify, the general path below decides (and throws).
 template <class Scalar>
 void evict_lowest_masked(const HeadView<Scalar>& view, const float* sc, const std::uint64_t* bits,
                          std::vector<std::uint32_t>& out, const char* policy) {
   if (view.need == 1) {
     out.push_back(static_cast<std::uint32_t>(lowest_masked(sc, view.seqs, view.size, bits, policy)));
     return;
+  }
+  if (view.need <= 4) {
+    std::size_t low[4] = {};
+    const std::size_t c = kernels::lowest_masked_seq4(sc, view.seqs, view.size, bits, low);
+    if (c >= view.need) {
+      for (std::size_t i = 0; i < view.need; ++i) out.push_back(static_cast<std::uint32_t>(low[i]));
+      return;
+    }
   }
   evict_lowest(
       view, [&](std::size_t r) { return sc[r]; },

@@ -210,8 +210,19 @@ class DecayedAttention {
   /// head's next append is taken at the end of its observe (decide_ahead), while the
   /// columns it reads are in cache; here it is used when nothing changed since and the
   /// view is the one it was taken for, else decided now. The same victim either way.
+  ///
+  /// A pooled head (ranked by eviction_costs) asked here directly (a frozen step of the
+  /// amortised split names it) is marked to decide ahead again (costed_ 2), for a capacity
+  /// that follows its rows (what the pool's share capacity gives at or above its floor).
   template <class S>
   void choose_victims(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
+    const std::size_t h = head_index(v.layer, v.kv_head);
+    if (h < costed_.size() && costed_[h] == 1) costed_[h] = 2;
+    decide(v, out);
+  }
+  /// choose_victims' decision, without its hint.
+  template <class S>
+  void decide(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
     if (take_ahead(v, out)) return;
     if (dedups() && v.need == 1) {
       distinct_victim(v, out);
@@ -293,8 +304,10 @@ class DecayedAttention {
         return;
       }
     }
-    choose_victims(v, out);
+    decide(v, out);
   }
+  /// Decisions of pooled heads (costed_ 2) that take_ahead served, for the tests.
+  [[nodiscard]] std::size_t pooled_ahead_taken() const { return pooled_ahead_; }
   /// HasPrefetchHead: starts the reads of the head's columns a decision reads (the scores;
   /// with the recall reserve also the spikes and arrival indices). No effect on results.
   KVEVICT_DEFER void prefetch_head(int layer, int kv_head) const {
@@ -355,12 +368,18 @@ class DecayedAttention {
     auto& sp = spikes_.of(a.layer, a.kv_head);
     const auto& sq = seqs_.of(a.layer, a.kv_head);
     const std::size_t recent = recent_for(capacity_[h]);
-    if (dedups() || pairs() || a.size == 0 || a.size != capacity_[h] ||
-        (h < costed_.size() && costed_[h])) {
+    // The capacity the next decision is expected to see: the head's last one, or for a
+    // pooled head deciding by choose_victims (costed_ 2) its rows (the share capacity; a
+    // guess: take_ahead checks it). The fused pass needs that capacity's recent band to be
+    // the band the spikes are counted with.
+    const std::uint8_t costed = h < costed_.size() ? costed_[h] : 0;
+    const std::size_t capacity = costed == 2 ? a.size : capacity_[h];
+    if (dedups() || pairs() || a.size == 0 || a.size != capacity || costed == 1 ||
+        (costed == 2 && recent_for(capacity) != recent)) {
       // One dispatched pass (kernels::decay_spike): the decayed score of every row, the
       // spike of the rows with latest - seq >= band. A head ranked by eviction_costs (a
       // pooled budget) takes its decisions from those costs (pooled_victims), so the next
-      // append's decision is not taken ahead for it.
+      // append's decision is not taken ahead for it (until choose_victims marks it).
       kernels::decay_spike(sc.data(), sp.data(), x, sq.data(), a.size, g, latest_[h], recent);
       return;
     }
@@ -374,7 +393,7 @@ class DecayedAttention {
                                           latest_[h], recent, config_.sinks,
                                           incoming >= recent ? incoming - recent : 0, floor_[h],
                                           bits_.data(), cand_spike_.data(), cand_row_.data());
-    decide_ahead(a.layer, a.kv_head, a.size);
+    decide_ahead(a.layer, a.kv_head, a.size, capacity);
   }
   /// Saved state for serialize.hpp: the configuration (checked on load), the per-head
   /// decays (they follow set_budget) and the scores.
@@ -607,11 +626,10 @@ class DecayedAttention {
   /// until the head's rows, scores or budget change (forget, on_budget, load_state);
   /// take_ahead checks the view before using it. Changes no state but scratch and floor_
   /// (a hint: the same rows are kept whatever it is).
-  KVEVICT_DEFER void decide_ahead(int layer, int kv_head, std::size_t n) {
+  KVEVICT_DEFER void decide_ahead(int layer, int kv_head, std::size_t n, std::size_t capacity) {
     const std::size_t h = head_index(layer, kv_head);
     Ahead& a = ahead_[h];
     a.valid = false;
-    const std::size_t capacity = capacity_[h];
     HeadView<float> v;
     v.layer = layer;
     v.kv_head = kv_head;
@@ -644,6 +662,7 @@ class DecayedAttention {
     a.valid = false;
     decay_[h] = decay_for(v.capacity);
     capacity_[h] = v.capacity;
+    if (h < costed_.size() && costed_[h] == 2) ++pooled_ahead_;
     out.push_back(a.row);
     // The swap-remove and the append write these columns next, and the head's observe
     // reads them after its attention step: start their reads now.
@@ -1196,9 +1215,11 @@ class DecayedAttention {
   };
   std::vector<Memo> memo_;
   /// Per (layer, KV head): 1 once eviction_costs ranked it (its decisions come from the
-  /// costs: observe skips decide_ahead for it). A speed hint only: choose_victims decides
-  /// the same rows without the early decision.
+  /// costs: observe skips decide_ahead for it); 2 once choose_victims was asked for it after
+  /// that (observe decides ahead for a capacity of its rows). A speed hint only:
+  /// choose_victims decides the same rows without the early decision.
   std::vector<std::uint8_t> costed_;
+  std::size_t pooled_ahead_ = 0;  ///< pooled_ahead_taken()
   /// Per (layer, KV head): the next append's decision taken by decide_ahead and the view
   /// it was taken for.
   struct Ahead {
