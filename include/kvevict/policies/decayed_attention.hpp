@@ -491,6 +491,10 @@ class DecayedAttention {
   [[nodiscard]] const std::vector<float>& spikes(int layer, int kv_head) const {
     return spikes_.of(layer, kv_head);
   }
+  /// RecallDedup: how many reserve computations ranked only the candidates reaching the last
+  /// threshold (keep_distinct's hinted path; the rows are those of ranking every candidate).
+  /// A count for tests and profiles.
+  [[nodiscard]] std::uint64_t hinted_reserves() const { return hinted_; }
 
  private:
   // H2O is this policy at decay 1; it keeps its own name and save format (h2o.hpp).
@@ -722,8 +726,21 @@ class DecayedAttention {
     last_evictable_ = evictable;  // for eviction_costs' memo (pooled_victims): the reserve's
     last_reserve_ = limit;        // target, min(recall rows, candidates, evictable - need)
     if (dedups()) {
+      // From the last threshold first (spike rank: the value the k-th best signature had),
+      // as below; keep_distinct refuses when fewer than `limit` allowed signatures reach it,
+      // and every candidate is ranked then. The same rows either way.
+      const float hint = ranks_draws() ? 0.0f : floor_[h];
+      if (hint > 0.0f && limit > 0) {
+        collect(hint);
+        if (keep_distinct(v, limit, true)) {
+          ++hinted_;
+          last_reserve_ = limit;
+          return;
+        }
+      }
       collect(0.0f);
-      keep_distinct(v, limit, keep);
+      keep_distinct(v, limit, false);
+      last_reserve_ = limit;  // the reserve may keep fewer (pooled_victims: see there)
       return;
     }
     if (pairs()) {
@@ -735,6 +752,15 @@ class DecayedAttention {
     const float hint = ranks_draws() ? 0.0f : floor_[h];
     if (!gathered) collect(hint);
     if (hint > 0.0f && cand_n_ < limit) collect(0.0f);
+    keep_top(v, limit);
+  }
+  /// Sets in bits_ the `limit` best candidates (cand_spike_ / cand_row_ [0, cand_n_): the
+  /// largest rank, ties: the newer row), or all of them when fewer; floor_ takes the k-th
+  /// best rank (the next decision's hint), last_reserve_ how many are kept.
+  template <class S>
+  void keep_top(const HeadView<S>& v, std::size_t limit) {
+    const std::size_t h = head_index(v.layer, v.kv_head);
+    const auto keep = [&](std::uint32_t r) { bits_[r >> 6] |= std::uint64_t{1} << (r & 63); };
     const std::size_t m = cand_n_;
     const std::size_t k = std::min(limit, m);
     last_reserve_ = k;  // m counts every candidate whenever it is below limit
@@ -976,16 +1002,23 @@ class DecayedAttention {
   /// The first row of each signature in that order is the signature's best candidate, so
   /// the rows kept are the k best of the signatures' best candidates: one pass over the
   /// candidates groups them by signature number (ids_, arrays indexed by number: no hashing
-  /// per decision, no sort), then a partial select of the k best when more signatures remain.
-  template <class S, class Keep>
-  void keep_distinct(const HeadView<S>& v, std::size_t k, Keep keep) {
+  /// per decision, no sort), then keep_top selects the k best of them.
+  ///
+  /// `hinted`: the candidates are those whose rank reaches a threshold T (the last
+  /// decision's k-th best, floor_). A signature's best candidate reaches T iff one of its
+  /// candidates does, and is then found among them; ranks are compared first, so when at
+  /// least k allowed signatures reach T the k best signatures are among them: the same rows.
+  /// With fewer, nothing is kept and false is returned (the caller ranks every candidate).
+  template <class S>
+  bool keep_distinct(const HeadView<S>& v, std::size_t k, bool hinted) {
     const std::size_t m = cand_n_;
     const bool prot = config_.recall_dedup == RecallDedup::protected_rows;
     const std::size_t h = head_index(v.layer, v.kv_head);
     Interned& in = interned_[h];
     const auto& ids = ids_.of(v.layer, v.kv_head);
     prepare_distinct(v);
-    if (k == 0 || m == 0) return;
+    if (k == 0) return true;
+    if (m == 0) return !hinted;
     if (in.stamp.size() < in.n) {
       in.stamp.resize(in.n, 0);
       in.best.resize(in.n);
@@ -1015,20 +1048,26 @@ class DecayedAttention {
           (cand_spike_[i] == cand_spike_[j] && seqs[cand_row_[i]] > seqs[cand_row_[j]]))
         best[d] = i;
     }
-    for (std::uint32_t& d : order_) d = best[d];
-    // |B| (the signatures' best candidates) and the open rows that are not candidates, for
-    // distinct_victim's bound on later decisions.
-    bounds_[h] = Bound{v.incoming_seq, v.capacity, order_.size() + (last_evictable_ - m), true};
-    if (order_.size() > k) {
-      const auto before = [&](std::uint32_t a, std::uint32_t b) {  // reserve order
-        if (cand_spike_[a] != cand_spike_[b]) return cand_spike_[a] > cand_spike_[b];
-        return seqs[cand_row_[a]] > seqs[cand_row_[b]];
-      };
-      std::nth_element(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k),
-                       order_.end(), before);
-      order_.resize(k);
+    const std::size_t nb = order_.size();  // |B| (hinted: those reaching the threshold)
+    if (hinted && nb < k) return false;
+    // |B| and the open rows that are not candidates, for distinct_victim's bound on later
+    // decisions; unknown when hinted (|B| >= k then: no bound would hold).
+    if (hinted) bounds_[h].valid = false;
+    else bounds_[h] = Bound{v.incoming_seq, v.capacity, nb + (last_evictable_ - m), true};
+    // The best candidates packed to the front of the candidate arrays, in the order their
+    // signatures were met: the j-th signature's best candidate is at index >= j (it was
+    // met first there or later), so no entry is overwritten before it is read.
+    for (std::size_t j = 0; j < nb; ++j) {
+      const std::uint32_t i = best[order_[j]];
+      cand_spike_[j] = cand_spike_[i];
+      cand_row_[j] = cand_row_[i];
     }
-    for (std::uint32_t i : order_) keep(cand_row_[i]);
+    cand_n_ = nb;
+    keep_top(v, k);
+    // All of B kept (|B| <= k): the next decision's B may be smaller than k, so it ranks
+    // every candidate rather than try a threshold first.
+    if (nb <= k && !hinted) floor_[h] = 0.0f;
+    return true;
   }
   /// RecallDedup, per (layer, KV head): the distinct signatures of the head's rows numbered
   /// 0, 1, ... (ids_ holds each row's number) through a flat open-addressing table, and
@@ -1211,6 +1250,7 @@ class DecayedAttention {
   std::vector<float> cand_spike_, sum_;
   std::vector<std::uint32_t> cand_row_, top_;
   std::size_t cand_n_ = 0;  ///< candidates in cand_spike_ / cand_row_ (keep_recalled)
+  std::uint64_t hinted_ = 0;  ///< RecallDedup decisions ranked from the threshold alone
   std::vector<Tie> ties_;
   std::vector<std::uint32_t> order_;  ///< RecallDedup: signatures, then candidates; recall_successor: candidates
   detail::RowColumn<std::uint32_t> ids_;  ///< RecallDedup: signature number of each row
