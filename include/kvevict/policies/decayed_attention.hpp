@@ -491,10 +491,14 @@ class DecayedAttention {
   [[nodiscard]] const std::vector<float>& spikes(int layer, int kv_head) const {
     return spikes_.of(layer, kv_head);
   }
-  /// RecallDedup: how many reserve computations ranked only the candidates reaching the last
-  /// threshold (keep_distinct's hinted path; the rows are those of ranking every candidate).
-  /// A count for tests and profiles.
-  [[nodiscard]] std::uint64_t hinted_reserves() const { return hinted_; }
+  /// RecallDedup, counts for tests and profiles: reserve computations that ranked only the
+  /// candidates reaching the last threshold (keep_distinct's hinted path), and those whose
+  /// threshold was tried and refused (fewer than k allowed signatures reached it: every
+  /// candidate was ranked). The rows are those of ranking every candidate either way.
+  struct HintCounts {
+    std::uint64_t hinted = 0, refused = 0;
+  };
+  [[nodiscard]] const HintCounts& hint_counts() const { return hint_counts_; }
 
  private:
   // H2O is this policy at decay 1; it keeps its own name and save format (h2o.hpp).
@@ -733,10 +737,11 @@ class DecayedAttention {
       if (hint > 0.0f && limit > 0) {
         collect(hint);
         if (keep_distinct(v, limit, true)) {
-          ++hinted_;
+          ++hint_counts_.hinted;
           last_reserve_ = limit;
           return;
         }
+        ++hint_counts_.refused;
       }
       collect(0.0f);
       keep_distinct(v, limit, false);
@@ -1019,49 +1024,45 @@ class DecayedAttention {
     prepare_distinct(v);
     if (k == 0) return true;
     if (m == 0) return !hinted;
-    if (in.stamp.size() < in.n) {
-      in.stamp.resize(in.n, 0);
-      in.best.resize(in.n);
-    }
+    if (in.met.size() < in.n) in.met.resize(in.n);
     if (++in.epoch == 0) {  // wrapped: no stamp may equal a later epoch by accident
-      std::fill(in.stamp.begin(), in.stamp.end(), 0u);
+      std::fill(in.met.begin(), in.met.end(), Met{});
       in.epoch = 1;
     }
     const std::uint32_t epoch = in.epoch;
     const std::uint32_t* band = prot ? bands_[h].count.data() : nullptr;
     const std::uint32_t* id = ids.data();
     const std::uint64_t* seqs = v.seqs;
-    std::uint32_t* stamp = in.stamp.data();
-    std::uint32_t* best = in.best.data();
-    order_.clear();  // the signatures met, then their best candidates
-    for (std::uint32_t i = 0; i < m; ++i) {
-      const std::uint32_t d = id[cand_row_[i]];
+    Met* met = in.met.data();
+    // The signatures' best candidates, packed to the front of the candidate arrays in the
+    // order their signatures are met (met[d].place: signature d's); a place is at
+    // most the index being read, so no candidate is overwritten before it is read.
+    float* cs = cand_spike_.data();
+    std::uint32_t* cr = cand_row_.data();
+    std::size_t nb = 0;  // |B| (hinted: the signatures reaching the threshold)
+    for (std::size_t i = 0; i < m; ++i) {
+      const float s = cs[i];
+      const std::uint32_t row = cr[i];
+      const std::uint32_t d = id[row];
       if (band && band[d] != 0) continue;
-      if (stamp[d] != epoch) {
-        stamp[d] = epoch;
-        best[d] = i;
-        order_.push_back(d);
+      if (met[d].stamp != epoch) {
+        met[d] = Met{epoch, static_cast<std::uint32_t>(nb)};
+        cs[nb] = s;
+        cr[nb] = row;
+        ++nb;
         continue;
       }
-      const std::uint32_t j = best[d];
-      if (cand_spike_[i] > cand_spike_[j] ||
-          (cand_spike_[i] == cand_spike_[j] && seqs[cand_row_[i]] > seqs[cand_row_[j]]))
-        best[d] = i;
+      const std::uint32_t j = met[d].place;
+      if (s > cs[j] || (s == cs[j] && seqs[row] > seqs[cr[j]])) {
+        cs[j] = s;
+        cr[j] = row;
+      }
     }
-    const std::size_t nb = order_.size();  // |B| (hinted: those reaching the threshold)
     if (hinted && nb < k) return false;
     // |B| and the open rows that are not candidates, for distinct_victim's bound on later
     // decisions; unknown when hinted (|B| >= k then: no bound would hold).
     if (hinted) bounds_[h].valid = false;
     else bounds_[h] = Bound{v.incoming_seq, v.capacity, nb + (last_evictable_ - m), true};
-    // The best candidates packed to the front of the candidate arrays, in the order their
-    // signatures were met: the j-th signature's best candidate is at index >= j (it was
-    // met first there or later), so no entry is overwritten before it is read.
-    for (std::size_t j = 0; j < nb; ++j) {
-      const std::uint32_t i = best[order_[j]];
-      cand_spike_[j] = cand_spike_[i];
-      cand_row_[j] = cand_row_[i];
-    }
     cand_n_ = nb;
     keep_top(v, k);
     // All of B kept (|B| <= k): the next decision's B may be smaller than k, so it ranks
@@ -1071,13 +1072,16 @@ class DecayedAttention {
   }
   /// RecallDedup, per (layer, KV head): the distinct signatures of the head's rows numbered
   /// 0, 1, ... (ids_ holds each row's number) through a flat open-addressing table, and
-  /// per number keep_distinct's scratch (stamp: the decision that last met it; best: its
-  /// best candidate in that decision).
+  /// per number keep_distinct's scratch (Met).
+  struct Met {
+    std::uint32_t stamp = 0;  ///< the decision that last met the number
+    std::uint32_t place = 0;  ///< where its best candidate is packed in that decision
+  };
   struct Interned {
     std::vector<std::uint64_t> keys;   ///< table slots: a signature
     std::vector<std::uint32_t> slots;  ///< its number + 1; 0 = empty slot
     std::uint32_t n = 0;               ///< numbers handed out
-    std::vector<std::uint32_t> stamp, best;
+    std::vector<Met> met;
     std::uint32_t epoch = 0;
     bool valid = false;  ///< ids_ numbers the head's rows by this table
   };
@@ -1120,7 +1124,7 @@ class DecayedAttention {
     in.n = 0;
     ids.resize(sigs.size());
     for (std::size_t r = 0; r < sigs.size(); ++r) ids[r] = intern(in, sigs[r]);
-    std::fill(in.stamp.begin(), in.stamp.end(), 0u);
+    std::fill(in.met.begin(), in.met.end(), Met{});
     in.epoch = 0;
     in.valid = true;
   }
@@ -1250,9 +1254,9 @@ class DecayedAttention {
   std::vector<float> cand_spike_, sum_;
   std::vector<std::uint32_t> cand_row_, top_;
   std::size_t cand_n_ = 0;  ///< candidates in cand_spike_ / cand_row_ (keep_recalled)
-  std::uint64_t hinted_ = 0;  ///< RecallDedup decisions ranked from the threshold alone
+  HintCounts hint_counts_;  ///< RecallDedup: hint_counts()
   std::vector<Tie> ties_;
-  std::vector<std::uint32_t> order_;  ///< RecallDedup: signatures, then candidates; recall_successor: candidates
+  std::vector<std::uint32_t> order_;  ///< recall_successor: the candidates in reserve order
   detail::RowColumn<std::uint32_t> ids_;  ///< RecallDedup: signature number of each row
   std::vector<Interned> interned_;        ///< RecallDedup: per (layer, KV head)
   std::unordered_map<std::uint64_t, std::uint32_t> row_of_;  ///< recall_successor: arrival index -> row
