@@ -497,6 +497,9 @@ class DecayedAttention {
   /// candidate was ranked). The rows are those of ranking every candidate either way.
   struct HintCounts {
     std::uint64_t hinted = 0, refused = 0;
+    /// one-victim decisions whose lowest open row was shown outside the reserve from the
+    /// threshold alone (distinct_victim: beyond_reserve), the reserve not computed
+    std::uint64_t beyond = 0;
   };
   [[nodiscard]] const HintCounts& hint_counts() const { return hint_counts_; }
 
@@ -926,9 +929,14 @@ class DecayedAttention {
       }
       detail::protection_bits(v, config_.sinks, recent, bits_);
       bits_set = true;
+      const bool holds = reserve_holds_b(v);
+      if (!holds && beyond_reserve(v, row)) {
+        out.push_back(static_cast<std::uint32_t>(row));
+        return;
+      }
       // In B; in R while the bound holds: then the next open rows, 4 at a time
       // (kernels::lowest_masked_seq4).
-      if (reserve_holds_b(v)) {
+      if (holds) {
         std::size_t low[4];
         std::size_t c = 0;
         for (;;) {
@@ -957,6 +965,45 @@ class DecayedAttention {
       return;
     }
     pick(v, bits_.data(), out);
+  }
+  /// distinct_victim, `row` in B (its signature's best candidate, allowed) and the bound
+  /// failing: true when `row` is shown outside R without computing R. With the last
+  /// threshold T (floor_, spike rank) above row's spike, every allowed signature with a
+  /// candidate reaching T ranks before row; when at least the reserve's size of them do,
+  /// row is not among R's. The candidates reaching T are gathered (bits_: the protection)
+  /// and their signatures counted until that size. False (nothing shown) otherwise.
+  template <class S>
+  bool beyond_reserve(const HeadView<S>& v, std::size_t row) {
+    const std::size_t h = head_index(v.layer, v.kv_head);
+    const float hint = floor_[h];
+    const float* sp = spikes_.of(v.layer, v.kv_head).data();
+    if (ranks_draws() || !(hint > 0.0f) || !(sp[row] < hint)) return false;
+    std::size_t evictable = 0;
+    for (std::uint64_t w : bits_) evictable += popcount64(~w);  // bits past size are set
+    const std::size_t limit =
+        std::min(recall_for(v.capacity), evictable > v.need ? evictable - v.need : 0);
+    if (limit == 0) return false;
+    reserve_candidates(v.size);
+    const std::size_t m = kernels::gather_open(sp, v.size, bits_.data(), hint, cand_spike_.data(),
+                                               cand_row_.data());
+    if (m < limit) return false;
+    Interned& in = interned_[h];
+    const std::uint32_t epoch = next_epoch(in);
+    Met* met = in.met.data();
+    const std::uint32_t* id = ids_.of(v.layer, v.kv_head).data();
+    const std::uint32_t* band =
+        config_.recall_dedup == RecallDedup::protected_rows ? bands_[h].count.data() : nullptr;
+    std::size_t count = 0;
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::uint32_t d = id[cand_row_[i]];
+      if ((band && band[d] != 0) || met[d].stamp == epoch) continue;
+      met[d].stamp = epoch;
+      if (++count == limit) {
+        ++hint_counts_.beyond;
+        return true;
+      }
+    }
+    return false;
   }
   /// distinct_victim's bound: true when |B| <= the reserve's size for this view, shown from
   /// the head's Bound (bits_ holds the protection bits alone).
@@ -1024,12 +1071,7 @@ class DecayedAttention {
     prepare_distinct(v);
     if (k == 0) return true;
     if (m == 0) return !hinted;
-    if (in.met.size() < in.n) in.met.resize(in.n);
-    if (++in.epoch == 0) {  // wrapped: no stamp may equal a later epoch by accident
-      std::fill(in.met.begin(), in.met.end(), Met{});
-      in.epoch = 1;
-    }
-    const std::uint32_t epoch = in.epoch;
+    const std::uint32_t epoch = next_epoch(in);
     const std::uint32_t* band = prot ? bands_[h].count.data() : nullptr;
     const std::uint32_t* id = ids.data();
     const std::uint64_t* seqs = v.seqs;
@@ -1085,6 +1127,16 @@ class DecayedAttention {
     std::uint32_t epoch = 0;
     bool valid = false;  ///< ids_ numbers the head's rows by this table
   };
+  /// keep_distinct's scratch for a new pass: the head's Met entries cover its numbers, and
+  /// the returned stamp is one no entry holds.
+  static std::uint32_t next_epoch(Interned& in) {
+    if (in.met.size() < in.n) in.met.resize(in.n);
+    if (++in.epoch == 0) {  // wrapped: no stamp may equal a later epoch by accident
+      std::fill(in.met.begin(), in.met.end(), Met{});
+      in.epoch = 1;
+    }
+    return in.epoch;
+  }
   /// The number of signature `sig` in `in` (a new one if it has none).
   static std::uint32_t intern(Interned& in, std::uint64_t sig) {
     if (2 * (static_cast<std::size_t>(in.n) + 1) > in.keys.size()) {  // load at most 1/2
