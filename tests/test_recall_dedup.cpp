@@ -353,18 +353,12 @@ TEST_CASE("RecallDedup's reserve from the last threshold keeps what ranking ever
       a.append(0, t, k, v);
       b.append(0, t, k, v);
       for (int h = 0; h < 2; ++h) {
-        auto pa = a.positions(0, h), pb = b.positions(0, h);
         INFO("mode " << static_cast<int>(mode) << " step " << t << " head " << h);
-        REQUIRE(std::vector<std::int64_t>(pa.begin(), pa.end()) ==
-                std::vector<std::int64_t>(pb.begin(), pb.end()));
         // Continuous draws (distinct spikes), then a few levels (equal spikes at the threshold).
-        std::vector<float> probs(2 * pa.size());
-        for (auto& x : probs) {
+        kvtest::same_rows_then_observe(a, b, h, 2, [&] {
           const float w = u(pick);
-          x = t < 600 ? 0.3f * w * w * w * w : levels[pick() % 5];
-        }
-        a.observe(0, h, probs);
-        b.observe(0, h, probs);
+          return t < 600 ? 0.3f * w * w * w * w : levels[pick() % 5];
+        });
       }
     }
     INFO("mode " << static_cast<int>(mode));
