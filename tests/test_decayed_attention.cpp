@@ -10,6 +10,7 @@
 #include <kvevict/policies/decayed_attention.hpp>
 #include <kvevict/serialize.hpp>
 
+#include "support/recall_support.hpp"
 #include "support/test_support.hpp"
 
 using namespace kvevict;
@@ -357,19 +358,13 @@ TEST_CASE("DecayedAttention's incremental reserve keeps what a full re-ranking k
     a.append(0, t, k, v);
     b.append(0, t, k, v);
     for (int h = 0; h < 2; ++h) {
-      auto pa = a.positions(0, h), pb = b.positions(0, h);
-      REQUIRE(std::vector<std::int64_t>(pa.begin(), pa.end()) ==
-              std::vector<std::int64_t>(pb.begin(), pb.end()));
       // Continuous draws first (distinct spikes: after the budget grows, fewer rows than
       // the larger reserve reach the old threshold), then a few levels (many equal spikes
       // at the threshold).
-      std::vector<float> probs(2 * pa.size());
-      for (auto& x : probs) {
+      kvtest::same_rows_then_observe(a, b, h, 2, [&] {
         const float w = u(pick);
-        x = t < 450 ? 0.3f * w * w * w * w : levels[pick() % 5];
-      }
-      a.observe(0, h, probs);
-      b.observe(0, h, probs);
+        return t < 450 ? 0.3f * w * w * w * w : levels[pick() % 5];
+      });
     }
   }
 }

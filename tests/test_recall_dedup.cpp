@@ -5,6 +5,7 @@
 // bad settings, and the default left alone.
 #include <cmath>
 #include <map>
+#include <random>
 #include <set>
 
 #include <kvevict/policies/decayed_attention.hpp>
@@ -112,9 +113,9 @@ TEST_CASE("key_signature ignores the RoPE position and separates different keys"
 // Runs a two-KV-head cache of `cap` rows (recent a quarter, recall reserve `recall`) for
 // `steps` steps against Brute, comparing the kept rows every step. token(t, h, rng) picks
 // the pre-RoPE key of head h at step t from `vocab`: how many distinct signatures there
-// are, and how often they repeat.
+// are, and how often they repeat. Returns the policy's hint counts (DA::hint_counts).
 template <class Token>
-void agree_with_brute(DA::RecallDedup mode, RopeLayout layout, int G, std::size_t cap, int steps,
+DA::HintCounts agree_with_brute(DA::RecallDedup mode, RopeLayout layout, int G, std::size_t cap, int steps,
                       std::size_t vocab_size, std::uint64_t seed, Token token, float recall = 0.25f) {
   const DA policy({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.25f, .recall_fraction = recall,
                    .recall_dedup = mode, .dedup_step = 0.1f, .rope = layout});
@@ -147,6 +148,7 @@ void agree_with_brute(DA::RecallDedup mode, RopeLayout layout, int G, std::size_
       kvtest::check_kept_then_observe(cache, res, h, G, b, static_cast<std::uint64_t>(t));
     }
   }
+  return cache.policy().hint_counts();
 }
 
 // key_signature's rounding is std::llround's, halves and the edges of its exact range
@@ -226,6 +228,145 @@ TEST_CASE("RecallDedup's one-victim path agrees with brute force as |B| grows", 
                          return static_cast<std::size_t>(400 * h + 8 + t / 2);
                        },
                        recall);
+}
+
+// Keys that do not repeat (a new pre-RoPE key every step, as text without repeats): every
+// open row is its signature's only row, |B| exceeds the reserve, and the reserve is ranked
+// from the last decision's threshold (keep_distinct's hinted path) on most decisions; runs
+// that switch between fresh and repeated keys make the threshold fail (fewer than k allowed
+// signatures reach it after a phase of repeats evicts them) and fall back to every
+// candidate. Both against the brute-force rule on every step; the counts show both paths ran.
+TEST_CASE("RecallDedup on fresh keys agrees with brute force (reserve from the last threshold)",
+          "[recall]") {
+  DA::HintCounts total;
+  for (DA::RecallDedup mode : {DA::RecallDedup::reserve, DA::RecallDedup::protected_rows})
+    for (RopeLayout layout : {RopeLayout::interleaved, RopeLayout::halves})
+      for (int G : {1, 2}) {
+        const int salt = 4 * static_cast<int>(mode) + 2 * static_cast<int>(layout) + G;
+        const auto fresh = agree_with_brute(mode, layout, G, 64, 500, 1200, 300 + salt,
+                                            [](int t, int h, kvtest::Rng&) {
+                                              return static_cast<std::size_t>(600 * h + t);
+                                            });
+        INFO("mode " << static_cast<int>(mode) << " layout " << static_cast<int>(layout));
+        CHECK(fresh.hinted + fresh.beyond > 700);  // 2 heads x ~440 full decisions
+        // Phases of 60 steps: fresh keys, then 4 keys repeated; the sink's key now and then.
+        const auto mixed = agree_with_brute(
+            mode, layout, G, 48, 900, 1300, 400 + salt,
+            [](int t, int h, kvtest::Rng& rng) {
+              if (t % 37 == 0) return static_cast<std::size_t>(650 * h);
+              if ((t / 60) % 2 == 1) return static_cast<std::size_t>(650 * h + 1 + rng.uniform(0, 3));
+              return static_cast<std::size_t>(650 * h + 5 + t / 2 + rng.uniform(0, 1));
+            },
+            0.3f);
+        CHECK(mixed.hinted + mixed.beyond > 400);
+        total.hinted += fresh.hinted + mixed.hinted;
+        total.refused += fresh.refused + mixed.refused;
+        total.beyond += fresh.beyond + mixed.beyond;
+      }
+  CHECK(total.refused > 20);
+  CHECK(total.hinted > 1000);
+  CHECK(total.beyond > 1000);
+}
+
+// Equal spikes within a signature (a few keys repeated, attention drawn in a few levels):
+// the signature's best candidate is the newer of the rows with its largest spike, whether
+// the reserve is ranked from the threshold or from every candidate; against the
+// brute-force rule on every step, both dedup modes.
+TEST_CASE("RecallDedup breaks equal spikes within a signature by the newer row", "[recall]") {
+  for (DA::RecallDedup mode : {DA::RecallDedup::reserve, DA::RecallDedup::protected_rows}) {
+    const std::size_t cap = 48;
+    const DA policy({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.25f,
+                     .recall_fraction = 0.25f, .recall_dedup = mode, .dedup_step = 0.1f});
+    KVCache<DA> cache(Geometry{1, 2, 2, 8}, Budget::uniform(static_cast<long long>(cap)), policy);
+    std::vector<Brute> brute(2, Brute{1.0 - 3.0 / static_cast<double>(cap), 1, cap / 4, cap,
+                                      cap / 4, mode, {}});
+    kvtest::Rng rng(501 + static_cast<int>(mode));
+    std::mt19937 pick(13);
+    std::vector<std::vector<float>> vocab;
+    for (int i = 0; i < 6; ++i) vocab.push_back(rng.normals(8));
+    const float levels[] = {0.0f, 0.01f, 0.02f, 0.05f};
+    for (int t = 0; t < 1500; ++t) {
+      std::vector<float> k;
+      std::uint64_t sig[2];
+      for (int h = 0; h < 2; ++h) {
+        // Three keys per head, one time in four a key of its own.
+        const auto x = pick() % 4 == 0 ? rng.normals(8)
+                                       : vocab[static_cast<std::size_t>(3 * h) + pick() % 3];
+        sig[h] = key_signature(x.data(), 8, RopeLayout::interleaved, 0.1f);
+        k.insert(k.end(), x.begin(), x.end());
+      }
+      cache.append(0, t, k, rng.normals(16));
+      for (int h = 0; h < 2; ++h) {
+        auto& b = brute[static_cast<std::size_t>(h)];
+        b.step(t, static_cast<std::uint64_t>(t), sig[h]);
+        const auto pos = cache.positions(0, h);
+        std::set<std::int64_t> kept(pos.begin(), pos.end()), want;
+        for (const auto& [p, row] : b.rows) want.insert(p);
+        INFO("mode " << static_cast<int>(mode) << " step " << t << " head " << h);
+        REQUIRE(kept == want);
+        std::vector<float> probs(pos.size());
+        for (std::size_t i = 0; i < pos.size(); ++i) {
+          probs[i] = levels[pick() % 4];
+          b.observe(pos[i], static_cast<std::uint64_t>(t), probs[i]);
+        }
+        cache.observe(0, h, probs);
+      }
+    }
+    CHECK(cache.policy().hint_counts().hinted > 100);
+    CHECK(cache.policy().hint_counts().beyond > 100);
+  }
+}
+
+// The threshold is a hint: a cache whose policy state is restored before every step (the
+// restore drops the hint and the bound, so every decision ranks every candidate) keeps
+// exactly the rows of one that ranks from the hint, with fresh and repeated keys, equal
+// spikes at the threshold, budget changes (a smaller capacity evicts several rows at once;
+// a larger one grows k past what reached the old threshold) and restores of the hinted
+// cache itself.
+TEST_CASE("RecallDedup's reserve from the last threshold keeps what ranking every candidate keeps",
+          "[recall]") {
+  for (DA::RecallDedup mode : {DA::RecallDedup::reserve, DA::RecallDedup::protected_rows}) {
+    const Geometry g{1, 4, 2, 8};
+    const DA policy({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.25f,
+                     .recall_fraction = 0.3f, .recall_dedup = mode, .dedup_step = 0.1f});
+    KVCache<DA> a(g, Budget::uniform(64), policy);
+    KVCache<DA> b(g, Budget::uniform(64), policy);
+    kvtest::Rng rng(77 + static_cast<int>(mode));
+    std::mt19937 pick(11);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    std::vector<std::vector<float>> vocab;
+    for (int i = 0; i < 5; ++i) vocab.push_back(rng.normals(16));
+    const float levels[] = {0.0f, 0.01f, 0.02f, 0.05f, 0.3f};
+    for (int t = 0; t < 1200; ++t) {
+      if (t % 173 == 0) load_bytes(a, save_bytes(a));  // the hinted cache restored now and then
+      load_bytes(b, save_bytes(b));                    // drops the hint before every decision
+      if (t == 200 || t == 400 || t == 700 || t == 950) {
+        const Budget nb = Budget::uniform(t == 200 ? 40 : t == 400 ? 96 : t == 700 ? 48 : 72);
+        a.set_budget(nb);
+        b.set_budget(nb);
+        load_bytes(b, save_bytes(b));
+      }
+      // Fresh keys, with phases of a few repeated ones (every fourth block of 50 steps).
+      const auto k = (t / 50) % 4 == 3 ? vocab[static_cast<std::size_t>(rng.uniform(0, 4))]
+                                       : rng.normals(16);
+      const auto v = rng.normals(16);
+      a.append(0, t, k, v);
+      b.append(0, t, k, v);
+      for (int h = 0; h < 2; ++h) {
+        INFO("mode " << static_cast<int>(mode) << " step " << t << " head " << h);
+        // Continuous draws (distinct spikes), then a few levels (equal spikes at the threshold).
+        kvtest::same_rows_then_observe(a, b, h, 2, [&] {
+          const float w = u(pick);
+          return t < 600 ? 0.3f * w * w * w * w : levels[pick() % 5];
+        });
+      }
+    }
+    INFO("mode " << static_cast<int>(mode));
+    CHECK(a.policy().hint_counts().hinted > 300);
+    CHECK(a.policy().hint_counts().beyond > 300);
+    CHECK(a.policy().hint_counts().refused > 0);
+    CHECK(b.policy().hint_counts().hinted + b.policy().hint_counts().beyond == 0);
+  }
 }
 
 // Repetitive text: a passage of period 5 repeats after the name (row 3); the passage's

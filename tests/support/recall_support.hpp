@@ -170,6 +170,20 @@ bool rows_survive(const kvevict::policies::DecayedAttention& policy,
   return true;
 }
 
+/// Twin caches fed the same steps: requires head h of layer 0 to hold the same rows in both,
+/// then observes the same probabilities on both, `per_row` per kept row (G query heads per
+/// KV head: G * rows values), each from draw().
+template <class Cache, class Draw>
+void same_rows_then_observe(Cache& a, Cache& b, int h, std::size_t per_row, Draw draw) {
+  const auto pa = a.positions(0, h), pb = b.positions(0, h);
+  REQUIRE(std::vector<std::int64_t>(pa.begin(), pa.end()) ==
+          std::vector<std::int64_t>(pb.begin(), pb.end()));
+  std::vector<float> probs(per_row * pa.size());
+  for (auto& x : probs) x = draw();
+  a.observe(0, h, probs);
+  b.observe(0, h, probs);
+}
+
 /// Runs `cache` (layer 0, head dim 4, one KV head and two query heads) for 40 steps, saves it,
 /// restores the bytes into a cache built from `policy`, then runs both 40 more steps on the
 /// same input and requires the same kept rows at every step. key(t) gives step t's key.

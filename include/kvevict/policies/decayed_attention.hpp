@@ -510,6 +510,17 @@ class DecayedAttention {
   [[nodiscard]] const std::vector<float>& spikes(int layer, int kv_head) const {
     return spikes_.of(layer, kv_head);
   }
+  /// RecallDedup, counts for tests and profiles: reserve computations that ranked only the
+  /// candidates reaching the last threshold (keep_distinct's hinted path), and those whose
+  /// threshold was tried and refused (fewer than k allowed signatures reached it: every
+  /// candidate was ranked). The rows are those of ranking every candidate either way.
+  struct HintCounts {
+    std::uint64_t hinted = 0, refused = 0;
+    /// one-victim decisions whose lowest open row was shown outside the reserve from the
+    /// threshold alone (distinct_victim: beyond_reserve), the reserve not computed
+    std::uint64_t beyond = 0;
+  };
+  [[nodiscard]] const HintCounts& hint_counts() const { return hint_counts_; }
 
  private:
   // H2O is this policy at decay 1; it keeps its own name and save format (h2o.hpp).
@@ -741,8 +752,22 @@ class DecayedAttention {
     last_evictable_ = evictable;  // for eviction_costs' memo (pooled_victims): the reserve's
     last_reserve_ = limit;        // target, min(recall rows, candidates, evictable - need)
     if (dedups()) {
+      // From the last threshold first (spike rank: the value the k-th best signature had),
+      // as below; keep_distinct refuses when fewer than `limit` allowed signatures reach it,
+      // and every candidate is ranked then. The same rows either way.
+      const float hint = ranks_draws() ? 0.0f : floor_[h];
+      if (hint > 0.0f && limit > 0) {
+        collect(hint);
+        if (keep_distinct(v, limit, true)) {
+          ++hint_counts_.hinted;
+          last_reserve_ = limit;
+          return;
+        }
+        ++hint_counts_.refused;
+      }
       collect(0.0f);
-      keep_distinct(v, limit, keep);
+      keep_distinct(v, limit, false);
+      last_reserve_ = limit;  // the reserve may keep fewer (pooled_victims: see there)
       return;
     }
     if (pairs()) {
@@ -754,6 +779,15 @@ class DecayedAttention {
     const float hint = ranks_draws() ? 0.0f : floor_[h];
     if (!gathered) collect(hint);
     if (hint > 0.0f && cand_n_ < limit) collect(0.0f);
+    keep_top(v, limit);
+  }
+  /// Sets in bits_ the `limit` best candidates (cand_spike_ / cand_row_ [0, cand_n_): the
+  /// largest rank, ties: the newer row), or all of them when fewer; floor_ takes the k-th
+  /// best rank (the next decision's hint), last_reserve_ how many are kept.
+  template <class S>
+  void keep_top(const HeadView<S>& v, std::size_t limit) {
+    const std::size_t h = head_index(v.layer, v.kv_head);
+    const auto keep = [&](std::uint32_t r) { bits_[r >> 6] |= std::uint64_t{1} << (r & 63); };
     const std::size_t m = cand_n_;
     const std::size_t k = std::min(limit, m);
     last_reserve_ = k;  // m counts every candidate whenever it is below limit
@@ -914,9 +948,14 @@ class DecayedAttention {
       }
       detail::protection_bits(v, config_.sinks, recent, bits_);
       bits_set = true;
+      const bool holds = reserve_holds_b(v);
+      if (!holds && beyond_reserve(v, row)) {
+        out.push_back(static_cast<std::uint32_t>(row));
+        return;
+      }
       // In B; in R while the bound holds: then the next open rows, 4 at a time
       // (kernels::lowest_masked_seq4).
-      if (reserve_holds_b(v)) {
+      if (holds) {
         std::size_t low[4];
         std::size_t c = 0;
         for (;;) {
@@ -945,6 +984,45 @@ class DecayedAttention {
       return;
     }
     pick(v, bits_.data(), out);
+  }
+  /// distinct_victim, `row` in B (its signature's best candidate, allowed) and the bound
+  /// failing: true when `row` is shown outside R without computing R. With the last
+  /// threshold T (floor_, spike rank) above row's spike, every allowed signature with a
+  /// candidate reaching T ranks before row; when at least the reserve's size of them do,
+  /// row is not among R's. The candidates reaching T are gathered (bits_: the protection)
+  /// and their signatures counted until that size. False (nothing shown) otherwise.
+  template <class S>
+  bool beyond_reserve(const HeadView<S>& v, std::size_t row) {
+    const std::size_t h = head_index(v.layer, v.kv_head);
+    const float hint = floor_[h];
+    const float* sp = spikes_.of(v.layer, v.kv_head).data();
+    if (ranks_draws() || !(hint > 0.0f) || !(sp[row] < hint)) return false;
+    std::size_t evictable = 0;
+    for (std::uint64_t w : bits_) evictable += popcount64(~w);  // bits past size are set
+    const std::size_t limit =
+        std::min(recall_for(v.capacity), evictable > v.need ? evictable - v.need : 0);
+    if (limit == 0) return false;
+    reserve_candidates(v.size);
+    const std::size_t m = kernels::gather_open(sp, v.size, bits_.data(), hint, cand_spike_.data(),
+                                               cand_row_.data());
+    if (m < limit) return false;
+    Interned& in = interned_[h];
+    const std::uint32_t epoch = next_epoch(in);
+    Met* met = in.met.data();
+    const std::uint32_t* id = ids_.of(v.layer, v.kv_head).data();
+    const std::uint32_t* band =
+        config_.recall_dedup == RecallDedup::protected_rows ? bands_[h].count.data() : nullptr;
+    std::size_t count = 0;
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::uint32_t d = id[cand_row_[i]];
+      if ((band && band[d] != 0) || met[d].stamp == epoch) continue;
+      met[d].stamp = epoch;
+      if (++count == limit) {
+        ++hint_counts_.beyond;
+        return true;
+      }
+    }
+    return false;
   }
   /// distinct_victim's bound: true when |B| <= the reserve's size for this view, shown from
   /// the head's Bound (bits_ holds the protection bits alone).
@@ -995,72 +1073,89 @@ class DecayedAttention {
   /// The first row of each signature in that order is the signature's best candidate, so
   /// the rows kept are the k best of the signatures' best candidates: one pass over the
   /// candidates groups them by signature number (ids_, arrays indexed by number: no hashing
-  /// per decision, no sort), then a partial select of the k best when more signatures remain.
-  template <class S, class Keep>
-  void keep_distinct(const HeadView<S>& v, std::size_t k, Keep keep) {
+  /// per decision, no sort), then keep_top selects the k best of them.
+  ///
+  /// `hinted`: the candidates are those whose rank reaches a threshold T (the last
+  /// decision's k-th best, floor_). A signature's best candidate reaches T iff one of its
+  /// candidates does, and is then found among them; ranks are compared first, so when at
+  /// least k allowed signatures reach T the k best signatures are among them: the same rows.
+  /// With fewer, nothing is kept and false is returned (the caller ranks every candidate).
+  template <class S>
+  bool keep_distinct(const HeadView<S>& v, std::size_t k, bool hinted) {
     const std::size_t m = cand_n_;
     const bool prot = config_.recall_dedup == RecallDedup::protected_rows;
     const std::size_t h = head_index(v.layer, v.kv_head);
     Interned& in = interned_[h];
     const auto& ids = ids_.of(v.layer, v.kv_head);
     prepare_distinct(v);
-    if (k == 0 || m == 0) return;
-    if (in.stamp.size() < in.n) {
-      in.stamp.resize(in.n, 0);
-      in.best.resize(in.n);
-    }
-    if (++in.epoch == 0) {  // wrapped: no stamp may equal a later epoch by accident
-      std::fill(in.stamp.begin(), in.stamp.end(), 0u);
-      in.epoch = 1;
-    }
-    const std::uint32_t epoch = in.epoch;
+    if (k == 0) return true;
+    if (m == 0) return !hinted;
+    const std::uint32_t epoch = next_epoch(in);
     const std::uint32_t* band = prot ? bands_[h].count.data() : nullptr;
     const std::uint32_t* id = ids.data();
     const std::uint64_t* seqs = v.seqs;
-    std::uint32_t* stamp = in.stamp.data();
-    std::uint32_t* best = in.best.data();
-    order_.clear();  // the signatures met, then their best candidates
-    for (std::uint32_t i = 0; i < m; ++i) {
-      const std::uint32_t d = id[cand_row_[i]];
+    Met* met = in.met.data();
+    // The signatures' best candidates, packed to the front of the candidate arrays in the
+    // order their signatures are met (met[d].place: signature d's); a place is at
+    // most the index being read, so no candidate is overwritten before it is read.
+    float* cs = cand_spike_.data();
+    std::uint32_t* cr = cand_row_.data();
+    std::size_t nb = 0;  // |B| (hinted: the signatures reaching the threshold)
+    for (std::size_t i = 0; i < m; ++i) {
+      const float s = cs[i];
+      const std::uint32_t row = cr[i];
+      const std::uint32_t d = id[row];
       if (band && band[d] != 0) continue;
-      if (stamp[d] != epoch) {
-        stamp[d] = epoch;
-        best[d] = i;
-        order_.push_back(d);
+      if (met[d].stamp != epoch) {
+        met[d] = Met{epoch, static_cast<std::uint32_t>(nb)};
+        cs[nb] = s;
+        cr[nb] = row;
+        ++nb;
         continue;
       }
-      const std::uint32_t j = best[d];
-      if (cand_spike_[i] > cand_spike_[j] ||
-          (cand_spike_[i] == cand_spike_[j] && seqs[cand_row_[i]] > seqs[cand_row_[j]]))
-        best[d] = i;
+      const std::uint32_t j = met[d].place;
+      if (s > cs[j] || (s == cs[j] && seqs[row] > seqs[cr[j]])) {
+        cs[j] = s;
+        cr[j] = row;
+      }
     }
-    for (std::uint32_t& d : order_) d = best[d];
-    // |B| (the signatures' best candidates) and the open rows that are not candidates, for
-    // distinct_victim's bound on later decisions.
-    bounds_[h] = Bound{v.incoming_seq, v.capacity, order_.size() + (last_evictable_ - m), true};
-    if (order_.size() > k) {
-      const auto before = [&](std::uint32_t a, std::uint32_t b) {  // reserve order
-        if (cand_spike_[a] != cand_spike_[b]) return cand_spike_[a] > cand_spike_[b];
-        return seqs[cand_row_[a]] > seqs[cand_row_[b]];
-      };
-      std::nth_element(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k),
-                       order_.end(), before);
-      order_.resize(k);
-    }
-    for (std::uint32_t i : order_) keep(cand_row_[i]);
+    if (hinted && nb < k) return false;
+    // |B| and the open rows that are not candidates, for distinct_victim's bound on later
+    // decisions; unknown when hinted (|B| >= k then: no bound would hold).
+    if (hinted) bounds_[h].valid = false;
+    else bounds_[h] = Bound{v.incoming_seq, v.capacity, nb + (last_evictable_ - m), true};
+    cand_n_ = nb;
+    keep_top(v, k);
+    // All of B kept (|B| <= k): the next decision's B may be smaller than k, so it ranks
+    // every candidate rather than try a threshold first.
+    if (nb <= k && !hinted) floor_[h] = 0.0f;
+    return true;
   }
   /// RecallDedup, per (layer, KV head): the distinct signatures of the head's rows numbered
   /// 0, 1, ... (ids_ holds each row's number) through a flat open-addressing table, and
-  /// per number keep_distinct's scratch (stamp: the decision that last met it; best: its
-  /// best candidate in that decision).
+  /// per number keep_distinct's scratch (Met).
+  struct Met {
+    std::uint32_t stamp = 0;  ///< the decision that last met the number
+    std::uint32_t place = 0;  ///< where its best candidate is packed in that decision
+  };
   struct Interned {
     std::vector<std::uint64_t> keys;   ///< table slots: a signature
     std::vector<std::uint32_t> slots;  ///< its number + 1; 0 = empty slot
     std::uint32_t n = 0;               ///< numbers handed out
-    std::vector<std::uint32_t> stamp, best;
+    std::vector<Met> met;
     std::uint32_t epoch = 0;
     bool valid = false;  ///< ids_ numbers the head's rows by this table
   };
+  /// keep_distinct's scratch for a new pass: the head's Met entries cover its numbers, and
+  /// the returned stamp is one no entry holds.
+  static std::uint32_t next_epoch(Interned& in) {
+    if (in.met.size() < in.n) in.met.resize(in.n);
+    if (++in.epoch == 0) {  // wrapped: no stamp may equal a later epoch by accident
+      std::fill(in.met.begin(), in.met.end(), Met{});
+      in.epoch = 1;
+    }
+    return in.epoch;
+  }
   /// The number of signature `sig` in `in` (a new one if it has none).
   static std::uint32_t intern(Interned& in, std::uint64_t sig) {
     if (2 * (static_cast<std::size_t>(in.n) + 1) > in.keys.size()) {  // load at most 1/2
@@ -1100,7 +1195,7 @@ class DecayedAttention {
     in.n = 0;
     ids.resize(sigs.size());
     for (std::size_t r = 0; r < sigs.size(); ++r) ids[r] = intern(in, sigs[r]);
-    std::fill(in.stamp.begin(), in.stamp.end(), 0u);
+    std::fill(in.met.begin(), in.met.end(), Met{});
     in.epoch = 0;
     in.valid = true;
   }
@@ -1232,8 +1327,9 @@ class DecayedAttention {
   std::vector<float> cand_spike_, sum_;
   std::vector<std::uint32_t> cand_row_, top_;
   std::size_t cand_n_ = 0;  ///< candidates in cand_spike_ / cand_row_ (keep_recalled)
+  HintCounts hint_counts_;  ///< RecallDedup: hint_counts()
   std::vector<Tie> ties_;
-  std::vector<std::uint32_t> order_;  ///< RecallDedup: signatures, then candidates; recall_successor: candidates
+  std::vector<std::uint32_t> order_;  ///< recall_successor: the candidates in reserve order
   detail::RowColumn<std::uint32_t> ids_;  ///< RecallDedup: signature number of each row
   std::vector<Interned> interned_;        ///< RecallDedup: per (layer, KV head)
   std::unordered_map<std::uint64_t, std::uint32_t> row_of_;  ///< recall_successor: arrival index -> row
