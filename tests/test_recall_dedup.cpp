@@ -37,7 +37,8 @@ std::vector<float> rotate(std::vector<float> x, double pos, RopeLayout layout) {
 struct Row {
   std::uint64_t seq;
   std::uint64_t sig;
-  double score = 0.0, spike = 0.0;
+  double score = 0.0, spike = 0.0, draws = 0.0;
+  std::size_t count = 0;
 };
 
 // The rule written out: protected sinks and band; of the rest, walk the rows with a positive
@@ -49,6 +50,14 @@ struct Brute {
   std::size_t sinks, recent, capacity, recall;
   DA::RecallDedup mode;
   std::map<std::int64_t, Row> rows;
+  DA::RecallRank rank = DA::RecallRank::spike;  // the reserve's rank (RecallBrute's rank_of)
+  double rank_of(const Row& r) const {
+    if (rank == DA::RecallRank::total) return r.draws;
+    if (rank == DA::RecallRank::spike) return r.spike;
+    return r.count ? static_cast<double>(static_cast<float>(r.spike) -
+                                         static_cast<float>(r.draws) / static_cast<float>(r.count))
+                   : 0.0;
+  }
   void step(std::int64_t pos, std::uint64_t seq, std::uint64_t sig) {
     if (rows.size() >= capacity) {
       std::vector<std::int64_t> open;
@@ -59,10 +68,11 @@ struct Brute {
       }
       std::vector<std::int64_t> ranked;
       for (auto p : open)
-        if (rows.at(p).spike > 0.0) ranked.push_back(p);
+        if (rank_of(rows.at(p)) > 0.0) ranked.push_back(p);
       std::sort(ranked.begin(), ranked.end(), [&](auto a, auto b) {
         const Row &x = rows.at(a), &y = rows.at(b);
-        return x.spike != y.spike ? x.spike > y.spike : x.seq > y.seq;
+        const double rx = rank_of(x), ry = rank_of(y);
+        return rx != ry ? rx > ry : x.seq > y.seq;
       });
       std::set<std::int64_t> kept;
       const std::size_t k = std::min(recall, open.size() - 1);
@@ -77,7 +87,11 @@ struct Brute {
   void observe(std::int64_t pos, std::uint64_t latest, float x) {
     Row& r = rows.at(pos);
     r.score = static_cast<double>(static_cast<float>(decay) * static_cast<float>(r.score) + x);
-    if (latest - r.seq >= recent) r.spike = std::max(r.spike, static_cast<double>(x));
+    if (latest - r.seq >= recent) {
+      r.spike = std::max(r.spike, static_cast<double>(x));
+      r.draws = static_cast<double>(static_cast<float>(r.draws) + x);
+      ++r.count;
+    }
   }
 };
 
@@ -116,15 +130,16 @@ TEST_CASE("key_signature ignores the RoPE position and separates different keys"
 // are, and how often they repeat. Returns the policy's hint counts (DA::hint_counts).
 template <class Token>
 DA::HintCounts agree_with_brute(DA::RecallDedup mode, RopeLayout layout, int G, std::size_t cap, int steps,
-                      std::size_t vocab_size, std::uint64_t seed, Token token, float recall = 0.25f) {
+                      std::size_t vocab_size, std::uint64_t seed, Token token, float recall = 0.25f,
+                      DA::RecallRank rank = DA::RecallRank::spike) {
   const DA policy({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.25f, .recall_fraction = recall,
-                   .recall_dedup = mode, .dedup_step = 0.1f, .rope = layout});
+                   .recall_rank = rank, .recall_dedup = mode, .dedup_step = 0.1f, .rope = layout});
   const Geometry g{1, 2 * G, 2, 8};
   KVCache<DA> cache(g, Budget::uniform(static_cast<long long>(cap)), policy);
   const std::size_t quarter = cap / 4;
   const auto reserve = static_cast<std::size_t>(recall * static_cast<float>(cap));
   std::vector<Brute> brute(2, Brute{1.0 - 3.0 / static_cast<double>(cap), 1, quarter, cap,
-                                    reserve, mode, {}});
+                                    reserve, mode, {}, rank});
   kvtest::Rng rng(seed);
   std::vector<std::vector<float>> vocab;
   for (std::size_t i = 0; i < vocab_size; ++i) vocab.push_back(rng.normals(8));
@@ -266,6 +281,32 @@ TEST_CASE("RecallDedup on fresh keys agrees with brute force (reserve from the l
   CHECK(total.refused > 20);
   CHECK(total.hinted > 1000);
   CHECK(total.beyond > 1000);
+}
+
+// RecallDedup with the reserve ranked by RecallRank::excess or total (not a preset, but
+// allowed): the one-victim path's shortcuts reason from the spike, so they must not decide
+// for these ranks. Repeated, fresh and mixed keys against the brute-force rule (ranked by
+// the same rank) on every step.
+TEST_CASE("RecallDedup with RecallRank::excess and total agrees with brute force", "[recall]") {
+  for (DA::RecallRank rank : {DA::RecallRank::excess, DA::RecallRank::total})
+    for (DA::RecallDedup mode : {DA::RecallDedup::reserve, DA::RecallDedup::protected_rows})
+      for (int G : {1, 2}) {
+        const int salt = 8 * static_cast<int>(rank) + 4 * static_cast<int>(mode) + G;
+        INFO("rank " << static_cast<int>(rank));
+        agree_with_brute(mode, RopeLayout::interleaved, G, 24, 300, 12, 500 + salt,
+                         [](int, int h, kvtest::Rng& rng) {
+                           return static_cast<std::size_t>(6 * h + rng.uniform(0, 5));
+                         }, 0.25f, rank);
+        agree_with_brute(mode, RopeLayout::halves, G, 48, 700, 800, 520 + salt,
+                         [](int t, int h, kvtest::Rng& rng) {
+                           if ((t / 50) % 2 == 0)
+                             return static_cast<std::size_t>(400 * h + rng.uniform(0, 7));
+                           return static_cast<std::size_t>(400 * h + 8 + t / 2);
+                         }, 0.3f, rank);
+        agree_with_brute(mode, RopeLayout::interleaved, G, 64, 500, 1200, 540 + salt,
+                         [](int t, int h, kvtest::Rng&) { return static_cast<std::size_t>(600 * h + t); },
+                         0.25f, rank);
+      }
 }
 
 // Equal spikes within a signature (a few keys repeated, attention drawn in a few levels):

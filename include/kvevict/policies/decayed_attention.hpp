@@ -224,7 +224,7 @@ class DecayedAttention {
   template <class S>
   void decide(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
     if (take_ahead(v, out)) return;
-    if (dedups() && v.need == 1) {
+    if (dedups() && v.need == 1 && !ranks_draws()) {  // its shortcuts reason from the spike
       distinct_victim(v, out);
       return;
     }
