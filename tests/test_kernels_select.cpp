@@ -843,6 +843,7 @@ TEST_CASE("policy step kernels match plain loops at every level", "[kernels][sel
 TEST_CASE("observe and reserve kernels match plain loops at every level", "[kernels][select]") {
   std::mt19937_64 rng(91);
   const bool avx2 = kk::isa_supported(Isa::avx2);
+  const bool avx512 = kk::isa_supported(Isa::avx512);
   const float hi = 1.0f + 1.0f / 64;
   const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() &&
@@ -861,7 +862,7 @@ TEST_CASE("observe and reserve kernels match plain loops at every level", "[kern
         for (std::size_t k = 0; k < g; ++k) acc += p[k * n + r];
         want[r] = acc;
       }
-      std::vector<float> got(n, -1.0f), got2(n, -1.0f), got3(n, -1.0f);
+      std::vector<float> got(n, -1.0f), got2(n, -1.0f), got3(n, -1.0f), got4(n, -1.0f);
       CHECK(kk::detail::scalar::group_sum_bounded(p.data(), g, n, hi, got.data()));
       CHECK(same(got, want));
       CHECK(kk::group_sum_bounded(p.data(), g, n, hi, got2.data()));
@@ -870,6 +871,10 @@ TEST_CASE("observe and reserve kernels match plain loops at every level", "[kern
       if (avx2) {
         CHECK(kk::detail::avx2::group_sum_bounded(p.data(), g, n, hi, got3.data()));
         CHECK(same(got3, want));
+      }
+      if (avx512) {
+        CHECK(kk::detail::avx512::group_sum_bounded(p.data(), g, n, hi, got4.data()));
+        CHECK(same(got4, want));
       }
 #endif
       if (n == 0) continue;
@@ -889,6 +894,7 @@ TEST_CASE("observe and reserve kernels match plain loops at every level", "[kern
           CHECK_FALSE(kk::group_sum_bounded(q.data(), g, n, hi, got.data()));
 #if KVEVICT_X86
           if (avx2) CHECK_FALSE(kk::detail::avx2::group_sum_bounded(q.data(), g, n, hi, got.data()));
+          if (avx512) CHECK_FALSE(kk::detail::avx512::group_sum_bounded(q.data(), g, n, hi, got.data()));
 #endif
         }
     }

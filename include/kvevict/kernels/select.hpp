@@ -684,7 +684,9 @@ KVEVICT_KERNEL_FN bool group_sum_checked(const float* p, std::size_t g, std::siz
 KVEVICT_KERNEL_FN bool group_sum_bounded(const float* p, std::size_t g, std::size_t n, float hi,
                                          float* out) {
 #if KVEVICT_X86
-  if (active_isa() != Isa::scalar) return detail::avx2::group_sum_bounded(p, g, n, hi, out);
+  const Isa isa = active_isa();
+  if (isa == Isa::avx512) return detail::avx512::group_sum_bounded(p, g, n, hi, out);
+  if (isa == Isa::avx2) return detail::avx2::group_sum_bounded(p, g, n, hi, out);
 #endif
   return detail::scalar::group_sum_bounded(p, g, n, hi, out);
 }

@@ -1256,6 +1256,62 @@ KVEVICT_TARGET_AVX512 inline std::size_t lowest_open(float* s, const float* x, c
   return best.index;
 }
 
+/// group_sum_bounded 16 columns at a time, G rows (G = 0: g rows, known at run time), the
+/// last n % 16 columns as one masked block: each column's g values added in a register in
+/// row order from 0.0f (the scalar body's additions, so the same sums bit for bit), stored
+/// once; the range test keeps the largest bit pattern seen with -0 left out (the AVX2
+/// form's test: every value +-0 or in (0, hi]). Half the instructions of the AVX2 form per
+/// column: a mask compare and a masked max per value in place of a compare, an and-not and
+/// a max.
+/// One value vector of group_sum_bounded_cols: into the column sums, and into the running
+/// maximum of the bit patterns unless -0.
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE void group_sum_add(__m512 x, __m512i negz, __m512i& top,
+                                                              __m512& acc) noexcept {
+  const __m512i u = _mm512_castps_si512(x);
+  top = _mm512_mask_max_epu32(top, _mm512_cmpneq_epi32_mask(u, negz), top, u);
+  acc = _mm512_add_ps(acc, x);
+}
+template <std::size_t G>
+KVEVICT_TARGET_AVX512 inline std::uint32_t group_sum_bounded_cols(const float* p, std::size_t g,
+                                                                  std::size_t n,
+                                                                  float* out) noexcept {
+  const std::size_t rows = G == 0 ? g : G;
+  const __m512i negz = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  // One running maximum per row (G known) so that no chain of masked maxima runs through
+  // the whole pass; a single one for a group size known only at run time.
+  constexpr std::size_t T = G == 0 ? 1 : G;
+  __m512i top[T];
+  for (std::size_t k = 0; k < T; ++k) top[k] = _mm512_setzero_si512();
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 acc = _mm512_setzero_ps();
+    for (std::size_t k = 0; k < rows; ++k)
+      group_sum_add(_mm512_loadu_ps(p + k * n + i), negz, top[G == 0 ? 0 : k], acc);
+    _mm512_storeu_ps(out + i, acc);
+  }
+  if (i < n) {
+    const auto m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    __m512 acc = _mm512_setzero_ps();
+    for (std::size_t k = 0; k < rows; ++k)  // 0 in the unused lanes
+      group_sum_add(_mm512_maskz_loadu_ps(m, p + k * n + i), negz, top[G == 0 ? 0 : k], acc);
+    _mm512_mask_storeu_ps(out + i, m, acc);
+  }
+  for (std::size_t k = 1; k < T; ++k) top[0] = _mm512_max_epu32(top[0], top[k]);
+  return static_cast<std::uint32_t>(_mm512_reduce_max_epu32(top[0]));
+}
+KVEVICT_TARGET_AVX512 inline bool group_sum_bounded(const float* p, std::size_t g, std::size_t n,
+                                                    float hi, float* out) noexcept {
+  std::uint32_t top = 0;
+  switch (g) {
+    case 1: top = group_sum_bounded_cols<1>(p, g, n, out); break;
+    case 2: top = group_sum_bounded_cols<2>(p, g, n, out); break;
+    case 4: top = group_sum_bounded_cols<4>(p, g, n, out); break;
+    case 8: top = group_sum_bounded_cols<8>(p, g, n, out); break;
+    default: top = group_sum_bounded_cols<0>(p, g, n, out); break;
+  }
+  return top <= std::bit_cast<std::uint32_t>(hi);
+}
+
 }  // namespace kvevict::kernels::detail::avx512
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif
