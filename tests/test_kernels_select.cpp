@@ -1260,13 +1260,14 @@ TEST_CASE("arrival_dots: the squared norm and G dot products in 8 lanes at every
     }
 }
 
-// abs_below (the input checks of an append or prefill): scalar and AVX2 bodies against a
-// plain per-value test, for 1-6 arrays of unequal lengths (the AVX2 form reads up to four
-// at once, in proportion to their lengths, then each array's rest), every bound kind, and
+// abs_below (the input checks of an append or prefill): scalar, AVX2 and AVX-512 bodies
+// against a plain per-value test, for 1-6 arrays of unequal lengths (the SIMD forms read up
+// to four at once, in proportion to their lengths, then each array's rest), every bound kind, and
 // one bad value planted at each kind of place (first, inside a round, in the rest, last).
 TEST_CASE("abs_below matches a per-value test at every level", "[kernels][select]") {
   std::mt19937_64 rng(417);
   const bool avx2 = kk::isa_supported(Isa::avx2);
+  const bool avx512 = kk::isa_supported(Isa::avx512);
   const float inf = std::numeric_limits<float>::infinity();
   const float half_limit = 65520.0f;  // fp16: |x| >= 65520 rounds to infinity
   const auto bits = [](float x) { return std::bit_cast<std::uint32_t>(x); };
@@ -1288,10 +1289,11 @@ TEST_CASE("abs_below matches a per-value test at every level", "[kernels][select
     CHECK(kk::abs_below(xs.data(), ns.data(), lim.data(), a.size()) == expect);
 #if KVEVICT_X86
     if (avx2) CHECK(kk::detail::avx2::abs_below(xs.data(), ns.data(), lim.data(), a.size()) == expect);
+    if (avx512) CHECK(kk::detail::avx512::abs_below(xs.data(), ns.data(), lim.data(), a.size()) == expect);
 #endif
   };
   const std::vector<std::vector<std::size_t>> shapes = {
-      {0}, {1}, {7}, {31}, {32}, {33}, {1024, 1024, 4096}, {1024, 0, 4096}, {128, 128, 512},
+      {0}, {1}, {7}, {31}, {32}, {33}, {63}, {64}, {65}, {129, 40}, {1024, 1024, 4096}, {1024, 0, 4096}, {128, 128, 512},
       {100, 1000, 37}, {64, 96, 65, 200}, {5, 300, 300, 7, 1000}, {2048, 2048, 8192, 64, 3, 999}};
   for (const auto& shape : shapes)
     for (std::uint32_t limit : limits) {
@@ -1321,7 +1323,8 @@ TEST_CASE("abs_below matches a per-value test at every level", "[kernels][select
       for (std::size_t j = 0; j < a.size(); ++j) {
         const std::size_t n = a[j].size();
         if (n == 0) continue;
-        for (std::size_t at : {std::size_t{0}, n / 3, n - n % 32 + (n % 32) / 2, n - 1}) {
+        for (std::size_t at : {std::size_t{0}, n / 3, n - n % 32 + (n % 32) / 2, n - n % 64 + (n % 64) / 2,
+                               n - n % 16 + (n % 16) / 2, n - 1}) {
           if (at >= n) continue;
           for (float bad : bads) {
             if ((bits(bad) & 0x7fffffffu) < lim[j]) continue;  // not bad for this array

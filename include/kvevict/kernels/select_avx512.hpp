@@ -1312,6 +1312,70 @@ KVEVICT_TARGET_AVX512 inline bool group_sum_bounded(const float* p, std::size_t 
   return top <= std::bit_cast<std::uint32_t>(hi);
 }
 
+/// abs_below over up to avx2::kAbsBelowArrays arrays at once, the AVX2 form's method at 16
+/// floats a vector: each round reads a chunk of every array, 64 floats of the shortest
+/// and proportionally more of the longer ones (whole 64-float units), with a software
+/// prefetch two rounds ahead; the rest of each array after the last full round goes 16
+/// floats, then one masked block. Same test as the scalar body (abs_below_body): bit 31 of
+/// (bits & 0x7fffffff) + (0x80000000 - limit) is set once a value fails.
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512i abs_test16(__m512i acc, __m512i u,
+                                                              __m512i a) noexcept {
+  return _mm512_or_si512(acc, _mm512_add_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), a));
+}
+KVEVICT_TARGET_AVX512 inline bool abs_below_group(const float* const* xs, const std::size_t* ns,
+                                                  const std::uint32_t* limits,
+                                                  std::size_t count) noexcept {
+  constexpr std::size_t unit = 64;
+  __m512i acc0 = _mm512_setzero_si512(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  std::size_t shortest = 0;
+  for (std::size_t j = 0; j < count; ++j)
+    if (ns[j] > 0 && (shortest == 0 || ns[j] < shortest)) shortest = ns[j];
+  std::size_t rounds = shortest / unit, chunk[avx2::kAbsBelowArrays];
+  for (std::size_t j = 0; j < count; ++j) {
+    chunk[j] = ns[j] == 0 ? 0 : unit * (ns[j] / shortest);
+    if (chunk[j] > 0) rounds = std::min(rounds, ns[j] / chunk[j]);
+  }
+  constexpr std::size_t kAhead = 2;
+  for (std::size_t j = 0; j < count; ++j)
+    for (std::size_t o = 0; o < std::min(kAhead, rounds) * chunk[j]; o += 16)
+      _mm_prefetch(reinterpret_cast<const char*>(xs[j] + o), _MM_HINT_T0);
+  for (std::size_t r = 0; r < rounds; ++r)
+    for (std::size_t j = 0; j < count; ++j) {
+      const __m512i a = _mm512_set1_epi32(static_cast<int>(0x80000000u - limits[j]));
+      if (r + kAhead < rounds)
+        for (std::size_t o = 0; o < chunk[j]; o += 16)
+          _mm_prefetch(reinterpret_cast<const char*>(xs[j] + (r + kAhead) * chunk[j] + o), _MM_HINT_T0);
+      const float* p = xs[j] + r * chunk[j];
+      const float* end = p + chunk[j];
+      for (; p < end; p += unit) {
+        acc0 = abs_test16(acc0, _mm512_loadu_si512(p), a);
+        acc1 = abs_test16(acc1, _mm512_loadu_si512(p + 16), a);
+        acc2 = abs_test16(acc2, _mm512_loadu_si512(p + 32), a);
+        acc3 = abs_test16(acc3, _mm512_loadu_si512(p + 48), a);
+      }
+    }
+  for (std::size_t j = 0; j < count; ++j) {
+    const __m512i a = _mm512_set1_epi32(static_cast<int>(0x80000000u - limits[j]));
+    std::size_t i = rounds * chunk[j];
+    for (; i + 16 <= ns[j]; i += 16) acc0 = abs_test16(acc0, _mm512_loadu_si512(xs[j] + i), a);
+    if (i < ns[j]) {  // the unused lanes' 0 passes every limit above 0; limit 0 fails it
+      const auto m = static_cast<__mmask16>((1u << (ns[j] - i)) - 1u);
+      acc1 = _mm512_mask_mov_epi32(acc1, m, abs_test16(acc1, _mm512_maskz_loadu_epi32(m, xs[j] + i), a));
+    }
+  }
+  const __m512i acc = _mm512_or_si512(_mm512_or_si512(acc0, acc1), _mm512_or_si512(acc2, acc3));
+  return _mm512_test_epi32_mask(acc, _mm512_set1_epi32(static_cast<int>(0x80000000u))) == 0;
+}
+KVEVICT_TARGET_AVX512 inline bool abs_below(const float* const* xs, const std::size_t* ns,
+                                            const std::uint32_t* limits, std::size_t count) noexcept {
+  bool ok = true;
+  for (std::size_t j = 0; j < count; j += avx2::kAbsBelowArrays) {
+    const std::size_t c = std::min(avx2::kAbsBelowArrays, count - j);
+    ok &= abs_below_group(xs + j, ns + j, limits + j, c);
+  }
+  return ok;
+}
+
 }  // namespace kvevict::kernels::detail::avx512
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif
