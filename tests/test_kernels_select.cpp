@@ -1217,8 +1217,9 @@ TEST_CASE("arrival_dots: the squared norm and G dot products in 8 lanes at every
   std::mt19937_64 rng(29);
   std::normal_distribution<float> nd;
   const bool avx2 = kk::isa_supported(Isa::avx2);
-  for (std::size_t d : {1u, 7u, 8u, 9u, 16u, 33u, 128u})
-    for (std::size_t G : {1u, 3u, 4u}) {
+  const bool avx512 = kk::isa_supported(Isa::avx512);
+  for (std::size_t d : {1u, 7u, 8u, 9u, 16u, 33u, 128u, 129u})
+    for (std::size_t G : {1u, 2u, 3u, 4u, 8u, 16u}) {
       std::vector<float> key(d), val(d);
       std::vector<double> means(G * d);
       for (auto& x : key) x = nd(rng);
@@ -1250,8 +1251,12 @@ TEST_CASE("arrival_dots: the squared norm and G dot products in 8 lanes at every
       std::vector<Fn> levels{&kk::detail::scalar::arrival_dots, &kk::arrival_dots};
 #if KVEVICT_X86
       if (avx2) levels.push_back(&kk::detail::avx2::arrival_dots);
+      if (avx512 && kk::detail::avx512::arrival_dots_fused_group(G))
+        levels.push_back(&kk::detail::avx512::arrival_dots);
 #endif
-      for (Fn fn : levels) {
+      for (std::size_t at = 0; at < levels.size(); ++at) {
+        const Fn fn = levels[at];
+        INFO("d " << d << ", G " << G << ", level " << at);
         std::vector<double> lin(G + 1, 7.0);
         CHECK(fn(key.data(), val.data(), means.data(), G, d, lin.data()) == want_sq);
         for (std::size_t g = 0; g < G; ++g) CHECK(lin[g] == want[g]);
