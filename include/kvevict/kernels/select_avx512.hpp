@@ -1327,24 +1327,14 @@ KVEVICT_TARGET_AVX512 inline bool abs_below_group(const float* const* xs, const 
                                                   std::size_t count) noexcept {
   constexpr std::size_t unit = 64;
   __m512i acc0 = _mm512_setzero_si512(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-  std::size_t shortest = 0;
+  std::size_t chunk[avx2::kAbsBelowArrays];
+  const std::size_t rounds = avx2::abs_below_rounds(ns, count, unit, chunk);
   for (std::size_t j = 0; j < count; ++j)
-    if (ns[j] > 0 && (shortest == 0 || ns[j] < shortest)) shortest = ns[j];
-  std::size_t rounds = shortest / unit, chunk[avx2::kAbsBelowArrays];
-  for (std::size_t j = 0; j < count; ++j) {
-    chunk[j] = ns[j] == 0 ? 0 : unit * (ns[j] / shortest);
-    if (chunk[j] > 0) rounds = std::min(rounds, ns[j] / chunk[j]);
-  }
-  constexpr std::size_t kAhead = 2;
-  for (std::size_t j = 0; j < count; ++j)
-    for (std::size_t o = 0; o < std::min(kAhead, rounds) * chunk[j]; o += 16)
-      _mm_prefetch(reinterpret_cast<const char*>(xs[j] + o), _MM_HINT_T0);
+    avx2::abs_below_prefetch(xs[j], chunk[j], static_cast<std::size_t>(-1), rounds);
   for (std::size_t r = 0; r < rounds; ++r)
     for (std::size_t j = 0; j < count; ++j) {
       const __m512i a = _mm512_set1_epi32(static_cast<int>(0x80000000u - limits[j]));
-      if (r + kAhead < rounds)
-        for (std::size_t o = 0; o < chunk[j]; o += 16)
-          _mm_prefetch(reinterpret_cast<const char*>(xs[j] + (r + kAhead) * chunk[j] + o), _MM_HINT_T0);
+      avx2::abs_below_prefetch(xs[j], chunk[j], r, rounds);
       const float* p = xs[j] + r * chunk[j];
       const float* end = p + chunk[j];
       for (; p < end; p += unit) {
