@@ -161,8 +161,10 @@ void BM_policy(benchmark::State& state, Policy policy) {
 // BM_policy with warm input (Run::warm: each token's K/V/Q copied into a small buffer a
 // few steps before its append, in timer pauses at BM_draw_pause's cadence for every
 // policy). Its figures include BM_draw_pause's per-step cost (the pauses' clock reads):
-// read it less BM_draw_pause from the same run. Not in a sizes() sweep of the table
-// script; the artefacts' measure of docs/benchmarks.md, stop 42.
+// read it less BM_draw_pause from the same run. bench/run_policy_step_bench.sh runs it but
+// does not put it in its table (docs/benchmarks.md, "The 1K step and the benchmarks'
+// artefacts, stop 42"). For StreamingLLM the staging pauses cost more than BM_draw_pause
+// shows: use bench_scorers' BM_step_warm / BM_block_warm there.
 template <class Policy>
 void BM_policy_warm(benchmark::State& state, Policy policy) {
   const auto n = static_cast<std::size_t>(state.range(0));
