@@ -49,9 +49,55 @@ struct Run {
   /// the copy is made for every policy run this way, inside the timer.
   bool fresh = false;
   std::vector<float> key_copy;
+  /// Warm input (BM_policy_warm): the K/V/Q of the next few tokens are copied from the
+  /// pool into a small staging buffer inside the timer's pauses, at the probability
+  /// stream's cadence (a batch of m = max(1, 16384 / (4 n)) steps; attention policies
+  /// draw their probabilities in the same pause), so the append reads them warm as an
+  /// engine's append reads the K/V/Q its projections just wrote. Every policy run this way
+  /// pays BM_draw_pause's cost per step, whether it observes attention or not.
+  bool warm = false;
+  std::vector<float> warm_k, warm_v, warm_q;
+  std::size_t staged_from = 0, staged_end = 0;  // tokens [from, end) are staged
   Run(int h, std::size_t n, Policy p, bool fresh_keys = false)
       : cache(geometry(h), Budget::uniform(static_cast<long long>(n)), std::move(p)), hkv(h), rows(n),
         fresh(fresh_keys), key_copy(static_cast<std::size_t>(h) * kDim) {}
+
+  /// Copies the next m tokens' K/V/Q (m: the probability stream's batch) when they are due;
+  /// the attention policies' probability draw shares the pause.
+  void stage_when_due() {
+    const std::size_t width = rows * kGroup;
+    constexpr bool draws = has(Policy::signals, Signals::attention);
+    const bool stage = t < staged_from || t >= staged_end;
+    if (!stage && !(draws && probs.due(width))) return;
+    if (timed) timed->PauseTiming();
+    if (stage) {
+      const std::size_t m = std::max<std::size_t>(1, ProbStream::kBatchFloats / std::max<std::size_t>(width, 1));
+      const std::size_t kw = static_cast<std::size_t>(hkv) * kDim, qw = kw * kGroup;
+      warm_k.resize(m * kw);
+      warm_v.resize(m * kw);
+      warm_q.resize(m * qw);
+      const Pool& P = pool();
+      for (std::size_t j = 0; j < m; ++j) {
+        const auto k = P.key(t + j, hkv), v = P.value(t + j, hkv), q = P.query(t + j, hkv);
+        std::copy(k.begin(), k.end(), warm_k.begin() + static_cast<std::ptrdiff_t>(j * kw));
+        std::copy(v.begin(), v.end(), warm_v.begin() + static_cast<std::ptrdiff_t>(j * kw));
+        std::copy(q.begin(), q.end(), warm_q.begin() + static_cast<std::ptrdiff_t>(j * qw));
+      }
+      staged_from = t;
+      staged_end = t + m;
+    }
+    if (draws && probs.due(width)) probs.refill(width);
+    if (timed) timed->ResumeTiming();
+  }
+  void append_warm() {
+    const std::size_t kw = static_cast<std::size_t>(hkv) * kDim, qw = kw * kGroup;
+    const std::size_t j = t - staged_from;
+    const std::span<const float> k(warm_k.data() + j * kw, kw), v(warm_v.data() + j * kw, kw);
+    if constexpr (has(Policy::signals, Signals::query))
+      cache.append(0, static_cast<std::int64_t>(t), k, v, std::span<const float>(warm_q.data() + j * qw, qw));
+    else
+      cache.append(0, static_cast<std::int64_t>(t), k, v);
+  }
 
   std::span<const float> key() {
     const auto k = pool().key(t, hkv);
@@ -78,7 +124,12 @@ struct Run {
     }
   }
   void step() {
-    append();
+    if (warm) {
+      stage_when_due();
+      append_warm();
+    } else {
+      append();
+    }
     observe();
     ++t;
   }
@@ -106,6 +157,25 @@ void policy_steps(benchmark::State& state, Policy policy, bool fresh_keys) {
 template <class Policy>
 void BM_policy(benchmark::State& state, Policy policy) {
   policy_steps(state, std::move(policy), false);
+}
+// BM_policy with warm input (Run::warm: each token's K/V/Q copied into a small buffer a
+// few steps before its append, in timer pauses at BM_draw_pause's cadence for every
+// policy). Its figures include BM_draw_pause's per-step cost (the pauses' clock reads):
+// read it less BM_draw_pause from the same run. bench/run_policy_step_bench.sh runs it but
+// does not put it in its table (docs/benchmarks.md, "The 1K step and the benchmarks'
+// artefacts, stop 42"). For StreamingLLM the staging pauses cost more than BM_draw_pause
+// shows: use bench_scorers' BM_step_warm / BM_block_warm there.
+template <class Policy>
+void BM_policy_warm(benchmark::State& state, Policy policy) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const int hkv = static_cast<int>(state.range(1));
+  Run<Policy> run(hkv, n, std::move(policy));
+  run.warm = true;
+  run.fill(n);
+  run.timed = &state;
+  for (auto _ : state) run.step();
+  state.counters["n"] = static_cast<double>(n);
+  state.counters["hkv"] = hkv;
 }
 // BM_policy on fresh keys (Run::fresh: no key repeats within 32576 tokens).
 template <class Policy>
@@ -237,6 +307,9 @@ policies::DecayedAttention decayed_distinct(float recall) {
 }  // namespace
 BENCHMARK_CAPTURE(BM_policy, decayed_distinct, decayed_distinct(0.125f))->Apply(sizes);
 BENCHMARK_CAPTURE(BM_policy, decayed_distinct_quarter, decayed_distinct(0.25f))->Apply(sizes);
+BENCHMARK_CAPTURE(BM_policy_warm, streaming_llm, policies::StreamingLLM{})->Apply(sizes);
+BENCHMARK_CAPTURE(BM_policy_warm, decayed_recommended, policies::DecayedAttention::recommended())
+    ->Apply(sizes);
 BENCHMARK_CAPTURE(BM_policy_fresh, decayed_recommended, policies::DecayedAttention::recommended())
     ->Apply(sizes);
 BENCHMARK_CAPTURE(BM_policy_fresh, decayed_distinct_quarter, decayed_distinct(0.25f))

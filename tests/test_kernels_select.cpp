@@ -843,6 +843,7 @@ TEST_CASE("policy step kernels match plain loops at every level", "[kernels][sel
 TEST_CASE("observe and reserve kernels match plain loops at every level", "[kernels][select]") {
   std::mt19937_64 rng(91);
   const bool avx2 = kk::isa_supported(Isa::avx2);
+  const bool avx512 = kk::isa_supported(Isa::avx512);
   const float hi = 1.0f + 1.0f / 64;
   const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() &&
@@ -861,7 +862,7 @@ TEST_CASE("observe and reserve kernels match plain loops at every level", "[kern
         for (std::size_t k = 0; k < g; ++k) acc += p[k * n + r];
         want[r] = acc;
       }
-      std::vector<float> got(n, -1.0f), got2(n, -1.0f), got3(n, -1.0f);
+      std::vector<float> got(n, -1.0f), got2(n, -1.0f), got3(n, -1.0f), got4(n, -1.0f);
       CHECK(kk::detail::scalar::group_sum_bounded(p.data(), g, n, hi, got.data()));
       CHECK(same(got, want));
       CHECK(kk::group_sum_bounded(p.data(), g, n, hi, got2.data()));
@@ -870,6 +871,10 @@ TEST_CASE("observe and reserve kernels match plain loops at every level", "[kern
       if (avx2) {
         CHECK(kk::detail::avx2::group_sum_bounded(p.data(), g, n, hi, got3.data()));
         CHECK(same(got3, want));
+      }
+      if (avx512) {
+        CHECK(kk::detail::avx512::group_sum_bounded(p.data(), g, n, hi, got4.data()));
+        CHECK(same(got4, want));
       }
 #endif
       if (n == 0) continue;
@@ -889,6 +894,7 @@ TEST_CASE("observe and reserve kernels match plain loops at every level", "[kern
           CHECK_FALSE(kk::group_sum_bounded(q.data(), g, n, hi, got.data()));
 #if KVEVICT_X86
           if (avx2) CHECK_FALSE(kk::detail::avx2::group_sum_bounded(q.data(), g, n, hi, got.data()));
+          if (avx512) CHECK_FALSE(kk::detail::avx512::group_sum_bounded(q.data(), g, n, hi, got.data()));
 #endif
         }
     }
@@ -1211,8 +1217,9 @@ TEST_CASE("arrival_dots: the squared norm and G dot products in 8 lanes at every
   std::mt19937_64 rng(29);
   std::normal_distribution<float> nd;
   const bool avx2 = kk::isa_supported(Isa::avx2);
-  for (std::size_t d : {1u, 7u, 8u, 9u, 16u, 33u, 128u})
-    for (std::size_t G : {1u, 3u, 4u}) {
+  const bool avx512 = kk::isa_supported(Isa::avx512);
+  for (std::size_t d : {1u, 7u, 8u, 9u, 16u, 33u, 128u, 129u})
+    for (std::size_t G : {1u, 2u, 3u, 4u, 8u, 16u}) {
       std::vector<float> key(d), val(d);
       std::vector<double> means(G * d);
       for (auto& x : key) x = nd(rng);
@@ -1244,8 +1251,12 @@ TEST_CASE("arrival_dots: the squared norm and G dot products in 8 lanes at every
       std::vector<Fn> levels{&kk::detail::scalar::arrival_dots, &kk::arrival_dots};
 #if KVEVICT_X86
       if (avx2) levels.push_back(&kk::detail::avx2::arrival_dots);
+      if (avx512 && kk::detail::avx512::arrival_dots_fused_group(G))
+        levels.push_back(&kk::detail::avx512::arrival_dots);
 #endif
-      for (Fn fn : levels) {
+      for (std::size_t at = 0; at < levels.size(); ++at) {
+        const Fn fn = levels[at];
+        INFO("d " << d << ", G " << G << ", level " << at);
         std::vector<double> lin(G + 1, 7.0);
         CHECK(fn(key.data(), val.data(), means.data(), G, d, lin.data()) == want_sq);
         for (std::size_t g = 0; g < G; ++g) CHECK(lin[g] == want[g]);
@@ -1254,13 +1265,14 @@ TEST_CASE("arrival_dots: the squared norm and G dot products in 8 lanes at every
     }
 }
 
-// abs_below (the input checks of an append or prefill): scalar and AVX2 bodies against a
-// plain per-value test, for 1-6 arrays of unequal lengths (the AVX2 form reads up to four
-// at once, in proportion to their lengths, then each array's rest), every bound kind, and
+// abs_below (the input checks of an append or prefill): scalar, AVX2 and AVX-512 bodies
+// against a plain per-value test, for 1-6 arrays of unequal lengths (the SIMD forms read up
+// to four at once, in proportion to their lengths, then each array's rest), every bound kind, and
 // one bad value planted at each kind of place (first, inside a round, in the rest, last).
 TEST_CASE("abs_below matches a per-value test at every level", "[kernels][select]") {
   std::mt19937_64 rng(417);
   const bool avx2 = kk::isa_supported(Isa::avx2);
+  const bool avx512 = kk::isa_supported(Isa::avx512);
   const float inf = std::numeric_limits<float>::infinity();
   const float half_limit = 65520.0f;  // fp16: |x| >= 65520 rounds to infinity
   const auto bits = [](float x) { return std::bit_cast<std::uint32_t>(x); };
@@ -1282,10 +1294,11 @@ TEST_CASE("abs_below matches a per-value test at every level", "[kernels][select
     CHECK(kk::abs_below(xs.data(), ns.data(), lim.data(), a.size()) == expect);
 #if KVEVICT_X86
     if (avx2) CHECK(kk::detail::avx2::abs_below(xs.data(), ns.data(), lim.data(), a.size()) == expect);
+    if (avx512) CHECK(kk::detail::avx512::abs_below(xs.data(), ns.data(), lim.data(), a.size()) == expect);
 #endif
   };
   const std::vector<std::vector<std::size_t>> shapes = {
-      {0}, {1}, {7}, {31}, {32}, {33}, {1024, 1024, 4096}, {1024, 0, 4096}, {128, 128, 512},
+      {0}, {1}, {7}, {31}, {32}, {33}, {63}, {64}, {65}, {129, 40}, {1024, 1024, 4096}, {1024, 0, 4096}, {128, 128, 512},
       {100, 1000, 37}, {64, 96, 65, 200}, {5, 300, 300, 7, 1000}, {2048, 2048, 8192, 64, 3, 999}};
   for (const auto& shape : shapes)
     for (std::uint32_t limit : limits) {
@@ -1315,7 +1328,8 @@ TEST_CASE("abs_below matches a per-value test at every level", "[kernels][select
       for (std::size_t j = 0; j < a.size(); ++j) {
         const std::size_t n = a[j].size();
         if (n == 0) continue;
-        for (std::size_t at : {std::size_t{0}, n / 3, n - n % 32 + (n % 32) / 2, n - 1}) {
+        for (std::size_t at : {std::size_t{0}, n / 3, n - n % 32 + (n % 32) / 2, n - n % 64 + (n % 64) / 2,
+                               n - n % 16 + (n % 16) / 2, n - 1}) {
           if (at >= n) continue;
           for (float bad : bads) {
             if ((bits(bad) & 0x7fffffffu) < lim[j]) continue;  // not bad for this array

@@ -274,6 +274,68 @@ KVEVICT_TARGET_AVX512 inline std::size_t gather_at_most(const float* s, std::siz
   }
   return scalar::gather_at_most_body(s, n, t, idx, finite, r, count, fin);
 }
+// arrival_dots with the G + 1 sums side by side: per 8 coordinates one register of 8
+// double lanes per sum (lane i % 8, as the AVX2 form's two 4-lane registers hold them),
+// a multiply then an add (the product kept in a register through an empty asm so the
+// compiler cannot contract it into an FMA: the AVX2 form's values, bit for bit), the key
+// and value rows widened once for all G + 1 sums; the d % 8 tail coordinates as one masked
+// block (only their lanes added), each sum's 8 lanes added as scalar::lane_tree. Gc: the
+// group size (1, 2, 4 or 8: arrival_dots_fused_group).
+template <std::size_t Gc>
+KVEVICT_TARGET_AVX512 inline double arrival_dots_fused(const float* key, const float* val,
+                                                       const double* means, std::size_t d,
+                                                       double* lin) noexcept {
+  __m512d acc[Gc], sq = _mm512_setzero_pd();
+  for (std::size_t g = 0; g < Gc; ++g) acc[g] = _mm512_setzero_pd();
+  std::size_t i = 0;
+  for (; i + 8 <= d; i += 8) {
+    const __m512d k = _mm512_cvtps_pd(_mm256_loadu_ps(key + i));
+    const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(val + i));
+    __m512d vv = _mm512_mul_pd(v, v);
+    __asm__("" : "+v"(vv));
+    sq = _mm512_add_pd(sq, vv);
+    for (std::size_t g = 0; g < Gc; ++g) {
+      __m512d p = _mm512_mul_pd(_mm512_loadu_pd(means + g * d + i), k);
+      __asm__("" : "+v"(p));
+      acc[g] = _mm512_add_pd(acc[g], p);
+    }
+  }
+  if (i < d) {  // the last d % 8 coordinates into lanes 0.., masked (a scalar tail here
+                // would be contracted into FMAs: this target has them)
+    const auto m = static_cast<__mmask8>((1u << (d - i)) - 1u);
+    const __m512d k = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, key + i));
+    const __m512d v = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, val + i));
+    __m512d vv = _mm512_mul_pd(v, v);
+    __asm__("" : "+v"(vv));
+    sq = _mm512_mask_add_pd(sq, m, sq, vv);
+    for (std::size_t g = 0; g < Gc; ++g) {
+      __m512d p = _mm512_mul_pd(_mm512_maskz_loadu_pd(m, means + g * d + i), k);
+      __asm__("" : "+v"(p));
+      acc[g] = _mm512_mask_add_pd(acc[g], m, acc[g], p);
+    }
+  }
+  alignas(64) double l[scalar::kArrivalDotLanes];
+  for (std::size_t g = 0; g < Gc; ++g) {
+    _mm512_store_pd(l, acc[g]);
+    lin[g] = scalar::lane_tree(l);
+  }
+  _mm512_store_pd(l, sq);
+  return scalar::lane_tree(l);
+}
+/// Whether the AVX-512 body takes this group size (others run the AVX2 body).
+constexpr bool arrival_dots_fused_group(std::size_t group) noexcept {
+  return group == 1 || group == 2 || group == 4 || group == 8;
+}
+KVEVICT_TARGET_AVX512 inline double arrival_dots(const float* key, const float* val,
+                                                 const double* means, std::size_t group,
+                                                 std::size_t d, double* lin) noexcept {
+  switch (group) {
+    case 1: return arrival_dots_fused<1>(key, val, means, d, lin);
+    case 2: return arrival_dots_fused<2>(key, val, means, d, lin);
+    case 4: return arrival_dots_fused<4>(key, val, means, d, lin);
+    default: return arrival_dots_fused<8>(key, val, means, d, lin);  // group 8 (fused_group)
+  }
+}
 }  // namespace avx512
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif
@@ -355,9 +417,10 @@ KVEVICT_KERNEL_FN std::size_t gather_at_most(const float* s, std::size_t n, floa
 /// sets lin[g] = sum_i means[g * d + i] * key[i] for g < group, in double, each sum in 8
 /// lanes (coordinate i into lane i % 8, in coordinate order, every product rounded before its
 /// add) added ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)): independent chains of d / 8
-/// adds where one ordered sum is a chain of d. The same values at every level (AVX-512 CPUs
-/// run the AVX2 body), as long as the compiler does not fuse the scalar body's multiply-adds
-/// (no FMA in the target flags).
+/// adds where one ordered sum is a chain of d. The same values at every level (the AVX-512
+/// body computes the G + 1 sums side by side, for G 1, 2, 4, 8; other G run the AVX2 body),
+/// as long as the compiler does not fuse the scalar body's multiply-adds (no FMA in the
+/// target flags).
 KVEVICT_KERNEL_FN double arrival_dots(const float* key, const float* val, const double* means,
                                       std::size_t group, std::size_t d, double* lin) {
   detail::require_nonnull(key, d, "key");
@@ -365,7 +428,10 @@ KVEVICT_KERNEL_FN double arrival_dots(const float* key, const float* val, const 
   detail::require_nonnull(means, group * d, "means");
   detail::require_nonnull(lin, group, "lin");
 #if KVEVICT_X86
-  if (active_isa() != Isa::scalar) return detail::avx2::arrival_dots(key, val, means, group, d, lin);
+  const Isa isa = active_isa();
+  if (isa == Isa::avx512 && detail::avx512::arrival_dots_fused_group(group))
+    return detail::avx512::arrival_dots(key, val, means, group, d, lin);
+  if (isa != Isa::scalar) return detail::avx2::arrival_dots(key, val, means, group, d, lin);
 #endif
   return detail::scalar::arrival_dots(key, val, means, group, d, lin);
 }

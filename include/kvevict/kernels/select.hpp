@@ -684,7 +684,9 @@ KVEVICT_KERNEL_FN bool group_sum_checked(const float* p, std::size_t g, std::siz
 KVEVICT_KERNEL_FN bool group_sum_bounded(const float* p, std::size_t g, std::size_t n, float hi,
                                          float* out) {
 #if KVEVICT_X86
-  if (active_isa() != Isa::scalar) return detail::avx2::group_sum_bounded(p, g, n, hi, out);
+  const Isa isa = active_isa();
+  if (isa == Isa::avx512) return detail::avx512::group_sum_bounded(p, g, n, hi, out);
+  if (isa == Isa::avx2) return detail::avx2::group_sum_bounded(p, g, n, hi, out);
 #endif
   return detail::scalar::group_sum_bounded(p, g, n, hi, out);
 }
@@ -694,7 +696,7 @@ KVEVICT_KERNEL_FN bool group_sum_bounded(const float* p, std::size_t g, std::siz
 /// limits[j], so NaN fails every bound and limits[j] = 0x7f800000 (+inf) tests finiteness;
 /// each limits[j] must be at most 0x80000000. The input checks of an append or prefill
 /// (keys, values, queries) in one pass: the arrays are read interleaved, in proportion to
-/// their lengths, so their cache misses overlap. (AVX-512 CPUs run the AVX2 form.)
+/// their lengths, so their cache misses overlap.
 KVEVICT_KERNEL_FN bool abs_below(const float* const* xs, const std::size_t* ns,
                                  const std::uint32_t* limits, std::size_t count) {
   for (std::size_t j = 0; j < count; ++j) {
@@ -704,7 +706,9 @@ KVEVICT_KERNEL_FN bool abs_below(const float* const* xs, const std::size_t* ns,
                                   ", expected at most 0x80000000 (2147483648)");
   }
 #if KVEVICT_X86
-  if (active_isa() != Isa::scalar) return detail::avx2::abs_below(xs, ns, limits, count);
+  const Isa isa = active_isa();
+  if (isa == Isa::avx512) return detail::avx512::abs_below(xs, ns, limits, count);
+  if (isa == Isa::avx2) return detail::avx2::abs_below(xs, ns, limits, count);
 #endif
   return detail::scalar::abs_below(xs, ns, limits, count);
 }

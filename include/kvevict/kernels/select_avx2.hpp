@@ -826,31 +826,46 @@ KVEVICT_TARGET_AVX2 inline __m256i abs_test8(__m256i acc, const float* p, __m256
   const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm256_or_si256(acc, _mm256_add_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), a));
 }
+/// abs_below_group's rounds: each array's chunk per round (whole `unit`s, in proportion to
+/// its length over the shortest non-empty one; 0 for an empty array) and how many full
+/// rounds fit every array.
+inline std::size_t abs_below_rounds(const std::size_t* ns, std::size_t count, std::size_t unit,
+                                    std::size_t* chunk) noexcept {
+  std::size_t shortest = 0;
+  for (std::size_t j = 0; j < count; ++j)
+    if (ns[j] > 0 && (shortest == 0 || ns[j] < shortest)) shortest = ns[j];
+  std::size_t rounds = shortest / unit;
+  for (std::size_t j = 0; j < count; ++j) {
+    chunk[j] = ns[j] == 0 ? 0 : unit * (ns[j] / shortest);
+    if (chunk[j] > 0) rounds = std::min(rounds, ns[j] / chunk[j]);
+  }
+  return rounds;
+}
+/// Software prefetch kAbsBelowAhead rounds ahead (a line is 16 floats): the hardware
+/// prefetchers ramp up over a stream's first lines, and these arrays are a few KB each.
+/// Round r's call requests array j's chunk of round r + kAbsBelowAhead; the first call
+/// (r = npos) the first rounds'.
+inline constexpr std::size_t kAbsBelowAhead = 2;
+inline void abs_below_prefetch(const float* x, std::size_t chunk, std::size_t r,
+                               std::size_t rounds) noexcept {
+  if (r == static_cast<std::size_t>(-1)) {
+    for (std::size_t o = 0; o < std::min(kAbsBelowAhead, rounds) * chunk; o += 16) __builtin_prefetch(x + o);
+  } else if (r + kAbsBelowAhead < rounds) {
+    for (std::size_t o = 0; o < chunk; o += 16) __builtin_prefetch(x + (r + kAbsBelowAhead) * chunk + o);
+  }
+}
 KVEVICT_TARGET_AVX2 inline bool abs_below_group(const float* const* xs, const std::size_t* ns,
                                                 const std::uint32_t* limits,
                                                 std::size_t count) noexcept {
   constexpr std::size_t unit = 32;
   __m256i acc0 = _mm256_setzero_si256(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-  std::size_t shortest = 0;
-  for (std::size_t j = 0; j < count; ++j)
-    if (ns[j] > 0 && (shortest == 0 || ns[j] < shortest)) shortest = ns[j];
-  std::size_t rounds = shortest / unit, chunk[kAbsBelowArrays];
-  for (std::size_t j = 0; j < count; ++j) {
-    chunk[j] = ns[j] == 0 ? 0 : unit * (ns[j] / shortest);
-    if (chunk[j] > 0) rounds = std::min(rounds, ns[j] / chunk[j]);
-  }
-  // Software prefetch kAhead rounds ahead (a line is 16 floats): the hardware prefetchers
-  // ramp up over a stream's first lines, and these arrays are a few KB each.
-  constexpr std::size_t kAhead = 2;
-  for (std::size_t j = 0; j < count; ++j)
-    for (std::size_t o = 0; o < std::min(kAhead, rounds) * chunk[j]; o += 16)
-      _mm_prefetch(reinterpret_cast<const char*>(xs[j] + o), _MM_HINT_T0);
+  std::size_t chunk[kAbsBelowArrays];
+  const std::size_t rounds = abs_below_rounds(ns, count, unit, chunk);
+  for (std::size_t j = 0; j < count; ++j) abs_below_prefetch(xs[j], chunk[j], static_cast<std::size_t>(-1), rounds);
   for (std::size_t r = 0; r < rounds; ++r)
     for (std::size_t j = 0; j < count; ++j) {
       const __m256i a = _mm256_set1_epi32(static_cast<int>(0x80000000u - limits[j]));
-      if (r + kAhead < rounds)
-        for (std::size_t o = 0; o < chunk[j]; o += 16)
-          _mm_prefetch(reinterpret_cast<const char*>(xs[j] + (r + kAhead) * chunk[j] + o), _MM_HINT_T0);
+      abs_below_prefetch(xs[j], chunk[j], r, rounds);
       const float* p = xs[j] + r * chunk[j];
       const float* end = p + chunk[j];
       for (; p < end; p += unit) {

@@ -1256,6 +1256,116 @@ KVEVICT_TARGET_AVX512 inline std::size_t lowest_open(float* s, const float* x, c
   return best.index;
 }
 
+/// group_sum_bounded 16 columns at a time, G rows (G = 0: g rows, known at run time), the
+/// last n % 16 columns as one masked block: each column's g values added in a register in
+/// row order from 0.0f (the scalar body's additions, so the same sums bit for bit), stored
+/// once; the range test keeps the largest bit pattern seen with -0 left out (the AVX2
+/// form's test: every value +-0 or in (0, hi]). Half the instructions of the AVX2 form per
+/// column: a mask compare and a masked max per value in place of a compare, an and-not and
+/// a max.
+/// One value vector of group_sum_bounded_cols: into the column sums, and into the running
+/// maximum of the bit patterns unless -0.
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE void group_sum_add(__m512 x, __m512i negz, __m512i& top,
+                                                              __m512& acc) noexcept {
+  const __m512i u = _mm512_castps_si512(x);
+  top = _mm512_mask_max_epu32(top, _mm512_cmpneq_epi32_mask(u, negz), top, u);
+  acc = _mm512_add_ps(acc, x);
+}
+template <std::size_t G>
+KVEVICT_TARGET_AVX512 inline std::uint32_t group_sum_bounded_cols(const float* p, std::size_t g,
+                                                                  std::size_t n,
+                                                                  float* out) noexcept {
+  const std::size_t rows = G == 0 ? g : G;
+  const __m512i negz = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  // One running maximum per row (G known) so that no chain of masked maxima runs through
+  // the whole pass; a single one for a group size known only at run time.
+  constexpr std::size_t T = G == 0 ? 1 : G;
+  __m512i top[T];
+  for (std::size_t k = 0; k < T; ++k) top[k] = _mm512_setzero_si512();
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 acc = _mm512_setzero_ps();
+    for (std::size_t k = 0; k < rows; ++k)
+      group_sum_add(_mm512_loadu_ps(p + k * n + i), negz, top[G == 0 ? 0 : k], acc);
+    _mm512_storeu_ps(out + i, acc);
+  }
+  if (i < n) {
+    const auto m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    __m512 acc = _mm512_setzero_ps();
+    for (std::size_t k = 0; k < rows; ++k)  // 0 in the unused lanes
+      group_sum_add(_mm512_maskz_loadu_ps(m, p + k * n + i), negz, top[G == 0 ? 0 : k], acc);
+    _mm512_mask_storeu_ps(out + i, m, acc);
+  }
+  for (std::size_t k = 1; k < T; ++k) top[0] = _mm512_max_epu32(top[0], top[k]);
+  return static_cast<std::uint32_t>(_mm512_reduce_max_epu32(top[0]));
+}
+KVEVICT_TARGET_AVX512 inline bool group_sum_bounded(const float* p, std::size_t g, std::size_t n,
+                                                    float hi, float* out) noexcept {
+  std::uint32_t top = 0;
+  switch (g) {
+    case 1: top = group_sum_bounded_cols<1>(p, g, n, out); break;
+    case 2: top = group_sum_bounded_cols<2>(p, g, n, out); break;
+    case 4: top = group_sum_bounded_cols<4>(p, g, n, out); break;
+    case 8: top = group_sum_bounded_cols<8>(p, g, n, out); break;
+    default: top = group_sum_bounded_cols<0>(p, g, n, out); break;
+  }
+  return top <= std::bit_cast<std::uint32_t>(hi);
+}
+
+/// abs_below over up to avx2::kAbsBelowArrays arrays at once, the AVX2 form's method at 16
+/// floats a vector: each round reads a chunk of every array, 64 floats of the shortest
+/// and proportionally more of the longer ones (whole 64-float units), with a software
+/// prefetch two rounds ahead; the rest of each array after the last full round goes 16
+/// floats, then one masked block. Same test as the scalar body (abs_below_body): bit 31 of
+/// (bits & 0x7fffffff) + (0x80000000 - limit) is set once a value fails.
+KVEVICT_TARGET_AVX512 KVEVICT_ALWAYS_INLINE __m512i abs_test16(__m512i acc, __m512i u,
+                                                              __m512i a) noexcept {
+  return _mm512_or_si512(acc, _mm512_add_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), a));
+}
+KVEVICT_TARGET_AVX512 inline bool abs_below_group(const float* const* xs, const std::size_t* ns,
+                                                  const std::uint32_t* limits,
+                                                  std::size_t count) noexcept {
+  constexpr std::size_t unit = 64;
+  __m512i acc0 = _mm512_setzero_si512(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  std::size_t chunk[avx2::kAbsBelowArrays];
+  const std::size_t rounds = avx2::abs_below_rounds(ns, count, unit, chunk);
+  for (std::size_t j = 0; j < count; ++j)
+    avx2::abs_below_prefetch(xs[j], chunk[j], static_cast<std::size_t>(-1), rounds);
+  for (std::size_t r = 0; r < rounds; ++r)
+    for (std::size_t j = 0; j < count; ++j) {
+      const __m512i a = _mm512_set1_epi32(static_cast<int>(0x80000000u - limits[j]));
+      avx2::abs_below_prefetch(xs[j], chunk[j], r, rounds);
+      const float* p = xs[j] + r * chunk[j];
+      const float* end = p + chunk[j];
+      for (; p < end; p += unit) {
+        acc0 = abs_test16(acc0, _mm512_loadu_si512(p), a);
+        acc1 = abs_test16(acc1, _mm512_loadu_si512(p + 16), a);
+        acc2 = abs_test16(acc2, _mm512_loadu_si512(p + 32), a);
+        acc3 = abs_test16(acc3, _mm512_loadu_si512(p + 48), a);
+      }
+    }
+  for (std::size_t j = 0; j < count; ++j) {
+    const __m512i a = _mm512_set1_epi32(static_cast<int>(0x80000000u - limits[j]));
+    std::size_t i = rounds * chunk[j];
+    for (; i + 16 <= ns[j]; i += 16) acc0 = abs_test16(acc0, _mm512_loadu_si512(xs[j] + i), a);
+    if (i < ns[j]) {  // the unused lanes' 0 passes every limit above 0; limit 0 fails it
+      const auto m = static_cast<__mmask16>((1u << (ns[j] - i)) - 1u);
+      acc1 = _mm512_mask_mov_epi32(acc1, m, abs_test16(acc1, _mm512_maskz_loadu_epi32(m, xs[j] + i), a));
+    }
+  }
+  const __m512i acc = _mm512_or_si512(_mm512_or_si512(acc0, acc1), _mm512_or_si512(acc2, acc3));
+  return _mm512_test_epi32_mask(acc, _mm512_set1_epi32(static_cast<int>(0x80000000u))) == 0;
+}
+KVEVICT_TARGET_AVX512 inline bool abs_below(const float* const* xs, const std::size_t* ns,
+                                            const std::uint32_t* limits, std::size_t count) noexcept {
+  bool ok = true;
+  for (std::size_t j = 0; j < count; j += avx2::kAbsBelowArrays) {
+    const std::size_t c = std::min(avx2::kAbsBelowArrays, count - j);
+    ok &= abs_below_group(xs + j, ns + j, limits + j, c);
+  }
+  return ok;
+}
+
 }  // namespace kvevict::kernels::detail::avx512
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif
