@@ -718,10 +718,9 @@ class DecayedAttention {
   void keep_recalled(const HeadView<S>& v, bool gathered) {
     const auto& sp = spikes_.of(v.layer, v.kv_head);
     const std::size_t h = head_index(v.layer, v.kv_head);
-    std::size_t evictable = 0;
     const std::size_t words = bits_.size();
-    for (std::size_t w = 0; w < words; ++w)
-      evictable += popcount64(~bits_[w]);  // bits past size are set
+    const ReserveTarget target = reserve_target(v);
+    const std::size_t evictable = target.evictable, limit = target.limit;
     // The candidates with rank > 0 and rank >= lo, in row order, into cand_spike_ /
     // cand_row_ [0, cand_n_) (the buffers only grow: no clearing per step).
     const auto collect = [&](float lo) {
@@ -748,7 +747,6 @@ class DecayedAttention {
       cand_n_ = c;
     };
     const auto keep = [&](std::uint32_t r) { bits_[r >> 6] |= std::uint64_t{1} << (r & 63); };
-    const std::size_t limit = std::min(recall_for(v.capacity), evictable > v.need ? evictable - v.need : 0);
     last_evictable_ = evictable;  // for eviction_costs' memo (pooled_victims): the reserve's
     last_reserve_ = limit;        // target, min(recall rows, candidates, evictable - need)
     if (dedups()) {
@@ -997,10 +995,7 @@ class DecayedAttention {
     const float hint = floor_[h];
     const float* sp = spikes_.of(v.layer, v.kv_head).data();
     if (ranks_draws() || !(hint > 0.0f) || !(sp[row] < hint)) return false;
-    std::size_t evictable = 0;
-    for (std::uint64_t w : bits_) evictable += popcount64(~w);  // bits past size are set
-    const std::size_t limit =
-        std::min(recall_for(v.capacity), evictable > v.need ? evictable - v.need : 0);
+    const std::size_t limit = reserve_target(v).limit;
     if (limit == 0) return false;
     reserve_candidates(v.size);
     const std::size_t m = kernels::gather_open(sp, v.size, bits_.data(), hint, cand_spike_.data(),
@@ -1024,16 +1019,25 @@ class DecayedAttention {
     }
     return false;
   }
+  /// The rows bits_ leaves open (bits past size are set) and the reserve's target for the
+  /// view, min(recall rows, open - need): keep_recalled's, distinct_victim's bound's and
+  /// beyond_reserve's.
+  struct ReserveTarget {
+    std::size_t evictable, limit;
+  };
+  template <class S>
+  ReserveTarget reserve_target(const HeadView<S>& v) const {
+    std::size_t evictable = 0;
+    for (std::uint64_t w : bits_) evictable += popcount64(~w);
+    return {evictable, std::min(recall_for(v.capacity), evictable > v.need ? evictable - v.need : 0)};
+  }
   /// distinct_victim's bound: true when |B| <= the reserve's size for this view, shown from
   /// the head's Bound (bits_ holds the protection bits alone).
   template <class S>
   bool reserve_holds_b(const HeadView<S>& v) const {
     const Bound& b = bounds_[head_index(v.layer, v.kv_head)];
     if (!b.valid || b.capacity != v.capacity || v.incoming_seq < b.incoming_seq) return false;
-    std::size_t evictable = 0;
-    for (std::uint64_t w : bits_) evictable += popcount64(~w);  // bits past size are set
-    const std::size_t limit =
-        std::min(recall_for(v.capacity), evictable > v.need ? evictable - v.need : 0);
+    const std::size_t limit = reserve_target(v).limit;
     if (b.count > limit) return false;
     return v.incoming_seq - b.incoming_seq <= (limit - b.count) / 2;
   }
