@@ -473,6 +473,29 @@ TEST_CASE("RecallDedup saves and restores; a state without signatures does not l
   REQUIRE_THROWS_AS(load_bytes(plain, bytes), Error);
 }
 
+// recall_dedup without a reserve (recall_fraction 0) has nothing to deduplicate: the policy
+// keeps what the same settings without recall_dedup keep, on every step and every head (the
+// one-victim path read signature columns that only a reserve binds: found by the policy_ops
+// fuzzer in CI, fuzz/corpus/policy_ops/dedup_without_reserve).
+TEST_CASE("RecallDedup without a recall reserve keeps what no dedup keeps", "[recall]") {
+  const Geometry g{1, 4, 2, 4};  // G = 2
+  for (DA::RecallDedup mode : {DA::RecallDedup::reserve, DA::RecallDedup::protected_rows}) {
+    KVCache<DA> plain(g, Budget::uniform(10), DA({.sinks = 1, .recent_fraction = 0.25f}));
+    KVCache<DA> dedup(g, Budget::uniform(10),
+                      DA({.sinks = 1, .recent_fraction = 0.25f, .recall_dedup = mode}));
+    kvtest::Rng rng(21 + static_cast<int>(mode));
+    for (int t = 0; t < 80; ++t) {
+      const auto k = rng.normals(8), v = rng.normals(8), q = rng.normals(16);
+      plain.append(0, t, k, v, q);
+      dedup.append(0, t, k, v, q);
+      for (int h = 0; h < 2; ++h)
+        kvtest::same_rows_then_observe(plain, dedup, h, 2, [&] {
+          return static_cast<float>(rng.uniform(0, 1000)) / 1000.0f;
+        });
+    }
+  }
+}
+
 TEST_CASE("RecallDedup rejects bad settings by value", "[recall]") {
   REQUIRE_THROWS_WITH(DA({.recall_dedup = static_cast<DA::RecallDedup>(9)}),
                       Catch::Contains("recall_dedup = 9"));

@@ -224,7 +224,9 @@ class DecayedAttention {
   template <class S>
   void decide(const HeadView<S>& v, std::vector<std::uint32_t>& out) {
     if (take_ahead(v, out)) return;
-    if (dedups() && v.need == 1 && !ranks_draws()) {  // its shortcuts reason from the spike
+    // RecallDedup's one-victim path: its shortcuts reason from the spike, and its columns
+    // (signatures, numbers, band) are bound only with a reserve (recall_fraction > 0).
+    if (recalls() && dedups() && v.need == 1 && !ranks_draws()) {
       distinct_victim(v, out);
       return;
     }
