@@ -179,6 +179,7 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
   kvevict::AttendWorkspace ws;
   std::vector<float> out(qn);
   Budget now = budget;  // the budget in force (set_budget)
+  bool budget_set = false;  // set_budget succeeded at least once
   // What each layer was fed, by arrival index (check_rows).
   std::vector<std::vector<float>> hk(std::size_t(g.n_layers)), hv(hk);
   auto record = [&](int l, const std::vector<float>& kk, const std::vector<float>& vv, std::size_t n) {
@@ -289,7 +290,11 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
           for (int h = 0; h < g.n_kv_heads; ++h)
             fits = fits && T <= c.capacity(l, h) - policy.config().decode_reserve;
         if (empty && (chunks == 1 || !kvevict::detail::HasPrefillKeep<Policy> || (kIsSnapKV<Policy> && fits))) {
-          kvevict::KVCache<Policy, Scalar> w(g, now, policy);
+          // Built as c was: with the first budget, then the budget in force set (a policy
+          // may keep state from its first budget until an eviction: DecayedAttention's
+          // decay with a horizon).
+          kvevict::KVCache<Policy, Scalar> w(g, budget, policy);
+          if (budget_set) w.set_budget(now);
           w.prefill(l, p0, T, pk, pv, pq);
           for (int h = 0; h < g.n_kv_heads; ++h) {
             const auto a = c.seqs(l, h), b = w.seqs(l, h);
@@ -303,6 +308,7 @@ void run(kvfuzz::Input& in, const Geometry& g, const Budget& budget, const Polic
           const Budget b = Budget::uniform(in.range(1, 24));
           c.set_budget(b);
           now = b;
+          budget_set = true;
         } catch (const kvevict::Error&) {
         }
         idx.reset();
@@ -506,6 +512,26 @@ void dispatch(kvfuzz::Input& in) {
       dc.recall_fraction = float(recall % 128) / 128.0f;  // [0, 1): the recall reserve
       if (recall >= 128)  // the high bit: the distinct-key reserve (RecallDedup)
         dc.recall_dedup = pol::DecayedAttention::RecallDedup::protected_rows;
+      // The rest of the settings from the byte `seed` (read for every case, used by Random
+      // only), so inputs of the corpus keep their meaning up to here: bits 0-1 the reserve's
+      // rank (spike, excess, total; 3: spike), bit 2 the dedup mode `reserve` instead of
+      // protected_rows, bit 3 recall_successor (without dedup; with it the settings are
+      // refused), bits 4-5 the RoPE layout (3: interleaved), bit 6 a horizon and a recent
+      // fraction in place of the decay.
+      using DA = pol::DecayedAttention;
+      const int rank = int(seed & 3);
+      dc.recall_rank = rank == 1 ? DA::RecallRank::excess : rank == 2 ? DA::RecallRank::total
+                                                                      : DA::RecallRank::spike;
+      if ((seed & 4) && dc.recall_dedup != DA::RecallDedup::none)
+        dc.recall_dedup = DA::RecallDedup::reserve;
+      dc.recall_successor = (seed & 8) != 0 && dc.recall_dedup == DA::RecallDedup::none;
+      const int rope = int((seed >> 4) & 3);
+      dc.rope = rope == 0 ? pol::RopeLayout::none : rope == 2 ? pol::RopeLayout::halves
+                                                              : pol::RopeLayout::interleaved;
+      if (seed & 64) {
+        dc.horizon = 0.5f + float(dc.decay * 4.0f);
+        dc.recent_fraction = float(recall % 16) / 32.0f;
+      }
       return run<pol::DecayedAttention, Scalar>(in, g, bounded, pol::DecayedAttention(dc));
     }
   }
