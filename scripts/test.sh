@@ -13,9 +13,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 jobs=$(nproc)
+# Ninja (scripts/install-deps.sh installs ninja-build) for a new build dir: no make
+# recursion or per-target dependency-scan processes, and one global job queue. A build dir
+# already configured keeps its generator (CMake refuses to switch one).
+gen() {
+  if [ ! -f "$1/CMakeCache.txt" ] && command -v ninja > /dev/null; then echo "-GNinja"; fi
+}
 if [ "${1:-}" = "--sanitize" ]; then
   dir=build-asan
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ \
+  cmake -S . -B "$dir" $(gen "$dir") -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ \
     -DCMAKE_CXX_FLAGS_DEBUG="-gline-tables-only" \
     -DCMAKE_CXX_FLAGS="-O0 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
     -DKVEVICT_BUILD_BENCH=OFF -DKVEVICT_BUILD_EXAMPLES=OFF \
@@ -26,7 +32,7 @@ else
   dir=build
   # KVEVICT_QUICK_BUILD=ON (.ci/run): benchmarks at -O0, examples at -O1 (CMakeLists.txt);
   # passed on every run so a cached ON never outlives the variable.
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DKVEVICT_QUICK_BUILD="${KVEVICT_QUICK_BUILD:-OFF}"
+  cmake -S . -B "$dir" $(gen "$dir") -DCMAKE_BUILD_TYPE=Release -DKVEVICT_QUICK_BUILD="${KVEVICT_QUICK_BUILD:-OFF}"
 fi
 cmake --build "$dir" -j "$jobs"
 ctest --test-dir "$dir" --output-on-failure -j "$jobs"
