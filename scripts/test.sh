@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds everything (library tests, examples, benchmarks) and runs every test with CTest.
 #   scripts/test.sh             Release build in build/ (KVEVICT_QUICK_BUILD=ON, as .ci/run
-#                               sets it: benchmarks at -O0, examples at -O1)
+#                               sets it: benchmarks at -O0, examples and tests at -O1)
 #   scripts/test.sh --sanitize  clang build with -fsanitize=address,undefined in build-asan/
 #     at -O0 (a test TU compiles ~3x faster than at -O1, which is what bounds CI time; ASan
 #     reports at least as much at -O0), except the few tests whose running time dominates
@@ -33,7 +33,7 @@ if [ "${1:-}" = "--sanitize" ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 else
   dir=build
-  # KVEVICT_QUICK_BUILD=ON (.ci/run): benchmarks at -O0, examples at -O1 (CMakeLists.txt);
+  # KVEVICT_QUICK_BUILD=ON (.ci/run): benchmarks at -O0, examples and tests at -O1 (CMakeLists.txt);
   # passed on every run so a cached ON never outlives the variable.
   cmake -S . -B "$dir" $(gen "$dir") -DCMAKE_BUILD_TYPE=Release -DKVEVICT_QUICK_BUILD="${KVEVICT_QUICK_BUILD:-OFF}"
 fi
