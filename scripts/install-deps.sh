@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages kvevict's build, tests and benchmarks need, if missing.
 set -euo pipefail
-pkgs=(cmake g++ clang make libeigen3-dev libfmt-dev nlohmann-json3-dev catch2 libbenchmark-dev
+pkgs=(cmake ninja-build g++ clang lld make libeigen3-dev libfmt-dev nlohmann-json3-dev catch2 libbenchmark-dev
       libfaiss-dev libhwy-dev liblapack-dev libblas-dev libclang-rt-14-dev python3 python3-numpy)
 missing=()
 for p in "${pkgs[@]}"; do

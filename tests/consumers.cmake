@@ -9,6 +9,7 @@ foreach(mode find_package add_subdirectory)
                    -DBINARY_DIR=${PROJECT_BINARY_DIR} -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/consumer_${mode}
                    -DCXX=${CMAKE_CXX_COMPILER}
                    -P ${CMAKE_CURRENT_SOURCE_DIR}/consumer/run_consumer.cmake)
+  set_tests_properties(consumer_${mode} PROPERTIES COST 20)  # a CMake build each (~8 s)
 endforeach()
 
 # README's usage example is compiled and run as a test, so the README cannot rot.

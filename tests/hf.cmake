@@ -10,10 +10,7 @@ add_executable(kvevict_hf_tool ${CMAKE_CURRENT_SOURCE_DIR}/hf_tool.cpp)
 target_link_libraries(kvevict_hf_tool PRIVATE kvevict::kvevict kvevict_warnings fmt::fmt-header-only
                                               nlohmann_json::nlohmann_json)
 # The tool drives example code (examples/llama2c/hf.hpp): KVEVICT_QUICK_BUILD (CI) compiles it
-# at -O1 like the examples (CMakeLists.txt); the sanitizer pass runs the same test at -O0.
-if(KVEVICT_QUICK_BUILD)
-  target_compile_options(kvevict_hf_tool PRIVATE -O1)
-endif()
+# at -O1 like every target here (tests/CMakeLists.txt); the sanitizer pass runs the same test at -O0.
 # The first python3 that imports numpy (a pyenv shim first on PATH may lack it, Debian's
 # /usr/bin/python3 with python3-numpy has it); without one the test still runs and skips.
 find_package(Python3 COMPONENTS Interpreter)
@@ -42,7 +39,7 @@ if(KVEVICT_HF_PYTHON)
                    $<TARGET_FILE:kvevict_hf_tool>
                    ${PROJECT_SOURCE_DIR}/../shared/models/stories260K
                    ${CMAKE_CURRENT_BINARY_DIR}/hf_checkpoints ${KVEVICT_HF_LLAMA2C})
-  set_tests_properties(hf_checkpoints PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+  set_tests_properties(hf_checkpoints PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 COST 50)
 else()
   message(STATUS "kvevict: python3 not found, test hf_checkpoints not registered")
 endif()
