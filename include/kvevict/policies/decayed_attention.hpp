@@ -329,16 +329,24 @@ class DecayedAttention {
                                                 : 0;
         sigs_.set(v.layer, v.kv_head, row, sg);
         Interned& in = interned_[head_index(v.layer, v.kv_head)];
-        // Unnumbered heads get 0 here and are renumbered at their next decision.
-        const std::uint32_t id = in.valid ? intern(in, sg) : 0;
-        ids_.set(v.layer, v.kv_head, row, id);
-        if (config_.recall_dedup == RecallDedup::protected_rows)
-          band_append(v.layer, v.kv_head, v.seqs[row], id);
+        settle(v.layer, v.kv_head);  // the previous append's row, if still unnumbered
+        // Unnumbered heads get 0 here and are renumbered at their next decision. Numbered
+        // ones number the row (and count it in the band) at the head's next decision or
+        // move (settle): the table slot the signature hashes to is fetched now, and read
+        // then, after the attention step (one cache miss per append less in the step).
+        ids_.set(v.layer, v.kv_head, row, 0);
+        if (in.valid) {
+          in.pending = true;
+          in.pending_row = row;
+          in.pending_seq = v.seqs[row];
+          if (!in.table.empty()) __builtin_prefetch(&in.table[slot_of(sg, in.table.size() - 1)]);
+        }
       }
     }
   }
   KVEVICT_DEFER void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     forget(layer, kv_head);
+    if (dedups() && recalls()) settle(layer, kv_head);  // the unnumbered row may move
     scores_.move(layer, kv_head, from, to);
     if (recalls()) {
       spikes_.move(layer, kv_head, from, to);
@@ -499,7 +507,10 @@ class DecayedAttention {
     sigs_ = std::move(sigs);
     for (Band& b : bands_) b.valid = false;  // rebuilt from the loaded rows
     for (Bound& b : bounds_) b.valid = false;
-    for (Interned& in : interned_) in.valid = false;  // renumbered from the loaded signatures
+    for (Interned& in : interned_) {  // renumbered from the loaded signatures
+      in.valid = false;
+      in.pending = false;
+    }
     for (Ahead& a : ahead_) a.valid = false;
     std::fill(floor_.begin(), floor_.end(), 0.0f);  // a hint only: reset with the rows
   }
@@ -1091,6 +1102,7 @@ class DecayedAttention {
     const std::size_t h = head_index(v.layer, v.kv_head);
     Interned& in = interned_[h];
     const auto& ids = ids_.of(v.layer, v.kv_head);
+    settle(v.layer, v.kv_head);
     // Renumbered when unset (bind, load_state) or when numbers of rows long gone pile up
     // (every ~size appends: amortised O(1) per step); the band counts by number, so it is
     // rebuilt with them.
@@ -1187,7 +1199,22 @@ class DecayedAttention {
     std::vector<Met> met;
     std::uint32_t epoch = 0;
     bool valid = false;  ///< ids_ numbers the head's rows by this table
+    /// The last appended row is not numbered yet (ids_ holds 0 for it, the band lacks it):
+    /// settle numbers it; every reader of ids_ and the band settles first.
+    bool pending = false;
+    std::size_t pending_row = 0;
+    std::uint64_t pending_seq = 0;  ///< its arrival index
   };
+  /// Numbers the head's pending row (on_append's) and counts it in the band.
+  KVEVICT_DEFER void settle(int layer, int kv_head) {
+    Interned& in = interned_[head_index(layer, kv_head)];
+    if (!in.pending) return;
+    in.pending = false;
+    const std::uint32_t id = intern(in, sigs_.of(layer, kv_head)[in.pending_row]);
+    ids_.of(layer, kv_head)[in.pending_row] = id;
+    if (config_.recall_dedup == RecallDedup::protected_rows)
+      band_append(layer, kv_head, in.pending_seq, id);
+  }
   /// keep_distinct's scratch for a new pass: the head's Met entries cover its numbers, and
   /// the returned stamp is one no entry holds.
   static std::uint32_t next_epoch(Interned& in) {
@@ -1243,8 +1270,13 @@ class DecayedAttention {
                        std::vector<std::uint32_t>& ids) {
     std::fill(in.table.begin(), in.table.end(), Slot{});
     in.n = 0;
+    in.pending = false;  // numbered here with the rest
     ids.resize(sigs.size());
-    for (std::size_t r = 0; r < sigs.size(); ++r) ids[r] = intern(in, sigs[r]);
+    for (std::size_t r = 0; r < sigs.size(); ++r) {
+      if (r + 8 < sigs.size() && !in.table.empty())  // the slot read 8 rows on
+        __builtin_prefetch(&in.table[slot_of(sigs[r + 8], in.table.size() - 1)]);
+      ids[r] = intern(in, sigs[r]);
+    }
     std::fill(in.met.begin(), in.met.end(), Met{});
     in.epoch = 0;
     in.valid = true;
