@@ -397,9 +397,14 @@ class DecayedAttention {
     const std::uint64_t incoming = latest_[h] + 1;
     detail::size_bits(bits_, a.size);
     reserve_candidates(a.size);
+    // RecallDedup without a threshold (floor_ 0: the last reserve kept all of B) gathers no
+    // candidates: its decision usually needs none (distinct_row gathers them if it does).
+    const float gather_floor = dedups() && !(floor_[h] > 0.0f)
+                                   ? std::numeric_limits<float>::infinity()
+                                   : floor_[h];
     cand_n_ = kernels::decay_spike_gather(sc.data(), sp.data(), x, sq.data(), a.size, g,
                                           latest_[h], recent, config_.sinks,
-                                          incoming >= recent ? incoming - recent : 0, floor_[h],
+                                          incoming >= recent ? incoming - recent : 0, gather_floor,
                                           bits_.data(), cand_spike_.data(), cand_row_.data());
     decide_ahead(a.layer, a.kv_head, a.size, capacity);
   }
@@ -671,7 +676,7 @@ class DecayedAttention {
     v.incoming_seq = latest_[h] + 1;
     std::size_t row;
     if (dedups()) {  // RecallDedup: distinct_victim's decision from the gathered bits and candidates
-      row = distinct_row(v, true);
+      row = distinct_row(v, true, floor_[h] > 0.0f);
       ++hint_counts_.ahead;
     } else {
       keep_recalled(v, true);
@@ -779,8 +784,8 @@ class DecayedAttention {
       // From the last threshold first (spike rank: the value the k-th best signature had),
       // as below; keep_distinct refuses when fewer than `limit` allowed signatures reach it,
       // and every candidate is ranked then. The same rows either way.
-      // `gathered` (distinct_row from decide_ahead): the candidates at floor_ are in the
-      // buffers (at floor_ 0: every candidate).
+      // `gathered` (distinct_row from decide_ahead, floor_ > 0): the candidates at floor_
+      // are in the buffers.
       const float hint = ranks_draws() ? 0.0f : floor_[h];
       if (hint > 0.0f && limit > 0) {
         if (!gathered) collect(hint);
@@ -959,13 +964,13 @@ class DecayedAttention {
     pick(v, bits_.data(), out);  // no evictable row: pick's error
   }
   /// distinct_victim's victim (npos when no row is evictable). `gathered`: bits_ holds the
-  /// view's protection bits and cand_spike_ / cand_row_ [0, cand_n_) the open candidates
-  /// at the last threshold floor_ (decay_spike_gather's, at the end of observe: decide_ahead);
-  /// the first row then comes from those bits (kernels::lowest_masked_seq: the same row
-  /// as lowest_open) and beyond_reserve and keep_recalled use those candidates instead of
-  /// gathering them again.
+  /// view's protection bits (decay_spike_gather's, at the end of observe: decide_ahead); the
+  /// first row then comes from those bits (kernels::lowest_masked_seq: the same row as
+  /// lowest_open). `cands` (with a threshold, floor_ > 0): cand_spike_ / cand_row_
+  /// [0, cand_n_) also hold the open candidates at floor_, which beyond_reserve and
+  /// keep_recalled then use instead of gathering them again.
   template <class S>
-  std::size_t distinct_row(const HeadView<S>& v, bool gathered) {
+  std::size_t distinct_row(const HeadView<S>& v, bool gathered, bool cands = false) {
     const std::size_t h = head_index(v.layer, v.kv_head);
     const std::size_t recent = recent_for(v.capacity);
     const float* sc = scores_.of(v.layer, v.kv_head).data();
@@ -992,7 +997,7 @@ class DecayedAttention {
       if (!bits_set) detail::protection_bits(v, config_.sinks, recent, bits_);
       bits_set = true;
       const bool holds = reserve_holds_b(v);
-      if (!holds && beyond_reserve(v, row, gathered)) return row;
+      if (!holds && beyond_reserve(v, row, cands)) return row;
       // In B; in R while the bound holds: then the next open rows, 4 at a time
       // (kernels::lowest_masked_seq4).
       if (holds) {
@@ -1015,7 +1020,7 @@ class DecayedAttention {
       }
     }
     if (!bits_set || marked) detail::protection_bits(v, config_.sinks, recent, bits_);
-    keep_recalled(v, gathered && !marked);
+    keep_recalled(v, cands && !marked);
     if (row != kernels::npos && ((bits_[row >> 6] >> (row & 63)) & 1u) == 0) return row;
     return kernels::lowest_masked_seq(sc, seqs, v.size, bits_.data());
   }
