@@ -128,10 +128,13 @@ TEST_CASE("key_signature ignores the RoPE position and separates different keys"
 // `steps` steps against Brute, comparing the kept rows every step. token(t, h, rng) picks
 // the pre-RoPE key of head h at step t from `vocab`: how many distinct signatures there
 // are, and how often they repeat. Returns the policy's hint counts (DA::hint_counts).
+// `skip_every` > 0: every skip_every-th step's attention is not observed (attend with
+// observe off), so the next append decides at the append (distinct_victim) instead of
+// taking the decision its head's observe took ahead (decide_ahead).
 template <class Token>
 DA::HintCounts agree_with_brute(DA::RecallDedup mode, RopeLayout layout, int G, std::size_t cap, int steps,
                       std::size_t vocab_size, std::uint64_t seed, Token token, float recall = 0.25f,
-                      DA::RecallRank rank = DA::RecallRank::spike) {
+                      DA::RecallRank rank = DA::RecallRank::spike, int skip_every = 0) {
   const DA policy({.sinks = 1, .horizon = 3.0f, .recent_fraction = 0.25f, .recall_fraction = recall,
                    .recall_rank = rank, .recall_dedup = mode, .dedup_step = 0.1f, .rope = layout});
   const Geometry g{1, 2 * G, 2, 8};
@@ -154,13 +157,21 @@ DA::HintCounts agree_with_brute(DA::RecallDedup mode, RopeLayout layout, int G, 
     }
     auto v = rng.normals(16), q = rng.normals(static_cast<std::size_t>(2 * G * 8), 2.0f);
     cache.append(0, t, k, v, q);
-    const auto res = attend(cache, 0, q);
+    const bool skip = skip_every > 0 && t % skip_every == skip_every - 1;
+    const auto res = attend(cache, 0, q, {.observe = !skip});
     for (int h = 0; h < 2; ++h) {
       auto& b = brute[static_cast<std::size_t>(h)];
       b.step(t, static_cast<std::uint64_t>(t), sig[h]);
       INFO("mode " << static_cast<int>(mode) << " layout " << static_cast<int>(layout) << " G "
-                   << G << " cap " << cap << " step " << t << " head " << h);
-      kvtest::check_kept_then_observe(cache, res, h, G, b, static_cast<std::uint64_t>(t));
+                   << G << " cap " << cap << " step " << t << " head " << h << " skip " << skip_every);
+      if (skip) {
+        const auto pos = cache.positions(0, h);
+        std::set<std::int64_t> kept(pos.begin(), pos.end()), want;
+        for (const auto& [p, row] : b.rows) want.insert(p);
+        REQUIRE(kept == want);
+      } else {
+        kvtest::check_kept_then_observe(cache, res, h, G, b, static_cast<std::uint64_t>(t));
+      }
     }
   }
   return cache.policy().hint_counts();
@@ -254,6 +265,7 @@ TEST_CASE("RecallDedup's one-victim path agrees with brute force as |B| grows", 
 TEST_CASE("RecallDedup on fresh keys agrees with brute force (reserve from the last threshold)",
           "[recall]") {
   DA::HintCounts total;
+  std::uint64_t direct_paths = 0;  // hinted or beyond decisions taken at the append
   for (DA::RecallDedup mode : {DA::RecallDedup::reserve, DA::RecallDedup::protected_rows})
     for (RopeLayout layout : {RopeLayout::interleaved, RopeLayout::halves})
       for (int G : {1, 2}) {
@@ -274,13 +286,31 @@ TEST_CASE("RecallDedup on fresh keys agrees with brute force (reserve from the l
             },
             0.3f);
         CHECK(mixed.hinted + mixed.beyond > 400);
+        // Most decisions taken ahead, at the end of the head's observe, and used.
+        CHECK(fresh.ahead_taken > 700);
+        CHECK(mixed.ahead_taken > 700);
+        CHECK(fresh.from_observe > 700);
+        // The same keys with every other attention step not observed: half the decisions
+        // are taken at the append (distinct_victim from its own gather); the threshold's
+        // paths run in both kinds.
+        const auto direct = agree_with_brute(mode, layout, G, 64, 500, 1200, 300 + salt,
+                                             [](int t, int h, kvtest::Rng&) {
+                                               return static_cast<std::size_t>(600 * h + t);
+                                             }, 0.25f, DA::RecallRank::spike, 2);
+        CHECK(direct.ahead_taken > 300);
+        CHECK(direct.from_observe > 300);
+        CHECK(direct.hinted + direct.beyond - direct.from_observe > 20);
+        direct_paths += direct.hinted + direct.beyond - direct.from_observe;
         total.hinted += fresh.hinted + mixed.hinted;
         total.refused += fresh.refused + mixed.refused;
         total.beyond += fresh.beyond + mixed.beyond;
+        total.ahead_taken += fresh.ahead_taken + mixed.ahead_taken;
       }
   CHECK(total.refused > 20);
   CHECK(total.hinted > 1000);
   CHECK(total.beyond > 1000);
+  CHECK(total.ahead_taken > 10000);
+  CHECK(direct_paths > 300);
 }
 
 // RecallDedup with the reserve ranked by RecallRank::excess or total (not a preset, but
@@ -406,7 +436,13 @@ TEST_CASE("RecallDedup's reserve from the last threshold keeps what ranking ever
     CHECK(a.policy().hint_counts().hinted > 300);
     CHECK(a.policy().hint_counts().beyond > 300);
     CHECK(a.policy().hint_counts().refused > 0);
-    CHECK(b.policy().hint_counts().hinted + b.policy().hint_counts().beyond == 0);
+    CHECK(a.policy().hint_counts().ahead_taken > 300);
+    // b's decisions are all taken at its appends, from no threshold: the decisions its
+    // observes take ahead (which may use the threshold the append's decision left) are
+    // dropped by the restore before they are used.
+    CHECK(b.policy().hint_counts().ahead_taken == 0);
+    CHECK(b.policy().hint_counts().hinted + b.policy().hint_counts().beyond <=
+          b.policy().hint_counts().ahead);
   }
 }
 

@@ -32,7 +32,6 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <deque>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -188,8 +187,7 @@ class DecayedAttention {
         ids_.bind(shape);
         interned_.clear();
         interned_.resize(shape.capacity.size());
-        // clear + resize (n fresh bands), not assign(n, Band{}): that instantiates the
-        // deque's copy assignment in every includer of this header.
+        // clear + resize: n fresh bands.
         bands_.clear();
         bands_.resize(shape.capacity.size());
         bounds_.assign(shape.capacity.size(), Bound{});
@@ -331,16 +329,24 @@ class DecayedAttention {
                                                 : 0;
         sigs_.set(v.layer, v.kv_head, row, sg);
         Interned& in = interned_[head_index(v.layer, v.kv_head)];
-        // Unnumbered heads get 0 here and are renumbered at their next decision.
-        const std::uint32_t id = in.valid ? intern(in, sg) : 0;
-        ids_.set(v.layer, v.kv_head, row, id);
-        if (config_.recall_dedup == RecallDedup::protected_rows)
-          band_append(v.layer, v.kv_head, v.seqs[row], id);
+        settle(v.layer, v.kv_head);  // the previous append's row, if still unnumbered
+        // Unnumbered heads get 0 here and are renumbered at their next decision. Numbered
+        // ones number the row (and count it in the band) at the head's next decision or
+        // move (settle): the table slot the signature hashes to is fetched now, and read
+        // then, after the attention step (one cache miss per append less in the step).
+        ids_.set(v.layer, v.kv_head, row, 0);
+        if (in.valid) {
+          in.pending = true;
+          in.pending_row = row;
+          in.pending_seq = v.seqs[row];
+          if (!in.table.empty()) __builtin_prefetch(&in.table[slot_of(sg, in.table.size() - 1)]);
+        }
       }
     }
   }
   KVEVICT_DEFER void on_move(int layer, int kv_head, std::size_t from, std::size_t to) {
     forget(layer, kv_head);
+    if (dedups() && recalls()) settle(layer, kv_head);  // the unnumbered row may move
     scores_.move(layer, kv_head, from, to);
     if (recalls()) {
       spikes_.move(layer, kv_head, from, to);
@@ -376,7 +382,7 @@ class DecayedAttention {
     // the band the spikes are counted with.
     const std::uint8_t costed = h < costed_.size() ? costed_[h] : 0;
     const std::size_t capacity = costed == 2 ? a.size : capacity_[h];
-    if (dedups() || pairs() || a.size == 0 || a.size != capacity || costed == 1 ||
+    if (pairs() || a.size == 0 || a.size != capacity || costed == 1 ||
         (costed == 2 && recent_for(capacity) != recent)) {
       // One dispatched pass (kernels::decay_spike): the decayed score of every row, the
       // spike of the rows with latest - seq >= band. A head ranked by eviction_costs (a
@@ -391,9 +397,14 @@ class DecayedAttention {
     const std::uint64_t incoming = latest_[h] + 1;
     detail::size_bits(bits_, a.size);
     reserve_candidates(a.size);
+    // RecallDedup without a threshold (floor_ 0: the last reserve kept all of B) gathers no
+    // candidates: its decision usually needs none (distinct_row gathers them if it does).
+    const float gather_floor = dedups() && !(floor_[h] > 0.0f)
+                                   ? std::numeric_limits<float>::infinity()
+                                   : floor_[h];
     cand_n_ = kernels::decay_spike_gather(sc.data(), sp.data(), x, sq.data(), a.size, g,
                                           latest_[h], recent, config_.sinks,
-                                          incoming >= recent ? incoming - recent : 0, floor_[h],
+                                          incoming >= recent ? incoming - recent : 0, gather_floor,
                                           bits_.data(), cand_spike_.data(), cand_row_.data());
     decide_ahead(a.layer, a.kv_head, a.size, capacity);
   }
@@ -501,7 +512,10 @@ class DecayedAttention {
     sigs_ = std::move(sigs);
     for (Band& b : bands_) b.valid = false;  // rebuilt from the loaded rows
     for (Bound& b : bounds_) b.valid = false;
-    for (Interned& in : interned_) in.valid = false;  // renumbered from the loaded signatures
+    for (Interned& in : interned_) {  // renumbered from the loaded signatures
+      in.valid = false;
+      in.pending = false;
+    }
     for (Ahead& a : ahead_) a.valid = false;
     std::fill(floor_.begin(), floor_.end(), 0.0f);  // a hint only: reset with the rows
   }
@@ -521,6 +535,15 @@ class DecayedAttention {
     /// one-victim decisions whose lowest open row was shown outside the reserve from the
     /// threshold alone (distinct_victim: beyond_reserve), the reserve not computed
     std::uint64_t beyond = 0;
+    /// RecallDedup decisions taken at the end of observe (decide_ahead: distinct_row from
+    /// the bits and candidates the observe pass gathered); each is used by the next append
+    /// when its view is the one it was taken for
+    std::uint64_t ahead = 0;
+    /// of those, the ones an append used (take_ahead)
+    std::uint64_t ahead_taken = 0;
+    /// hinted or beyond decisions that used the candidates the observe pass gathered
+    /// (decay_spike_gather) rather than gathering their own
+    std::uint64_t from_observe = 0;
   };
   [[nodiscard]] const HintCounts& hint_counts() const { return hint_counts_; }
 
@@ -651,9 +674,14 @@ class DecayedAttention {
     v.need = 1;
     v.seqs = seqs_.of(layer, kv_head).data();
     v.incoming_seq = latest_[h] + 1;
-    keep_recalled(v, true);
-    const std::size_t row = kernels::lowest_masked_seq(scores_.of(layer, kv_head).data(), v.seqs,
-                                                       n, bits_.data());
+    std::size_t row;
+    if (dedups()) {  // RecallDedup: distinct_victim's decision from the gathered bits and candidates
+      row = distinct_row(v, true, floor_[h] > 0.0f);
+      ++hint_counts_.ahead;
+    } else {
+      keep_recalled(v, true);
+      row = kernels::lowest_masked_seq(scores_.of(layer, kv_head).data(), v.seqs, n, bits_.data());
+    }
     if (row == kernels::npos) return;  // decided (and refused) at the append
     a.size = n;
     a.capacity = capacity;
@@ -676,6 +704,7 @@ class DecayedAttention {
     decay_[h] = decay_for(v.capacity);
     capacity_[h] = v.capacity;
     if (h < costed_.size() && costed_[h] == 2) ++pooled_ahead_;
+    if (dedups()) ++hint_counts_.ahead_taken;
     out.push_back(a.row);
     // The swap-remove and the append write these columns next, and the head's observe
     // reads them after its attention step: start their reads now.
@@ -755,17 +784,20 @@ class DecayedAttention {
       // From the last threshold first (spike rank: the value the k-th best signature had),
       // as below; keep_distinct refuses when fewer than `limit` allowed signatures reach it,
       // and every candidate is ranked then. The same rows either way.
+      // `gathered` (distinct_row from decide_ahead, floor_ > 0): the candidates at floor_
+      // are in the buffers.
       const float hint = ranks_draws() ? 0.0f : floor_[h];
       if (hint > 0.0f && limit > 0) {
-        collect(hint);
+        if (!gathered) collect(hint);
         if (keep_distinct(v, limit, true)) {
           ++hint_counts_.hinted;
+          if (gathered) ++hint_counts_.from_observe;
           last_reserve_ = limit;
           return;
         }
         ++hint_counts_.refused;
       }
-      collect(0.0f);
+      if (!gathered || hint > 0.0f) collect(0.0f);
       keep_distinct(v, limit, false);
       last_reserve_ = limit;  // the reserve may keep fewer (pooled_victims: see there)
       return;
@@ -924,35 +956,48 @@ class DecayedAttention {
     const std::size_t h = head_index(v.layer, v.kv_head);
     decay_[h] = decay_for(v.capacity);
     capacity_[h] = v.capacity;
+    const std::size_t row = distinct_row(v, false);
+    if (row != kernels::npos) {
+      out.push_back(static_cast<std::uint32_t>(row));
+      return;
+    }
+    pick(v, bits_.data(), out);  // no evictable row: pick's error
+  }
+  /// distinct_victim's victim (npos when no row is evictable). `gathered`: bits_ holds the
+  /// view's protection bits (decay_spike_gather's, at the end of observe: decide_ahead); the
+  /// first row then comes from those bits (kernels::lowest_masked_seq: the same row as
+  /// lowest_open). `cands` (with a threshold, floor_ > 0): cand_spike_ / cand_row_
+  /// [0, cand_n_) also hold the open candidates at floor_, which beyond_reserve and
+  /// keep_recalled then use instead of gathering them again.
+  template <class S>
+  std::size_t distinct_row(const HeadView<S>& v, bool gathered, bool cands = false) {
+    const std::size_t h = head_index(v.layer, v.kv_head);
     const std::size_t recent = recent_for(v.capacity);
     const float* sc = scores_.of(v.layer, v.kv_head).data();
     const float* sp = spikes_.of(v.layer, v.kv_head).data();
     const std::uint64_t* seqs = seqs_.of(v.layer, v.kv_head).data();
     const std::uint64_t hi = detail::open_below(v, recent);
-    // The lowest open row, from the arrival indices in one pass (kernels::lowest_open: the
-    // row protect's bits and lowest_masked_seq give); usually the victim. The protection
-    // bits are computed only when it is not.
-    std::size_t row = kernels::lowest_open(sc, seqs, v.size, config_.sinks, hi);
-    bool bits_set = false, marked = false;  // bits_: the protection; rows of R set in it
+    // The lowest open row (the row protect's bits and lowest_masked_seq give); usually the
+    // victim. Without the gathered bits it comes from the arrival indices in one pass
+    // (kernels::lowest_open), and the protection bits are computed only when it is not.
+    std::size_t row = gathered ? kernels::lowest_masked_seq(sc, seqs, v.size, bits_.data())
+                               : kernels::lowest_open(sc, seqs, v.size, config_.sinks, hi);
+    bool bits_set = gathered, marked = false;  // bits_: the protection; rows of R set in it
     if (row != kernels::npos) {
       prepare_distinct(v);
       const std::uint32_t* id = ids_.of(v.layer, v.kv_head).data();
       const std::uint32_t* band =
           config_.recall_dedup == RecallDedup::protected_rows ? bands_[h].count.data() : nullptr;
+      const Interned& in = interned_[h];
       const auto not_in_r = [&](std::size_t r) {
-        return !(sp[r] > 0.0f) || (band && band[id[r]] != 0) || outranked(v.size, sp, seqs, id, r, hi);
+        return !(sp[r] > 0.0f) || (band && band[id[r]] != 0) ||
+               (shared_number(in, id[r]) && outranked(v.size, sp, seqs, id, r, hi));
       };
-      if (not_in_r(row)) {
-        out.push_back(static_cast<std::uint32_t>(row));
-        return;
-      }
-      detail::protection_bits(v, config_.sinks, recent, bits_);
+      if (not_in_r(row)) return row;
+      if (!bits_set) detail::protection_bits(v, config_.sinks, recent, bits_);
       bits_set = true;
       const bool holds = reserve_holds_b(v);
-      if (!holds && beyond_reserve(v, row)) {
-        out.push_back(static_cast<std::uint32_t>(row));
-        return;
-      }
+      if (!holds && beyond_reserve(v, row, cands)) return row;
       // In B; in R while the bound holds: then the next open rows, 4 at a time
       // (kernels::lowest_masked_seq4).
       if (holds) {
@@ -970,38 +1015,35 @@ class DecayedAttention {
             std::reverse(low, low + c);  // taken from the back
           }
           row = low[--c];
-          if (not_in_r(row)) {
-            out.push_back(static_cast<std::uint32_t>(row));
-            return;
-          }
+          if (not_in_r(row)) return row;
         }
       }
     }
     if (!bits_set || marked) detail::protection_bits(v, config_.sinks, recent, bits_);
-    keep_recalled(v, false);
-    if (row != kernels::npos && ((bits_[row >> 6] >> (row & 63)) & 1u) == 0) {
-      out.push_back(static_cast<std::uint32_t>(row));
-      return;
-    }
-    pick(v, bits_.data(), out);
+    keep_recalled(v, cands && !marked);
+    if (row != kernels::npos && ((bits_[row >> 6] >> (row & 63)) & 1u) == 0) return row;
+    return kernels::lowest_masked_seq(sc, seqs, v.size, bits_.data());
   }
   /// distinct_victim, `row` in B (its signature's best candidate, allowed) and the bound
   /// failing: true when `row` is shown outside R without computing R. With the last
   /// threshold T (floor_, spike rank) above row's spike, every allowed signature with a
   /// candidate reaching T ranks before row; when at least the reserve's size of them do,
-  /// row is not among R's. The candidates reaching T are gathered (bits_: the protection)
-  /// and their signatures counted until that size. False (nothing shown) otherwise.
+  /// row is not among R's. The candidates reaching T are gathered (bits_: the protection;
+  /// `gathered`: they are in cand_spike_ / cand_row_ already, at T) and their signatures
+  /// counted until that size. False (nothing shown) otherwise.
   template <class S>
-  bool beyond_reserve(const HeadView<S>& v, std::size_t row) {
+  bool beyond_reserve(const HeadView<S>& v, std::size_t row, bool gathered) {
     const std::size_t h = head_index(v.layer, v.kv_head);
     const float hint = floor_[h];
     const float* sp = spikes_.of(v.layer, v.kv_head).data();
     if (ranks_draws() || !(hint > 0.0f) || !(sp[row] < hint)) return false;
     const std::size_t limit = reserve_target(v).limit;
     if (limit == 0) return false;
-    reserve_candidates(v.size);
-    const std::size_t m = kernels::gather_open(sp, v.size, bits_.data(), hint, cand_spike_.data(),
-                                               cand_row_.data());
+    std::size_t m = cand_n_;
+    if (!gathered) {
+      reserve_candidates(v.size);
+      m = kernels::gather_open(sp, v.size, bits_.data(), hint, cand_spike_.data(), cand_row_.data());
+    }
     if (m < limit) return false;
     Interned& in = interned_[h];
     const std::uint32_t epoch = next_epoch(in);
@@ -1016,6 +1058,7 @@ class DecayedAttention {
       met[d].stamp = epoch;
       if (++count == limit) {
         ++hint_counts_.beyond;
+        if (gathered) ++hint_counts_.from_observe;
         return true;
       }
     }
@@ -1064,6 +1107,7 @@ class DecayedAttention {
     const std::size_t h = head_index(v.layer, v.kv_head);
     Interned& in = interned_[h];
     const auto& ids = ids_.of(v.layer, v.kv_head);
+    settle(v.layer, v.kv_head);
     // Renumbered when unset (bind, load_state) or when numbers of rows long gone pile up
     // (every ~size appends: amortised O(1) per step); the band counts by number, so it is
     // rebuilt with them.
@@ -1144,14 +1188,38 @@ class DecayedAttention {
     std::uint32_t stamp = 0;  ///< the decision that last met the number
     std::uint32_t place = 0;  ///< where its best candidate is packed in that decision
   };
+  /// A slot of the number table: a signature and its number + 1 (0: empty slot), side by
+  /// side so that a lookup reads one line.
+  struct Slot {
+    std::uint64_t key = 0;
+    std::uint32_t slot = 0;
+  };
   struct Interned {
-    std::vector<std::uint64_t> keys;   ///< table slots: a signature
-    std::vector<std::uint32_t> slots;  ///< its number + 1; 0 = empty slot
-    std::uint32_t n = 0;               ///< numbers handed out
+    std::vector<Slot> table;  ///< open addressing, linear probing, load at most 1/2
+    std::uint32_t n = 0;      ///< numbers handed out
+    /// Per number: how many rows were numbered with it since the last renumbering (appends
+    /// and the renumbering's rows), saturating at 2. At most that many rows hold it: a
+    /// number handed out once is no other row's (distinct_row skips outranked's scan).
+    std::vector<std::uint8_t> uses;
     std::vector<Met> met;
     std::uint32_t epoch = 0;
     bool valid = false;  ///< ids_ numbers the head's rows by this table
+    /// The last appended row is not numbered yet (ids_ holds 0 for it, the band lacks it):
+    /// settle numbers it; every reader of ids_ and the band settles first.
+    bool pending = false;
+    std::size_t pending_row = 0;
+    std::uint64_t pending_seq = 0;  ///< its arrival index
   };
+  /// Numbers the head's pending row (on_append's) and counts it in the band.
+  KVEVICT_DEFER void settle(int layer, int kv_head) {
+    Interned& in = interned_[head_index(layer, kv_head)];
+    if (!in.pending) return;
+    in.pending = false;
+    const std::uint32_t id = intern(in, sigs_.of(layer, kv_head)[in.pending_row]);
+    ids_.of(layer, kv_head)[in.pending_row] = id;
+    if (config_.recall_dedup == RecallDedup::protected_rows)
+      band_append(layer, kv_head, in.pending_seq, id);
+  }
   /// keep_distinct's scratch for a new pass: the head's Met entries cover its numbers, and
   /// the returned stamp is one no entry holds.
   static std::uint32_t next_epoch(Interned& in) {
@@ -1162,45 +1230,58 @@ class DecayedAttention {
     }
     return in.epoch;
   }
-  /// The number of signature `sig` in `in` (a new one if it has none).
+  /// True unless number d was handed out to one row only since the last renumbering (then
+  /// no row but that one holds it).
+  static bool shared_number(const Interned& in, std::uint32_t d) {
+    return d >= in.uses.size() || in.uses[d] > 1;
+  }
+  /// The number of signature `sig` in `in` (a new one if it has none), counted in `uses`.
   static std::uint32_t intern(Interned& in, std::uint64_t sig) {
-    if (2 * (static_cast<std::size_t>(in.n) + 1) > in.keys.size()) {  // load at most 1/2
-      std::vector<std::uint64_t> keys(std::max<std::size_t>(64, 2 * in.keys.size()));
-      std::vector<std::uint32_t> slots(keys.size(), 0);
-      for (std::size_t i = 0; i < in.keys.size(); ++i)
-        if (in.slots[i] != 0) place(keys, slots, in.keys[i], in.slots[i]);
-      in.keys.swap(keys);
-      in.slots.swap(slots);
+    if (2 * (static_cast<std::size_t>(in.n) + 1) > in.table.size()) {  // load at most 1/2
+      std::vector<Slot> table(std::max<std::size_t>(64, 2 * in.table.size()));
+      for (const Slot& e : in.table)
+        if (e.slot != 0) place(table, e);
+      in.table.swap(table);
     }
-    const std::size_t mask = in.keys.size() - 1;
+    const std::size_t mask = in.table.size() - 1;
     for (std::size_t i = slot_of(sig, mask);; i = (i + 1) & mask) {
-      if (in.slots[i] == 0) {
-        in.keys[i] = sig;
-        in.slots[i] = ++in.n;
+      Slot& e = in.table[i];
+      if (e.slot == 0) {
+        e.key = sig;
+        e.slot = ++in.n;
+        if (in.uses.size() < in.n) in.uses.resize(std::max<std::size_t>(in.n, 2 * in.uses.size()));
+        in.uses[in.n - 1] = 1;
         return in.n - 1;
       }
-      if (in.keys[i] == sig) return in.slots[i] - 1;
+      if (e.key == sig) {
+        std::uint8_t& u = in.uses[e.slot - 1];
+        u = u < 2 ? static_cast<std::uint8_t>(u + 1) : u;
+        return e.slot - 1;
+      }
     }
   }
   static std::size_t slot_of(std::uint64_t sig, std::size_t mask) {
     std::uint64_t x = sig * 0x9E3779B97F4A7C15ULL;
     return static_cast<std::size_t>(x ^ (x >> 32)) & mask;
   }
-  static void place(std::vector<std::uint64_t>& keys, std::vector<std::uint32_t>& slots,
-                    std::uint64_t sig, std::uint32_t slot) {
-    const std::size_t mask = keys.size() - 1;
-    std::size_t i = slot_of(sig, mask);
-    while (slots[i] != 0) i = (i + 1) & mask;
-    keys[i] = sig;
-    slots[i] = slot;
+  static void place(std::vector<Slot>& table, const Slot& e) {
+    const std::size_t mask = table.size() - 1;
+    std::size_t i = slot_of(e.key, mask);
+    while (table[i].slot != 0) i = (i + 1) & mask;
+    table[i] = e;
   }
   /// Numbers the signatures of a head's rows afresh (ids: each row's number).
   static void renumber(Interned& in, const std::vector<std::uint64_t>& sigs,
                        std::vector<std::uint32_t>& ids) {
-    std::fill(in.slots.begin(), in.slots.end(), 0u);
+    std::fill(in.table.begin(), in.table.end(), Slot{});
     in.n = 0;
+    in.pending = false;  // numbered here with the rest
     ids.resize(sigs.size());
-    for (std::size_t r = 0; r < sigs.size(); ++r) ids[r] = intern(in, sigs[r]);
+    for (std::size_t r = 0; r < sigs.size(); ++r) {
+      if (r + 8 < sigs.size() && !in.table.empty())  // the slot read 8 rows on
+        __builtin_prefetch(&in.table[slot_of(sigs[r + 8], in.table.size() - 1)]);
+      ids[r] = intern(in, sigs[r]);
+    }
     std::fill(in.met.begin(), in.met.end(), Met{});
     in.epoch = 0;
     in.valid = true;
@@ -1254,6 +1335,7 @@ class DecayedAttention {
       const auto& id = ids_.of(v.layer, v.kv_head);
       b.count.assign(interned_[h].n, 0u);
       b.recent.clear();
+      b.first = 0;
       for (std::size_t r = 0; r < v.size; ++r) {
         if (v.seqs[r] >= config_.sinks && v.seqs[r] < lo) continue;
         ++b.count[id[r]];
@@ -1262,10 +1344,16 @@ class DecayedAttention {
       std::sort(b.recent.begin(), b.recent.end());
       b.valid = true;
     }
-    while (!b.recent.empty() && b.recent.front().first < lo) {
-      --b.count[b.recent.front().second];
-      b.recent.pop_front();
+    // The band's rows in arrival order from b.first on; the consumed front is dropped in
+    // one move once it is half the vector (amortised O(1) per row).
+    const std::size_t end = b.recent.size();
+    std::size_t f = b.first;
+    for (; f < end && b.recent[f].first < lo; ++f) --b.count[b.recent[f].second];
+    if (f >= 64 && 2 * f >= end) {
+      b.recent.erase(b.recent.begin(), b.recent.begin() + static_cast<std::ptrdiff_t>(f));
+      f = 0;
     }
+    b.first = f;
     b.lo = lo;
   }
   KVEVICT_DEFER void band_append(int layer, int kv_head, std::uint64_t seq, std::uint32_t id) {
@@ -1341,7 +1429,9 @@ class DecayedAttention {
   std::unordered_map<std::uint64_t, std::uint32_t> row_of_;  ///< recall_successor: arrival index -> row
   /// RecallDedup::protected_rows, per (layer, KV head): the protected rows' signature numbers.
   struct Band {
-    std::deque<std::pair<std::uint64_t, std::uint32_t>> recent;  ///< (seq, number), oldest first
+    /// (seq, number), oldest first, from `first` on (the entries before it left the band)
+    std::vector<std::pair<std::uint64_t, std::uint32_t>> recent;
+    std::size_t first = 0;
     std::vector<std::uint32_t> count;  ///< per signature number: protected rows with it
     std::uint64_t lo = 0;  ///< the band's first arrival at the last decision
     bool valid = false;
