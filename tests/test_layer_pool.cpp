@@ -713,6 +713,36 @@ TEST_CASE("pooled DecayedAttention: total, floors, protection, bit-exact rows, b
                     {.floor_fraction = 0.25, .scope = Scope::model, .rebalance_every = 16, .frozen = Frozen::schedule},
                     1, 4, true);
   }
+  // PoolOptions::recommended() (whole cache, schedule 1/20, every step below 9): on this
+  // geometry's 8 heads the interval is floor(total / 80), so 32 rows (total 256, interval 3)
+  // re-split on every step and 128 rows (total 1024, interval 12) follow the schedule.
+  SECTION("PoolOptions::recommended(), 32 rows: every step") {
+    drive_and_check(rec, 32, PoolOptions::recommended(), 1, rec.recent_for(8), true);
+  }
+  SECTION("PoolOptions::recommended(), 128 rows: the schedule every 12") {
+    drive_and_check(rec, 128, PoolOptions::recommended(), 1, rec.recent_for(32), true);
+  }
+  SECTION("PoolOptions::recommended() per layer, 128 rows (total 512, interval 6): every step") {
+    PoolOptions o = PoolOptions::recommended();
+    o.scope = Scope::layer;
+    drive_and_check(rec, 128, o, 1, rec.recent_for(32), true);
+  }
+}
+
+TEST_CASE("PoolOptions::recommended() is the setting the stories260K tables chose", "[pool]") {
+  // The fields docs/quality.md's tables ran (headline_main.cpp's kPoolScaled with the
+  // schedule, f = 1/20, m = 9); a change here must come with new tables.
+  constexpr PoolOptions o = PoolOptions::recommended();
+  STATIC_REQUIRE(o.scope == PoolOptions::Scope::model);
+  STATIC_REQUIRE(o.capacity == PoolOptions::Capacity::share);
+  STATIC_REQUIRE(o.frozen == PoolOptions::Frozen::schedule);
+  CHECK(o.floor_fraction == 0.25);
+  CHECK(o.share_exponent == 0.5);
+  CHECK(o.rebalance_fraction == 1.0 / 20);
+  CHECK(o.rebalance_min == 9);
+  CHECK(o.rebalance_every == 1);
+  // Accepted by Budget::pooled as is.
+  CHECK_NOTHROW(Budget::uniform(16).pooled(o));
 }
 
 TEST_CASE("pooled budget without eviction costs keeps the nominal capacities", "[pool]") {

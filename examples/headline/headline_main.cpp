@@ -1276,6 +1276,9 @@ void tune_split_rows(std::size_t B, const AttentionAgeProfile& profile, bool reb
         o.frozen = PoolOptions::Frozen::schedule;
         o.rebalance_fraction = f;
         o.rebalance_min = m;
+        // The setting this rule chose (stop 41) is PoolOptions::recommended(): that row runs
+        // the library's preset itself (the same values).
+        if (f == 1.0 / 20 && m == 9) o = PoolOptions::recommended();
         row(fmt::format("recommended(), pooled per model, share, floor 0.25, share-scaled costs 0.5, eviction schedule, "
                         "re-split every 1/{:g} of the pool, every step below {}",
                         1.0 / f, m),

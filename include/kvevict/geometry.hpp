@@ -125,6 +125,29 @@ struct PoolOptions {
   /// amortises it. In [0, 2^20]; 0 (the default) and 1: no such rule. Measured on
   /// stories260K (docs/quality.md, "The pooled schedule, stop 41").
   std::size_t rebalance_min = 0;
+
+  /// The run-time per-head split kvevict recommends for DecayedAttention::recommended() and
+  /// its variants: one pool for the whole cache (Scope::model), each head's band, decay and
+  /// reserve following its share (Capacity::share), a floor of 1/4 of the nominal rows,
+  /// share-scaled costs (e = 1/2), and the split re-decided once the eviction schedule's
+  /// frozen steps took in 1/20 of the pool's rows, every step for a pool whose interval
+  /// comes out below 9 steps. Each setting was chosen on stories260K's tuning streams
+  /// (docs/quality.md, "The pooled schedule, stop 41", and the sections it cites); held out
+  /// it gets 53 / 101 / 98 / 90% of the calibrated per-head gain over uniform budgets at
+  /// 16 / 32 / 64 / 128 rows, and its step's cost is measured in docs/benchmarks.md
+  /// ("The recommended pooled split's cost, stop 44"). For a per-layer pool (AdaKV's form,
+  /// each layer's total fixed) set `scope = Scope::layer` on the result.
+  static constexpr PoolOptions recommended() {
+    PoolOptions o;
+    o.floor_fraction = 0.25;
+    o.capacity = Capacity::share;
+    o.scope = Scope::model;
+    o.share_exponent = 0.5;
+    o.frozen = Frozen::schedule;
+    o.rebalance_fraction = 1.0 / 20;
+    o.rebalance_min = 9;
+    return o;
+  }
 };
 
 /// Rows a cache may hold: one count per (layer, KV head). `unbounded()` is the full cache.
