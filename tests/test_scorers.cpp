@@ -880,3 +880,120 @@ TEST_CASE("ExpectedAttention's float rescoring leaves the sinks' scores at +0.0"
     }
   }
 }
+
+namespace {
+// The float rescoring (score_rows_float, then score_rows' group mean and value norm) written
+// out in the plain order, one loop per sum, from the rows of (layer 0, KV head 0) before the
+// step: the scores the policy must report bit for bit. One-query window, no RoPE, so the
+// moved mean of head g is its query (0.0 + q, divided by a count of 1); `incoming` null for
+// a budget shrink.
+std::vector<double> float_rescoring_reference(const ExpectedAttention::Config& c, int G, int d,
+                                              const std::vector<float>& keys,
+                                              const std::vector<float>& values,
+                                              const std::vector<std::uint64_t>& seqs,
+                                              const float* q, const float* incoming) {
+  const std::size_t n = seqs.size(), D = static_cast<std::size_t>(d), Gs = static_cast<std::size_t>(G);
+  std::vector<float> qf(Gs * D);
+  for (std::size_t i = 0; i < qf.size(); ++i) qf[i] = static_cast<float>((0.0 + static_cast<double>(q[i])) / 1.0);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  std::vector<float> p(Gs * n);
+  REQUIRE(kernels::attention_probs_as<kvevict::detail::kv_format_of<float>()>(
+      qf.data(), D, Gs, keys.data(), D, n, D, scale, p.data()));
+  std::vector<double> inv(Gs);
+  for (std::size_t g = 0; g < Gs; ++g) {
+    std::size_t most = 0;
+    double total = 0.0;
+    for (std::size_t r = 0; r < n; ++r) {
+      if (p[g * n + r] > p[g * n + most]) most = r;
+      if (seqs[r] >= c.sinks) total += static_cast<double>(p[g * n + r]);
+    }
+    double zj = 0.0, zin = 0.0;
+    for (std::size_t i = 0; i < D; ++i)
+      zj += static_cast<double>(qf[g * D + i]) * static_cast<double>(keys[most * D + i]);
+    zj *= static_cast<double>(scale);
+    if (incoming != nullptr) {
+      for (std::size_t i = 0; i < D; ++i)
+        zin += static_cast<double>(qf[g * D + i]) * static_cast<double>(incoming[i]);
+      zin *= static_cast<double>(scale);
+      total += static_cast<double>(p[g * n + most]) * std::exp(zin - zj);
+    }
+    inv[g] = 1.0 / total;
+  }
+  std::vector<double> s(n, 0.0);
+  for (std::size_t g = 0; g < Gs; ++g)
+    for (std::size_t r = 0; r < n; ++r) s[r] += static_cast<double>(p[g * n + r]) * inv[g];
+  for (std::size_t r = 0; r < n; ++r) {
+    if (seqs[r] < c.sinks) s[r] = 0.0;
+    if (c.value_norm) {
+      double sq = 0.0;
+      for (std::size_t i = 0; i < D; ++i)
+        sq += static_cast<double>(values[r * D + i]) * static_cast<double>(values[r * D + i]);
+      const auto vn = static_cast<float>(std::sqrt(sq));
+      s[r] = (s[r] / static_cast<double>(G) + static_cast<double>(c.epsilon)) * static_cast<double>(vn);
+    } else {
+      s[r] /= static_cast<double>(G);
+    }
+  }
+  return s;
+}
+}  // namespace
+
+TEST_CASE("ExpectedAttention's float rescoring equals the rule written out, bit for bit",
+          "[scorers]") {
+  // Every decision rescores (R 1, no horizon, so last_scores() is the rescoring's output):
+  // the reference above against the policy, at group sizes 1, 3, 4 (the compile-time
+  // group), 5 and 17 (past the 16 lanes), odd and even head dims, with and without the value
+  // norm and epsilon, on appends and on a budget shrink (no incoming key).
+  using C = ExpectedAttention::Covariance;
+  int checked = 0;
+  for (int G : {1, 3, 4, 5, 17})
+    for (int d : {16, 13, 128})
+      for (int variant = 0; variant < 3; ++variant) {
+        const ExpectedAttention::Config c{.sinks = 2, .recent_fraction = 0.25f, .query_window = 1,
+                                          .future_positions = 16, .covariance = C::none,
+                                          .value_norm = variant != 1,
+                                          .epsilon = variant == 2 ? 0.01f : 0.0f,
+                                          .rope = RopeLayout::none, .horizon = 0.0f,
+                                          .float_logits = true};
+        const std::size_t cap = 24, D = static_cast<std::size_t>(d);
+        KVCache<ExpectedAttention> cache(Geometry{1, G, 1, d}, Budget::uniform(cap), ExpectedAttention(c));
+        kvtest::Rng rng(static_cast<std::uint64_t>(7000 + 100 * G + 10 * d + variant));
+        auto snapshot = [&](std::vector<float>& k, std::vector<float>& v, std::vector<std::uint64_t>& s) {
+          const auto K = cache.keys(0, 0);
+          const auto V = cache.values(0, 0);
+          k.assign(K.data(), K.data() + K.size());
+          v.assign(V.data(), V.data() + V.size());
+          const auto sq = cache.seqs(0, 0);
+          s.assign(sq.begin(), sq.end());
+        };
+        std::vector<float> k0, v0, q_last;
+        std::vector<std::uint64_t> s0;
+        for (int t = 0; t < 40; ++t) {
+          auto k = rng.normals(D), v = rng.normals(D, 1.0f + 0.1f * static_cast<float>(t % 7));
+          auto q = rng.normals(static_cast<std::size_t>(G) * D);
+          for (std::size_t i = 0; i < q.size(); i += 3) q[i] += 0.8f;
+          snapshot(k0, v0, s0);
+          cache.append(0, t, k, v, q);
+          q_last = q;
+          if (s0.size() < cap) continue;  // no decision yet
+          const auto want = float_rescoring_reference(c, G, d, k0, v0, s0, q.data(), k.data());
+          const auto& got = cache.policy().last_scores();
+          INFO("G " << G << " d " << d << " variant " << variant << " t " << t);
+          REQUIRE(got.size() == want.size());
+          for (std::size_t r = 0; r < want.size(); ++r)
+            CHECK(std::bit_cast<std::uint64_t>(got[r]) == std::bit_cast<std::uint64_t>(want[r]));
+          ++checked;
+        }
+        // A budget shrink: no incoming key; the moved mean is still the last query.
+        snapshot(k0, v0, s0);
+        cache.set_budget(Budget::uniform(cap - 5));
+        const auto want = float_rescoring_reference(c, G, d, k0, v0, s0, q_last.data(), nullptr);
+        const auto& got = cache.policy().last_scores();
+        INFO("shrink G " << G << " d " << d << " variant " << variant);
+        REQUIRE(got.size() == want.size());
+        for (std::size_t r = 0; r < want.size(); ++r)
+          CHECK(std::bit_cast<std::uint64_t>(got[r]) == std::bit_cast<std::uint64_t>(want[r]));
+        ++checked;
+      }
+  CHECK(checked == 5 * 3 * 3 * 17);
+}
