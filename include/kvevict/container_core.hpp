@@ -476,15 +476,29 @@ class ContainerCore {
       pool_costs_.resize(heads_.size());
       pool_prefix_.resize(heads_.size());
       pool_fresh_.resize(heads_.size(), 0);
+      pool_factor_.resize(heads_.size());
       pool_heads_.clear();
+      // The heads whose costs are recomputed: their columns are cold (other layers ran
+      // since), so each one's reads are started while the one before is costed.
+      pool_stale_.clear();
+      for (std::size_t i = first; i < last; ++i)
+        if (!(pool.model && pool_fresh_[i]) && heads_[i].size() > 0) pool_stale_.push_back(i);
+      std::size_t next_stale = 0;
+      const auto prefetch_stale = [&](std::size_t j) {
+        if constexpr (HasPrefetchHead<Policy>)
+          if (j < pool_stale_.size())
+            policy_.prefetch_head(static_cast<int>(pool_stale_[j] / hkv), static_cast<int>(pool_stale_[j] % hkv));
+      };
+      prefetch_stale(0);
       for (std::size_t i = first; i < last; ++i) {
         const auto& h = heads_[i];
         auto& c = pool_costs_[i];
         // Model scope: costs unchanged since the last selection, so is its sorted prefix.
         const bool reuse = pool.model && pool_fresh_[i];
         if (!reuse) {
-          c.clear();
+          if (h.size() == 0) c.clear();  // else eviction_costs writes size costs over c
           if (h.size() > 0) {
+            prefetch_stale(++next_stale);
             const int l = static_cast<int>(i / hkv), kh = static_cast<int>(i % hkv);
             self().load_rows(l, kh, nullptr, nullptr);
             HeadView<Scalar> v = view(l, kh, h.size());
@@ -494,7 +508,13 @@ class ContainerCore {
               throw std::logic_error(std::string("kvevict: policy ") + Policy::name() +
                                      " eviction_costs wrote " + std::to_string(c.size()) +
                                      " costs, expected " + std::to_string(h.size()));
-            scale_pool_costs(c, h.size(), pool.nominal[i], pool.exponent);
+            // (rows / nominal)^exponent, kept per head for its last row count (one pow per
+            // change of the head's rows, not per selection).
+            PoolFactor& pf = pool_factor_[i];
+            if (pf.rows != h.size() || pf.nominal != pool.nominal[i] || pf.exponent != pool.exponent)
+              pf = {h.size(), pool.nominal[i], pool.exponent,
+                    pool_cost_factor(h.size(), pool.nominal[i], pool.exponent)};
+            scale_pool_costs_by(c, pf.f);
           }
           pool_fresh_[i] = 1;
         }
@@ -1077,6 +1097,15 @@ class ContainerCore {
   /// choose_pooled: each head's cheapest rows, sorted (model scope: reused while the head is
   /// unchanged; both scopes: the guessed bound of its next scan)
   std::vector<PoolPrefix> pool_prefix_;
+  /// choose_pooled: per head its cost factor (pool_cost_factor) and what it was taken for
+  /// (0 rows: none yet); the heads whose costs are recomputed.
+  struct PoolFactor {
+    std::size_t rows = 0, nominal = 0;
+    double exponent = 0.0;
+    float f = 1.0f;
+  };
+  std::vector<PoolFactor> pool_factor_;
+  std::vector<std::size_t> pool_stale_;
   /// Pooled heads that gave up rows: their storage grows by chunks only, never
   /// geometrically, so a layer's storage stays within its total + the chunks.
   std::vector<std::uint8_t> pool_settled_;

@@ -132,21 +132,30 @@ struct LayerPool {
   }
 };
 
-/// PoolOptions::share_exponent: scales a head's `costs` (its `rows` rows) by
-/// (rows / nominal)^exponent, in place. Rows at FLT_MAX or above (the policy's reserve and
-/// never-evicted rows) and NaN keep their cost; a scaled cost stays below FLT_MAX, so it
-/// still ranks before the reserve.
-inline void scale_pool_costs(std::span<float> costs, std::size_t rows, std::size_t nominal,
-                             double exponent) {
-  if (exponent == 0.0 || costs.empty() || nominal == 0) return;
-  const auto f = static_cast<float>(
-      std::pow(static_cast<double>(rows) / static_cast<double>(nominal), exponent));
+/// PoolOptions::share_exponent: the factor (rows / nominal)^exponent scale_pool_costs
+/// applies (1 when exponent is 0 or nominal 0: no scaling).
+inline float pool_cost_factor(std::size_t rows, std::size_t nominal, double exponent) {
+  if (exponent == 0.0 || nominal == 0) return 1.0f;
+  return static_cast<float>(std::pow(static_cast<double>(rows) / static_cast<double>(nominal), exponent));
+}
+/// scale_pool_costs with its factor `f` from pool_cost_factor (f = 1: no change).
+inline void scale_pool_costs_by(std::span<float> costs, float f) {
+  if (f == 1.0f) return;
   constexpr float top = std::numeric_limits<float>::max();
   const float below = std::nextafter(top, 0.0f);
   for (float& c : costs) {  // branch-free, so it vectorises
     const float scaled = std::min(c * f, below);
     c = c < top ? scaled : c;
   }
+}
+/// PoolOptions::share_exponent: scales a head's `costs` (its `rows` rows) by
+/// (rows / nominal)^exponent, in place. Rows at FLT_MAX or above (the policy's reserve and
+/// never-evicted rows) and NaN keep their cost; a scaled cost stays below FLT_MAX, so it
+/// still ranks before the reserve.
+inline void scale_pool_costs(std::span<float> costs, std::size_t rows, std::size_t nominal,
+                             double exponent) {
+  if (costs.empty()) return;
+  scale_pool_costs_by(costs, pool_cost_factor(rows, nominal, exponent));
 }
 
 /// Scratch of pooled_victim_counts (kept by the caller so a step allocates nothing new).
