@@ -171,6 +171,86 @@ TEST_CASE("pooled_victim_counts equals the brute-force rule on small layers", "[
   REQUIRE(checked > 1000);
   REQUIRE(uneven > 100);  // the split really moves between heads
 }
+TEST_CASE("pooled_victim_counts under the pool bound: selections in a row, kept prefixes, brute force", "[pool]") {
+  // The model-scope flow: a pool of many heads, selection after selection; between two,
+  // some heads change (new costs and rows: reuse false) and the rest keep their costs and
+  // their kept prefixes (reuse true). Heads whose prefix holds their candidates go first;
+  // the others gather only their rows at or below the filled heap's top (or reuse a prefix
+  // gathered under a bound as high). Every selection must equal the brute-force rule.
+  kvtest::Rng rng(43);
+  kd::PoolScratch scratch;
+  std::size_t checked = 0;
+  for (int run = 0; run < 120; ++run) {
+    const std::size_t H = std::size_t(rng.uniform(2, 24));
+    const bool ties = rng.chance(0.5);
+    std::vector<std::vector<float>> costs(H);
+    std::vector<std::vector<std::uint64_t>> seqs(H);
+    std::vector<std::size_t> floor(H), ceiling(H, 1000), incoming(H);
+    std::vector<kd::PoolPrefix> prefixes(H);
+    std::uint64_t next_seq = 0;
+    const auto refill = [&](std::size_t h) {
+      const std::size_t n = std::size_t(rng.uniform(0, 40));
+      costs[h].clear();
+      seqs[h].clear();
+      for (std::size_t r = 0; r < n; ++r) {
+        const float c = rng.chance(0.15) ? std::numeric_limits<float>::infinity()
+                        : ties ? float(rng.uniform(0, 6)) * 0.5f
+                               : float(rng.uniform(0, 1000000)) / 1000.0f;
+        costs[h].push_back(c);
+        // Shared arrival indices across heads (a model pool's layers), some equal.
+        seqs[h].push_back(rng.chance(0.2) ? std::uint64_t(rng.uniform(0, 5)) : next_seq++);
+      }
+    };
+    for (std::size_t h = 0; h < H; ++h) {
+      refill(h);
+      floor[h] = std::size_t(rng.uniform(0, 4));
+    }
+    // Per head: its kept prefix was stored for its current costs (by a selection that
+    // visited every head: one with rows to give).
+    std::vector<bool> fresh(H, false);
+    for (int step = 0; step < 30; ++step) {
+      if (step > 0)
+        for (std::size_t h = 0; h < H; ++h)
+          if (rng.chance(0.3)) {
+            refill(h);
+            fresh[h] = false;
+          }
+      std::size_t rows = 0;
+      for (std::size_t h = 0; h < H; ++h) {
+        incoming[h] = rng.chance(0.3) ? 1 : 0;
+        rows += costs[h].size() + incoming[h];
+      }
+      const std::size_t total = rows > 12 ? rows - std::size_t(rng.uniform(0, 12)) : rows;
+      std::vector<kd::PoolHead> heads;
+      for (std::size_t h = 0; h < H; ++h)
+        heads.push_back({costs[h].size(), incoming[h], floor[h], ceiling[h], costs[h].data(), seqs[h].data(),
+                         &prefixes[h], bool(fresh[h])});
+      std::vector<std::size_t> counts;
+      bool threw = false;
+      try {
+        kd::pooled_victim_counts(heads, total, counts, scratch, "Test");
+      } catch (const std::logic_error&) {
+        threw = true;
+      }
+      const auto want = brute_counts(costs, seqs, floor, ceiling, incoming, total);
+      std::size_t after = 0;
+      for (std::size_t h = 0; h < H; ++h) after += costs[h].size() + incoming[h] - want[h];
+      INFO("run " << run << " step " << step);
+      REQUIRE(threw == (after > total));
+      if (threw) {
+        for (auto& p : prefixes) p.clear();  // a refused selection may leave them half-written
+        continue;
+      }
+      REQUIRE(counts == want);
+      if (total < rows) fresh.assign(H, true);  // else it returned before visiting a head
+      ++checked;
+    }
+  }
+  REQUIRE(checked > 2000);
+  // The bounded paths ran: heads gathered under the pool bound, and prefixes reused on it.
+  REQUIRE(scratch.bound_gathered > 2000);
+  REQUIRE(scratch.bound_reused > 500);
+}
 TEST_CASE("pool_schedule_take equals its rule written out, and pooled_victim_counts' schedule the walk's", "[pool]") {
   kvtest::Rng rng(40);
   int took = 0, skipped = 0, ran_out = 0, forced_seen = 0;
