@@ -577,21 +577,21 @@ KVEVICT_TARGET_AVX512 inline std::size_t lowest_masked_seq(const float* s,
   return scalar::lowest_masked_seq(s, seqs, n, prot, full, best);
 }
 
-/// masked_costs 16 rows at a time: the word's 16 bits as the blend masks.
+/// masked_costs 16 rows at a time: the protected value of each lane (+infinity where set in
+/// `outside`, FLT_MAX elsewhere), overwritten by the product where the bit is clear (one
+/// masked multiply; the scores of protected rows are not loaded).
 KVEVICT_TARGET_AVX512 inline void masked_costs(const float* s, std::size_t n, float scale,
                                                const std::uint64_t* bits,
                                                const std::uint64_t* outside, float* out) noexcept {
-  const __m512 vscale = _mm512_set1_ps(scale);
-  const __m512 vinf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
-  const __m512 vmax = _mm512_set1_ps(std::numeric_limits<float>::max());
+  const __m512 times = _mm512_set1_ps(scale);
+  const __m512 reserve = _mm512_set1_ps(std::numeric_limits<float>::max()), never = _mm512_set1_ps(std::numeric_limits<float>::infinity());
   for (std::size_t r = 0; r < n; r += 16) {
     const std::size_t left = n - r;
     const __mmask16 live = left >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
-    const auto b = static_cast<__mmask16>((bits[r >> 6] >> (r & 63)) & 0xFFFFu);
     const auto o = static_cast<__mmask16>((outside[r >> 6] >> (r & 63)) & 0xFFFFu);
-    __m512 x = _mm512_mul_ps(vscale, _mm512_maskz_loadu_ps(live, s + r));
-    x = _mm512_mask_blend_ps(static_cast<__mmask16>(b & ~o), x, vmax);
-    x = _mm512_mask_blend_ps(static_cast<__mmask16>(b & o), x, vinf);
+    const auto open = static_cast<__mmask16>(~(bits[r >> 6] >> (r & 63)) & live);
+    const __m512 protected_value = _mm512_mask_blend_ps(o, reserve, never);
+    const __m512 x = _mm512_mask_mul_ps(protected_value, open, times, _mm512_maskz_loadu_ps(open, s + r));
     _mm512_mask_storeu_ps(out + r, live, x);
   }
 }
