@@ -140,8 +140,13 @@ inline float pool_cost_factor(std::size_t rows, std::size_t nominal, double expo
 }
 /// scale_pool_costs with its factor `f` from pool_cost_factor (f = 1: no change).
 inline void scale_pool_costs_by(std::span<float> costs, float f) {
-  if (f == 1.0f || costs.empty()) return;
-  kernels::scale_open_costs(costs.data(), costs.size(), f);  // dispatched, the same values
+  if (f == 1.0f) return;
+  constexpr float top = std::numeric_limits<float>::max();
+  const float below = std::nextafter(top, 0.0f);
+  for (float& c : costs) {  // branch-free, so it vectorises
+    const float scaled = std::min(c * f, below);
+    c = c < top ? scaled : c;
+  }
 }
 /// PoolOptions::share_exponent: scales a head's `costs` (its `rows` rows) by
 /// (rows / nominal)^exponent, in place. Rows at FLT_MAX or above (the policy's reserve and

@@ -6,7 +6,6 @@
 // double, scalar and AVX2 bodies with the same values).
 #pragma once
 
-#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -27,7 +26,6 @@ KVEVICT_KERNEL_FN std::size_t gather_at_most(const float* s, std::size_t n, floa
                                              std::uint32_t* idx, std::size_t* finite);
 KVEVICT_KERNEL_FN double arrival_dots(const float* key, const float* val, const double* means,
                                       std::size_t group, std::size_t d, double* lin);
-KVEVICT_KERNEL_FN void scale_open_costs(float* c, std::size_t n, float f);
 }  // namespace kvevict::kernels
 
 #if !KVEVICT_KERNELS_DECLARE_ONLY
@@ -80,14 +78,6 @@ KVEVICT_ALWAYS_INLINE std::size_t gather_at_most_body(const float* s, std::size_
   }
   *finite = fin;
   return count;
-}
-/// scale_open_costs from row r on: c = min(c * f, the float below FLT_MAX) where c < FLT_MAX.
-KVEVICT_ALWAYS_INLINE void scale_open_costs_body(float* c, std::size_t n, float f, std::size_t r) noexcept {
-  constexpr float top = std::bit_cast<float>(0x7f7fffffu), below = std::bit_cast<float>(0x7f7ffffeu);
-  for (; r < n; ++r) {
-    const float scaled = std::min(c[r] * f, below);
-    c[r] = c[r] < top ? scaled : c[r];
-  }
 }
 /// arrival_dots' lanes: coordinate i goes into lane i % 8 (in coordinate order, each
 /// product rounded before its add), and the 8 lanes are added as a tree.
@@ -216,18 +206,6 @@ KVEVICT_TARGET_AVX2 inline double arrival_dots(const float* key, const float* va
                                                std::size_t d, double* lin) noexcept {
   for (std::size_t g = 0; g < group; ++g) lin[g] = lane_dot(means + g * d, key, d);
   return lane_dot(val, val, d);
-}
-/// scale_open_costs 8 rows at a time (min(below, x) is std::min(x, below): NaN kept).
-KVEVICT_TARGET_AVX2 inline void scale_open_costs(float* c, std::size_t n, float f) noexcept {
-  const __m256 vf = _mm256_set1_ps(f);
-  const __m256 top = _mm256_set1_ps(std::bit_cast<float>(0x7f7fffffu)), below = _mm256_set1_ps(std::bit_cast<float>(0x7f7ffffeu));
-  std::size_t r = 0;
-  for (; r + 8 <= n; r += 8) {
-    const __m256 x = _mm256_loadu_ps(c + r);
-    const __m256 scaled = _mm256_min_ps(below, _mm256_mul_ps(x, vf));
-    _mm256_storeu_ps(c + r, _mm256_blendv_ps(x, scaled, _mm256_cmp_ps(x, top, _CMP_LT_OQ)));
-  }
-  scalar::scale_open_costs_body(c, n, f, r);
 }
 }  // namespace avx2
 
@@ -358,18 +336,6 @@ KVEVICT_TARGET_AVX512 inline double arrival_dots(const float* key, const float* 
     default: return arrival_dots_fused<8>(key, val, means, d, lin);  // group 8 (fused_group)
   }
 }
-/// scale_open_costs 16 rows at a time (the tail under a mask).
-KVEVICT_TARGET_AVX512 inline void scale_open_costs(float* c, std::size_t n, float f) noexcept {
-  const __m512 vf = _mm512_set1_ps(f);
-  const __m512 top = _mm512_set1_ps(std::bit_cast<float>(0x7f7fffffu)), below = _mm512_set1_ps(std::bit_cast<float>(0x7f7ffffeu));
-  for (std::size_t r = 0; r < n; r += 16) {
-    const std::size_t left = n - r;
-    const __mmask16 live = left >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
-    const __m512 x = _mm512_maskz_loadu_ps(live, c + r);
-    const __mmask16 open = _mm512_mask_cmp_ps_mask(live, x, top, _CMP_LT_OQ);
-    _mm512_mask_storeu_ps(c + r, open, _mm512_min_ps(below, _mm512_mul_ps(x, vf)));
-  }
-}
 }  // namespace avx512
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif
@@ -468,19 +434,6 @@ KVEVICT_KERNEL_FN double arrival_dots(const float* key, const float* val, const 
   if (isa != Isa::scalar) return detail::avx2::arrival_dots(key, val, means, group, d, lin);
 #endif
   return detail::scalar::arrival_dots(key, val, means, group, d, lin);
-}
-
-/// PoolOptions::share_exponent's scaling of a head's costs in place: every c[r] below
-/// FLT_MAX becomes min(c[r] * f, the float below FLT_MAX); FLT_MAX, +infinity and NaN are
-/// kept. The same values at every level.
-KVEVICT_KERNEL_FN void scale_open_costs(float* c, std::size_t n, float f) {
-  detail::require_nonnull(c, n, "costs");
-#if KVEVICT_X86
-  const Isa isa = active_isa();
-  if (isa == Isa::avx512) return detail::avx512::scale_open_costs(c, n, f);
-  if (isa == Isa::avx2) return detail::avx2::scale_open_costs(c, n, f);
-#endif
-  detail::scalar::scale_open_costs_body(c, n, f, 0);
 }
 
 }  // namespace kvevict::kernels
