@@ -228,3 +228,46 @@ TEST_CASE("lowest_masked_seq4: the first 4 rows of repeated lowest_masked_seq, e
     }
   }
 }
+
+TEST_CASE("masked_costs: the rate or the protected value of every row, every level", "[pool][kernels]") {
+  std::mt19937_64 rng(43);
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  constexpr float top = std::numeric_limits<float>::max();
+  int protected_rows = 0, open_rows = 0;
+  for (std::size_t n : {0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 100, 128, 200, 1000, 1025}) {
+    for (int kind = 0; kind < 4; ++kind) {
+      for (int rep = 0; rep < 6; ++rep) {
+        std::vector<float> s(n);
+        // Bits past n set (as protect leaves them) and garbage words beyond the last.
+        std::vector<std::uint64_t> bits((n + 63) / 64 + 1, ~std::uint64_t{0}), outside(bits.size(), ~std::uint64_t{0});
+        for (std::size_t i = 0; i < n; ++i) {
+          s[i] = static_cast<float>(rng() % 100000) / 7.0f;
+          if (kind == 1 && rng() % 5 == 0) s[i] = std::numeric_limits<float>::quiet_NaN();
+          if (kind == 2 && rng() % 5 == 0) s[i] = rng() % 2 ? inf : top;
+          const bool b = kind == 3 ? rng() % 64 == 0 : rng() % 2 == 0;
+          const bool o = rng() % 2 == 0;
+          if (!b) bits[i >> 6] &= ~(std::uint64_t{1} << (i & 63));
+          if (!o) outside[i >> 6] &= ~(std::uint64_t{1} << (i & 63));
+        }
+        const float scale = rng() % 2 ? 0.0029296875f : static_cast<float>(rng() % 1000) / 977.0f;
+        // The rule written out: +inf in both masks, FLT_MAX in bits alone, else scale * s.
+        std::vector<float> want(n);
+        for (std::size_t i = 0; i < n; ++i) {
+          const bool b = (bits[i >> 6] >> (i & 63)) & 1, o = (outside[i >> 6] >> (i & 63)) & 1;
+          want[i] = b ? (o ? inf : top) : scale * s[i];
+          (b ? protected_rows : open_rows) += 1;
+        }
+        for (Isa isa : levels()) {
+          INFO("n " << n << " kind " << kind << " isa " << kernels::isa_name(isa));
+          std::vector<float> got(n + 1, -5.0f);  // the row past n must stay untouched
+          kernels::masked_costs(isa, s.data(), n, scale, bits.data(), outside.data(), got.data());
+          REQUIRE(got[n] == -5.0f);
+          for (std::size_t i = 0; i < n; ++i)
+            REQUIRE(std::memcmp(&got[i], &want[i], sizeof(float)) == 0);  // bit for bit (NaN too)
+        }
+      }
+    }
+  }
+  REQUIRE(protected_rows > 1000);
+  REQUIRE(open_rows > 1000);
+}

@@ -171,6 +171,162 @@ TEST_CASE("pooled_victim_counts equals the brute-force rule on small layers", "[
   REQUIRE(checked > 1000);
   REQUIRE(uneven > 100);  // the split really moves between heads
 }
+// The model-scope flow of pooled_victim_counts: a pool of heads, selection after
+// selection; between two, some heads change (new costs and rows: reuse false) and the rest
+// keep their costs and their kept prefixes (reuse true). Heads whose prefix holds their
+// candidates go first; the others gather only their rows at or below the filled heap's top
+// (or reuse a prefix gathered under a bound as high). Every selection must equal the
+// brute-force rule. A changed head's costs are drawn at `level` + [0, spread) (`level`
+// drawn in [0, level_max] per step when > 0: the changed heads land above or below the
+// others, so the pool bound at a head's turn rises and falls between selections): in
+// runs with ties `tie_step` times [0, tie_steps], else [0, 10^6] / `divisor`. Returns the
+// selections checked.
+struct SelectionsInARow {
+  std::uint64_t seed;
+  int runs;
+  long long heads_max, rows_max, give_max;
+  double ties_share, inf_share;
+  long long tie_steps;
+  float tie_step, divisor;
+  long long level_max;
+};
+std::size_t selections_in_a_row(const SelectionsInARow& cfg, kd::PoolScratch& scratch) {
+  kvtest::Rng rng(cfg.seed);
+  std::size_t checked = 0;
+  for (int run = 0; run < cfg.runs; ++run) {
+    const std::size_t H = std::size_t(rng.uniform(2, cfg.heads_max));
+    const bool ties = rng.chance(cfg.ties_share);
+    std::vector<std::vector<float>> costs(H);
+    std::vector<std::vector<std::uint64_t>> seqs(H);
+    std::vector<std::size_t> floor(H), ceiling(H, 1000), incoming(H);
+    std::vector<kd::PoolPrefix> prefixes(H);
+    std::uint64_t next_seq = 0;
+    float level = 0.0f;
+    const auto new_level = [&] {
+      if (cfg.level_max > 0) level = float(rng.uniform(0, cfg.level_max));
+    };
+    const auto refill = [&](std::size_t h) {
+      const std::size_t n = std::size_t(rng.uniform(0, cfg.rows_max));
+      costs[h].clear();
+      seqs[h].clear();
+      for (std::size_t r = 0; r < n; ++r) {
+        const float c = rng.chance(cfg.inf_share) ? std::numeric_limits<float>::infinity()
+                        : ties ? level + float(rng.uniform(0, cfg.tie_steps)) * cfg.tie_step
+                               : level + float(rng.uniform(0, 1000000)) / cfg.divisor;
+        costs[h].push_back(c);
+        // Shared arrival indices across heads (a model pool's layers), some equal.
+        seqs[h].push_back(rng.chance(0.2) ? std::uint64_t(rng.uniform(0, 5)) : next_seq++);
+      }
+    };
+    for (std::size_t h = 0; h < H; ++h) {
+      new_level();
+      refill(h);
+      floor[h] = std::size_t(rng.uniform(0, 4));
+    }
+    // Per head: its kept prefix was stored for its current costs (by a selection that
+    // visited every head: one with rows to give).
+    std::vector<bool> fresh(H, false);
+    for (int step = 0; step < 30; ++step) {
+      if (step > 0) {
+        new_level();  // this step's changed heads
+        for (std::size_t h = 0; h < H; ++h)
+          if (rng.chance(0.3)) {
+            refill(h);
+            fresh[h] = false;
+          }
+      }
+      std::size_t rows = 0;
+      for (std::size_t h = 0; h < H; ++h) {
+        incoming[h] = rng.chance(0.3) ? 1 : 0;
+        rows += costs[h].size() + incoming[h];
+      }
+      const std::size_t total =
+          rows > std::size_t(cfg.give_max) ? rows - std::size_t(rng.uniform(0, cfg.give_max)) : rows;
+      std::vector<kd::PoolHead> heads;
+      for (std::size_t h = 0; h < H; ++h)
+        heads.push_back({costs[h].size(), incoming[h], floor[h], ceiling[h], costs[h].data(), seqs[h].data(),
+                         &prefixes[h], bool(fresh[h])});
+      std::vector<std::size_t> counts;
+      bool threw = false;
+      try {
+        kd::pooled_victim_counts(heads, total, counts, scratch, "Test");
+      } catch (const std::logic_error&) {
+        threw = true;
+      }
+      const auto want = brute_counts(costs, seqs, floor, ceiling, incoming, total);
+      std::size_t after = 0;
+      for (std::size_t h = 0; h < H; ++h) after += costs[h].size() + incoming[h] - want[h];
+      INFO("run " << run << " step " << step);
+      REQUIRE(threw == (after > total));
+      if (threw) {
+        for (auto& p : prefixes) p.clear();  // a refused selection may leave them half-written
+        continue;
+      }
+      REQUIRE(counts == want);
+      if (total < rows) fresh.assign(H, true);  // else it returned before visiting a head
+      ++checked;
+    }
+  }
+  return checked;
+}
+TEST_CASE("pooled_victim_counts under the pool bound: selections in a row, kept prefixes, brute force", "[pool]") {
+  // Two draws, each with how many bounded gathers and reuses it must reach.
+  struct Draw {
+    SelectionsInARow cfg;
+    std::size_t gathered, reused;
+  };
+  const Draw draws[] = {
+      // Split9's: one cost range for every head, 2-24 heads, up to 12 rows to give.
+      {{43, 120, 24, 40, 12, 0.5, 0.15, 6, 0.5f, 1000.0f, 0}, 2000, 500},
+      // The changed heads' costs drawn around a level that moves from step to step (up or
+      // down), up to 40 rows to give: the pool bound at a head's turn rises past its kept
+      // bounded prefix's `below` (which must then be gathered again) and falls below it.
+      {{44, 150, 12, 30, 40, 0.3, 0.1, 4, 1.0f, 10000.0f, 200}, 1000, 300},
+  };
+  for (const Draw& d : draws) {
+    kd::PoolScratch scratch;
+    INFO("seed " << d.cfg.seed);
+    REQUIRE(selections_in_a_row(d.cfg, scratch) > 2000);
+    // The bounded paths ran: heads gathered under the pool bound, and prefixes reused on it.
+    REQUIRE(scratch.bound_gathered > d.gathered);
+    REQUIRE(scratch.bound_reused > d.reused);
+  }
+}
+TEST_CASE("pooled_victim_counts: the pool bound rising past a kept bounded prefix", "[pool]") {
+  // A head whose kept prefix was gathered under a low pool bound (every finite row at or
+  // below `below`, fewer than it wants) keeps its costs; the next selection's bound at its
+  // turn is higher (another head's costs rose). Its rows between the two bounds must be
+  // found again (gathered, not the prefix reused), as the brute-force rule takes them.
+  kd::PoolScratch scratch;
+  std::vector<std::vector<float>> costs = {{1, 2, 3, 10, 11}, {5, 6, 7}};
+  std::vector<std::vector<std::uint64_t>> seqs = {{0, 1, 2, 3, 4}, {5, 6, 7}};
+  const std::vector<std::size_t> floor(2, 0), ceiling(2, 1000), incoming(2, 0);
+  std::vector<kd::PoolPrefix> prefixes(2);
+  const auto select = [&](std::size_t total, std::vector<bool> reuse) {
+    std::vector<kd::PoolHead> heads;
+    for (std::size_t h = 0; h < 2; ++h)
+      heads.push_back({costs[h].size(), incoming[h], floor[h], ceiling[h], costs[h].data(), seqs[h].data(),
+                       &prefixes[h], bool(reuse[h])});
+    std::vector<std::size_t> counts;
+    kd::pooled_victim_counts(heads, total, counts, scratch, "Test");
+    REQUIRE(counts == brute_counts(costs, seqs, floor, ceiling, incoming, total));
+    return counts;
+  };
+  // Head 0 fills the heap with {1, 2}: head 1 gathers under the bound 2 (none of its rows).
+  CHECK(select(6, {false, false}) == std::vector<std::size_t>{2, 0});
+  REQUIRE(prefixes[1].bounded);
+  REQUIRE(prefixes[1].below == 2.0f);
+  REQUIRE(prefixes[1].rows.empty());
+  const std::size_t reused = scratch.bound_reused, gathered = scratch.bound_gathered;
+  // Head 0's costs rise: the heap's top at head 1's turn is 9, above its prefix's bound.
+  costs[0] = {8, 9, 10, 11, 12};
+  CHECK(select(6, {false, true}) == std::vector<std::size_t>{0, 2});
+  CHECK(scratch.bound_reused == reused);
+  CHECK(scratch.bound_gathered == gathered + 1);
+  REQUIRE(prefixes[1].below == 9.0f);
+  // Unchanged again: both heads' kept prefixes hold their candidates.
+  CHECK(select(6, {true, true}) == std::vector<std::size_t>{0, 2});
+}
 TEST_CASE("pool_schedule_take equals its rule written out, and pooled_victim_counts' schedule the walk's", "[pool]") {
   kvtest::Rng rng(40);
   int took = 0, skipped = 0, ran_out = 0, forced_seen = 0;
@@ -376,9 +532,12 @@ void forget_ahead(Policy& p, const kvevict::CacheShape& shape) {
 // ceiling: each stepping head then keeps its rows and gives up exactly the row its
 // policy's choose_victims picks (need 1) on a copy of the policy; other steps are checked
 // against the brute-force split as with R = 1.
+// With `exponent_after` >= 0, set_budget at token 200 keeps the budget B but sets
+// PoolOptions::share_exponent to it (the heads' rows unchanged: a cost factor kept for the
+// old exponent must not be served for the new one).
 template <class Policy>
 void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t sinks,
-                     std::size_t recent, bool expect_uneven) {
+                     std::size_t recent, bool expect_uneven, double exponent_after = -1.0) {
   const Geometry g{2, 8, 4, 8};  // GQA: 2 query heads per KV head
   const Budget budget = Budget::uniform(static_cast<long long>(B)).pooled(o);
   KVCache<Policy> cache(g, budget, policy);
@@ -422,6 +581,10 @@ void drive_and_check(Policy policy, std::size_t B, PoolOptions o, std::size_t si
   std::size_t ran_out = 0, moved_frozen = 0, multi_named = 0;
   for (std::uint64_t t = 0; t < 400; ++t) {
     now = t;
+    if (t == 200 && exponent_after >= 0.0) {
+      o.share_exponent = exponent_after;
+      cache.set_budget(Budget::uniform(static_cast<long long>(B)).pooled(o));
+    }
     for (int l = 0; l < g.n_layers; ++l) {
       stepping = l;
       auto k = rng.normals(kv), v = rng.normals(kv);
@@ -632,6 +795,11 @@ TEST_CASE("pooled DecayedAttention: total, floors, protection, bit-exact rows, b
     drive_and_check(rec, 32,
                     {.floor_fraction = 0.25, .capacity = Cap::share, .scope = Scope::model, .share_exponent = 0.5},
                     1, rec.recent_for(8), true);
+  }
+  SECTION("recommended(), share capacity, model scope, share exponent 0.5 then 1 (set_budget at token 200)") {
+    drive_and_check(rec, 32,
+                    {.floor_fraction = 0.25, .capacity = Cap::share, .scope = Scope::model, .share_exponent = 0.5},
+                    1, rec.recent_for(8), true, 1.0);
   }
   SECTION("H2O, share-scaled costs, model scope") {
     drive_and_check(pol::H2O({.recent = 4, .sinks = 1}), 16, {.scope = Scope::model, .share_exponent = 1.0}, 1, 4,

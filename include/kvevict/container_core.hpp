@@ -477,14 +477,27 @@ class ContainerCore {
       pool_prefix_.resize(heads_.size());
       pool_fresh_.resize(heads_.size(), 0);
       pool_heads_.clear();
+      // The heads whose costs are recomputed: their columns are cold (other layers ran
+      // since), so each one's reads are started while the one before is costed.
+      pool_stale_.clear();
+      for (std::size_t i = first; i < last; ++i)
+        if (!(pool.model && pool_fresh_[i]) && heads_[i].size() > 0) pool_stale_.push_back(i);
+      std::size_t next_stale = 0;
+      const auto prefetch_stale = [&](std::size_t j) {
+        if constexpr (HasPrefetchHead<Policy>)
+          if (j < pool_stale_.size())
+            policy_.prefetch_head(static_cast<int>(pool_stale_[j] / hkv), static_cast<int>(pool_stale_[j] % hkv));
+      };
+      prefetch_stale(0);
       for (std::size_t i = first; i < last; ++i) {
         const auto& h = heads_[i];
         auto& c = pool_costs_[i];
         // Model scope: costs unchanged since the last selection, so is its sorted prefix.
         const bool reuse = pool.model && pool_fresh_[i];
         if (!reuse) {
-          c.clear();
+          if (h.size() == 0) c.clear();  // else eviction_costs writes size costs over c
           if (h.size() > 0) {
+            prefetch_stale(++next_stale);
             const int l = static_cast<int>(i / hkv), kh = static_cast<int>(i % hkv);
             self().load_rows(l, kh, nullptr, nullptr);
             HeadView<Scalar> v = view(l, kh, h.size());
@@ -494,7 +507,7 @@ class ContainerCore {
               throw std::logic_error(std::string("kvevict: policy ") + Policy::name() +
                                      " eviction_costs wrote " + std::to_string(c.size()) +
                                      " costs, expected " + std::to_string(h.size()));
-            scale_pool_costs(c, h.size(), pool.nominal[i], pool.exponent);
+            scale_pool_costs_by(c, pool_factor(i, h.size(), pool));
           }
           pool_fresh_[i] = 1;
         }
@@ -509,6 +522,20 @@ class ContainerCore {
                            extra > 0 ? schedule : nullptr);
       pooled_victims_of(first, last, stepping, pool, view, victims, true);
     }
+  }
+  /// pool_cost_factor(rows, pool.nominal[i], pool.exponent), kept per head for the last
+  /// few row counts it was taken for (a head's rows move by a few between selections).
+  float pool_factor(std::size_t i, std::size_t rows, const LayerPool& pool) {
+    if (pool_factor_.size() < heads_.size()) pool_factor_.resize(heads_.size());
+    PoolFactors& pf = pool_factor_[i];
+    if (pf.nominal != pool.nominal[i] || pf.exponent != pool.exponent) pf = {{}, {}, pool.nominal[i], pool.exponent, 0};
+    for (std::size_t k = 0; k < PoolFactors::kept; ++k)
+      if (pf.rows[k] == rows) return pf.f[k];
+    const std::size_t k = pf.next;
+    pf.next = (k + 1) % PoolFactors::kept;
+    pf.rows[k] = rows;
+    pf.f[k] = pool_cost_factor(rows, pool.nominal[i], pool.exponent);
+    return pf.f[k];
   }
   /// The victims of the pool's heads [first, last) for the counts in pool_counts_ (indexed
   /// from first): each head's k rows by its choose_victims (`costed`: its pooled_victims,
@@ -1077,6 +1104,18 @@ class ContainerCore {
   /// choose_pooled: each head's cheapest rows, sorted (model scope: reused while the head is
   /// unchanged; both scopes: the guessed bound of its next scan)
   std::vector<PoolPrefix> pool_prefix_;
+  /// choose_pooled: per head its cost factor (pool_cost_factor) and what it was taken for
+  /// (0 rows: none yet); the heads whose costs are recomputed.
+  struct PoolFactors {
+    static constexpr std::size_t kept = 4;
+    std::size_t rows[kept] = {};  ///< 0: no entry (a head of 0 rows is not costed)
+    float f[kept] = {};
+    std::size_t nominal = 0;
+    double exponent = 0.0;
+    std::size_t next = 0;
+  };
+  std::vector<PoolFactors> pool_factor_;
+  std::vector<std::size_t> pool_stale_;
   /// Pooled heads that gave up rows: their storage grows by chunks only, never
   /// geometrically, so a layer's storage stays within its total + the chunks.
   std::vector<std::uint8_t> pool_settled_;

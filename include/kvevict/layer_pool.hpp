@@ -132,21 +132,30 @@ struct LayerPool {
   }
 };
 
-/// PoolOptions::share_exponent: scales a head's `costs` (its `rows` rows) by
-/// (rows / nominal)^exponent, in place. Rows at FLT_MAX or above (the policy's reserve and
-/// never-evicted rows) and NaN keep their cost; a scaled cost stays below FLT_MAX, so it
-/// still ranks before the reserve.
-inline void scale_pool_costs(std::span<float> costs, std::size_t rows, std::size_t nominal,
-                             double exponent) {
-  if (exponent == 0.0 || costs.empty() || nominal == 0) return;
-  const auto f = static_cast<float>(
-      std::pow(static_cast<double>(rows) / static_cast<double>(nominal), exponent));
+/// PoolOptions::share_exponent: the factor (rows / nominal)^exponent scale_pool_costs
+/// applies (1 when exponent is 0 or nominal 0: no scaling).
+inline float pool_cost_factor(std::size_t rows, std::size_t nominal, double exponent) {
+  if (exponent == 0.0 || nominal == 0) return 1.0f;
+  return static_cast<float>(std::pow(static_cast<double>(rows) / static_cast<double>(nominal), exponent));
+}
+/// scale_pool_costs with its factor `f` from pool_cost_factor (f = 1: no change).
+inline void scale_pool_costs_by(std::span<float> costs, float f) {
+  if (f == 1.0f) return;
   constexpr float top = std::numeric_limits<float>::max();
   const float below = std::nextafter(top, 0.0f);
   for (float& c : costs) {  // branch-free, so it vectorises
     const float scaled = std::min(c * f, below);
     c = c < top ? scaled : c;
   }
+}
+/// PoolOptions::share_exponent: scales a head's `costs` (its `rows` rows) by
+/// (rows / nominal)^exponent, in place. Rows at FLT_MAX or above (the policy's reserve and
+/// never-evicted rows) and NaN keep their cost; a scaled cost stays below FLT_MAX, so it
+/// still ranks before the reserve.
+inline void scale_pool_costs(std::span<float> costs, std::size_t rows, std::size_t nominal,
+                             double exponent) {
+  if (costs.empty()) return;
+  scale_pool_costs_by(costs, pool_cost_factor(rows, nominal, exponent));
 }
 
 /// Scratch of pooled_victim_counts (kept by the caller so a step allocates nothing new).
@@ -157,6 +166,7 @@ struct PoolScratch {
     std::uint32_t head;
   };
   std::vector<Cand> head_rows, chosen;
+  std::vector<std::uint32_t> order;  ///< pooled_victim_counts: the heads in visiting order
   std::vector<std::uint32_t> rows;  ///< a head's rows at or below a guessed bound
   std::vector<float> bound;         ///< pool_contenders: the gathered rows' costs
   /// pooled_schedule_counts: a guess at the cost bound of the next long selection (the
@@ -164,6 +174,9 @@ struct PoolScratch {
   /// (`guessed`) or the selection gathered every finite row (`rescanned`), for the tests.
   float schedule_guess = std::numeric_limits<float>::quiet_NaN();
   std::size_t guessed = 0, rescanned = 0;
+  /// pooled_victim_counts under the pool bound, for the tests: heads whose rows at or below
+  /// it were gathered, and heads whose kept prefix (gathered under a bound as high) held them.
+  std::size_t bound_gathered = 0, bound_reused = 0;
   static bool before(const Cand& a, const Cand& b) {
     if (a.cost != b.cost) return a.cost < b.cost;
     if (a.seq != b.seq) return a.seq < b.seq;
@@ -213,9 +226,21 @@ inline std::size_t pool_contenders(const float* costs, std::uint32_t* idx, std::
 /// selection takes its rows from here instead of scanning the head again when the prefix is
 /// long enough (rows of a total order: the first k of the head's order are the first k of
 /// any longer prefix); after they changed, its costs only guess the bound of the next scan.
+///
+/// A prefix gathered under the pool's bound (pooled_victim_counts, `bounded`) holds every
+/// finite row costing at most `below`, however few: the head's first rows, and its next
+/// row costs more than `below`. A later selection reuses it while its candidates' bound is
+/// at or below `below` (no row past the prefix can be among them).
 struct PoolPrefix {
   std::vector<PoolScratch::Cand> rows;
   bool complete = false;  ///< rows holds every row with a finite cost
+  bool bounded = false;   ///< rows holds every finite row costing at most `below`
+  float below = 0.0f;
+  std::size_t evictable = 0;  ///< the head's finite rows (when bounded)
+  void clear() {
+    rows.clear();
+    complete = bounded = false;
+  }
 };
 
 /// One head of a layer as the selection sees it.
@@ -257,10 +282,7 @@ KVEVICT_DEFER inline void pooled_schedule_counts(std::span<const PoolHead> heads
     offered = 0;
     for (std::size_t hi = 0; hi < heads.size(); ++hi) {
       const auto& h = heads[hi];
-      if (h.prefix) {
-        h.prefix->rows.clear();
-        h.prefix->complete = false;
-      }
+      if (h.prefix) h.prefix->clear();
       const std::size_t end = h.size + h.incoming;
       const std::size_t want = std::min(end > h.floor ? end - h.floor : 0, kept);
       if (want == 0 || h.size == 0) continue;
@@ -351,7 +373,34 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
   };
   std::size_t offered = 0;  // candidates of every head above its forced rows
   s.chosen.clear();
-  for (std::size_t hi = 0; hi < heads.size(); ++hi) {
+  // The heads' wants: their cheapest rows, as many as could matter (forced + need (+ extra),
+  // at most limit).
+  const auto want_of = [&](const PoolHead& h) {
+    const std::size_t end = h.size + h.incoming;
+    const std::size_t forced = end > h.ceiling ? end - h.ceiling : 0;
+    const std::size_t limit = end > h.floor ? end - h.floor : 0;
+    return std::min(limit, forced + need + extra);
+  };
+  const auto prefix_holds = [](const PoolHead& h, std::size_t want) {
+    return h.prefix && h.reuse && (h.prefix->complete || h.prefix->rows.size() >= want);
+  };
+  // No head above its ceiling: the heads whose kept prefix holds their candidates go first.
+  // Their candidates fill the heap, and once it is full its top bounds the rows any later
+  // head can add (the top only moves down): a later head gathers only its rows at or below
+  // it (the pool bound), or reuses a prefix gathered under a bound at least as high.
+  auto& order = s.order;
+  order.clear();
+  PoolPrefix spare;  // the rows gathered for a head without a kept prefix
+  if (!over_ceiling) {
+    for (std::size_t hi = 0; hi < heads.size(); ++hi)
+      if (prefix_holds(heads[hi], want_of(heads[hi]))) order.push_back(static_cast<std::uint32_t>(hi));
+    for (std::size_t hi = 0; hi < heads.size(); ++hi)
+      if (!prefix_holds(heads[hi], want_of(heads[hi]))) order.push_back(static_cast<std::uint32_t>(hi));
+  } else {
+    for (std::size_t hi = 0; hi < heads.size(); ++hi) order.push_back(static_cast<std::uint32_t>(hi));
+  }
+  for (const std::uint32_t head_of : order) {
+    const std::size_t hi = head_of;
     const auto& h = heads[hi];
     const std::size_t end = h.size + h.incoming;
     const std::size_t forced = end > h.ceiling ? end - h.ceiling : 0;
@@ -359,15 +408,45 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
     if (forced > limit)
       fail("head " + std::to_string(hi) + " must give " + std::to_string(forced) +
            " rows to its ceiling but only " + std::to_string(limit) + " above its floor");
-    // The head's cheapest rows, as many as could matter: forced + need (+ extra), at most limit.
-    const std::size_t want = std::min(limit, forced + need + extra);
-    const auto head_of = static_cast<std::uint32_t>(hi);
+    const std::size_t want = want_of(h);
     const PoolScratch::Cand* sorted = nullptr;  // the head's first `take` rows, in order
     std::size_t take = 0, evictable = 0;
-    if (h.prefix && h.reuse && (h.prefix->complete || h.prefix->rows.size() >= want)) {
+    std::size_t avail = 0;  // what the head offers above its forced rows: min(want, evictable) - forced
+    const bool full = kept > 0 && s.chosen.size() == kept;
+    if (prefix_holds(h, want)) {
       evictable = h.prefix->rows.size();  // a lower bound unless complete (then >= want)
       take = std::min(want, evictable);
+      avail = take - std::min(take, forced);
       sorted = h.prefix->rows.data();
+    } else if (!over_ceiling && full && want > 0) {
+      const float bound = s.chosen.front().cost;  // the pool bound
+      auto& p = *(h.prefix ? h.prefix : &spare);
+      if (h.prefix && h.reuse && p.bounded && bound <= p.below) {
+        ++s.bound_reused;  // every row past the prefix costs more than the bound
+      } else {
+        ++s.bound_gathered;
+        auto& idx = s.rows;
+        if (idx.size() < h.size) idx.resize(h.size);
+        std::size_t finite = 0;
+        std::size_t m = h.size == 0 ? 0 : kernels::gather_at_most(h.costs, h.size, bound, idx.data(), &finite);
+        const bool all = m <= want;  // every finite row at or below the bound, and no more
+        if (!all) m = pool_contenders(h.costs, idx.data(), m, want, s.bound);
+        auto& rows = s.head_rows;
+        rows.clear();
+        for (std::size_t j = 0; j < m; ++j)
+          rows.push_back(PoolScratch::Cand{h.costs[idx[j]], h.seqs[idx[j]], head_of});
+        const std::size_t keep = std::min(want, m);
+        std::partial_sort(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(keep), rows.end(), less);
+        p.rows.assign(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(keep));
+        p.complete = keep == finite;
+        p.bounded = all;
+        p.below = bound;
+        p.evictable = finite;
+      }
+      evictable = p.evictable;
+      take = std::min(want, p.rows.size());
+      avail = std::min(want, evictable);
+      sorted = p.rows.data();
     } else {
       // First a guess at the bound, from the rows the head's last selection kept (its
       // costs have moved since; 5% of margin): every finite row at or below it, gathered
@@ -419,9 +498,11 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
       }
       if (!guessed) std::sort_heap(heap.begin(), heap.end(), less);
       take = s.head_rows.size();
+      avail = take - std::min(take, forced);
       if (h.prefix) {
         h.prefix->rows.assign(s.head_rows.begin(), s.head_rows.begin() + static_cast<std::ptrdiff_t>(take));
         h.prefix->complete = take == evictable;
+        h.prefix->bounded = false;
       }
       sorted = s.head_rows.data();
     }
@@ -429,7 +510,7 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
       fail("head " + std::to_string(hi) + " must give " + std::to_string(forced) +
            " rows to its ceiling but has " + std::to_string(evictable) + " evictable");
     counts[hi] = forced;
-    offered += take - forced;
+    offered += avail;
     auto& chosen = s.chosen;
     for (std::size_t j = forced; j < take && kept > 0; ++j) {
       PoolScratch::Cand cand = sorted[j];

@@ -9,6 +9,9 @@
 //  - decay_spike_gather: select.hpp's decay_spike (DecayedAttention's observe) then
 //    open_gather over the spikes it wrote (the next decision's bits and candidates), one pass
 //    at AVX-512;
+//  - masked_costs: DecayedAttention's eviction costs (pooled budgets): every row's score
+//    times a scale, +infinity for the rows set in two masks, FLT_MAX for those set in the
+//    first alone (a blend per vector in place of a store per protected row);
 //  - lowest_masked_seq: the unprotected row with the lowest (score, seq), the oldest among
 //    equal scores (the row argmin_masked and the equal-score scan of
 //    policies::detail::lowest_masked find), from one masked minimum and one equality pass.
@@ -75,6 +78,16 @@ KVEVICT_KERNEL_FN std::size_t lowest_masked_seq4(const float* s, const std::uint
                                                  std::size_t n,
                                                  const std::uint64_t* protected_bits,
                                                  std::size_t* out);
+
+/// out[r] = +infinity when row r is set in both `bits` and `outside`, FLT_MAX when set in
+/// `bits` alone, else scale * s[r] (one float product, as written). bits and outside hold
+/// ceil(n/64) words (bits past n ignored). The same values at every level.
+KVEVICT_KERNEL_FN void masked_costs(Isa isa, const float* s, std::size_t n, float scale,
+                                    const std::uint64_t* bits, const std::uint64_t* outside,
+                                    float* out);
+KVEVICT_KERNEL_FN void masked_costs(const float* s, std::size_t n, float scale,
+                                    const std::uint64_t* bits, const std::uint64_t* outside,
+                                    float* out);
 
 }  // namespace kvevict::kernels
 
@@ -164,6 +177,23 @@ inline std::size_t lowest_masked_seq4(const float* s, const std::uint64_t* seqs,
   }
   for (std::size_t i = 0; i < c; ++i) out[i] = low[i].r;
   return c;
+}
+
+/// masked_costs: the products, then each protected row's value (a store per set bit).
+inline void masked_costs(const float* s, std::size_t n, float scale, const std::uint64_t* bits,
+                         const std::uint64_t* outside, float* out, std::size_t from = 0) noexcept {
+  for (std::size_t r = from; r < n; ++r) out[r] = scale * s[r];
+  const auto mark = [&](std::size_t w, std::uint64_t b, float value) {
+    for (; b != 0; b &= b - 1) {
+      const std::size_t r = w * 64 + static_cast<std::size_t>(std::countr_zero(b));
+      if (r >= n) break;
+      if (r >= from) out[r] = value;
+    }
+  };
+  for (std::size_t w = from / 64; w * 64 < n; ++w) {
+    mark(w, bits[w] & outside[w], std::numeric_limits<float>::infinity());
+    mark(w, bits[w] & ~outside[w], std::numeric_limits<float>::max());
+  }
 }
 
 }  // namespace scalar
@@ -349,6 +379,32 @@ KVEVICT_TARGET_AVX2 inline std::size_t lowest_masked_seq4(const float* s,
   return c;
 }
 
+/// The 8 bits of `byte` as lane masks (lane i all ones when bit i is set); `lane` holds 1 << i.
+KVEVICT_TARGET_AVX2 KVEVICT_ALWAYS_INLINE __m256 lanes_of(std::uint64_t byte, __m256i lane) noexcept {
+  const __m256i b = _mm256_set1_epi32(static_cast<int>(byte));
+  return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(b, lane), lane));
+}
+/// masked_costs 8 rows at a time: each lane's bit of the word's byte by AND with its power
+/// of two, then two blends.
+KVEVICT_TARGET_AVX2 inline void masked_costs(const float* s, std::size_t n, float scale,
+                                             const std::uint64_t* bits,
+                                             const std::uint64_t* outside, float* out) noexcept {
+  const __m256 vscale = _mm256_set1_ps(scale);
+  const __m256 vinf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  const __m256 vmax = _mm256_set1_ps(std::numeric_limits<float>::max());
+  const __m256i lane = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  std::size_t r = 0;
+  for (; r + 8 <= n; r += 8) {
+    const std::uint64_t b = (bits[r >> 6] >> (r & 63)) & 0xFFu;
+    const std::uint64_t o = (outside[r >> 6] >> (r & 63)) & 0xFFu;
+    __m256 x = _mm256_mul_ps(vscale, _mm256_loadu_ps(s + r));
+    x = _mm256_blendv_ps(x, vmax, lanes_of(b & ~o, lane));
+    x = _mm256_blendv_ps(x, vinf, lanes_of(b & o, lane));
+    _mm256_storeu_ps(out + r, x);
+  }
+  scalar::masked_costs(s, n, scale, bits, outside, out, r);
+}
+
 }  // namespace avx2
 
 namespace avx512 {
@@ -521,6 +577,25 @@ KVEVICT_TARGET_AVX512 inline std::size_t lowest_masked_seq(const float* s,
   return scalar::lowest_masked_seq(s, seqs, n, prot, full, best);
 }
 
+/// masked_costs 16 rows at a time: the protected value of each lane (+infinity where set in
+/// `outside`, FLT_MAX elsewhere), overwritten by the product where the bit is clear (one
+/// masked multiply; the scores of protected rows are not loaded).
+KVEVICT_TARGET_AVX512 inline void masked_costs(const float* s, std::size_t n, float scale,
+                                               const std::uint64_t* bits,
+                                               const std::uint64_t* outside, float* out) noexcept {
+  const __m512 times = _mm512_set1_ps(scale);
+  const __m512 reserve = _mm512_set1_ps(std::numeric_limits<float>::max()), never = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  for (std::size_t r = 0; r < n; r += 16) {
+    const std::size_t left = n - r;
+    const __mmask16 live = left >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
+    const auto o = static_cast<__mmask16>((outside[r >> 6] >> (r & 63)) & 0xFFFFu);
+    const auto open = static_cast<__mmask16>(~(bits[r >> 6] >> (r & 63)) & live);
+    const __m512 protected_value = _mm512_mask_blend_ps(o, reserve, never);
+    const __m512 x = _mm512_mask_mul_ps(protected_value, open, times, _mm512_maskz_loadu_ps(open, s + r));
+    _mm512_mask_storeu_ps(out + r, live, x);
+  }
+}
+
 }  // namespace avx512
 KVEVICT_SUPPRESS_INTRIN_WARNINGS_END
 #endif  // KVEVICT_X86
@@ -608,9 +683,35 @@ inline std::size_t lowest_masked_seq4_at(Isa isa, const float* s, const std::uin
   return scalar::lowest_masked_seq4(s, seqs, n, prot, out);
 }
 
+inline void masked_costs_at(Isa isa, const float* s, std::size_t n, float scale,
+                            const std::uint64_t* bits, const std::uint64_t* outside, float* out) {
+  require_nonnull(s, n, "scores");
+  require_nonnull(bits, n, "bits");
+  require_nonnull(outside, n, "outside");
+  require_nonnull(out, n, "out");
+#if KVEVICT_X86
+  if (isa == Isa::avx512) return avx512::masked_costs(s, n, scale, bits, outside, out);
+  if (isa == Isa::avx2) return avx2::masked_costs(s, n, scale, bits, outside, out);
+#endif
+  (void)isa;
+  scalar::masked_costs(s, n, scale, bits, outside, out);
+}
+
 }  // namespace kvevict::kernels::detail
 
 namespace kvevict::kernels {
+
+KVEVICT_KERNEL_FN void masked_costs(Isa isa, const float* s, std::size_t n, float scale,
+                                    const std::uint64_t* bits, const std::uint64_t* outside,
+                                    float* out) {
+  detail::require_isa(isa);
+  detail::masked_costs_at(isa, s, n, scale, bits, outside, out);
+}
+KVEVICT_KERNEL_FN void masked_costs(const float* s, std::size_t n, float scale,
+                                    const std::uint64_t* bits, const std::uint64_t* outside,
+                                    float* out) {
+  detail::masked_costs_at(active_isa(), s, n, scale, bits, outside, out);
+}
 
 KVEVICT_KERNEL_FN std::size_t lowest_masked_seq4(Isa isa, const float* s,
                                                  const std::uint64_t* seqs, std::size_t n,

@@ -249,26 +249,11 @@ class DecayedAttention {
     const auto& sc = scores_.of(v.layer, v.kv_head);
     const float scale = decay_[h] < 1.0f ? 1.0f - decay_[h] : 1.0f;
     out.resize(v.size);
-    // Every row's rate (one vectorisable pass), then the protected rows (the set bits) get
-    // theirs: +infinity for the sinks and the recent band (the rows outside [sinks,
-    // incoming - recent): protect's bits before the reserve was added, a subset of the
-    // bits), FLT_MAX for the rest of the bits, the reserve. Bits past size are set in both
-    // and skipped.
-    const float* scores = sc.data();
-    float* o = out.data();
-    for (std::size_t r = 0; r < v.size; ++r) o[r] = scale * scores[r];
-    const std::uint64_t* outside = outside_.data();
-    const auto mark = [&](std::size_t w, std::uint64_t b, float value) {
-      for (; b != 0; b &= b - 1) {
-        const std::size_t r = w * 64 + static_cast<std::size_t>(std::countr_zero(b));
-        if (r >= v.size) break;
-        o[r] = value;
-      }
-    };
-    for (std::size_t w = 0; w * 64 < v.size; ++w) {
-      mark(w, bits_[w] & outside[w], std::numeric_limits<float>::infinity());
-      mark(w, bits_[w] & ~outside[w], std::numeric_limits<float>::max());
-    }
+    // Every row's rate, +infinity for the sinks and the recent band (the rows outside
+    // [sinks, incoming - recent): protect's bits before the reserve was added, a subset of
+    // the bits), FLT_MAX for the rest of the bits, the reserve: one dispatched pass
+    // (kernels::masked_costs).
+    kernels::masked_costs(sc.data(), v.size, scale, bits_.data(), outside_.data(), out.data());
     // Kept for pooled_victims: this pass's protection and what its reserve depended on.
     if (memo_.size() != capacity_.size()) memo_.resize(capacity_.size());
     Memo& m = memo_[h];
