@@ -190,7 +190,8 @@ concept HasRowLimit = requires(const P& p, int layer, int head) {
   { p.row_limit(layer, head) } -> std::convertible_to<std::size_t>;
 };
 /// The optional pooled-budget hook: `eviction_costs(view, costs)` writes one comparable
-/// cost per live row (costs.size() == view.size): what keeping the row is worth, on a
+/// cost per live row (costs.size() == view.size on return; the vector arrives holding an
+/// earlier call's values, so resize or assign it, never append): what keeping the row is worth, on a
 /// scale shared by every KV head of a layer (lower = evicted first; +infinity = the policy
 /// would not evict it now). Budget::pooled() splits a layer's evictions over its heads by
 /// these costs; the policy's choose_victims still picks the rows.
