@@ -529,7 +529,7 @@ KVEVICT_DEFER inline void pooled_victim_counts(std::span<const PoolHead> heads, 
   std::sort_heap(s.chosen.begin(), s.chosen.end(), less);
   for (std::size_t j = 0; j < s.chosen.size(); ++j) {
     if (j < left) ++counts[s.chosen[j].head];
-    else schedule->push_back(s.chosen[j].head);
+    else if (schedule != nullptr) schedule->push_back(s.chosen[j].head);  // always set when extra > 0
   }
 }
 
