@@ -544,6 +544,9 @@ class DecayedAttention {
     /// hinted or beyond decisions that used the candidates the observe pass gathered
     /// (decay_spike_gather) rather than gathering their own
     std::uint64_t from_observe = 0;
+    /// of the beyond decisions, those shown without counting signatures: enough candidates
+    /// at the threshold hold numbers handed out once (beyond_reserve, Interned::shared)
+    std::uint64_t unshared = 0;
   };
   [[nodiscard]] const HintCounts& hint_counts() const { return hint_counts_; }
 
@@ -1046,6 +1049,17 @@ class DecayedAttention {
     }
     if (m < limit) return false;
     Interned& in = interned_[h];
+    // A candidate whose number was handed out once is the only row with it (so no protected
+    // row has it, and no other candidate): one allowed signature of its own. At most
+    // `in.shared` rows hold a shared number, so at least m - in.shared candidates bring
+    // distinct allowed signatures: when that reaches the reserve's size, no count is needed
+    // (text whose keys do not repeat: shared stays 0).
+    if (in.shared <= m && m - in.shared >= limit) {
+      ++hint_counts_.beyond;
+      ++hint_counts_.unshared;
+      if (gathered) ++hint_counts_.from_observe;
+      return true;
+    }
     const std::uint32_t epoch = next_epoch(in);
     Met* met = in.met.data();
     const std::uint32_t* id = ids_.of(v.layer, v.kv_head).data();
@@ -1201,6 +1215,10 @@ class DecayedAttention {
     /// and the renumbering's rows), saturating at 2. At most that many rows hold it: a
     /// number handed out once is no other row's (distinct_row skips outranked's scan).
     std::vector<std::uint8_t> uses;
+    /// How many rows may hold a shared number (uses > 1): since the last renumbering, one
+    /// per row numbered with a number handed out before, plus the number's first row when
+    /// its count reaches 2. Rows removed are not taken off (an upper bound).
+    std::size_t shared = 0;
     std::vector<Met> met;
     std::uint32_t epoch = 0;
     bool valid = false;  ///< ids_ numbers the head's rows by this table
@@ -1255,6 +1273,7 @@ class DecayedAttention {
       }
       if (e.key == sig) {
         std::uint8_t& u = in.uses[e.slot - 1];
+        in.shared += u == 1 ? 2 : 1;
         u = u < 2 ? static_cast<std::uint8_t>(u + 1) : u;
         return e.slot - 1;
       }
@@ -1275,6 +1294,7 @@ class DecayedAttention {
                        std::vector<std::uint32_t>& ids) {
     std::fill(in.table.begin(), in.table.end(), Slot{});
     in.n = 0;
+    in.shared = 0;  // counted again over the rows numbered here
     in.pending = false;  // numbered here with the rest
     ids.resize(sigs.size());
     for (std::size_t r = 0; r < sigs.size(); ++r) {
