@@ -191,7 +191,6 @@ class DecayedAttention {
         bands_.clear();
         bands_.resize(shape.capacity.size());
         bounds_.assign(shape.capacity.size(), Bound{});
-        walked_.assign(shape.capacity.size(), 0);
       }
     }
   }
@@ -549,9 +548,6 @@ class DecayedAttention {
     /// at the threshold less the repeated numbers reach the reserve's size (beyond_reserve,
     /// Interned::repeats)
     std::uint64_t uncounted = 0;
-    /// decisions whose first rows came in one batch of 4 (distinct_row, after a decision of
-    /// the head that walked rows of the reserve)
-    std::uint64_t batched = 0;
   };
   [[nodiscard]] const HintCounts& hint_counts() const { return hint_counts_; }
 
@@ -988,25 +984,8 @@ class DecayedAttention {
     // The lowest open row (the row protect's bits and lowest_masked_seq give); usually the
     // victim. Without the gathered bits it comes from the arrival indices in one pass
     // (kernels::lowest_open), and the protection bits are computed only when it is not.
-    // With the bits, when the head's last decision walked rows of R (walked_), the 4 lowest
-    // open rows come in one pass (lowest_masked_seq4: its first is lowest_masked_seq's row,
-    // the rest what the hold loop's first batch would find after marking it).
-    std::size_t low[4];
-    std::size_t c = 0;  // rows of low[0, c) not tried yet, taken from the back
-    std::size_t row;
-    if (gathered && walked_[h]) {
-      c = kernels::lowest_masked_seq4(sc, seqs, v.size, bits_.data(), low);
-      row = c > 0 ? low[0] : kernels::npos;
-      if (c > 0) {
-        std::reverse(low, low + c);
-        --c;  // low[c] is row
-        ++hint_counts_.batched;
-      }
-    } else {
-      row = gathered ? kernels::lowest_masked_seq(sc, seqs, v.size, bits_.data())
-                     : kernels::lowest_open(sc, seqs, v.size, config_.sinks, hi);
-    }
-    walked_[h] = false;
+    std::size_t row = gathered ? kernels::lowest_masked_seq(sc, seqs, v.size, bits_.data())
+                               : kernels::lowest_open(sc, seqs, v.size, config_.sinks, hi);
     bool bits_set = gathered, marked = false;  // bits_: the protection; rows of R set in it
     if (row != kernels::npos) {
       prepare_distinct(v);
@@ -1026,7 +1005,8 @@ class DecayedAttention {
       // In B; in R while the bound holds: then the next open rows, 4 at a time
       // (kernels::lowest_masked_seq4).
       if (holds) {
-        walked_[h] = true;
+        std::size_t low[4];
+        std::size_t c = 0;
         for (;;) {
           bits_[row >> 6] |= std::uint64_t{1} << (row & 63);
           marked = true;
@@ -1488,9 +1468,6 @@ class DecayedAttention {
     bool valid = false;
   };
   std::vector<Bound> bounds_;
-  /// RecallDedup, per (layer, KV head): its last one-victim decision walked rows of the
-  /// reserve (distinct_row's hold loop); a speed hint only
-  std::vector<std::uint8_t> walked_;
   const char* label_ = name();  ///< the policy named in errors (H2O when it wraps this)
 };
 
