@@ -290,6 +290,10 @@ TEST_CASE("RecallDedup on fresh keys agrees with brute force (reserve from the l
         CHECK(fresh.ahead_taken > 700);
         CHECK(mixed.ahead_taken > 700);
         CHECK(fresh.from_observe > 700);
+        // Keys that never repeat: beyond_reserve shows its row outside the reserve from the
+        // candidates at the threshold less the repeated numbers, without counting
+        // signatures (8-dim keys: a few signatures collide, and those decisions count).
+        CHECK(fresh.uncounted > 300);
         // The same keys with every other attention step not observed: half the decisions
         // are taken at the append (distinct_victim from its own gather); the threshold's
         // paths run in both kinds.
@@ -305,12 +309,45 @@ TEST_CASE("RecallDedup on fresh keys agrees with brute force (reserve from the l
         total.refused += fresh.refused + mixed.refused;
         total.beyond += fresh.beyond + mixed.beyond;
         total.ahead_taken += fresh.ahead_taken + mixed.ahead_taken;
+        total.uncounted += fresh.uncounted + mixed.uncounted + direct.uncounted;
+        total.beyond += direct.beyond;
       }
   CHECK(total.refused > 20);
   CHECK(total.hinted > 1000);
   CHECK(total.beyond > 1000);
+  CHECK(total.uncounted > 6000);
+  CHECK(total.beyond - total.uncounted > 5000);  // the signatures counted (repeated numbers)
   CHECK(total.ahead_taken > 10000);
   CHECK(direct_paths > 300);
+}
+
+// beyond_reserve's bound without a count (at least m - repeats allowed signatures reach
+// the threshold, Interned::repeats) is exact when every row numbered with a repeated
+// number since the last renumbering is a candidate at the threshold: keys that do not
+// repeat, except now and then a key of 10-30 steps ago (often still an open candidate),
+// in small caches where a renumbering comes every few dozen steps. Many seeds, both
+// dedup modes, against the brute-force rule on every step.
+TEST_CASE("RecallDedup's uncounted bound agrees with brute force on rare repeats", "[recall]") {
+  std::uint64_t uncounted = 0, beyond = 0;
+  for (DA::RecallDedup mode : {DA::RecallDedup::reserve, DA::RecallDedup::protected_rows})
+    for (std::size_t cap : {16, 24, 40})
+      for (float recall : {0.25f, 0.5f})
+        for (int seed = 0; seed < 12; ++seed) {
+          const auto counts = agree_with_brute(
+              mode, RopeLayout::interleaved, 1, cap, 300, 1200,
+              700 + 97 * seed + static_cast<int>(cap) + static_cast<int>(10 * recall) +
+                  1000 * static_cast<int>(mode),
+              [](int t, int h, kvtest::Rng& rng) {
+                if (t > 40 && rng.uniform(0, 7) == 0)
+                  return static_cast<std::size_t>(600 * h + t - rng.uniform(10, 30));
+                return static_cast<std::size_t>(600 * h + t);
+              },
+              recall);
+          uncounted += counts.uncounted;
+          beyond += counts.beyond;
+        }
+  CHECK(uncounted > 1000);
+  CHECK(beyond - uncounted > 1000);
 }
 
 // RecallDedup with the reserve ranked by RecallRank::excess or total (not a preset, but

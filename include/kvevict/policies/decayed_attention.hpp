@@ -529,6 +529,10 @@ class DecayedAttention {
     /// hinted or beyond decisions that used the candidates the observe pass gathered
     /// (decay_spike_gather) rather than gathering their own
     std::uint64_t from_observe = 0;
+    /// of the beyond decisions, those shown without counting signatures: enough candidates
+    /// at the threshold less the repeated numbers reach the reserve's size (beyond_reserve,
+    /// Interned::repeats)
+    std::uint64_t uncounted = 0;
   };
   [[nodiscard]] const HintCounts& hint_counts() const { return hint_counts_; }
 
@@ -1031,6 +1035,18 @@ class DecayedAttention {
     }
     if (m < limit) return false;
     Interned& in = interned_[h];
+    // At least m - in.repeats allowed signatures reach T, so when that is the reserve's size
+    // no count is needed (keys that do not repeat: repeats stays 0). Per number d with
+    // c_d candidates among n_d rows numbered d since the renumbering (c_d <= n_d), the
+    // candidates bring one allowed signature when no protected row has d, and then
+    // c_d - (n_d - 1) <= 1; none when one has, and then c_d <= n_d - 1 (that row is not
+    // open). Summed: m - sum (n_d - 1) = m - repeats <= the allowed signatures at T.
+    if (in.repeats <= m && m - in.repeats >= limit) {
+      ++hint_counts_.beyond;
+      ++hint_counts_.uncounted;
+      if (gathered) ++hint_counts_.from_observe;
+      return true;
+    }
     const std::uint32_t epoch = next_epoch(in);
     Met* met = in.met.data();
     const std::uint32_t* id = ids_.of(v.layer, v.kv_head).data();
@@ -1186,6 +1202,10 @@ class DecayedAttention {
     /// and the renumbering's rows), saturating at 2. At most that many rows hold it: a
     /// number handed out once is no other row's (distinct_row skips outranked's scan).
     std::vector<std::uint8_t> uses;
+    /// Rows numbered with a number handed out before, since the last renumbering: the sum
+    /// over numbers of (rows numbered with it - 1). Rows removed are not taken off
+    /// (beyond_reserve uses it as an upper bound).
+    std::size_t repeats = 0;
     std::vector<Met> met;
     std::uint32_t epoch = 0;
     bool valid = false;  ///< ids_ numbers the head's rows by this table
@@ -1240,6 +1260,7 @@ class DecayedAttention {
       }
       if (e.key == sig) {
         std::uint8_t& u = in.uses[e.slot - 1];
+        ++in.repeats;
         u = u < 2 ? static_cast<std::uint8_t>(u + 1) : u;
         return e.slot - 1;
       }
@@ -1260,6 +1281,7 @@ class DecayedAttention {
                        std::vector<std::uint32_t>& ids) {
     std::fill(in.table.begin(), in.table.end(), Slot{});
     in.n = 0;
+    in.repeats = 0;  // counted again over the rows numbered here
     in.pending = false;  // numbered here with the rest
     ids.resize(sigs.size());
     for (std::size_t r = 0; r < sigs.size(); ++r) {
