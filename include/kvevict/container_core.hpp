@@ -479,9 +479,12 @@ class ContainerCore {
       pool_heads_.clear();
       // The heads whose costs are recomputed: their columns are cold (other layers ran
       // since), so each one's reads are started while the one before is costed.
+      // Model scope: a head's costs unchanged since the last selection are reused, and so
+      // is its sorted prefix; every other head with rows is costed again.
+      const auto reused = [&](std::size_t i) { return pool.model && pool_fresh_[i] != 0; };
       pool_stale_.clear();
       for (std::size_t i = first; i < last; ++i)
-        if (!(pool.model && pool_fresh_[i]) && heads_[i].size() > 0) pool_stale_.push_back(i);
+        if (!reused(i) && heads_[i].size() > 0) pool_stale_.push_back(i);
       std::size_t next_stale = 0;
       const auto prefetch_stale = [&](std::size_t j) {
         if constexpr (HasPrefetchHead<Policy>)
@@ -492,11 +495,11 @@ class ContainerCore {
       for (std::size_t i = first; i < last; ++i) {
         const auto& h = heads_[i];
         auto& c = pool_costs_[i];
-        // Model scope: costs unchanged since the last selection, so is its sorted prefix.
-        const bool reuse = pool.model && pool_fresh_[i];
+        const bool reuse = reused(i);
         if (!reuse) {
-          if (h.size() == 0) c.clear();  // else eviction_costs writes size costs over c
-          if (h.size() > 0) {
+          if (h.size() == 0) {
+            c.clear();
+          } else {  // eviction_costs writes size costs over c
             prefetch_stale(++next_stale);
             const int l = static_cast<int>(i / hkv), kh = static_cast<int>(i % hkv);
             self().load_rows(l, kh, nullptr, nullptr);

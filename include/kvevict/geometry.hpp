@@ -135,7 +135,7 @@ struct PoolOptions {
   /// (docs/quality.md, "The pooled schedule, stop 41", and the sections it cites); held out
   /// it gets 53 / 101 / 98 / 90% of the calibrated per-head gain over uniform budgets at
   /// 16 / 32 / 64 / 128 rows, and its step's cost is measured in docs/benchmarks.md
-  /// ("The recommended pooled split's cost, stop 44"). For a per-layer pool (AdaKV's form,
+  /// ("Quiet run after stop 44's merges"). For a per-layer pool (AdaKV's form,
   /// each layer's total fixed) set `scope = Scope::layer` on the result.
   static constexpr PoolOptions recommended() {
     PoolOptions o;
